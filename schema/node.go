@@ -1,0 +1,94 @@
+package schema
+
+import (
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// Node BSON field names (seed 000).
+const (
+	NodeNode       = "node"
+	NodeTimestamp  = "timestamp"
+	NodeQueues     = "queues"
+	NodeMaxThreads = "maxthreads"
+)
+
+// Node is a document of the nodes collection. A node writes node, timestamp
+// and queues; maxthreads belongs to the operator and is only read.
+type Node struct {
+	ID        bson.ObjectID
+	Node      string
+	Timestamp time.Time
+	Queues    []NodeQueue
+	// MaxThreads caps the node's concurrent tasks across all queues; nil
+	// means no node-wide cap.
+	MaxThreads *int
+
+	Raw bson.Raw
+}
+
+// NodeQueue is one entry of a node document's queues array, exactly as seed
+// 000 lists it.
+type NodeQueue struct {
+	Name          string `bson:"name"`
+	ID            string `bson:"id"` // the queue's _id as a hex string
+	Constructor   string `bson:"constructor"`
+	MaxThreads    *int   `bson:"maxthreads"`
+	TasksTodo     int64  `bson:"tasks_todo"`
+	TasksDoing    int64  `bson:"tasks_doing"`
+	TasksDone     int64  `bson:"tasks_done"`
+	Preemptive    int32  `bson:"preemptive"`     // always 1, for legacy readers
+	TasksBackfill int32  `bson:"tasks_backfill"` // always 0, for legacy readers
+}
+
+// DecodeNode decodes a nodes document. Entries of queues are read leniently
+// (other implementations write other fields there); only their shape is
+// checked.
+func DecodeNode(raw bson.Raw) (Node, error) {
+	r := newReader(CollNodes, raw)
+	n := Node{
+		ID:         r.objectID(false, "_id"),
+		Node:       r.str(true, NodeNode),
+		Timestamp:  r.timeOf(NodeTimestamp),
+		MaxThreads: r.maxThreads(NodeMaxThreads),
+		Raw:        raw,
+	}
+	if _, v, ok := r.lookup(NodeQueues); ok {
+		arr, isArr := v.ArrayOK()
+		if !isArr {
+			r.fail(NodeQueues, wantGot("an array", v))
+		} else if vals, err := arr.Values(); err != nil {
+			r.fail(NodeQueues, err)
+		} else {
+			for _, e := range vals {
+				doc, ok := e.DocumentOK()
+				if !ok {
+					continue
+				}
+				qr := newReader(CollNodes, doc)
+				nq := NodeQueue{
+					Name:        qr.str(false, "name"),
+					ID:          qr.str(false, "id"),
+					Constructor: qr.str(false, "constructor", "plugin"),
+					MaxThreads:  qr.maxThreads("maxthreads", "threads"),
+				}
+				for _, c := range []struct {
+					dst  *int64
+					name string
+				}{{&nq.TasksTodo, "tasks_todo"}, {&nq.TasksDoing, "tasks_doing"}, {&nq.TasksDone, "tasks_done"}} {
+					if p := qr.count(c.name); p != nil {
+						*c.dst = *p
+					}
+				}
+				if qr.err == nil {
+					n.Queues = append(n.Queues, nq)
+				}
+			}
+		}
+	}
+	if r.err != nil {
+		return Node{}, r.err
+	}
+	return n, nil
+}

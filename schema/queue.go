@@ -1,0 +1,111 @@
+package schema
+
+import (
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// Sort is a queue's claim order on the tasks' _id.
+type Sort string
+
+// The sort orders of seed 000. The empty Sort means SortDefault.
+const (
+	SortFIFO    Sort = "fifo"
+	SortLIFO    Sort = "lifo"
+	SortDefault Sort = "default"
+)
+
+// Valid reports whether s is one of the seed-000 orders (or empty).
+func (s Sort) Valid() bool {
+	return s == "" || s == SortFIFO || s == SortLIFO || s == SortDefault
+}
+
+// Queue is a document of the queues collection.
+//
+// Field names (seed 000): name, constructor, maxthreads, sort, count_todo,
+// count_total; nodes_pin and nodes_ignore (seed 004). The Disbatch 4.103
+// dialect writes plugin for constructor and threads for maxthreads; those are
+// read when the seed-000 name is missing or null. Writers in this project set
+// both names so that Perl nodes keep working.
+type Queue struct {
+	ID          bson.ObjectID
+	Name        string
+	Constructor string
+	// MaxThreads is the per-node limit of concurrent tasks of this queue. nil
+	// (null or absent) and 0 both run nothing, as in Disbatch.
+	MaxThreads *int
+	Sort       Sort
+	// CountTodo and CountTotal are nil when null or missing: the node then
+	// creates them with a recount.
+	CountTodo   *int64
+	CountTotal  *int64
+	NodesPin    []string
+	NodesIgnore []string
+
+	// Warnings lists non-fatal oddities found while decoding.
+	Warnings []string
+	// Raw is the document as read.
+	Raw bson.Raw
+}
+
+// Queue BSON field names.
+const (
+	QueueName        = "name"
+	QueueConstructor = "constructor"
+	QueuePlugin      = "plugin" // Disbatch 4.103 name of constructor
+	QueueMaxThreads  = "maxthreads"
+	QueueThreads     = "threads" // Disbatch 4.103 name of maxthreads
+	QueueSort        = "sort"
+	QueueCountTodo   = "count_todo"
+	QueueCountTotal  = "count_total"
+	QueueNodesPin    = "nodes_pin"
+	QueueNodesIgnore = "nodes_ignore"
+)
+
+// DecodeQueue decodes a queues document.
+func DecodeQueue(raw bson.Raw) (Queue, error) {
+	r := newReader(CollQueues, raw)
+	q := Queue{
+		ID:          r.objectID(true, "_id"),
+		Name:        r.str(true, QueueName),
+		Constructor: r.str(true, QueueConstructor, QueuePlugin),
+		MaxThreads:  r.maxThreads(QueueMaxThreads, QueueThreads),
+		Sort:        Sort(r.str(false, QueueSort)),
+		CountTodo:   r.count(QueueCountTodo),
+		CountTotal:  r.count(QueueCountTotal),
+		NodesPin:    r.strings(QueueNodesPin),
+		NodesIgnore: r.strings(QueueNodesIgnore),
+		Raw:         raw,
+	}
+	if r.err != nil {
+		return Queue{}, r.err
+	}
+	if !q.Sort.Valid() {
+		r.warn("unknown sort %q: using the default order", string(q.Sort))
+	}
+	if c, p := r.str(false, QueueConstructor), r.str(false, QueuePlugin); c != "" && p != "" && c != p {
+		r.warn("constructor %q and plugin %q disagree: using constructor", c, p)
+	}
+	if r.err == nil {
+		if _, v, ok := r.lookup(QueueThreads); ok && q.MaxThreads != nil {
+			if t, err := asInt(v, true); err == nil && int(t) != *q.MaxThreads {
+				r.warn("maxthreads %d and threads %d disagree: using maxthreads (set both with `disbatch queue set`)", *q.MaxThreads, t)
+			}
+		}
+	}
+	r.err = nil // a warning's re-read is never fatal
+	q.Warnings = r.warnings
+	return q, nil
+}
+
+// Threads returns the per-node limit, with nil counted as 0.
+func (q Queue) Threads() int {
+	if q.MaxThreads == nil {
+		return 0
+	}
+	return *q.MaxThreads
+}
+
+// String names the queue for logs and errors.
+func (q Queue) String() string { return fmt.Sprintf("%s (%s)", q.Name, q.ID.Hex()) }

@@ -1,0 +1,224 @@
+package schema
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// doc turns canonical extended JSON into a raw document, so cases read like
+// the documents they stand for.
+func doc(t *testing.T, extJSON string) bson.Raw {
+	t.Helper()
+	var raw bson.Raw
+	require.NoError(t, bson.UnmarshalExtJSON([]byte(extJSON), false, &raw), extJSON)
+	return raw
+}
+
+const qid = `{"$oid":"571f8951b75bf335634ec271"}`
+
+func TestDecodeQueueSeedExample(t *testing.T) {
+	t.Parallel()
+	q, err := DecodeQueue(doc(t, `{"_id":`+qid+`,"constructor":"Disbatch::Plugin::Demo","name":"demo",
+		"count_total":{"$numberInt":"0"},"count_todo":{"$numberLong":"7"},"maxthreads":{"$numberInt":"0"},"sort":"fifo"}`))
+	require.NoError(t, err)
+	require.Equal(t, "571f8951b75bf335634ec271", q.ID.Hex())
+	require.Equal(t, "demo", q.Name)
+	require.Equal(t, "Disbatch::Plugin::Demo", q.Constructor)
+	require.Equal(t, 0, *q.MaxThreads)
+	require.Equal(t, SortFIFO, q.Sort)
+	require.Equal(t, int64(7), *q.CountTodo)
+	require.Equal(t, int64(0), *q.CountTotal)
+	require.Empty(t, q.Warnings)
+}
+
+func TestDecodeQueueOddButValid(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, json     string
+		constructor    string
+		maxThreads     *int
+		sort           Sort
+		counts         bool
+		pin, ignore    []string
+		warningContain string
+	}{
+		{name: "perl dialect plugin and threads", json: `{"_id":` + qid + `,"name":"q","plugin":"P","threads":{"$numberInt":"4"}}`, constructor: "P", maxThreads: ptr(4)},
+		{name: "threads as double", json: `{"_id":` + qid + `,"name":"q","plugin":"P","threads":{"$numberDouble":"3.0"}}`, constructor: "P", maxThreads: ptr(3)},
+		{name: "threads as digit string from the perl web form", json: `{"_id":` + qid + `,"name":"q","plugin":"P","threads":"12"}`, constructor: "P", maxThreads: ptr(12)},
+		{name: "maxthreads null", json: `{"_id":` + qid + `,"name":"q","constructor":"C","maxthreads":null}`, constructor: "C"},
+		{name: "maxthreads missing", json: `{"_id":` + qid + `,"name":"q","constructor":"C"}`, constructor: "C"},
+		{name: "null constructor falls back to plugin", json: `{"_id":` + qid + `,"name":"q","constructor":null,"plugin":"P"}`, constructor: "P"},
+		{name: "counters null", json: `{"_id":` + qid + `,"name":"q","constructor":"C","count_todo":null,"count_total":null}`, constructor: "C"},
+		{name: "sort missing", json: `{"_id":` + qid + `,"name":"q","constructor":"C","sort":null}`, constructor: "C"},
+		{name: "unknown sort warns", json: `{"_id":` + qid + `,"name":"q","constructor":"C","sort":"random"}`, constructor: "C", sort: "random", warningContain: "unknown sort"},
+		{name: "maxthreads and threads disagree warns", json: `{"_id":` + qid + `,"name":"q","constructor":"C","maxthreads":{"$numberInt":"2"},"threads":{"$numberInt":"5"}}`, constructor: "C", maxThreads: ptr(2), warningContain: "disagree"},
+		{name: "pin and ignore lists", json: `{"_id":` + qid + `,"name":"q","constructor":"C","nodes_pin":["a","b"],"nodes_ignore":"c"}`, constructor: "C", pin: []string{"a", "b"}, ignore: []string{"c"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q, err := DecodeQueue(doc(t, tc.json))
+			require.NoError(t, err)
+			require.Equal(t, tc.constructor, q.Constructor)
+			require.Equal(t, tc.maxThreads, q.MaxThreads)
+			require.Equal(t, tc.sort, q.Sort)
+			require.Equal(t, tc.pin, q.NodesPin)
+			require.Equal(t, tc.ignore, q.NodesIgnore)
+			if tc.warningContain == "" {
+				require.Empty(t, q.Warnings)
+			} else {
+				require.Len(t, q.Warnings, 1)
+				require.Contains(t, q.Warnings[0], tc.warningContain)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestDecodeMalformedNamesCollectionIDAndField(t *testing.T) {
+	t.Parallel()
+	tid := `{"$oid":"571fac85ee63413233049fbd"}`
+	for _, tc := range []struct {
+		name, json, field, contains string
+		decode                      func(bson.Raw) error
+	}{
+		{"queue without constructor", `{"_id":` + qid + `,"name":"q"}`, "constructor", "missing", decodeQ},
+		{"queue with empty constructor", `{"_id":` + qid + `,"name":"q","constructor":""}`, "constructor", "empty", decodeQ},
+		{"queue without name", `{"_id":` + qid + `,"constructor":"C"}`, "name", "missing", decodeQ},
+		{"queue string maxthreads", `{"_id":` + qid + `,"name":"q","constructor":"C","maxthreads":"ten"}`, "maxthreads", `string "ten"`, decodeQ},
+		{"queue negative maxthreads", `{"_id":` + qid + `,"name":"q","constructor":"C","maxthreads":{"$numberInt":"-1"}}`, "maxthreads", "out of range", decodeQ},
+		{"queue fractional maxthreads", `{"_id":` + qid + `,"name":"q","constructor":"C","maxthreads":{"$numberDouble":"1.5"}}`, "maxthreads", "integer", decodeQ},
+		{"queue name not a string", `{"_id":` + qid + `,"name":{"$numberInt":"3"},"constructor":"C"}`, "name", "want a string", decodeQ},
+		{"queue negative count", `{"_id":` + qid + `,"name":"q","constructor":"C","count_todo":{"$numberInt":"-3"}}`, "count_todo", "negative", decodeQ},
+		{"queue pin list of numbers", `{"_id":` + qid + `,"name":"q","constructor":"C","nodes_pin":[{"$numberInt":"1"}]}`, "nodes_pin.0", "want a string", decodeQ},
+		{"task queue not an ObjectId", `{"_id":` + tid + `,"queue":"demo","status":{"$numberInt":"-2"}}`, "queue", `want an ObjectId, got string "demo"`, decodeT},
+		{"task without queue", `{"_id":` + tid + `,"status":{"$numberInt":"-2"}}`, "queue", "missing", decodeT},
+		{"task parameters not an object", `{"_id":` + tid + `,"queue":` + qid + `,"status":{"$numberInt":"-2"},"parameters":[1,2]}`, "parameters", "want an object, got array", decodeT},
+		{"task params string", `{"_id":` + tid + `,"queue":` + qid + `,"status":{"$numberInt":"-2"},"params":"x"}`, "params", "want an object", decodeT},
+		{"task status string", `{"_id":` + tid + `,"queue":` + qid + `,"status":"done"}`, "status", "want an integer", decodeT},
+		{"task status missing", `{"_id":` + tid + `,"queue":` + qid + `}`, "status", "missing", decodeT},
+		{"task status fractional", `{"_id":` + tid + `,"queue":` + qid + `,"status":{"$numberDouble":"0.5"}}`, "status", "integer", decodeT},
+		{"task status huge", `{"_id":` + tid + `,"queue":` + qid + `,"status":{"$numberLong":"99999999999"}}`, "status", "32-bit", decodeT},
+		{"task node a number other than -1", `{"_id":` + tid + `,"queue":` + qid + `,"status":{"$numberInt":"-2"},"node":{"$numberInt":"7"}}`, "node", "node name, -1 or null", decodeT},
+		{"task stdout a number", `{"_id":` + tid + `,"queue":` + qid + `,"status":{"$numberInt":"1"},"stdout":{"$numberInt":"7"}}`, "stdout", "GridFS ObjectId", decodeT},
+		{"task mtime a bool", `{"_id":` + tid + `,"queue":` + qid + `,"status":{"$numberInt":"1"},"mtime":true}`, "mtime", "want a date", decodeT},
+		{"task _id a string", `{"_id":"abc","queue":` + qid + `,"status":{"$numberInt":"1"}}`, "_id", "want an ObjectId", decodeT},
+		{"node maxthreads string", `{"node":"n1","maxthreads":"lots"}`, "maxthreads", `string "lots"`, decodeN},
+		{"node without name", `{"timestamp":{"$date":"2016-04-26T19:26:33.649Z"}}`, "node", "missing", decodeN},
+		{"node queues not an array", `{"node":"n1","queues":{"a":1}}`, "queues", "want an array", decodeN},
+		{"config activequeues a number", `{"activequeues":{"$numberInt":"1"}}`, "activequeues", "array of strings", decodeC},
+		{"config active a string", `{"active":"yes"}`, "active", "boolean", decodeC},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.decode(doc(t, tc.json))
+			require.Error(t, err)
+			var de *DecodeError
+			require.True(t, errors.As(err, &de), "%T", err)
+			require.Equal(t, tc.field, de.Field)
+			require.Contains(t, err.Error(), tc.contains)
+			require.Contains(t, err.Error(), `field "`+tc.field+`"`)
+		})
+	}
+}
+
+func decodeQ(r bson.Raw) error { _, err := DecodeQueue(r); return err }
+func decodeT(r bson.Raw) error { _, err := DecodeTask(r); return err }
+func decodeN(r bson.Raw) error { _, err := DecodeNode(r); return err }
+func decodeC(r bson.Raw) error { _, err := DecodeConfig(r); return err }
+
+func TestDecodeErrorNamesCollectionAndID(t *testing.T) {
+	t.Parallel()
+	_, err := DecodeQueue(doc(t, `{"_id":`+qid+`,"name":"q"}`))
+	require.EqualError(t, err, `queues document ObjectId("571f8951b75bf335634ec271"): field "constructor": missing`)
+}
+
+func TestDecodeGarbageBytesNeverPanics(t *testing.T) {
+	t.Parallel()
+	for _, b := range [][]byte{nil, {1, 2, 3}, {0xff, 0xff, 0xff, 0x7f, 0}, {13, 0, 0, 0, 0x10, 'a', 0, 1, 0, 0, 0, 0}} {
+		_, err := DecodeTask(bson.Raw(b))
+		require.ErrorContains(t, err, "tasks document (no _id): not a valid BSON document")
+		_, err = DecodeQueue(bson.Raw(b))
+		require.ErrorContains(t, err, "queues document (no _id): not a valid BSON document")
+	}
+	// An empty document is valid BSON, but not a task.
+	_, err := DecodeTask(bson.Raw{5, 0, 0, 0, 0})
+	require.EqualError(t, err, `tasks document (no _id): field "_id": missing`)
+}
+
+func TestDecodeTaskSeedExampleAndPerlDialect(t *testing.T) {
+	t.Parallel()
+	task, err := DecodeTask(doc(t, `{"_id":{"$oid":"571fac85ee63413233049fbd"},
+		"parameters":{"migration":"oneoff","commands":"*"},
+		"ctime":{"$date":"2016-04-26T17:59:33Z"},"status":{"$numberInt":"1"},"mtime":{"$date":"2016-04-26T18:37:40Z"},
+		"queue":{"$oid":"54a700074b485f0b00000000"},"node":"mig01.example.com",
+		"stderr":{"$oid":"571fbac9d8590b78fe4830b4"},"stdout":"hello"}`))
+	require.NoError(t, err)
+	require.Equal(t, StatusSucceeded, task.Status)
+	require.Equal(t, "mig01.example.com", task.Node)
+	require.Equal(t, "*", task.Parameters.Lookup("commands").StringValue())
+	require.Equal(t, time.Date(2016, 4, 26, 17, 59, 33, 0, time.UTC), task.CTime)
+	require.Equal(t, Output{Text: "hello", Set: true}, task.Stdout)
+	require.True(t, task.Stderr.InGridFS())
+	require.Equal(t, "571fbac9d8590b78fe4830b4", task.Stderr.FileID.Hex())
+
+	// Disbatch 4.103: params, node null, mtime as epoch seconds, int64 status.
+	perl, err := DecodeTask(doc(t, `{"_id":{"$oid":"571fac85ee63413233049fbd"},"queue":{"$oid":"54a700074b485f0b00000000"},
+		"params":{"user":"a"},"node":null,"status":{"$numberLong":"-2"},"mtime":{"$numberDouble":"1461693573.5"},"stdout":null,"complete":true}`))
+	require.NoError(t, err)
+	require.Equal(t, "", perl.Node)
+	require.Equal(t, StatusQueued, perl.Status)
+	require.Equal(t, "a", perl.Parameters.Lookup("user").StringValue())
+	require.Equal(t, time.Unix(1461693573, 5e8).UTC(), perl.MTime)
+	require.False(t, perl.Stdout.Set)
+
+	// node -1 stored as a double is still unclaimed.
+	dbl, err := DecodeTask(doc(t, `{"_id":{"$oid":"571fac85ee63413233049fbd"},"queue":{"$oid":"54a700074b485f0b00000000"},"node":{"$numberDouble":"-1"},"status":{"$numberDouble":"-2"}}`))
+	require.NoError(t, err)
+	require.Equal(t, "", dbl.Node)
+	require.Equal(t, StatusQueued, dbl.Status)
+	require.Nil(t, dbl.Parameters)
+}
+
+func TestDecodeNodeSeedExample(t *testing.T) {
+	t.Parallel()
+	n, err := DecodeNode(doc(t, `{"_id":{"$oid":"56fc05087aa3a33942e42a6a"},"node":"mig01.example.com",
+		"timestamp":{"$date":"2016-04-26T19:26:33.649Z"},
+		"queues":[{"maxthreads":{"$numberInt":"0"},"constructor":"Disbatch::Plugin::Demo","name":"demo","tasks_doing":{"$numberInt":"0"},
+		"tasks_done":{"$numberInt":"3"},"preemptive":{"$numberInt":"1"},"id":"571f8951b75bf335634ec271","tasks_todo":{"$numberInt":"2"},"tasks_backfill":{"$numberInt":"0"}}, "junk"],
+		"maxthreads":{"$numberInt":"5"}}`))
+	require.NoError(t, err)
+	require.Equal(t, "mig01.example.com", n.Node)
+	require.Equal(t, 5, *n.MaxThreads)
+	require.Len(t, n.Queues, 1)
+	require.Equal(t, NodeQueue{Name: "demo", ID: "571f8951b75bf335634ec271", Constructor: "Disbatch::Plugin::Demo", MaxThreads: ptr(0), TasksTodo: 2, TasksDone: 3}, n.Queues[0])
+}
+
+func TestDecodeConfig(t *testing.T) {
+	t.Parallel()
+	c, err := DecodeConfig(doc(t, `{"_id":{"$oid":"56fc05087aa3a33942e42a6a"},"label":"prod","active":true,
+		"activequeues":["571f8951b75bf335634ec271",{"$oid":"571f8951b75bf335634ec272"}],"ignorequeues":[],"log4perl":{"x":1}}`))
+	require.NoError(t, err)
+	require.Equal(t, "prod", c.Label)
+	require.True(t, c.Active)
+	require.Equal(t, []string{"571f8951b75bf335634ec271", "571f8951b75bf335634ec272"}, c.ActiveQueues)
+	require.Empty(t, c.IgnoreQueues)
+}
+
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "orphaned", StatusOrphaned.String())
+	require.Equal(t, "7", Status(7).String())
+	require.True(t, StatusRunning.Todo())
+	require.True(t, Status(-9).Todo())
+	require.False(t, StatusFailed.Todo())
+	for _, s := range []string{"queued", "-2"} {
+		got, err := ParseStatus(s)
+		require.NoError(t, err)
+		require.Equal(t, StatusQueued, got)
+	}
+	_, err := ParseStatus("bogus")
+	require.ErrorContains(t, err, `unknown status "bogus"`)
+}
