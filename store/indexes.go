@@ -1,0 +1,132 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// Index describes one index the project relies on.
+type Index struct {
+	Collection string
+	Keys       bson.D
+	Unique     bool
+	Why        string
+}
+
+// Indexes lists every index IndexesEnsure creates.
+var Indexes = []Index{
+	{schema.CollTasks, bson.D{{Key: "node", Value: 1}, {Key: "status", Value: 1}, {Key: "queue", Value: 1}, {Key: "_id", Value: 1}}, false,
+		"the claim: {node, status, queue} equality, sorted by _id either way; also a node's own tasks at start-up"},
+	{schema.CollTasks, bson.D{{Key: "queue", Value: 1}, {Key: "status", Value: 1}}, false,
+		"per-queue counts, recounts and task listings"},
+	{schema.CollTasks, bson.D{{Key: "status", Value: 1}, {Key: "mtime", Value: 1}}, false,
+		"the reaper: claimed tasks whose mtime is too old"},
+	{schema.CollQueues, bson.D{{Key: "name", Value: 1}}, false,
+		"queues by name (not unique: seed 000 allows duplicate names; the CLI refuses them)"},
+	{schema.CollNodes, bson.D{{Key: "node", Value: 1}}, true,
+		"one document per node"},
+	{schema.CollTasksFiles, bson.D{{Key: "metadata.task_id", Value: 1}}, false,
+		"a task's GridFS output"},
+	{schema.CollTasksChunks, bson.D{{Key: "files_id", Value: 1}, {Key: "n", Value: 1}}, true,
+		"GridFS chunks in order"},
+}
+
+// IndexesEnsure creates the indexes in Indexes. It is idempotent, and an
+// index with the same keys that already exists under another name or with
+// other options (as Disbatch 4.103 creates some) counts as present, so a
+// database shared with Perl nodes never gets a conflict.
+func (s *Store) IndexesEnsure(ctx context.Context) error {
+	byColl := map[string][]Index{}
+	var order []string
+	for _, ix := range Indexes {
+		if _, ok := byColl[ix.Collection]; !ok {
+			order = append(order, ix.Collection)
+		}
+		byColl[ix.Collection] = append(byColl[ix.Collection], ix)
+	}
+	for _, coll := range order {
+		c := s.db.Collection(coll)
+		existing, err := existingKeys(ctx, c)
+		if err != nil {
+			return fmt.Errorf("list indexes of %s: %w", coll, err)
+		}
+		var models []mongo.IndexModel
+		for _, ix := range byColl[coll] {
+			if existing[keyString(ix.Keys)] {
+				continue
+			}
+			o := options.Index()
+			if ix.Unique {
+				o.SetUnique(true)
+			}
+			models = append(models, mongo.IndexModel{Keys: ix.Keys, Options: o})
+		}
+		if len(models) == 0 {
+			continue
+		}
+		if _, err := c.Indexes().CreateMany(ctx, models); err != nil {
+			return fmt.Errorf("create indexes on %s (%s): %w", coll, describeModels(models), err)
+		}
+	}
+	return nil
+}
+
+func existingKeys(ctx context.Context, c *mongo.Collection) (map[string]bool, error) {
+	cur, err := c.Indexes().List(ctx)
+	if err != nil {
+		// A collection that does not exist yet has no indexes.
+		var ce mongo.CommandError
+		if asCommandError(err, &ce) && ce.Code == 26 { // NamespaceNotFound
+			return map[string]bool{}, nil
+		}
+		return nil, err
+	}
+	defer cur.Close(ctx)
+	out := map[string]bool{}
+	for cur.Next(ctx) {
+		var spec struct {
+			Key bson.D `bson:"key"`
+		}
+		if err := cur.Decode(&spec); err != nil {
+			return nil, err
+		}
+		out[keyString(spec.Key)] = true
+	}
+	return out, cur.Err()
+}
+
+// keyString renders an index key pattern so that {a: 1} and {a: 1.0} or
+// {a: NumberLong(1)} compare equal.
+func keyString(keys bson.D) string {
+	s := ""
+	for _, e := range keys {
+		dir := fmt.Sprint(e.Value)
+		switch v := e.Value.(type) {
+		case int32:
+			dir = fmt.Sprint(int64(v))
+		case int:
+			dir = fmt.Sprint(int64(v))
+		case float64:
+			dir = fmt.Sprint(int64(v))
+		}
+		s += e.Key + ":" + dir + ","
+	}
+	return s
+}
+
+func describeModels(ms []mongo.IndexModel) string {
+	s := ""
+	for i, m := range ms {
+		if i > 0 {
+			s += " "
+		}
+		s += keyString(m.Keys.(bson.D))
+	}
+	return s
+}

@@ -1,0 +1,318 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+var hexID = regexp.MustCompile(`^[0-9a-fA-F]{24}$`)
+
+// QueueCreateParams are the fields of a new queue.
+type QueueCreateParams struct {
+	Name        string
+	Constructor string
+	// MaxThreads nil writes null, which (like 0) runs nothing.
+	MaxThreads *int
+	Sort       schema.Sort
+}
+
+// Validate checks the params as an operator would want them checked.
+func (p QueueCreateParams) Validate() error {
+	if err := ValidateQueueName(p.Name); err != nil {
+		return err
+	}
+	if strings.TrimSpace(p.Constructor) == "" {
+		return errors.New("constructor is required (the plugin name, e.g. Disbatch::Plugin::Demo)")
+	}
+	if p.MaxThreads != nil && *p.MaxThreads < 0 {
+		return fmt.Errorf("maxthreads must be a non-negative integer or null, got %d", *p.MaxThreads)
+	}
+	if !p.Sort.Valid() {
+		return fmt.Errorf("sort must be fifo, lifo or default, got %q", p.Sort)
+	}
+	return nil
+}
+
+// ValidateQueueName rejects names that would be ambiguous or unusable.
+func ValidateQueueName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("queue name is required")
+	case strings.TrimSpace(name) != name:
+		return fmt.Errorf("queue name %q has leading or trailing white space", name)
+	case hexID.MatchString(name):
+		return fmt.Errorf("queue name %q looks like an ObjectId; queues are referred to by name or id, so pick another name", name)
+	}
+	return nil
+}
+
+// QueueCreate inserts a queue, refusing a name already taken. Both the seed
+// 000 names (constructor, maxthreads) and the Disbatch 4.103 ones (plugin,
+// threads) are written, so Perl nodes run the queue too. count_todo and
+// count_total are left for the node to create.
+func (s *Store) QueueCreate(ctx context.Context, p QueueCreateParams) (schema.Queue, error) {
+	if err := p.Validate(); err != nil {
+		return schema.Queue{}, err
+	}
+	n, err := s.queues.CountDocuments(ctx, bson.D{{Key: schema.QueueName, Value: p.Name}})
+	if err != nil {
+		return schema.Queue{}, fmt.Errorf("look up queue %q: %w", p.Name, err)
+	}
+	if n > 0 {
+		return schema.Queue{}, fmt.Errorf("create queue %q: %w", p.Name, ErrQueueExists)
+	}
+	sort := p.Sort
+	if sort == "" {
+		sort = schema.SortDefault
+	}
+	doc := bson.D{
+		{Key: "_id", Value: bson.NewObjectID()},
+		{Key: schema.QueueName, Value: p.Name},
+		{Key: schema.QueueConstructor, Value: p.Constructor},
+		{Key: schema.QueuePlugin, Value: p.Constructor},
+		{Key: schema.QueueMaxThreads, Value: p.MaxThreads},
+		{Key: schema.QueueThreads, Value: p.MaxThreads},
+		{Key: schema.QueueSort, Value: string(sort)},
+	}
+	if _, err := s.queues.InsertOne(ctx, doc); err != nil {
+		return schema.Queue{}, fmt.Errorf("create queue %q: %w", p.Name, err)
+	}
+	raw, err := bson.Marshal(doc)
+	if err != nil {
+		return schema.Queue{}, err
+	}
+	return schema.DecodeQueue(raw)
+}
+
+// QueueGetParams name a queue by Ref: a name, or an _id as 24 hex digits.
+type QueueGetParams struct {
+	Ref string
+}
+
+// QueueGet returns one queue. A Ref that is a hex id is tried as an id first,
+// then as a name.
+func (s *Store) QueueGet(ctx context.Context, p QueueGetParams) (schema.Queue, error) {
+	filters := []bson.D{{{Key: schema.QueueName, Value: p.Ref}}}
+	if id, err := bson.ObjectIDFromHex(p.Ref); err == nil {
+		filters = append([]bson.D{{{Key: "_id", Value: id}}}, filters...)
+	}
+	for _, f := range filters {
+		raw, err := s.queues.FindOne(ctx, f).Raw()
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			continue
+		}
+		if err != nil {
+			return schema.Queue{}, fmt.Errorf("read queue %q: %w", p.Ref, err)
+		}
+		return schema.DecodeQueue(raw)
+	}
+	return schema.Queue{}, fmt.Errorf("queue %q: %w", p.Ref, ErrNotFound)
+}
+
+// QueueListResult holds the queues that decoded and one error per document
+// that did not, so that one bad document never hides the others.
+type QueueListResult struct {
+	Queues    []schema.Queue
+	Malformed []error
+}
+
+// QueueList returns every queue, ordered by name.
+func (s *Store) QueueList(ctx context.Context) (QueueListResult, error) {
+	cur, err := s.queues.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: schema.QueueName, Value: 1}}))
+	if err != nil {
+		return QueueListResult{}, fmt.Errorf("list queues: %w", err)
+	}
+	defer cur.Close(ctx)
+	var res QueueListResult
+	for cur.Next(ctx) {
+		q, err := schema.DecodeQueue(append(bson.Raw(nil), cur.Current...))
+		if err != nil {
+			res.Malformed = append(res.Malformed, err)
+			continue
+		}
+		res.Queues = append(res.Queues, q)
+	}
+	if err := cur.Err(); err != nil {
+		return QueueListResult{}, fmt.Errorf("list queues: %w", err)
+	}
+	return res, nil
+}
+
+// QueueUpdateParams change some fields of a queue; nil pointers leave a
+// field alone.
+type QueueUpdateParams struct {
+	ID          bson.ObjectID
+	Name        *string
+	Constructor *string
+	// SetMaxThreads says whether to write MaxThreads (nil writes null).
+	SetMaxThreads bool
+	MaxThreads    *int
+	Sort          *schema.Sort
+	NodesPin      *[]string // an empty slice removes the field
+	NodesIgnore   *[]string // an empty slice removes the field
+}
+
+// QueueUpdate applies p with $set/$unset, keeping both dialects in step.
+func (s *Store) QueueUpdate(ctx context.Context, p QueueUpdateParams) error {
+	set, unset := bson.D{}, bson.D{}
+	if p.Name != nil {
+		if err := ValidateQueueName(*p.Name); err != nil {
+			return err
+		}
+		n, err := s.queues.CountDocuments(ctx, bson.D{{Key: schema.QueueName, Value: *p.Name}, {Key: "_id", Value: bson.D{{Key: "$ne", Value: p.ID}}}})
+		if err != nil {
+			return fmt.Errorf("look up queue %q: %w", *p.Name, err)
+		}
+		if n > 0 {
+			return fmt.Errorf("rename to %q: %w", *p.Name, ErrQueueExists)
+		}
+		set = append(set, bson.E{Key: schema.QueueName, Value: *p.Name})
+	}
+	if p.Constructor != nil {
+		if strings.TrimSpace(*p.Constructor) == "" {
+			return errors.New("constructor must not be empty")
+		}
+		set = append(set, bson.E{Key: schema.QueueConstructor, Value: *p.Constructor}, bson.E{Key: schema.QueuePlugin, Value: *p.Constructor})
+	}
+	if p.SetMaxThreads {
+		if p.MaxThreads != nil && *p.MaxThreads < 0 {
+			return fmt.Errorf("maxthreads must be a non-negative integer or null, got %d", *p.MaxThreads)
+		}
+		set = append(set, bson.E{Key: schema.QueueMaxThreads, Value: p.MaxThreads}, bson.E{Key: schema.QueueThreads, Value: p.MaxThreads})
+	}
+	if p.Sort != nil {
+		if !p.Sort.Valid() {
+			return fmt.Errorf("sort must be fifo, lifo or default, got %q", *p.Sort)
+		}
+		set = append(set, bson.E{Key: schema.QueueSort, Value: string(*p.Sort)})
+	}
+	for _, l := range []struct {
+		key  string
+		vals *[]string
+	}{{schema.QueueNodesPin, p.NodesPin}, {schema.QueueNodesIgnore, p.NodesIgnore}} {
+		switch {
+		case l.vals == nil:
+		case len(*l.vals) == 0:
+			unset = append(unset, bson.E{Key: l.key, Value: ""})
+		default:
+			set = append(set, bson.E{Key: l.key, Value: *l.vals})
+		}
+	}
+	update := bson.D{}
+	if len(set) > 0 {
+		update = append(update, bson.E{Key: "$set", Value: set})
+	}
+	if len(unset) > 0 {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
+	}
+	if len(update) == 0 {
+		return errors.New("nothing to update")
+	}
+	res, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: p.ID}}, update)
+	if err != nil {
+		return fmt.Errorf("update queue %s: %w", p.ID.Hex(), err)
+	}
+	if res.MatchedCount == 0 {
+		return fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+	}
+	return nil
+}
+
+// QueueDeleteParams name the queue to delete. Without Force a queue with
+// unfinished tasks (status <= 0) is refused.
+type QueueDeleteParams struct {
+	ID    bson.ObjectID
+	Force bool
+}
+
+// QueueDeleteResult says what went with the queue.
+type QueueDeleteResult struct {
+	TasksDeleted int64
+	FilesDeleted int64
+}
+
+// QueueDelete removes a queue together with its tasks and their GridFS
+// output: tasks whose queue is gone can never run and would only confuse
+// listings and counters.
+func (s *Store) QueueDelete(ctx context.Context, p QueueDeleteParams) (QueueDeleteResult, error) {
+	if !p.Force {
+		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: schema.TaskQueue, Value: p.ID}, {Key: schema.TaskStatus, Value: bson.D{{Key: "$lte", Value: 0}}}})
+		if err != nil {
+			return QueueDeleteResult{}, fmt.Errorf("count unfinished tasks of queue %s: %w", p.ID.Hex(), err)
+		}
+		if n > 0 {
+			return QueueDeleteResult{}, fmt.Errorf("queue %s has %d unfinished tasks: %w", p.ID.Hex(), n, ErrUnfinishedTasks)
+		}
+	}
+	res, err := s.queues.DeleteOne(ctx, bson.D{{Key: "_id", Value: p.ID}})
+	if err != nil {
+		return QueueDeleteResult{}, fmt.Errorf("delete queue %s: %w", p.ID.Hex(), err)
+	}
+	if res.DeletedCount == 0 {
+		return QueueDeleteResult{}, fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+	}
+	var out QueueDeleteResult
+	// Output files first: they are found through the tasks.
+	var ids []any
+	if err := s.tasks.Distinct(ctx, "_id", bson.D{{Key: schema.TaskQueue, Value: p.ID}}).Decode(&ids); err != nil {
+		return out, fmt.Errorf("list tasks of deleted queue %s: %w", p.ID.Hex(), err)
+	}
+	for start := 0; start < len(ids); start += 10000 {
+		batch := ids[start:min(start+10000, len(ids))]
+		n, err := s.outputDelete(ctx, bson.D{{Key: "metadata.task_id", Value: bson.D{{Key: "$in", Value: batch}}}})
+		out.FilesDeleted += n
+		if err != nil {
+			return out, fmt.Errorf("delete output of deleted queue %s: %w", p.ID.Hex(), err)
+		}
+	}
+	dr, err := s.tasks.DeleteMany(ctx, bson.D{{Key: schema.TaskQueue, Value: p.ID}})
+	if err != nil {
+		return out, fmt.Errorf("delete tasks of deleted queue %s: %w", p.ID.Hex(), err)
+	}
+	out.TasksDeleted = dr.DeletedCount
+	return out, nil
+}
+
+// QueueCounts are a queue's task counts by a recount.
+type QueueCounts struct {
+	Todo  int64 // status <= 0
+	Total int64
+}
+
+// QueueCountsGet recounts the tasks of every queue in one aggregation.
+func (s *Store) QueueCountsGet(ctx context.Context) (map[bson.ObjectID]QueueCounts, error) {
+	pipeline := mongo.Pipeline{
+		{{Key: "$group", Value: bson.D{
+			{Key: "_id", Value: "$" + schema.TaskQueue},
+			{Key: "total", Value: bson.D{{Key: "$sum", Value: 1}}},
+			{Key: "todo", Value: bson.D{{Key: "$sum", Value: bson.D{{Key: "$cond", Value: bson.A{
+				bson.D{{Key: "$lte", Value: bson.A{"$" + schema.TaskStatus, 0}}}, 1, 0}}}}}},
+		}}},
+	}
+	cur, err := s.tasks.Aggregate(ctx, pipeline)
+	if err != nil {
+		return nil, fmt.Errorf("count tasks by queue: %w", err)
+	}
+	defer cur.Close(ctx)
+	out := map[bson.ObjectID]QueueCounts{}
+	for cur.Next(ctx) {
+		id, ok := cur.Current.Lookup("_id").ObjectIDOK()
+		if !ok {
+			continue // tasks with a malformed queue field belong to no queue
+		}
+		out[id] = QueueCounts{
+			Todo:  cur.Current.Lookup("todo").AsInt64(),
+			Total: cur.Current.Lookup("total").AsInt64(),
+		}
+	}
+	return out, cur.Err()
+}

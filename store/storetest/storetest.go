@@ -1,0 +1,632 @@
+// Package storetest is the conformance suite of the store seam: the
+// behaviour every caller relies on, checked against a real MongoDB replica
+// set. Run it from a test with a factory that returns a Store over a fresh,
+// empty database.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// Factory returns a Store over a fresh database, that database (for raw
+// writes the way other tools make them), and lets the test set store
+// options.
+type Factory func(t *testing.T, opts store.Options) (*store.Store, *mongo.Database)
+
+// Run runs the whole suite.
+func Run(t *testing.T, newStore Factory) {
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T, Factory)
+	}{
+		{"IndexesEnsure", testIndexesEnsure},
+		{"IndexesEnsureBesidePerlIndexes", testIndexesEnsureBesidePerl},
+		{"QueueCreateGet", testQueueCreateGet},
+		{"QueueCreateValidates", testQueueCreateValidates},
+		{"QueueListReportsMalformed", testQueueListMalformed},
+		{"QueueUpdateKeepsUnknownFields", testQueueUpdate},
+		{"QueueDelete", testQueueDelete},
+		{"QueueCountsGet", testQueueCounts},
+		{"TaskInsertManySeedShape", testTaskInsertMany},
+		{"TaskClaimOrder", testTaskClaimOrder},
+		{"TaskClaimPerlUnclaimed", testTaskClaimPerl},
+		{"TaskClaimConcurrentOnce", testTaskClaimConcurrent},
+		{"TaskGuardedTransitions", testTaskGuarded},
+		{"TaskFinishGridFS", testTaskFinishGridFS},
+		{"TaskFinishTooLargeFallsBackToGridFS", testTaskFinishTooLarge},
+		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
+		{"TaskListFiltersAndMalformed", testTaskList},
+		{"NodeUpsertKeepsOperatorFields", testNodeUpsert},
+		{"ConfigGet", testConfigGet},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, newStore)
+		})
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func rawDoc(t *testing.T, db *mongo.Database, coll string, filter any) bson.Raw {
+	t.Helper()
+	raw, err := db.Collection(coll).FindOne(context.Background(), filter).Raw()
+	require.NoError(t, err)
+	return raw
+}
+
+func newQueue(t *testing.T, s *store.Store, name string, sort schema.Sort) schema.Queue {
+	t.Helper()
+	q, err := s.QueueCreate(ctxT(t), store.QueueCreateParams{Name: name, Constructor: "Disbatch::Plugin::Demo", MaxThreads: ptr(1), Sort: sort})
+	require.NoError(t, err)
+	return q
+}
+
+func insertTasks(t *testing.T, s *store.Store, q bson.ObjectID, n int) []bson.ObjectID {
+	t.Helper()
+	params := make([]bson.Raw, n)
+	for i := range params {
+		b, err := bson.Marshal(bson.D{{Key: "i", Value: i}})
+		require.NoError(t, err)
+		params[i] = b
+	}
+	ids, err := s.TaskInsertMany(ctxT(t), store.TaskInsertManyParams{Queue: q, Parameters: params})
+	require.NoError(t, err)
+	require.Len(t, ids, n)
+	return ids
+}
+
+func indexKeys(t *testing.T, db *mongo.Database, coll string) map[string]bson.Raw {
+	t.Helper()
+	cur, err := db.Collection(coll).Indexes().List(context.Background())
+	require.NoError(t, err)
+	var specs []bson.Raw
+	require.NoError(t, cur.All(context.Background(), &specs))
+	out := map[string]bson.Raw{}
+	for _, s := range specs {
+		out[s.Lookup("key").String()] = s
+	}
+	return out
+}
+
+func testIndexesEnsure(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	require.NoError(t, s.IndexesEnsure(ctx), "second call must be a no-op")
+	for _, ix := range store.Indexes {
+		keys := indexKeys(t, db, ix.Collection)
+		want, err := bson.Marshal(ix.Keys)
+		require.NoError(t, err)
+		spec, ok := keys[bson.Raw(want).String()]
+		require.True(t, ok, "index %v on %s missing; have %v", ix.Keys, ix.Collection, keys)
+		unique, _ := spec.Lookup("unique").BooleanOK()
+		require.Equal(t, ix.Unique, unique, "unique flag of %v", ix.Keys)
+	}
+	// The claim uses the claim index, not a collection scan.
+	q := newQueue(t, s, "explain", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 3)
+	var plan bson.Raw
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "explain", Value: bson.D{
+		{Key: "findAndModify", Value: "tasks"},
+		{Key: "query", Value: bson.D{{Key: "node", Value: bson.D{{Key: "$in", Value: bson.A{-1, nil}}}}, {Key: "status", Value: -2}, {Key: "queue", Value: q.ID}}},
+		{Key: "sort", Value: bson.D{{Key: "_id", Value: 1}}},
+		{Key: "update", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -1}}}}},
+	}}}).Decode(&plan))
+	require.Contains(t, plan.String(), "node_1_status_1_queue_1__id_1")
+	require.NotContains(t, plan.String(), "COLLSCAN")
+}
+
+func testIndexesEnsureBesidePerl(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	// What Disbatch 4.103's ensure_indexes creates: other names, other options.
+	_, err := db.Collection("queues").Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "name", Value: 1}}, Options: options.Index().SetUnique(true)})
+	require.NoError(t, err)
+	_, err = db.Collection("tasks").Indexes().CreateMany(ctx, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "node", Value: 1}, {Key: "status", Value: 1}, {Key: "queue", Value: 1}}},
+		{Keys: bson.D{{Key: "node", Value: 1}, {Key: "status", Value: 1}, {Key: "queue", Value: 1}, {Key: "_id", Value: 1}}, Options: options.Index().SetName("perl_claim")},
+		{Keys: bson.D{{Key: "queue", Value: 1}, {Key: "status", Value: 1}}},
+	})
+	require.NoError(t, err)
+	_, err = db.Collection("tasks.chunks").Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "files_id", Value: 1}, {Key: "n", Value: 1}}, Options: options.Index().SetUnique(true).SetName("chunks")})
+	require.NoError(t, err)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	keys := indexKeys(t, db, "tasks")
+	require.Len(t, keys, 5, "_id, the three Perl indexes, and our reaper index: %v", keys)
+	require.Len(t, indexKeys(t, db, "queues"), 2)
+}
+
+func testQueueCreateGet(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: "demo", Constructor: "Disbatch::Plugin::Demo", MaxThreads: ptr(3), Sort: schema.SortLIFO})
+	require.NoError(t, err)
+	require.Equal(t, 3, *q.MaxThreads)
+
+	raw := rawDoc(t, db, "queues", bson.D{{Key: "_id", Value: q.ID}})
+	// Both dialects, so a Disbatch 4.103 node runs it too; counters left for the node.
+	require.Equal(t, "Disbatch::Plugin::Demo", raw.Lookup("constructor").StringValue())
+	require.Equal(t, "Disbatch::Plugin::Demo", raw.Lookup("plugin").StringValue())
+	require.Equal(t, int64(3), raw.Lookup("maxthreads").AsInt64())
+	require.Equal(t, int64(3), raw.Lookup("threads").AsInt64())
+	require.Equal(t, "lifo", raw.Lookup("sort").StringValue())
+	_, err = raw.LookupErr("count_todo")
+	require.Error(t, err)
+
+	byName, err := s.QueueGet(ctx, store.QueueGetParams{Ref: "demo"})
+	require.NoError(t, err)
+	require.Equal(t, q.ID, byName.ID)
+	byID, err := s.QueueGet(ctx, store.QueueGetParams{Ref: q.ID.Hex()})
+	require.NoError(t, err)
+	require.Equal(t, "demo", byID.Name)
+	_, err = s.QueueGet(ctx, store.QueueGetParams{Ref: "nope"})
+	require.ErrorIs(t, err, store.ErrNotFound)
+
+	_, err = s.QueueCreate(ctx, store.QueueCreateParams{Name: "demo", Constructor: "X"})
+	require.ErrorIs(t, err, store.ErrQueueExists)
+
+	nullQ, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: "nothreads", Constructor: "X"})
+	require.NoError(t, err)
+	require.Nil(t, nullQ.MaxThreads)
+	require.Equal(t, bson.TypeNull, rawDoc(t, db, "queues", bson.D{{Key: "_id", Value: nullQ.ID}}).Lookup("maxthreads").Type)
+}
+
+func testQueueCreateValidates(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		p    store.QueueCreateParams
+		want string
+	}{
+		{store.QueueCreateParams{Constructor: "C"}, "queue name is required"},
+		{store.QueueCreateParams{Name: " q", Constructor: "C"}, "white space"},
+		{store.QueueCreateParams{Name: "571f8951b75bf335634ec271", Constructor: "C"}, "looks like an ObjectId"},
+		{store.QueueCreateParams{Name: "q"}, "constructor is required"},
+		{store.QueueCreateParams{Name: "q", Constructor: "C", MaxThreads: ptr(-1)}, "non-negative"},
+		{store.QueueCreateParams{Name: "q", Constructor: "C", Sort: "random"}, "fifo, lifo or default"},
+	} {
+		_, err := s.QueueCreate(ctx, tc.p)
+		require.ErrorContains(t, err, tc.want)
+	}
+	n, err := db.Collection("queues").CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing written for invalid queues")
+}
+
+func testQueueListMalformed(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	newQueue(t, s, "good", "")
+	_, err := db.Collection("queues").InsertMany(ctx, []any{
+		bson.D{{Key: "name", Value: "perl"}, {Key: "plugin", Value: "P"}, {Key: "threads", Value: 2.0}},
+		bson.D{{Key: "name", Value: "broken"}, {Key: "maxthreads", Value: "ten"}, {Key: "constructor", Value: "C"}},
+	})
+	require.NoError(t, err)
+	res, err := s.QueueList(ctx)
+	require.NoError(t, err)
+	require.Len(t, res.Queues, 2)
+	require.Equal(t, "good", res.Queues[0].Name)
+	require.Equal(t, "perl", res.Queues[1].Name)
+	require.Equal(t, "P", res.Queues[1].Constructor)
+	require.Equal(t, 2, *res.Queues[1].MaxThreads)
+	require.Len(t, res.Malformed, 1)
+	require.ErrorContains(t, res.Malformed[0], `field "maxthreads": want an integer, got string "ten"`)
+}
+
+func testQueueUpdate(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	id := bson.NewObjectID()
+	_, err := db.Collection("queues").InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "name", Value: "q"}, {Key: "plugin", Value: "P"}, {Key: "threads", Value: 1}, {Key: "custom", Value: "keep me"}})
+	require.NoError(t, err)
+	newQueue(t, s, "other", "")
+
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, SetMaxThreads: true, MaxThreads: ptr(7), Sort: ptr(schema.SortFIFO), NodesPin: &[]string{"a", "b"}}))
+	raw := rawDoc(t, db, "queues", bson.D{{Key: "_id", Value: id}})
+	require.Equal(t, "keep me", raw.Lookup("custom").StringValue())
+	require.Equal(t, int64(7), raw.Lookup("maxthreads").AsInt64())
+	require.Equal(t, int64(7), raw.Lookup("threads").AsInt64())
+	q, err := schema.DecodeQueue(raw)
+	require.NoError(t, err)
+	require.Empty(t, q.Warnings)
+	require.Equal(t, []string{"a", "b"}, q.NodesPin)
+
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, SetMaxThreads: true, NodesPin: &[]string{}}))
+	raw = rawDoc(t, db, "queues", bson.D{{Key: "_id", Value: id}})
+	require.Equal(t, bson.TypeNull, raw.Lookup("maxthreads").Type)
+	_, err = raw.LookupErr("nodes_pin")
+	require.Error(t, err, "empty list removes nodes_pin")
+
+	require.ErrorIs(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, Name: ptr("other")}), store.ErrQueueExists)
+	require.ErrorIs(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: bson.NewObjectID(), Name: ptr("x")}), store.ErrNotFound)
+	require.ErrorContains(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, SetMaxThreads: true, MaxThreads: ptr(-2)}), "non-negative")
+	require.ErrorContains(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id}), "nothing to update")
+}
+
+func testQueueDelete(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{OutputThreshold: 10})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	keep := newQueue(t, s, "keep", schema.SortFIFO)
+	insertTasks(t, s, keep.ID, 2)
+	ids := insertTasks(t, s, q.ID, 3)
+
+	_, err := s.QueueDelete(ctx, store.QueueDeleteParams{ID: q.ID})
+	require.ErrorIs(t, err, store.ErrUnfinishedTasks)
+	require.ErrorContains(t, err, "3 unfinished tasks")
+
+	// Finish one with output in GridFS.
+	task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.Equal(t, ids[0], task.ID)
+	require.NoError(t, s.TaskStart(ctx, store.TaskTransitionParams{ID: task.ID, Node: "n1"}))
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: strings.Repeat("x", 100)}))
+
+	res, err := s.QueueDelete(ctx, store.QueueDeleteParams{ID: q.ID, Force: true})
+	require.NoError(t, err)
+	require.Equal(t, store.QueueDeleteResult{TasksDeleted: 3, FilesDeleted: 1}, res)
+	for coll, want := range map[string]int64{"queues": 1, "tasks": 2, "tasks.files": 0, "tasks.chunks": 0} {
+		n, err := db.Collection(coll).CountDocuments(ctx, bson.D{})
+		require.NoError(t, err)
+		require.Equal(t, want, n, coll)
+	}
+	_, err = s.QueueDelete(ctx, store.QueueDeleteParams{ID: q.ID, Force: true})
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func testQueueCounts(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	a, b := newQueue(t, s, "a", ""), newQueue(t, s, "b", "")
+	insertTasks(t, s, a.ID, 5)
+	insertTasks(t, s, b.ID, 2)
+	_, err := db.Collection("tasks").UpdateMany(ctx, bson.D{{Key: "queue", Value: a.ID}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}}}}, options.UpdateMany())
+	require.NoError(t, err)
+	_, err = db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: a.ID}, {Key: "status", Value: -4}})
+	require.NoError(t, err)
+	_, err = db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: "not an id"}, {Key: "status", Value: -2}})
+	require.NoError(t, err)
+	counts, err := s.QueueCountsGet(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[bson.ObjectID]store.QueueCounts{a.ID: {Todo: 1, Total: 6}, b.ID: {Todo: 2, Total: 2}}, counts)
+}
+
+func testTaskInsertMany(t *testing.T, newStore Factory) {
+	now := time.Date(2026, 11, 22, 3, 4, 5, 678_900_000, time.UTC)
+	s, db := newStore(t, store.Options{Now: func() time.Time { return now }})
+	q := newQueue(t, s, "q", "")
+	ids := insertTasks(t, s, q.ID, 2)
+	raw := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: ids[1]}})
+	require.Equal(t, q.ID, raw.Lookup("queue").ObjectID())
+	require.Equal(t, bson.TypeInt32, raw.Lookup("node").Type)
+	require.Equal(t, int32(-1), raw.Lookup("node").Int32())
+	require.Equal(t, int32(-2), raw.Lookup("status").Int32())
+	require.Equal(t, now.Truncate(time.Millisecond), raw.Lookup("ctime").Time().UTC())
+	require.Equal(t, now.Truncate(time.Millisecond), raw.Lookup("mtime").Time().UTC())
+	require.Equal(t, bson.TypeNull, raw.Lookup("stdout").Type)
+	require.Equal(t, bson.TypeNull, raw.Lookup("stderr").Type)
+	require.Equal(t, int64(1), raw.Lookup("parameters", "i").AsInt64())
+
+	// Caller-chosen ids keep submission order for fifo.
+	mine := []bson.ObjectID{bson.NewObjectID(), bson.NewObjectID()}
+	got, err := s.TaskInsertMany(ctxT(t), store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil, nil}, IDs: mine})
+	require.NoError(t, err)
+	require.Equal(t, mine, got)
+	task, err := s.TaskGet(ctxT(t), mine[0])
+	require.NoError(t, err)
+	require.Equal(t, 5, len(task.Parameters), "nil parameters become {}")
+	_, err = s.TaskGet(ctxT(t), bson.NewObjectID())
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func testTaskClaimOrder(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	for _, sort := range []schema.Sort{schema.SortFIFO, schema.SortLIFO} {
+		q := newQueue(t, s, "q-"+string(sort), sort)
+		ids := insertTasks(t, s, q.ID, 5)
+		var got []bson.ObjectID
+		for range ids {
+			task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: sort})
+			require.NoError(t, err)
+			require.Equal(t, schema.StatusClaimed, task.Status)
+			require.Equal(t, "n1", task.Node)
+			got = append(got, task.ID)
+		}
+		if sort == schema.SortLIFO {
+			for i, j := 0, len(got)-1; i < j; i, j = i+1, j-1 {
+				got[i], got[j] = got[j], got[i]
+			}
+		}
+		require.Equal(t, ids, got, string(sort))
+		_, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: sort})
+		require.ErrorIs(t, err, store.ErrNoTask)
+	}
+}
+
+func testTaskClaimPerl(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	// As Disbatch 4.103's web API creates them: params, node null.
+	res, err := db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: q.ID}, {Key: "status", Value: -2}, {Key: "node", Value: nil},
+		{Key: "params", Value: bson.D{{Key: "commands", Value: "a"}}}, {Key: "ctime", Value: time.Now()}, {Key: "mtime", Value: time.Now()}, {Key: "stdout", Value: nil}, {Key: "stderr", Value: nil}, {Key: "extra", Value: 42}})
+	require.NoError(t, err)
+	task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1"})
+	require.NoError(t, err)
+	require.Equal(t, res.InsertedID, task.ID)
+	require.Equal(t, "a", task.Parameters.Lookup("commands").StringValue())
+	require.NoError(t, s.TaskStart(ctx, store.TaskTransitionParams{ID: task.ID, Node: "n1"}))
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: "ok"}))
+	raw := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: task.ID}})
+	require.Equal(t, int64(42), raw.Lookup("extra").AsInt64(), "unknown fields survive claim, start and finish")
+	require.Equal(t, "ok", raw.Lookup("stdout").StringValue())
+}
+
+func testTaskClaimConcurrent(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 300)
+	var mu sync.Mutex
+	seen := map[bson.ObjectID]string{}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := fmt.Sprintf("n%d", w)
+			for {
+				task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO})
+				if errors.Is(err, store.ErrNoTask) {
+					return
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				if prev, dup := seen[task.ID]; dup {
+					errs <- fmt.Errorf("task %s claimed by %s and %s", task.ID.Hex(), prev, node)
+				}
+				seen[task.ID] = node
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, seen, len(ids))
+}
+
+func testTaskGuarded(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 2)
+	task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+
+	me := store.TaskTransitionParams{ID: task.ID, Node: "n1"}
+	other := store.TaskTransitionParams{ID: task.ID, Node: "n2"}
+	require.ErrorIs(t, s.TaskStart(ctx, other), store.ErrLostTask, "only the claimer starts it")
+	require.ErrorIs(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: 1}), store.ErrLostTask, "not running yet")
+	require.NoError(t, s.TaskStart(ctx, me))
+	require.ErrorIs(t, s.TaskStart(ctx, me), store.ErrLostTask, "already running")
+	require.ErrorIs(t, s.TaskRelease(ctx, me), store.ErrLostTask, "running tasks are not released")
+	require.ErrorContains(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: 0}), "not a finished status")
+
+	// The reaper (or an operator) takes the task away: n1's result must not land.
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: task.ID}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -6}}}})
+	require.NoError(t, err)
+	require.ErrorIs(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: 1, Stdout: "late"}), store.ErrLostTask)
+	got, err := s.TaskGet(ctx, task.ID)
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusOrphaned, got.Status)
+	require.False(t, got.Stdout.Set)
+
+	// Release hands a claimed task back to the queue.
+	second, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.NoError(t, s.TaskRelease(ctx, store.TaskTransitionParams{ID: second.ID, Node: "n1"}))
+	again, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n2", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.Equal(t, second.ID, again.ID)
+}
+
+func finishWith(t *testing.T, s *store.Store, q bson.ObjectID, stdout, stderr string) schema.Task {
+	t.Helper()
+	ctx := ctxT(t)
+	task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.NoError(t, s.TaskStart(ctx, store.TaskTransitionParams{ID: task.ID, Node: "n1"}))
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.StatusFailed, Stdout: stdout, Stderr: stderr}))
+	got, err := s.TaskGet(ctx, task.ID)
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusFailed, got.Status)
+	return got
+}
+
+func testTaskFinishGridFS(t *testing.T, newStore Factory) {
+	const threshold = 400 << 10
+	s, db := newStore(t, store.Options{OutputThreshold: threshold})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 3)
+
+	small := finishWith(t, s, q.ID, "out", "err")
+	require.Equal(t, schema.Output{Text: "out", Set: true}, small.Stdout)
+	require.Equal(t, schema.Output{Text: "err", Set: true}, small.Stderr)
+
+	// Over the threshold together: stdout (multi-byte runes across chunk
+	// boundaries) goes to GridFS, the small stderr stays inline.
+	big := strings.Repeat("é€x", 100<<10) // 600 KiB
+	mixed := finishWith(t, s, q.ID, big, "small")
+	require.True(t, mixed.Stdout.InGridFS())
+	require.Equal(t, "small", mixed.Stderr.Text)
+	out, err := s.TaskOutputRead(ctx, mixed.Stdout)
+	require.NoError(t, err)
+	require.Equal(t, big, out)
+	file := rawDoc(t, db, "tasks.files", bson.D{{Key: "_id", Value: mixed.Stdout.FileID}})
+	require.Equal(t, "stdout", file.Lookup("filename").StringValue())
+	require.Equal(t, mixed.ID, file.Lookup("metadata", "task_id").ObjectID())
+	require.Equal(t, int64(len(big)), file.Lookup("length").AsInt64())
+	cur, err := db.Collection("tasks.chunks").Find(ctx, bson.D{{Key: "files_id", Value: mixed.Stdout.FileID}})
+	require.NoError(t, err)
+	var chunks []bson.Raw
+	require.NoError(t, cur.All(ctx, &chunks))
+	require.Len(t, chunks, 3)
+	for _, c := range chunks {
+		require.Equal(t, bson.TypeString, c.Lookup("data").Type, "chunk data must be a string, not BinData")
+	}
+
+	both := finishWith(t, s, q.ID, big, big)
+	require.True(t, both.Stdout.InGridFS())
+	require.True(t, both.Stderr.InGridFS())
+	errOut, err := s.TaskOutputRead(ctx, both.Stderr)
+	require.NoError(t, err)
+	require.Equal(t, big, errOut)
+	stderrFile := rawDoc(t, db, "tasks.files", bson.D{{Key: "_id", Value: both.Stderr.FileID}})
+	require.Equal(t, "stderr", stderrFile.Lookup("filename").StringValue())
+}
+
+func testTaskFinishTooLarge(t *testing.T, newStore Factory) {
+	// A threshold above what fits in a document: the store must still
+	// finish the task, by putting the output in GridFS.
+	s, _ := newStore(t, store.Options{OutputThreshold: 64 << 20})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1)
+	huge := strings.Repeat("y", 17<<20)
+	task := finishWith(t, s, q.ID, huge, "e")
+	require.True(t, task.Stdout.InGridFS())
+	out, err := s.TaskOutputRead(ctxT(t), task.Stdout)
+	require.NoError(t, err)
+	require.Equal(t, len(huge), len(out))
+}
+
+func testTaskOutputBinary(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	fid := bson.NewObjectID()
+	_, err := db.Collection("tasks.files").InsertOne(ctx, bson.D{{Key: "_id", Value: fid}, {Key: "filename", Value: "stdout"}})
+	require.NoError(t, err)
+	_, err = db.Collection("tasks.chunks").InsertMany(ctx, []any{
+		bson.D{{Key: "files_id", Value: fid}, {Key: "n", Value: 1}, {Key: "data", Value: bson.Binary{Data: []byte("world")}}},
+		bson.D{{Key: "files_id", Value: fid}, {Key: "n", Value: 0}, {Key: "data", Value: "hello "}},
+	})
+	require.NoError(t, err)
+	out, err := s.TaskOutputRead(ctx, schema.Output{FileID: fid, Set: true})
+	require.NoError(t, err)
+	require.Equal(t, "hello world", out)
+	_, err = s.TaskOutputRead(ctx, schema.Output{FileID: bson.NewObjectID(), Set: true})
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func testTaskList(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 5)
+	_, err := db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: q.ID}, {Key: "status", Value: "weird"}})
+	require.NoError(t, err)
+	finishWith(t, s, q.ID, "o", "e")
+
+	all, err := s.TaskList(ctx, store.TaskListParams{Queue: q.ID})
+	require.NoError(t, err)
+	require.Len(t, all.Tasks, 5)
+	require.Len(t, all.Malformed, 1)
+	require.ErrorContains(t, all.Malformed[0], `field "status"`)
+
+	queued, err := s.TaskList(ctx, store.TaskListParams{Queue: q.ID, Status: ptr(schema.StatusQueued), Limit: 2, WithoutOutput: true})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[1], ids[2]}, []bson.ObjectID{queued.Tasks[0].ID, queued.Tasks[1].ID})
+}
+
+func testNodeUpsert(t *testing.T, newStore Factory) {
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s, db := newStore(t, store.Options{Now: func() time.Time { return clock }})
+	ctx := ctxT(t)
+	queues := []schema.NodeQueue{{Name: "demo", ID: "571f8951b75bf335634ec271", Constructor: "Disbatch::Plugin::Demo", MaxThreads: ptr(2), TasksTodo: 3, TasksDoing: 1, TasksDone: 4}}
+	require.NoError(t, s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues}))
+
+	// The operator caps the node and adds a note.
+	_, err := db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "n1"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 5}, {Key: "note", Value: "rack 4"}}}})
+	require.NoError(t, err)
+	clock = clock.Add(time.Second)
+	require.NoError(t, s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues}))
+
+	raw := rawDoc(t, db, "nodes", bson.D{{Key: "node", Value: "n1"}})
+	require.Equal(t, int64(5), raw.Lookup("maxthreads").AsInt64())
+	require.Equal(t, "rack 4", raw.Lookup("note").StringValue())
+	require.Equal(t, clock, raw.Lookup("timestamp").Time().UTC())
+	entry := raw.Lookup("queues", "0").Document()
+	for field, want := range map[string]int64{"tasks_todo": 3, "tasks_doing": 1, "tasks_done": 4, "preemptive": 1, "tasks_backfill": 0, "maxthreads": 2} {
+		require.Equal(t, want, entry.Lookup(field).AsInt64(), field)
+	}
+	require.Equal(t, "571f8951b75bf335634ec271", entry.Lookup("id").StringValue())
+	require.Equal(t, "Disbatch::Plugin::Demo", entry.Lookup("constructor").StringValue())
+
+	n, err := s.NodeGet(ctx, "n1")
+	require.NoError(t, err)
+	require.Equal(t, 5, *n.MaxThreads)
+	require.Len(t, n.Queues, 1)
+	count, err := db.Collection("nodes").CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), count)
+	_, err = s.NodeGet(ctx, "n2")
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func testConfigGet(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	_, err := s.ConfigGet(ctx, "")
+	require.ErrorIs(t, err, store.ErrNotFound)
+
+	_, err = db.Collection("config").InsertOne(ctx, bson.D{{Key: "label", Value: "a"}, {Key: "activequeues", Value: bson.A{"q1"}}})
+	require.NoError(t, err)
+	c, err := s.ConfigGet(ctx, "")
+	require.NoError(t, err, "the only document")
+	require.Equal(t, []string{"q1"}, c.ActiveQueues)
+
+	_, err = db.Collection("config").InsertOne(ctx, bson.D{{Key: "label", Value: "b"}, {Key: "active", Value: true}, {Key: "ignorequeues", Value: bson.A{"q2"}}})
+	require.NoError(t, err)
+	c, err = s.ConfigGet(ctx, "")
+	require.NoError(t, err)
+	require.Equal(t, "b", c.Label, "the active one")
+	c, err = s.ConfigGet(ctx, "a")
+	require.NoError(t, err)
+	require.Equal(t, "a", c.Label)
+	_, err = s.ConfigGet(ctx, "zzz")
+	require.ErrorIs(t, err, store.ErrNotFound)
+
+	_, err = db.Collection("config").InsertOne(ctx, bson.D{{Key: "label", Value: "c"}, {Key: "active", Value: true}})
+	require.NoError(t, err)
+	_, err = s.ConfigGet(ctx, "")
+	require.ErrorContains(t, err, "2 documents are marked active: true")
+}

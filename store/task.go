@@ -1,0 +1,275 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// TaskInsertManyParams are new tasks for one queue: one parameters object
+// each.
+type TaskInsertManyParams struct {
+	Queue      bson.ObjectID
+	Parameters []bson.Raw
+	// IDs, when set, are the tasks' _ids (one per parameters object). A
+	// caller inserting concurrent batches allocates them up front so that
+	// fifo order (by _id) is submission order.
+	IDs []bson.ObjectID
+}
+
+// TaskInsertMany inserts queued tasks exactly as seed 000 describes them:
+// node -1, status -2, ctime = mtime = now, stdout and stderr null.
+func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]bson.ObjectID, error) {
+	if len(p.Parameters) == 0 {
+		return nil, nil
+	}
+	if p.IDs != nil && len(p.IDs) != len(p.Parameters) {
+		return nil, fmt.Errorf("insert tasks: %d ids for %d parameters", len(p.IDs), len(p.Parameters))
+	}
+	now := s.nowMS()
+	ids := p.IDs
+	if ids == nil {
+		ids = make([]bson.ObjectID, len(p.Parameters))
+		for i := range ids {
+			ids[i] = bson.NewObjectID()
+		}
+	}
+	docs := make([]any, len(p.Parameters))
+	for i, params := range p.Parameters {
+		if params == nil {
+			params = emptyDoc
+		}
+		docs[i] = bson.D{
+			{Key: "_id", Value: ids[i]},
+			{Key: schema.TaskQueue, Value: p.Queue},
+			{Key: schema.TaskCTime, Value: now},
+			{Key: schema.TaskMTime, Value: now},
+			{Key: schema.TaskNode, Value: schema.Unclaimed},
+			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+			{Key: schema.TaskParameters, Value: params},
+			{Key: schema.TaskStdout, Value: nil},
+			{Key: schema.TaskStderr, Value: nil},
+		}
+	}
+	if _, err := s.tasks.InsertMany(ctx, docs); err != nil {
+		return nil, fmt.Errorf("insert %d tasks into queue %s: %w", len(docs), p.Queue.Hex(), err)
+	}
+	return ids, nil
+}
+
+var emptyDoc = bson.Raw{5, 0, 0, 0, 0}
+
+// TaskGet returns one task.
+func (s *Store) TaskGet(ctx context.Context, id bson.ObjectID) (schema.Task, error) {
+	raw, err := s.tasks.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Raw()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return schema.Task{}, fmt.Errorf("task %s: %w", id.Hex(), ErrNotFound)
+	}
+	if err != nil {
+		return schema.Task{}, fmt.Errorf("read task %s: %w", id.Hex(), err)
+	}
+	return schema.DecodeTask(raw)
+}
+
+// TaskListParams select tasks of one queue, in _id order.
+type TaskListParams struct {
+	Queue  bson.ObjectID
+	Status *schema.Status
+	Limit  int64 // 0: no limit
+	// WithoutOutput leaves stdout and stderr out of the documents read.
+	WithoutOutput bool
+}
+
+// TaskListResult holds decoded tasks and one error per malformed document.
+type TaskListResult struct {
+	Tasks     []schema.Task
+	Malformed []error
+}
+
+// TaskList lists tasks of a queue.
+func (s *Store) TaskList(ctx context.Context, p TaskListParams) (TaskListResult, error) {
+	filter := bson.D{{Key: schema.TaskQueue, Value: p.Queue}}
+	if p.Status != nil {
+		filter = append(filter, bson.E{Key: schema.TaskStatus, Value: int32(*p.Status)})
+	}
+	o := options.Find().SetSort(bson.D{{Key: "_id", Value: 1}})
+	if p.Limit > 0 {
+		o.SetLimit(p.Limit)
+	}
+	if p.WithoutOutput {
+		o.SetProjection(bson.D{{Key: schema.TaskStdout, Value: 0}, {Key: schema.TaskStderr, Value: 0}})
+	}
+	cur, err := s.tasks.Find(ctx, filter, o)
+	if err != nil {
+		return TaskListResult{}, fmt.Errorf("list tasks of queue %s: %w", p.Queue.Hex(), err)
+	}
+	defer cur.Close(ctx)
+	var res TaskListResult
+	for cur.Next(ctx) {
+		t, err := schema.DecodeTask(append(bson.Raw(nil), cur.Current...))
+		if err != nil {
+			res.Malformed = append(res.Malformed, err)
+			continue
+		}
+		res.Tasks = append(res.Tasks, t)
+	}
+	if err := cur.Err(); err != nil {
+		return TaskListResult{}, fmt.Errorf("list tasks of queue %s: %w", p.Queue.Hex(), err)
+	}
+	return res, nil
+}
+
+// TaskClaimParams say which queue to claim from and as which node.
+type TaskClaimParams struct {
+	Queue bson.ObjectID
+	Node  string
+	Sort  schema.Sort
+}
+
+// unclaimed matches node -1 (seed 000) and node null (Disbatch 4.103).
+var unclaimed = bson.D{{Key: "$in", Value: bson.A{schema.Unclaimed, nil}}}
+
+// TaskClaim is seed 000's claim: one findOneAndUpdate from {node: -1,
+// status: -2, queue} to {node: Node, status: -1, mtime: now}, sorted by _id
+// for fifo and lifo. It returns ErrNoTask when the queue has nothing queued.
+// A claimed document that does not decode is returned as a
+// *schema.DecodeError; it is then claimed by this node and the caller must
+// deal with it.
+func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, error) {
+	filter := bson.D{
+		{Key: schema.TaskNode, Value: unclaimed},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+		{Key: schema.TaskQueue, Value: p.Queue},
+	}
+	update := bson.D{{Key: "$set", Value: bson.D{
+		{Key: schema.TaskNode, Value: p.Node},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+		{Key: schema.TaskMTime, Value: s.nowMS()},
+	}}}
+	o := options.FindOneAndUpdate().SetReturnDocument(options.After)
+	switch p.Sort {
+	case schema.SortFIFO:
+		o.SetSort(bson.D{{Key: "_id", Value: 1}})
+	case schema.SortLIFO:
+		o.SetSort(bson.D{{Key: "_id", Value: -1}})
+	}
+	raw, err := s.tasks.FindOneAndUpdate(ctx, filter, update, o).Raw()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return schema.Task{}, ErrNoTask
+	}
+	if err != nil {
+		return schema.Task{}, fmt.Errorf("claim task in queue %s: %w", p.Queue.Hex(), err)
+	}
+	return schema.DecodeTask(raw)
+}
+
+// TaskTransitionParams name a task held by Node.
+type TaskTransitionParams struct {
+	ID   bson.ObjectID
+	Node string
+}
+
+// TaskStart marks a claimed task running: {_id, node, status: -1} to
+// status 0. ErrLostTask when the guard fails.
+func (s *Store) TaskStart(ctx context.Context, p TaskTransitionParams) error {
+	return s.guarded(ctx, "start", p, schema.StatusClaimed, bson.D{
+		{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
+		{Key: schema.TaskMTime, Value: s.nowMS()},
+	})
+}
+
+// TaskRelease hands a claimed, not started task back to the queue:
+// {_id, node, status: -1} to node -1, status -2.
+func (s *Store) TaskRelease(ctx context.Context, p TaskTransitionParams) error {
+	return s.guarded(ctx, "release", p, schema.StatusClaimed, bson.D{
+		{Key: schema.TaskNode, Value: schema.Unclaimed},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+		{Key: schema.TaskMTime, Value: s.nowMS()},
+	})
+}
+
+func (s *Store) guarded(ctx context.Context, what string, p TaskTransitionParams, from schema.Status, set bson.D) error {
+	res, err := s.tasks.UpdateOne(ctx,
+		bson.D{{Key: "_id", Value: p.ID}, {Key: schema.TaskNode, Value: p.Node}, {Key: schema.TaskStatus, Value: int32(from)}},
+		bson.D{{Key: "$set", Value: set}})
+	if err != nil {
+		return fmt.Errorf("%s task %s: %w", what, p.ID.Hex(), err)
+	}
+	if res.MatchedCount == 0 {
+		return fmt.Errorf("%s task %s on node %s: %w", what, p.ID.Hex(), p.Node, ErrLostTask)
+	}
+	return nil
+}
+
+// TaskFinishParams are a task's result.
+type TaskFinishParams struct {
+	ID     bson.ObjectID
+	Node   string
+	Status schema.Status // must be > 0
+	Stdout string
+	Stderr string
+}
+
+// TaskFinish records a running task's result with an update guarded by
+// {_id, node, status: 0}, so a node that lost its task can never overwrite a
+// newer owner. Output over the store's threshold goes to GridFS (stdout
+// first, as Disbatch 4 does); if the document would still be too large, both
+// go to GridFS, so a task never stays running because its output did not fit.
+func (s *Store) TaskFinish(ctx context.Context, p TaskFinishParams) error {
+	if !p.Status.Finished() {
+		return fmt.Errorf("finish task %s: status %d is not a finished status (> 0)", p.ID.Hex(), p.Status)
+	}
+	stdoutGFS, stderrGFS := false, false
+	if len(p.Stdout)+len(p.Stderr) > s.threshold {
+		stdoutGFS = true
+		stderrGFS = len(p.Stderr) > s.threshold
+	}
+	err := s.finish(ctx, p, stdoutGFS, stderrGFS)
+	if isTooLarge(err) && !(stdoutGFS && stderrGFS) {
+		err = s.finish(ctx, p, true, true)
+	}
+	return err
+}
+
+func (s *Store) finish(ctx context.Context, p TaskFinishParams, stdoutGFS, stderrGFS bool) error {
+	var written []bson.ObjectID
+	value := func(name, text string, gfs bool) (any, error) {
+		if !gfs {
+			return validUTF8(text), nil
+		}
+		id, err := s.outputWrite(ctx, p.ID, name, text)
+		if err != nil {
+			return nil, err
+		}
+		written = append(written, id)
+		return id, nil
+	}
+	stdout, err := value(schema.TaskStdout, p.Stdout, stdoutGFS)
+	if err != nil {
+		return fmt.Errorf("finish task %s: %w", p.ID.Hex(), err)
+	}
+	stderr, err := value(schema.TaskStderr, p.Stderr, stderrGFS)
+	if err == nil {
+		err = s.guarded(ctx, "finish", TaskTransitionParams{ID: p.ID, Node: p.Node}, schema.StatusRunning, bson.D{
+			{Key: schema.TaskStatus, Value: int32(p.Status)},
+			{Key: schema.TaskStdout, Value: stdout},
+			{Key: schema.TaskStderr, Value: stderr},
+			{Key: schema.TaskMTime, Value: s.nowMS()},
+		})
+	}
+	if err != nil && len(written) > 0 {
+		// The files belong to no task: remove them with a context that
+		// outlives a cancelled caller.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, _ = s.outputDelete(cctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: written}}}})
+	}
+	return err
+}
