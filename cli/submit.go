@@ -1,0 +1,305 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// maxParamsSize keeps a task document under MongoDB's 16 MiB limit with room
+// for the fields the node adds.
+const maxParamsSize = 16<<20 - 64<<10
+
+// item is one parameters object of the input and where it came from.
+type item struct {
+	line   int
+	params bson.Raw
+}
+
+// problem is one invalid input item.
+type problem struct {
+	line int
+	msg  string
+}
+
+func (p problem) String() string { return fmt.Sprintf("line %d: %s", p.line, p.msg) }
+
+// parseTasks reads parameters objects as JSON lines (one object per line;
+// blank lines are ignored) or as one JSON array of objects. Values may use
+// MongoDB extended JSON ({"$oid": ...}, {"$date": ...}). It returns the
+// valid items and a problem for each invalid one; err is set only when the
+// input cannot be read at all.
+func parseTasks(r io.Reader) ([]item, []problem, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read input: %w", err)
+	}
+	trimmed := bytes.TrimLeft(data, " \t\r\n\ufeff")
+	if len(trimmed) > 0 && trimmed[0] == '[' {
+		return parseArray(data)
+	}
+	var items []item
+	var problems []problem
+	for lineNo, rest := 1, data; len(rest) > 0; lineNo++ {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		if p, msg := toParams(line); msg != "" {
+			problems = append(problems, problem{lineNo, msg})
+		} else {
+			items = append(items, item{lineNo, p})
+		}
+	}
+	return items, problems, nil
+}
+
+func parseArray(data []byte) ([]item, []problem, error) {
+	lineAt := func(off int64) int { return 1 + bytes.Count(data[:min(int(off), len(data))], []byte{'\n'}) }
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if _, err := dec.Token(); err != nil { // [
+		return nil, []problem{{1, "invalid JSON: " + err.Error()}}, nil
+	}
+	var items []item
+	var problems []problem
+	for dec.More() {
+		// The element starts after the white space and comma that follow
+		// the previous token.
+		start := int(dec.InputOffset())
+		for start < len(data) && bytes.IndexByte([]byte(" \t\r\n,"), data[start]) >= 0 {
+			start++
+		}
+		line := lineAt(int64(start))
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			// The array itself is broken: nothing after this can be trusted.
+			problems = append(problems, problem{line, "invalid JSON: " + err.Error()})
+			return items, problems, nil
+		}
+		if p, msg := toParams(raw); msg != "" {
+			problems = append(problems, problem{line, msg})
+		} else {
+			items = append(items, item{line, p})
+		}
+	}
+	if _, err := dec.Token(); err != nil { // ]
+		problems = append(problems, problem{lineAt(dec.InputOffset()), "invalid JSON: the array is not closed: " + err.Error()})
+	}
+	return items, problems, nil
+}
+
+// toParams converts one JSON value to a parameters document, or says why
+// it cannot be one.
+func toParams(b []byte) (bson.Raw, string) {
+	b = bytes.TrimSpace(b)
+	if !json.Valid(b) {
+		var v any
+		err := json.Unmarshal(b, &v)
+		return nil, "invalid JSON: " + err.Error()
+	}
+	if b[0] != '{' {
+		kind := map[byte]string{'[': "an array", '"': "a string", 't': "a boolean", 'f': "a boolean", 'n': "null"}[b[0]]
+		if kind == "" {
+			kind = "a number"
+		}
+		return nil, "parameters must be a JSON object, got " + kind
+	}
+	var raw bson.Raw
+	if err := bson.UnmarshalExtJSON(b, false, &raw); err != nil {
+		return nil, "cannot convert to BSON: " + err.Error()
+	}
+	if len(raw) > maxParamsSize {
+		return nil, fmt.Sprintf("parameters are %d bytes as BSON, over the %d allowed (MongoDB documents are limited to 16 MiB)", len(raw), maxParamsSize)
+	}
+	return raw, ""
+}
+
+func newTaskSubmit(g *globals) *cobra.Command {
+	var skipInvalid, asJSON bool
+	var batchSize, parallel int
+	cmd := &cobra.Command{
+		Use:   "submit QUEUE [FILE|-]",
+		Short: "Submit tasks: one parameters object each, from a file or stdin",
+		Long: `Submit tasks to QUEUE (a name or an id). Each task is one JSON object of
+parameters, read from FILE or from stdin (no FILE, or -) either as JSON lines
+(one object per line; blank lines are ignored) or as one JSON array of
+objects. MongoDB extended JSON is understood ({"$oid": ...}, {"$date": ...}).
+
+Every item is checked before anything is inserted; invalid ones are reported
+by line number and nothing is inserted unless --skip-invalid is given. Tasks
+are inserted in batches with write concern majority (so that nodes see them
+at once: change streams only deliver majority-committed writes), in input
+order: with sort fifo they run oldest first.`,
+		Example: `  printf '{"commands":"a"}\n{"commands":"ab"}\n' | disbatch task submit demo
+  disbatch task submit demo tasks.json`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) < 1 || len(args) > 2 {
+				return usagef("want QUEUE and optionally FILE (or - for stdin)")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if batchSize < 1 || batchSize > 100000 {
+				return usagef("--batch-size must be between 1 and 100000")
+			}
+			if parallel < 1 || parallel > 64 {
+				return usagef("--parallel must be between 1 and 64")
+			}
+			in := g.io.In
+			name := "stdin"
+			if len(args) == 2 && args[1] != "-" {
+				f, err := os.Open(args[1])
+				if err != nil {
+					return fmt.Errorf("open input: %w", err)
+				}
+				defer f.Close()
+				in, name = f, args[1]
+			}
+			s, done, err := g.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			q, err := s.QueueGet(cmd.Context(), store.QueueGetParams{Ref: args[0]})
+			if err != nil {
+				return err
+			}
+			items, problems, err := parseTasks(in)
+			if err != nil {
+				return err
+			}
+			for i, p := range problems {
+				if i == 20 {
+					fmt.Fprintf(g.io.Err, "%s: ... and %d more invalid items\n", name, len(problems)-i)
+					break
+				}
+				fmt.Fprintf(g.io.Err, "%s: %s\n", name, p)
+			}
+			if len(problems) > 0 && !skipInvalid {
+				return fmt.Errorf("%d of %d items in %s are invalid; nothing was inserted (fix them, or use --skip-invalid to insert the %d valid ones)",
+					len(problems), len(problems)+len(items), name, len(items))
+			}
+			if len(items) == 0 {
+				return fmt.Errorf("no tasks in %s: want JSON objects, one per line, or a JSON array of objects", name)
+			}
+			ids, err := insertBatches(cmd.Context(), s, q.ID, items, batchSize, parallel, g.progress(len(items)))
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(g.io.Out, map[string]any{"queue": q.Name, "queue_id": q.ID.Hex(), "submitted": len(ids), "skipped": len(problems), "first": ids[0].Hex(), "last": ids[len(ids)-1].Hex()})
+			}
+			skipped := ""
+			if len(problems) > 0 {
+				skipped = fmt.Sprintf(", skipped %d invalid", len(problems))
+			}
+			fmt.Fprintf(g.io.Out, "submitted %d tasks to queue %s%s (first %s, last %s)\n", len(ids), q.Name, skipped, ids[0].Hex(), ids[len(ids)-1].Hex())
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&skipInvalid, "skip-invalid", false, "insert the valid items even if some are invalid")
+	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "tasks per insert")
+	cmd.Flags().IntVar(&parallel, "parallel", 4, "inserts in flight at once")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return cmd
+}
+
+// progress returns a callback that draws a progress line when stdout is a
+// terminal, or nil.
+func (g *globals) progress(total int) func(done int) {
+	if !g.io.Terminal {
+		return nil
+	}
+	var mu sync.Mutex
+	last := time.Time{}
+	return func(done int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if done < total && time.Since(last) < 100*time.Millisecond {
+			return
+		}
+		last = time.Now()
+		const width = 30
+		filled := width * done / total
+		fmt.Fprintf(g.io.Out, "\r[%s%s] %d/%d", bytes.Repeat([]byte("#"), filled), bytes.Repeat([]byte("."), width-filled), done, total)
+		if done == total {
+			fmt.Fprint(g.io.Out, "\r\033[K")
+		}
+	}
+}
+
+// insertBatches inserts items in batches, several at once. Ids are allocated
+// up front in input order, so _id order (fifo) is input order whatever order
+// the batches land in.
+func insertBatches(ctx context.Context, s *store.Store, queue bson.ObjectID, items []item, batchSize, parallel int, progress func(int)) ([]bson.ObjectID, error) {
+	ids := make([]bson.ObjectID, len(items))
+	for i := range ids {
+		ids[i] = bson.NewObjectID()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches := make(chan int)
+	var inserted atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	var wg sync.WaitGroup
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for start := range batches {
+				end := min(start+batchSize, len(items))
+				params := make([]bson.Raw, end-start)
+				for i := range params {
+					params[i] = items[start+i].params
+				}
+				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: params, IDs: ids[start:end]}); err != nil {
+					errOnce.Do(func() {
+						firstErr = fmt.Errorf("insert tasks from input line %d on: %w", items[start].line, err)
+						cancel()
+					})
+					continue
+				}
+				n := inserted.Add(int64(end - start))
+				if progress != nil {
+					progress(int(n))
+				}
+			}
+		}()
+	}
+send:
+	for start := 0; start < len(items); start += batchSize {
+		select {
+		case batches <- start:
+		case <-ctx.Done():
+			break send
+		}
+	}
+	close(batches)
+	wg.Wait()
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
+	if firstErr != nil {
+		return nil, fmt.Errorf("%w (%d of %d tasks were inserted before the failure)", firstErr, inserted.Load(), len(items))
+	}
+	return ids, nil
+}
+
