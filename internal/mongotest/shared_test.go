@@ -20,7 +20,10 @@ func TestSharedDeploymentIsReplicaSet(t *testing.T) {
 	t.Logf("shared deployment %s ready after %v", uri, time.Since(begin))
 	ctx := testContext(t, time.Minute)
 
-	var h helloReply
+	var h struct {
+		SetName           string `bson:"setName"`
+		IsWritablePrimary bool   `bson:"isWritablePrimary"`
+	}
 	require.NoError(t, Client(t).Database("admin").RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&h))
 	require.Equal(t, "rs0", h.SetName)
 	require.True(t, h.IsWritablePrimary)
@@ -100,6 +103,9 @@ func TestDatabaseIsolationAndDrop(t *testing.T) {
 	names := databaseNames(t)
 	require.False(t, slices.Contains(names, nameA), "database of a not dropped: %v", names)
 }
+
+// helperEnv tells a re-executed test binary which helper test should act.
+const helperEnv = "DISBATCH_MONGOTEST_HELPER"
 
 func TestURIFailsWithHowToWhenNoMongoDB(t *testing.T) {
 	empty := t.TempDir()

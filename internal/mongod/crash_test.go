@@ -1,12 +1,14 @@
-package mongotest
+package mongod
 
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,10 +16,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // helperEnv tells a re-executed test binary which helper test should act.
-const helperEnv = "DISBATCH_MONGOTEST_HELPER"
+const helperEnv = "DISBATCH_MONGOD_TEST_HELPER"
 
 // helperReport is what a helper process prints about its replica set.
 type helperReport struct {
@@ -37,17 +40,16 @@ func parseHelperReport(t *testing.T, out []byte) helperReport {
 			continue
 		}
 		switch k {
-		case "MONGOTEST_DIR":
+		case "MONGOD_DIR":
 			r.dir = v
-		case "MONGOTEST_PID":
+		case "MONGOD_PID":
 			r.mongod, _ = strconv.Atoi(v)
-		case "MONGOTEST_WATCHDOG":
+		case "MONGOD_WATCHDOG":
 			r.watchdog, _ = strconv.Atoi(v)
 		}
 	}
-	require.NotEmpty(t, r.dir, "no MONGOTEST_DIR in helper output:\n%s", out)
-	require.NotZero(t, r.mongod, "no MONGOTEST_PID in helper output:\n%s", out)
-	require.NotZero(t, r.watchdog, "no MONGOTEST_WATCHDOG in helper output:\n%s", out)
+	require.NotEmpty(t, r.dir, "no MONGOD_DIR in helper output:\n%s", out)
+	require.NotZero(t, r.mongod, "no MONGOD_PID in helper output:\n%s", out)
 	return r
 }
 
@@ -55,6 +57,7 @@ func parseHelperReport(t *testing.T, out []byte) helperReport {
 // its directory is removed.
 func requireCleanedUp(t *testing.T, r helperReport, since time.Time) {
 	t.Helper()
+	require.NotZero(t, r.watchdog, "no watchdog")
 	require.Eventually(t, func() bool { return !processAlive(r.mongod) }, 10*time.Second, 50*time.Millisecond,
 		"mongod %d still running", r.mongod)
 	require.Eventually(t, func() bool {
@@ -66,9 +69,9 @@ func requireCleanedUp(t *testing.T, r helperReport, since time.Time) {
 	t.Logf("mongod gone, dir removed, watchdog ended %v after the helper died", time.Since(since))
 }
 
-func helperCommand(t *testing.T, test, mode string) *exec.Cmd {
+func helperCommand(t *testing.T, test, mode string, env ...string) *exec.Cmd {
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), helperEnv+"="+mode)
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+mode), env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	t.Cleanup(func() { t.Logf("helper stderr:\n%s", stderr.Bytes()) })
@@ -96,7 +99,7 @@ func TestCrashSafetySIGKILLWatchdogOnly(t *testing.T) {
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		fmt.Fprintln(&out, sc.Text())
-		if sc.Text() == "MONGOTEST_READY" {
+		if sc.Text() == "MONGOD_READY" {
 			break
 		}
 	}
@@ -120,9 +123,16 @@ func startHelperReplicaSet(t *testing.T, restart bool) *ReplicaSet {
 		require.NoError(t, m.Kill())
 		require.NoError(t, m.Restart(ctx))
 	}
-	fmt.Printf("MONGOTEST_DIR=%s\nMONGOTEST_PID=%d\nMONGOTEST_WATCHDOG=%d\n",
-		rs.dir, rs.Members()[0].PID(), rs.watchdog.Process.Pid)
+	printHelperReport(rs)
 	return rs
+}
+
+func printHelperReport(rs *ReplicaSet) {
+	watchdog := 0
+	if rs.watchdog != nil {
+		watchdog = rs.watchdog.Process.Pid
+	}
+	fmt.Printf("MONGOD_DIR=%s\nMONGOD_PID=%d\nMONGOD_WATCHDOG=%d\n", rs.dir, rs.Members()[0].PID(), watchdog)
 }
 
 // TestHelperProcessPanics is run by TestCrashSafetyPanic in a child process;
@@ -145,8 +155,65 @@ func TestHelperProcessWaitsForKill(t *testing.T) {
 	// Leave the cleanup to the watchdog alone.
 	noPdeathsig = true
 	startHelperReplicaSet(t, true)
-	fmt.Println("MONGOTEST_READY")
+	fmt.Println("MONGOD_READY")
 	// The parent kills this process; should it not, end the test.
 	time.Sleep(time.Minute)
 	syscall.Exit(3)
+}
+
+// The helper panics with a set on Options.Dir: Pdeathsig ends its mongod,
+// the data is kept and a new start on it finds the helper's document (the
+// unclean shutdown is recovered from).
+func TestCrashWithDirKeepsData(t *testing.T) {
+	dir := t.TempDir()
+	port := freePortsT(t, 1)[0]
+	out, err := helperCommand(t, "TestHelperProcessPanicsWithDir", "dir",
+		dirEnv+"="+dir, portEnv+"="+strconv.Itoa(port)).Output()
+	died := time.Now()
+	require.Error(t, err, "helper did not fail; output:\n%s", out)
+	require.Contains(t, string(out), "helper is about to panic", "output:\n%s", out)
+	r := parseHelperReport(t, out)
+	require.Equal(t, dir, r.dir)
+	require.Zero(t, r.watchdog)
+	require.Eventually(t, func() bool { return !processAlive(r.mongod) }, 10*time.Second, 50*time.Millisecond,
+		"mongod %d still running", r.mongod)
+	// A killed mongod's leader thread is a zombie (gone, for processAlive)
+	// before its other threads have exited and its port is closed.
+	require.Eventually(t, func() bool {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			_ = l.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "port %d still taken", port)
+	t.Logf("mongod gone and its port free %v after the helper died", time.Since(died))
+	require.FileExists(t, filepath.Join(dir, "m0", "WiredTiger"))
+
+	rs, err := StartReplicaSet(testContext(t, time.Minute), Options{Dir: dir, Ports: []int{port}, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, rs.Stop()) })
+	requireKeptDocument(t, rs)
+}
+
+const (
+	dirEnv  = "DISBATCH_MONGOD_TEST_DIR"
+	portEnv = "DISBATCH_MONGOD_TEST_PORT"
+)
+
+// TestHelperProcessPanicsWithDir is run by TestCrashWithDirKeepsData in a
+// child process; it does nothing otherwise.
+func TestHelperProcessPanicsWithDir(t *testing.T) {
+	if os.Getenv(helperEnv) != "dir" {
+		return
+	}
+	port, err := strconv.Atoi(os.Getenv(portEnv))
+	require.NoError(t, err)
+	ctx := testContext(t, time.Minute)
+	rs, err := StartReplicaSet(ctx, Options{Dir: os.Getenv(dirEnv), Ports: []int{port}})
+	require.NoError(t, err)
+	_, err = keptCollection(connect(t, rs)).InsertOne(ctx, bson.D{{Key: "_id", Value: "kept"}, {Key: "n", Value: 42}})
+	require.NoError(t, err)
+	printHelperReport(rs)
+	fmt.Println("helper is about to panic")
+	panic("helper panics with a running replica set on a Dir")
 }

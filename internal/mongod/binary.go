@@ -1,4 +1,4 @@
-package mongotest
+package mongod
 
 import (
 	"errors"
@@ -8,11 +8,12 @@ import (
 	"path/filepath"
 )
 
-// mongodbVersion is the MongoDB version that scripts/fetch-mongod.sh installs.
-const mongodbVersion = "6.0.5"
+// Version is the MongoDB version that scripts/fetch-mongod.sh installs (and
+// so the one Binary finds in the cache).
+const Version = "6.0.5"
 
-// howTo tells a developer how to give the tests a MongoDB.
-const howTo = "run `make mongod` (or set DISBATCH_MONGOD to a mongod binary, or MONGODB_URI to a replica set)"
+// howTo tells a developer how to get a mongod binary.
+const howTo = "run `make mongod` (or set DISBATCH_MONGOD to a mongod binary)"
 
 // cachedBinary is where scripts/fetch-mongod.sh puts mongod:
 // ${XDG_CACHE_HOME:-$HOME/.cache}/disbatch/mongodb/6.0.5/bin/mongod.
@@ -26,7 +27,7 @@ func cachedBinary() string {
 		}
 		cache = filepath.Join(home, ".cache")
 	}
-	return filepath.Join(cache, "disbatch", "mongodb", mongodbVersion, "bin", "mongod")
+	return filepath.Join(cache, "disbatch", "mongodb", Version, "bin", "mongod")
 }
 
 // isExecutable reports whether path is a regular file with an execute bit.

@@ -1,4 +1,4 @@
-package mongotest
+package mongod
 
 import (
 	"errors"
@@ -9,10 +9,11 @@ import (
 	"syscall"
 )
 
-// watchdogScript runs detached from the test binary ($1 is its pid, $2 the
-// replica set's directory). Once the test binary is gone, it kills the pids
-// in $2/m*/pid (kept current by Member: written at start, removed once the
-// process is reaped), waits briefly for them to die and removes $2.
+// watchdogScript runs detached from the program that started the replica set
+// ($1 is its pid, $2 the replica set's directory). Once that program is gone,
+// it kills the pids in $2/m*/pid (kept current by Member: written at start,
+// removed once the process is reaped), waits briefly for them to die and
+// removes $2.
 const watchdogScript = `
 parent=$1 dir=$2
 while kill -0 "$parent" 2>/dev/null; do sleep 0.5; done
@@ -39,13 +40,14 @@ rm -rf "$dir" 2>/dev/null || { sleep 0.5; rm -rf "$dir"; }
 `
 
 // startWatchdog starts the replica set's watchdog in a session of its own,
-// so that signals to the test's process group do not reach it.
+// so that signals to the program's process group do not reach it.
 func (rs *ReplicaSet) startWatchdog() error {
-	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "disbatch-mongotest-watchdog",
+	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "disbatch-mongod-watchdog",
 		strconv.Itoa(os.Getpid()), rs.dir)
 	// Stdin, Stdout and Stderr stay nil (/dev/null): the watchdog must not
-	// hold the test's output pipes open. Its PATH (for sleep and rm) must
-	// not depend on what a test did to the environment.
+	// hold the program's output pipes open (a test's, say). Its PATH (for
+	// sleep and rm) must not depend on what the program did to the
+	// environment.
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

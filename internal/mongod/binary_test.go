@@ -1,4 +1,4 @@
-package mongotest
+package mongod
 
 import (
 	"os"

@@ -1,4 +1,4 @@
-package mongotest
+package mongod
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,7 +36,10 @@ const (
 	logTailLines = 20
 	// probeDatabase is the scratch database used to check that the set is
 	// writable; it is dropped again.
-	probeDatabase = "disbatch_mongotest_probe"
+	probeDatabase = "disbatch_mongod_probe"
+	// Server error codes.
+	codeAlreadyInitialized = 23 // replSetInitiate: the member has a config
+	codeNotYetInitialized  = 94 // the member has not loaded its config yet
 )
 
 // Options configures StartReplicaSet. The zero value is a single-member set.
@@ -47,6 +51,12 @@ type Options struct {
 	Binary string
 	// ReplSet is the replica set name (default "rs0").
 	ReplSet string
+	// Dir, when set, is where the members' data lives (Dir/m0, Dir/m1, ...): it
+	// is created if missing, reused if it holds data, and kept by Stop. No
+	// watchdog runs (the mongods still die with the parent through Pdeathsig).
+	Dir string
+	// Ports, when set (len == Members), are the members' ports instead of free ones.
+	Ports []int
 	// Logger receives progress messages (default: discarded).
 	Logger *slog.Logger
 	// ExtraArgs are appended to every member's mongod command line. They may
@@ -55,17 +65,19 @@ type Options struct {
 }
 
 // ReplicaSet is a MongoDB replica set of local mongod processes, with all its
-// data in one temporary directory. Stop it when done.
+// data in one directory (Options.Dir or a temporary one). Stop it when done.
 type ReplicaSet struct {
 	name    string
 	dir     string
+	keepDir bool // dir is Options.Dir: never removed
 	binary  string
 	extra   []string
 	log     *slog.Logger
 	members []*Member
 
-	watchdog *exec.Cmd
+	watchdog *exec.Cmd // nil with Options.Dir
 
+	stopped  atomic.Bool // Stop was called; no more Restarts
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -73,10 +85,11 @@ type ReplicaSet struct {
 // Member is one mongod of a ReplicaSet. Its port and data directory stay the
 // same across Stop/Kill and Restart.
 type Member struct {
-	rs   *ReplicaSet
-	id   int
-	dir  string
-	port int // fixed once StartReplicaSet has returned
+	rs        *ReplicaSet
+	id        int
+	dir       string
+	port      int  // fixed once StartReplicaSet has returned
+	fixedPort bool // port is from Options.Ports: never moved to another
 
 	mu   sync.Mutex              // serialises Kill, Stop and Restart
 	proc atomic.Pointer[process] // current or last process; nil before the first start
@@ -101,12 +114,40 @@ func (p *process) exited() bool {
 // noPdeathsig leaves Pdeathsig off, so that tests can check the watchdog alone.
 var noPdeathsig bool
 
-// errPortInUse means mongod could not bind its port.
+// errPortInUse means mongod could not bind its port, or (with Options.Ports)
+// that something listened on it before mongod was started.
 var errPortInUse = errors.New("port already in use")
 
-// StartReplicaSet starts opts.Members mongod processes on free loopback ports,
-// initiates them as replica set opts.ReplSet and returns once a primary is
-// elected and a majority write through URI() succeeds.
+// errDBPathInUse means another process (a mongod) holds the lock of a
+// member's data directory.
+var errDBPathInUse = errors.New("data directory in use by another mongod")
+
+// kindError is an error of a kind (errPortInUse, errDBPathInUse) for
+// errors.Is, with a message of its own and an optional cause.
+type kindError struct {
+	kind  error
+	msg   string
+	cause error
+}
+
+func (e *kindError) Error() string {
+	if e.cause == nil {
+		return e.msg
+	}
+	return e.msg + ": " + e.cause.Error()
+}
+
+func (e *kindError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.kind}
+	}
+	return []error{e.kind, e.cause}
+}
+
+// StartReplicaSet starts opts.Members mongod processes on loopback ports
+// (opts.Ports, or free ones), initiates them as replica set opts.ReplSet and
+// returns once a primary is elected and a majority write through URI()
+// succeeds.
 //
 // Each member runs
 //
@@ -117,9 +158,9 @@ var errPortInUse = errors.New("port already in use")
 //	  --setParameter shutdownTimeoutMillisForSignaledShutdown=500
 //	  EXTRA_ARGS...
 //
-// where DIR is a fresh os.MkdirTemp("", "disbatch-mongotest-*"). ExtraArgs
-// may set the options and parameters of the third to fifth lines; the
-// defaults are then left out.
+// where DIR is opts.Dir (made absolute) or else a fresh
+// os.MkdirTemp("", "disbatch-mongod-*"). ExtraArgs may set the options and
+// parameters of the third to fifth lines; the defaults are then left out.
 //
 // The set is initiated through member 0 with members {_id: i, host:
 // "127.0.0.1:P"}. A set of more than one member gets electionTimeoutMillis
@@ -128,8 +169,23 @@ var errPortInUse = errors.New("port already in use")
 // the first primary, and then its priority is set back to 1 (replSetReconfig)
 // so that it does not take over again after a failover and a Restart.
 //
-// If anything fails, everything started so far is stopped and removed.
+// If opts.Dir holds a set that was initiated before, its config is kept (no
+// initiate, no priority change) and whichever member the set elects is the
+// primary. Its config must name the same set and hosts, so restart such a set
+// with the same ReplSet, Members and Ports; otherwise StartReplicaSet fails.
+//
+// With opts.Ports, a port that something already listens on fails the start
+// at once (there is no retry on other ports), and so does a member's data
+// directory that another mongod holds.
+//
+// If anything fails, everything started so far is stopped, and a temporary
+// directory is removed.
 func StartReplicaSet(ctx context.Context, opts Options) (_ *ReplicaSet, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("mongod: start replica set: %w", err)
+		}
+	}()
 	if opts.Members <= 0 {
 		opts.Members = 1
 	}
@@ -138,6 +194,11 @@ func StartReplicaSet(ctx context.Context, opts Options) (_ *ReplicaSet, err erro
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Ports != nil {
+		if err := checkPorts(opts.Ports, opts.Members); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Binary == "" {
 		if opts.Binary, err = Binary(); err != nil {
@@ -151,39 +212,51 @@ func StartReplicaSet(ctx context.Context, opts Options) (_ *ReplicaSet, err erro
 	}
 	begin := time.Now()
 
-	dir, err := os.MkdirTemp("", "disbatch-mongotest-*")
-	if err != nil {
-		return nil, fmt.Errorf("mongotest: %w", err)
+	var dir string
+	if opts.Dir != "" {
+		if dir, err = filepath.Abs(opts.Dir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+	} else if dir, err = os.MkdirTemp("", "disbatch-mongod-*"); err != nil {
+		return nil, err
 	}
 	rs := &ReplicaSet{
-		name:   opts.ReplSet,
-		dir:    dir,
-		binary: opts.Binary,
-		extra:  append([]string(nil), opts.ExtraArgs...),
-		log:    opts.Logger.With("replset", opts.ReplSet, "dir", dir),
+		name:    opts.ReplSet,
+		dir:     dir,
+		keepDir: opts.Dir != "",
+		binary:  opts.Binary,
+		extra:   append([]string(nil), opts.ExtraArgs...),
+		log:     opts.Logger.With("replset", opts.ReplSet, "dir", dir),
 	}
 	defer func() {
 		if err != nil {
 			_ = rs.Stop()
-			err = fmt.Errorf("mongotest: start replica set: %w", err)
 		}
 	}()
 	// The watchdog comes first, so that even a crash during the start leaves
 	// nothing behind.
-	if err := rs.startWatchdog(); err != nil {
-		return nil, err
+	if !rs.keepDir {
+		if err := rs.startWatchdog(); err != nil {
+			return nil, err
+		}
 	}
 
-	ports, err := freePorts(opts.Members)
-	if err != nil {
-		return nil, err
+	ports := opts.Ports
+	if ports == nil {
+		if ports, err = freePorts(opts.Members); err != nil {
+			return nil, err
+		}
 	}
 	for i := range opts.Members {
 		rs.members = append(rs.members, &Member{
-			rs:   rs,
-			id:   i,
-			dir:  filepath.Join(dir, "m"+strconv.Itoa(i)),
-			port: ports[i],
+			rs:        rs,
+			id:        i,
+			dir:       filepath.Join(dir, "m"+strconv.Itoa(i)),
+			port:      ports[i],
+			fixedPort: opts.Ports != nil,
 		})
 	}
 	errs := make([]error, len(rs.members))
@@ -197,19 +270,32 @@ func StartReplicaSet(ctx context.Context, opts Options) (_ *ReplicaSet, err erro
 	}
 	rs.log.Debug("mongod processes up", "elapsed", time.Since(begin))
 
-	if err := rs.initiate(ctx); err != nil {
+	initiated, err := rs.initiate(ctx)
+	if err != nil {
 		return nil, err
 	}
-	if len(rs.members) == 1 {
+	switch {
+	case !initiated:
+		// Dir held a set initiated before: it elects a primary by itself.
+		rs.log.Info("replica set in dir initiated before: reusing it")
+		if err := rs.checkConfig(ctx); err != nil {
+			return nil, err
+		}
+		if _, err := rs.WaitPrimary(ctx); err != nil {
+			return nil, err
+		}
+	case len(rs.members) == 1:
 		// A single member elects itself at once.
 		if _, err := rs.WaitPrimary(ctx); err != nil {
 			return nil, err
 		}
-	} else if err := rs.stepUp(ctx, rs.members[0]); err != nil {
-		return nil, err
+	default:
+		if err := rs.stepUp(ctx, rs.members[0]); err != nil {
+			return nil, err
+		}
 	}
 	rs.log.Debug("primary elected", "elapsed", time.Since(begin))
-	if len(rs.members) > 1 {
+	if initiated && len(rs.members) > 1 {
 		if err := rs.resetPriority(ctx); err != nil {
 			return nil, err
 		}
@@ -221,6 +307,45 @@ func StartReplicaSet(ctx context.Context, opts Options) (_ *ReplicaSet, err erro
 	rs.log.Info("replica set ready", "uri", rs.URI(), "elapsed", time.Since(begin))
 	return rs, nil
 }
+
+// checkPorts checks Options.Ports: one valid port per member, each once, and
+// none that something listens on already.
+func checkPorts(ports []int, members int) error {
+	if len(ports) != members {
+		return fmt.Errorf("%d ports for %d members", len(ports), members)
+	}
+	for i, p := range ports {
+		if p <= 0 || p > 65535 {
+			return fmt.Errorf("port %d is not a TCP port", p)
+		}
+		if slices.Contains(ports[:i], p) {
+			return fmt.Errorf("port %d is given twice", p)
+		}
+	}
+	for _, p := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return portTakenError(p, nil)
+		}
+		if err != nil {
+			return fmt.Errorf("port %d: %w", p, err)
+		}
+		_ = l.Close()
+	}
+	return nil
+}
+
+// portTakenError says that port p of Options.Ports is taken; cause, if not
+// nil, is mongod's failure to bind it.
+func portTakenError(p int, cause error) error {
+	return &kindError{errPortInUse, fmt.Sprintf("port %d: something already listens there "+
+		"(another mongod? stop it or pick another port)", p), cause}
+}
+
+// Dir is the directory that holds the members' data (Dir()/m0, Dir()/m1,
+// ...): Options.Dir made absolute, or else the temporary directory that Stop
+// removes.
+func (rs *ReplicaSet) Dir() string { return rs.dir }
 
 // URI is the connection string of the replica set:
 // mongodb://127.0.0.1:P1[,127.0.0.1:P2,...]/?replicaSet=NAME.
@@ -266,24 +391,27 @@ func (rs *ReplicaSet) WaitPrimary(ctx context.Context) (*Member, error) {
 	}
 }
 
-// Stop stops all members gracefully (see Member.Stop), removes the temporary
-// directory and ends the watchdog. It may be called more than once; later
-// calls return the first call's result.
+// Stop stops all members gracefully (see Member.Stop), then removes the
+// temporary directory and ends the watchdog; Options.Dir is kept. It may be
+// called more than once; later calls return the first call's result.
 func (rs *ReplicaSet) Stop() error {
 	rs.stopOnce.Do(func() {
+		rs.stopped.Store(true)
 		errs := make([]error, len(rs.members))
 		var wg sync.WaitGroup
 		for i, m := range rs.members {
 			wg.Go(func() { errs[i] = m.Stop() })
 		}
 		wg.Wait()
-		if err := os.RemoveAll(rs.dir); err != nil {
-			errs = append(errs, err)
+		if !rs.keepDir {
+			if err := os.RemoveAll(rs.dir); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		errs = append(errs, rs.stopWatchdog())
 		rs.stopErr = errors.Join(errs...)
 		if rs.stopErr != nil {
-			rs.stopErr = fmt.Errorf("mongotest: stop replica set: %w", rs.stopErr)
+			rs.stopErr = fmt.Errorf("mongod: stop replica set: %w", rs.stopErr)
 		}
 		rs.log.Debug("replica set stopped", "err", rs.stopErr)
 	})
@@ -313,7 +441,7 @@ func (m *Member) Kill() error {
 		return nil
 	}
 	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("mongotest: kill member %d: %w", m.id, err)
+		return fmt.Errorf("mongod: kill member %d: %w", m.id, err)
 	}
 	<-p.done
 	m.rs.log.Debug("mongod killed", "member", m.id, "pid", p.cmd.Process.Pid)
@@ -331,7 +459,7 @@ func (m *Member) Stop() error {
 		return nil
 	}
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("mongotest: stop member %d: %w", m.id, err)
+		return fmt.Errorf("mongod: stop member %d: %w", m.id, err)
 	}
 	timer := time.NewTimer(stopGrace)
 	defer timer.Stop()
@@ -343,7 +471,7 @@ func (m *Member) Stop() error {
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
-	return fmt.Errorf("mongotest: member %d (pid %d) did not stop within %v after SIGTERM; killed it",
+	return fmt.Errorf("mongod: member %d (pid %d) did not stop within %v after SIGTERM; killed it",
 		m.id, p.cmd.Process.Pid, stopGrace)
 }
 
@@ -354,13 +482,13 @@ func (m *Member) Restart(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if p := m.proc.Load(); p != nil && !p.exited() {
-		return fmt.Errorf("mongotest: restart member %d: it is still running (pid %d)", m.id, p.cmd.Process.Pid)
+		return fmt.Errorf("mongod: restart member %d: it is still running (pid %d)", m.id, p.cmd.Process.Pid)
 	}
-	if _, err := os.Stat(m.rs.dir); err != nil {
-		return fmt.Errorf("mongotest: restart member %d: replica set was stopped: %w", m.id, err)
+	if m.rs.stopped.Load() {
+		return fmt.Errorf("mongod: restart member %d: the replica set was stopped", m.id)
 	}
 	if err := m.startLocked(ctx); err != nil {
-		return fmt.Errorf("mongotest: restart member %d: %w", m.id, err)
+		return fmt.Errorf("mongod: restart member %d: %w", m.id, err)
 	}
 	return nil
 }
@@ -371,10 +499,17 @@ func (m *Member) running() bool {
 }
 
 // firstStart starts the member for StartReplicaSet, moving to another port if
-// its port was taken in the meantime.
+// its free port was taken in the meantime (a port of Options.Ports stays).
 func (m *Member) firstStart(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.fixedPort {
+		err := m.startLocked(ctx)
+		if errors.Is(err, errPortInUse) {
+			return portTakenError(m.port, err)
+		}
+		return err
+	}
 	var err error
 	for range portAttempts {
 		if err = m.startLocked(ctx); !errors.Is(err, errPortInUse) {
@@ -447,6 +582,10 @@ func (m *Member) startLocked(ctx context.Context) error {
 	if err := os.MkdirAll(m.dir, 0o755); err != nil {
 		return err
 	}
+	// Leave the files of a mongod that runs on this dbpath alone.
+	if err := m.checkUnlocked(); err != nil {
+		return err
+	}
 	// A fresh log for every start, so that readiness is judged on this run's
 	// log only (mongod would rename the old one itself, but not before it
 	// could be read).
@@ -510,13 +649,49 @@ func (m *Member) waitReady(ctx context.Context, p *process) error {
 	}
 }
 
+// lockFile is the file in a dbpath that mongod holds an flock on while it runs.
+const lockFile = "mongod.lock"
+
+// checkUnlocked fails with errDBPathInUse if another process holds the lock
+// of the member's data directory, as mongod would (it takes an exclusive
+// flock on dbpath/mongod.lock).
+func (m *Member) checkUnlocked() error {
+	path := filepath.Join(m.dir, lockFile)
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	err = syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		owner := "another process"
+		if b, _ := os.ReadFile(path); len(bytes.TrimSpace(b)) > 0 {
+			owner = "pid " + string(bytes.TrimSpace(b))
+		}
+		return &kindError{errDBPathInUse, fmt.Sprintf("member %d: %s is locked by %s "+
+			"(another mongod? stop it or use another directory)", m.id, m.dir, owner), nil}
+	}
+	if err != nil {
+		return fmt.Errorf("flock %s: %w", path, err)
+	}
+	return syscall.Flock(fd, syscall.LOCK_UN)
+}
+
 // exitError describes a mongod that exited while it was being started.
 func (m *Member) exitError(p *process) error {
 	b, _ := os.ReadFile(m.logPath())
 	err := fmt.Errorf("mongod member %d (port %d, pid %d) exited during start: %v%s",
 		m.id, m.port, p.cmd.Process.Pid, p.err, m.logTail())
-	if bytes.Contains(b, []byte("Address already in use")) {
+	switch {
+	case bytes.Contains(b, []byte("Address already in use")):
 		return fmt.Errorf("%w: %w", errPortInUse, err)
+	case bytes.Contains(b, []byte("Another mongod instance is already running")):
+		return &kindError{errDBPathInUse, fmt.Sprintf("member %d: %s is locked by another mongod "+
+			"(stop it or use another directory)", m.id, m.dir), err}
 	}
 	return err
 }
@@ -578,8 +753,9 @@ func disconnect(c *mongo.Client) {
 	_ = c.Disconnect(ctx)
 }
 
-// initiate runs replSetInitiate on member 0.
-func (rs *ReplicaSet) initiate(ctx context.Context) error {
+// initiate runs replSetInitiate on member 0. It reports false (and no error)
+// if member 0 already has a config, from an earlier start on the same Dir.
+func (rs *ReplicaSet) initiate(ctx context.Context) (initiated bool, _ error) {
 	members := bson.A{}
 	for i, m := range rs.members {
 		doc := bson.D{{Key: "_id", Value: i}, {Key: "host", Value: m.Addr()}}
@@ -597,14 +773,67 @@ func (rs *ReplicaSet) initiate(ctx context.Context) error {
 	}
 	c, err := rs.members[0].directClient()
 	if err != nil {
+		return false, err
+	}
+	defer disconnect(c)
+	for {
+		err = c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetInitiate", Value: cfg}}).Err()
+		var se mongo.ServerError
+		switch {
+		case err == nil:
+			rs.log.Debug("replSetInitiate done")
+			return true, nil
+		case errors.As(err, &se) && se.HasErrorCode(codeAlreadyInitialized):
+			rs.log.Debug("replica set already initiated")
+			return false, nil
+		case errors.As(err, &se) && se.HasErrorCode(codeNotYetInitialized):
+			// Still loading its config from an earlier start.
+			rs.log.Debug("member 0 not ready for replSetInitiate, retrying", "err", err)
+		default:
+			return false, fmt.Errorf("replSetInitiate on %s: %w%s", rs.members[0].Addr(), err, rs.members[0].logTail())
+		}
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("replSetInitiate on %s: %w: %w", rs.members[0].Addr(), err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// checkConfig checks that the config of a set initiated before names this
+// set and its members' hosts, which would otherwise never elect a primary.
+func (rs *ReplicaSet) checkConfig(ctx context.Context) error {
+	c, err := rs.members[0].directClient()
+	if err != nil {
 		return err
 	}
 	defer disconnect(c)
-	err = c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetInitiate", Value: cfg}}).Err()
-	if err != nil {
-		return fmt.Errorf("replSetInitiate on %s: %w%s", rs.members[0].Addr(), err, rs.members[0].logTail())
+	var got struct {
+		Config struct {
+			ID      string `bson:"_id"`
+			Members []struct {
+				ID   int    `bson:"_id"`
+				Host string `bson:"host"`
+			} `bson:"members"`
+		} `bson:"config"`
 	}
-	rs.log.Debug("replSetInitiate done")
+	if err := c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetGetConfig", Value: 1}}).Decode(&got); err != nil {
+		return fmt.Errorf("replSetGetConfig on %s: %w", rs.members[0].Addr(), err)
+	}
+	var have, want []string
+	for _, m := range got.Config.Members {
+		have = append(have, strconv.Itoa(m.ID)+"="+m.Host)
+	}
+	slices.Sort(have)
+	for i, m := range rs.members {
+		want = append(want, strconv.Itoa(i)+"="+m.Addr())
+	}
+	slices.Sort(want)
+	if got.Config.ID != rs.name || !slices.Equal(have, want) {
+		return fmt.Errorf("%s holds replica set %q with members %v, not %q with members %v: "+
+			"start it with the same ReplSet, Members and Ports, or use another directory",
+			rs.dir, got.Config.ID, have, rs.name, want)
+	}
 	return nil
 }
 

@@ -1,10 +1,11 @@
-package mongotest
+package mongod
 
 import (
 	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -40,7 +41,8 @@ func TestStartStopSingleMember(t *testing.T) {
 	require.Len(t, rs.Members(), 1)
 	m := rs.Members()[0]
 	require.Equal(t, "127.0.0.1:"+rs.URI()[len("mongodb://127.0.0.1:"):len(rs.URI())-len("/?replicaSet=rs0")], m.Addr())
-	pid, dir, watchdog := m.PID(), rs.dir, rs.watchdog.Process.Pid
+	pid, dir, watchdog := m.PID(), rs.Dir(), rs.watchdog.Process.Pid
+	require.Regexp(t, `/disbatch-mongod-[^/]+$`, dir)
 	require.True(t, processAlive(pid))
 	require.True(t, processAlive(watchdog))
 	require.DirExists(t, dir)
@@ -140,6 +142,30 @@ func TestFirstStartMovesOffATakenPort(t *testing.T) {
 	require.FileExists(t, filepath.Join(dir, "m0", "mongod.log.prev"), "no failed first attempt")
 }
 
+// A member on a port of Options.Ports stays on it: a mongod that cannot bind
+// it fails the start, naming the port, with mongod's log.
+func TestFirstStartFixedPortTaken(t *testing.T) {
+	ctx := testContext(t, time.Minute)
+	bin, err := Binary()
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	taken := l.Addr().(*net.TCPAddr).Port
+
+	dir := t.TempDir()
+	rs := &ReplicaSet{name: "rs0", dir: dir, binary: bin, log: testLogger(t)}
+	m := &Member{rs: rs, dir: filepath.Join(dir, "m0"), port: taken, fixedPort: true}
+	rs.members = []*Member{m}
+	err = m.firstStart(ctx)
+	t.Cleanup(func() { require.NoError(t, m.Kill()) })
+	require.Error(t, err)
+	require.True(t, errors.Is(err, errPortInUse), "%v", err)
+	require.ErrorContains(t, err, "port "+strconv.Itoa(taken)+": something already listens there")
+	require.ErrorContains(t, err, "Address already in use")
+	require.Equal(t, taken, m.port)
+}
+
 func TestMemberArgs(t *testing.T) {
 	m := &Member{rs: &ReplicaSet{name: "rs0"}, dir: "/d/m0", port: 1234}
 	require.Equal(t, []string{
@@ -164,7 +190,7 @@ func TestMemberArgs(t *testing.T) {
 
 func TestStartFailureShowsLogAndCleansUp(t *testing.T) {
 	ctx := testContext(t, time.Minute)
-	before, err := filepath.Glob(filepath.Join(os.TempDir(), "disbatch-mongotest-*"))
+	before, err := filepath.Glob(filepath.Join(os.TempDir(), "disbatch-mongod-*"))
 	require.NoError(t, err)
 
 	// Fails once logging is set up: the log tail must be in the error.
@@ -178,7 +204,7 @@ func TestStartFailureShowsLogAndCleansUp(t *testing.T) {
 	require.Error(t, err)
 	require.ErrorContains(t, err, "unrecognised option '--noSuchOption'")
 
-	after, err := filepath.Glob(filepath.Join(os.TempDir(), "disbatch-mongotest-*"))
+	after, err := filepath.Glob(filepath.Join(os.TempDir(), "disbatch-mongod-*"))
 	require.NoError(t, err)
 	require.ElementsMatch(t, before, after, "temp dirs left behind")
 }
