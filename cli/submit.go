@@ -302,4 +302,3 @@ send:
 	}
 	return ids, nil
 }
-
