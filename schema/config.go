@@ -7,7 +7,7 @@ import "go.mongodb.org/mongo-driver/v2/bson"
 //
 //   - label: which config document a node uses (a node started with a label
 //     reads the document with that label, otherwise the one marked
-//     active: true, otherwise the only one);
+//     active: true; with neither it runs with no config document);
 //   - activequeues: when non-empty, the node runs only these queues (ids as
 //     hex strings, or names);
 //   - ignorequeues: when activequeues is empty, the node runs every queue but

@@ -19,11 +19,13 @@ type NodeUpsertParams struct {
 }
 
 // NodeUpsert writes node, timestamp and queues of this node's document,
-// creating it if needed. It sets only those fields: maxthreads and anything
-// else an operator or another tool put there is never overwritten.
-func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) error {
+// creating it if needed, and returns the document as it now is (so one round
+// trip also reads the operator's maxthreads). It sets only those fields:
+// maxthreads and anything else an operator or another tool put there is
+// never overwritten.
+func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) (schema.Node, error) {
 	if p.Node == "" {
-		return errors.New("node upsert: empty node name")
+		return schema.Node{}, errors.New("node upsert: empty node name")
 	}
 	queues := p.Queues
 	if queues == nil {
@@ -32,18 +34,18 @@ func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) error {
 	for i := range queues {
 		queues[i].Preemptive, queues[i].TasksBackfill = 1, 0
 	}
-	_, err := s.nodes.UpdateOne(ctx,
+	raw, err := s.nodes.FindOneAndUpdate(ctx,
 		bson.D{{Key: schema.NodeNode, Value: p.Node}},
 		bson.D{{Key: "$set", Value: bson.D{
 			{Key: schema.NodeNode, Value: p.Node},
 			{Key: schema.NodeTimestamp, Value: s.nowMS()},
 			{Key: schema.NodeQueues, Value: queues},
 		}}},
-		options.UpdateOne().SetUpsert(true))
+		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Raw()
 	if err != nil {
-		return fmt.Errorf("heartbeat of node %s: %w", p.Node, err)
+		return schema.Node{}, fmt.Errorf("heartbeat of node %s: %w", p.Node, err)
 	}
-	return nil
+	return schema.DecodeNode(raw)
 }
 
 // NodeGet returns one node's document.

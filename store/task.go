@@ -139,9 +139,9 @@ var unclaimed = bson.D{{Key: "$in", Value: bson.A{schema.Unclaimed, nil}}}
 // TaskClaim is seed 000's claim: one findOneAndUpdate from {node: -1,
 // status: -2, queue} to {node: Node, status: -1, mtime: now}, sorted by _id
 // for fifo and lifo. It returns ErrNoTask when the queue has nothing queued.
-// A claimed document that does not decode is returned as a
-// *schema.DecodeError; it is then claimed by this node and the caller must
-// deal with it.
+// A claimed document that does not decode gives a *schema.DecodeError and a
+// Task with only ID, Queue, Node, Status and Raw set: it is claimed by this
+// node and the caller must deal with it (TaskFail).
 func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, error) {
 	filter := bson.D{
 		{Key: schema.TaskNode, Value: unclaimed},
@@ -167,7 +167,12 @@ func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, 
 	if err != nil {
 		return schema.Task{}, fmt.Errorf("claim task in queue %s: %w", p.Queue.Hex(), err)
 	}
-	return schema.DecodeTask(raw)
+	t, err := schema.DecodeTask(raw)
+	if err != nil {
+		id, _ := raw.Lookup("_id").ObjectIDOK()
+		return schema.Task{ID: id, Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed, Raw: raw}, err
+	}
+	return t, nil
 }
 
 // TaskTransitionParams name a task held by Node.
@@ -272,4 +277,65 @@ func (s *Store) finish(ctx context.Context, p TaskFinishParams, stdoutGFS, stder
 		_, _ = s.outputDelete(cctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: written}}}})
 	}
 	return err
+}
+
+// TaskFailParams fail a task this node holds in status From, e.g. a claimed
+// task whose document cannot be understood.
+type TaskFailParams struct {
+	ID     bson.ObjectID
+	Node   string
+	From   schema.Status
+	Reason string
+}
+
+// TaskFail sets status 2 (failed) and stderr to the reason, guarded by
+// {_id, node, status: From}.
+func (s *Store) TaskFail(ctx context.Context, p TaskFailParams) error {
+	return s.guarded(ctx, "fail", TaskTransitionParams{ID: p.ID, Node: p.Node}, p.From, bson.D{
+		{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
+		{Key: schema.TaskStderr, Value: validUTF8(p.Reason)},
+		{Key: schema.TaskMTime, Value: s.nowMS()},
+	})
+}
+
+// TaskOrphanNodeParams name a node whose unfinished tasks are orphans.
+type TaskOrphanNodeParams struct {
+	Node string
+}
+
+// TaskOrphanNode sets status -6 on every task of Node in status -1 or 0: at
+// start-up a node's own such tasks were left by a previous run (seed 000).
+// The filter is the guard: a task that moved on in the meantime is left
+// alone. It returns how many were orphaned.
+func (s *Store) TaskOrphanNode(ctx context.Context, p TaskOrphanNodeParams) (int64, error) {
+	return s.orphan(ctx, bson.D{
+		{Key: schema.TaskNode, Value: p.Node},
+		{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: bson.A{int32(schema.StatusClaimed), int32(schema.StatusRunning)}}}},
+	})
+}
+
+// TaskOrphanStaleParams select claimed tasks whose claim is too old.
+type TaskOrphanStaleParams struct {
+	ClaimedBefore time.Time
+}
+
+// TaskOrphanStale sets status -6 on tasks claimed (-1) with an mtime before
+// ClaimedBefore: a claim is turned into a run within milliseconds, so an old
+// one means its node died between the two (seed 000's 5-minute rule).
+func (s *Store) TaskOrphanStale(ctx context.Context, p TaskOrphanStaleParams) (int64, error) {
+	return s.orphan(ctx, bson.D{
+		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+		{Key: schema.TaskMTime, Value: bson.D{{Key: "$lt", Value: p.ClaimedBefore}}},
+	})
+}
+
+func (s *Store) orphan(ctx context.Context, filter bson.D) (int64, error) {
+	res, err := s.tasks.UpdateMany(ctx, filter, bson.D{{Key: "$set", Value: bson.D{
+		{Key: schema.TaskStatus, Value: int32(schema.StatusOrphaned)},
+		{Key: schema.TaskMTime, Value: s.nowMS()},
+	}}})
+	if err != nil {
+		return 0, fmt.Errorf("orphan tasks: %w", err)
+	}
+	return res.ModifiedCount, nil
 }

@@ -52,6 +52,9 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskListFiltersAndMalformed", testTaskList},
 		{"NodeUpsertKeepsOperatorFields", testNodeUpsert},
 		{"ConfigGet", testConfigGet},
+		{"TaskFail", testTaskFail},
+		{"TaskOrphanNodeAndStale", testTaskOrphan},
+		{"StreamToken", testStreamToken},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -572,13 +575,17 @@ func testNodeUpsert(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{Now: func() time.Time { return clock }})
 	ctx := ctxT(t)
 	queues := []schema.NodeQueue{{Name: "demo", ID: "571f8951b75bf335634ec271", Constructor: "Disbatch::Plugin::Demo", MaxThreads: ptr(2), TasksTodo: 3, TasksDoing: 1, TasksDone: 4}}
-	require.NoError(t, s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues}))
+	first, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues})
+	require.NoError(t, err)
+	require.Nil(t, first.MaxThreads)
 
 	// The operator caps the node and adds a note.
-	_, err := db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "n1"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 5}, {Key: "note", Value: "rack 4"}}}})
+	_, err = db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "n1"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 5}, {Key: "note", Value: "rack 4"}}}})
 	require.NoError(t, err)
 	clock = clock.Add(time.Second)
-	require.NoError(t, s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues}))
+	second, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues})
+	require.NoError(t, err)
+	require.Equal(t, 5, *second.MaxThreads, "the heartbeat reads the operator's cap in the same round trip")
 
 	raw := rawDoc(t, db, "nodes", bson.D{{Key: "node", Value: "n1"}})
 	require.Equal(t, int64(5), raw.Lookup("maxthreads").AsInt64())
@@ -610,8 +617,10 @@ func testConfigGet(t *testing.T, newStore Factory) {
 
 	_, err = db.Collection("config").InsertOne(ctx, bson.D{{Key: "label", Value: "a"}, {Key: "activequeues", Value: bson.A{"q1"}}})
 	require.NoError(t, err)
-	c, err := s.ConfigGet(ctx, "")
-	require.NoError(t, err, "the only document")
+	_, err = s.ConfigGet(ctx, "")
+	require.ErrorIs(t, err, store.ErrNotFound, "a labelled document is not for nodes without that label")
+	c, err := s.ConfigGet(ctx, "a")
+	require.NoError(t, err)
 	require.Equal(t, []string{"q1"}, c.ActiveQueues)
 
 	_, err = db.Collection("config").InsertOne(ctx, bson.D{{Key: "label", Value: "b"}, {Key: "active", Value: true}, {Key: "ignorequeues", Value: bson.A{"q2"}}})
@@ -628,5 +637,64 @@ func testConfigGet(t *testing.T, newStore Factory) {
 	_, err = db.Collection("config").InsertOne(ctx, bson.D{{Key: "label", Value: "c"}, {Key: "active", Value: true}})
 	require.NoError(t, err)
 	_, err = s.ConfigGet(ctx, "")
-	require.ErrorContains(t, err, "2 documents are marked active: true")
+	require.ErrorContains(t, err, "2 documents are marked active: true; keep one")
+}
+
+func testTaskFail(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1)
+	task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1"})
+	require.NoError(t, err)
+	require.ErrorIs(t, s.TaskFail(ctx, store.TaskFailParams{ID: task.ID, Node: "n2", From: schema.StatusClaimed, Reason: "x"}), store.ErrLostTask)
+	require.NoError(t, s.TaskFail(ctx, store.TaskFailParams{ID: task.ID, Node: "n1", From: schema.StatusClaimed, Reason: "bad parameters"}))
+	raw := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: task.ID}})
+	require.Equal(t, int32(2), raw.Lookup("status").Int32())
+	require.Equal(t, "bad parameters", raw.Lookup("stderr").StringValue())
+}
+
+func testTaskOrphan(t *testing.T, newStore Factory) {
+	now := time.Now()
+	s, db := newStore(t, store.Options{Now: func() time.Time { return now }})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 6)
+	set := func(id bson.ObjectID, node any, status int, mtime time.Time) {
+		_, err := db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: node}, {Key: "status", Value: status}, {Key: "mtime", Value: mtime}}}})
+		require.NoError(t, err)
+	}
+	old := now.Add(-10 * time.Minute)
+	set(ids[0], "me", -1, now)   // mine, claimed: orphan at start-up
+	set(ids[1], "me", 0, now)    // mine, running: orphan at start-up
+	set(ids[2], "me", 1, old)    // mine, finished: leave
+	set(ids[3], "other", 0, old) // another node running: leave (dead-node detection is elsewhere)
+	set(ids[4], "other", -1, old)
+	// ids[5] queued: leave
+	n, err := s.TaskOrphanNode(ctx, store.TaskOrphanNodeParams{Node: "me"})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), n)
+	n, err = s.TaskOrphanStale(ctx, store.TaskOrphanStaleParams{ClaimedBefore: now.Add(-5 * time.Minute)})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	want := []int32{-6, -6, 1, 0, -6, -2}
+	for i, id := range ids {
+		require.Equal(t, want[i], rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}}).Lookup("status").Int32(), "task %d", i)
+	}
+}
+
+func testStreamToken(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	_, err := s.StreamTokenGet(ctx, "n1")
+	require.ErrorIs(t, err, store.ErrNotFound)
+	tok, err := bson.Marshal(bson.D{{Key: "_data", Value: "8263A1"}})
+	require.NoError(t, err)
+	require.NoError(t, s.StreamTokenSave(ctx, "n1", tok))
+	tok2, err := bson.Marshal(bson.D{{Key: "_data", Value: "8263A2"}})
+	require.NoError(t, err)
+	require.NoError(t, s.StreamTokenSave(ctx, "n1", tok2))
+	got, err := s.StreamTokenGet(ctx, "n1")
+	require.NoError(t, err)
+	require.Equal(t, bson.Raw(tok2), got)
 }
