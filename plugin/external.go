@@ -1,0 +1,201 @@
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// externalInput is the JSON object an External plugin reads on stdin.
+type externalInput struct {
+	ID          string          `json:"id"`       // task _id, hex
+	Queue       string          `json:"queue"`    // queue name
+	QueueID     string          `json:"queue_id"` // queue _id, hex
+	Constructor string          `json:"constructor"`
+	Node        string          `json:"node"`
+	Parameters  json.RawMessage `json:"parameters"` // relaxed extended JSON; {} when the task has none
+}
+
+// externalAnswer is the JSON object an External plugin writes on stdout.
+type externalAnswer struct {
+	status    int64
+	statusOK  bool   // status is an integer that fits 32 bits
+	rawStatus string // status as written
+	stdout    string
+	stderr    string
+}
+
+// External returns a plugin that runs the executable at path with args, in
+// the manner of Disbatch's task runner. The task is written to its stdin as
+// one JSON object:
+//
+//	{"id": "<hex>", "queue": "<name>", "queue_id": "<hex>", "constructor": "...",
+//	 "node": "...", "parameters": <parameters as relaxed extended JSON>}
+//
+// It must answer on stdout with one JSON object (blank space around it is
+// allowed, fields other than these are ignored) and exit 0:
+//
+//	{"status": N, "stdout": "...", "stderr": "..."}
+//
+// N must be a positive integer (1.0 counts as 1) that fits 32 bits; stdout
+// and stderr may be absent or null.
+//
+// Its environment is the node's plus the DISBATCH_* variables described at
+// Exec. Its own stderr is kept only on failure.
+//
+// Failures give status 2 with a reason on the last line of Stderr, after the
+// process's own stderr; Stdout is then the process's raw stdout (or, for a
+// bad status in an otherwise valid answer, the answer's stdout):
+//
+//	plugin /path exited with status 3
+//	plugin /path was terminated by signal: segmentation fault
+//	plugin /path killed after timeout of 5s   (or "killed: <cause>")
+//	plugin /path answered garbage: <why>: "<start of stdout>"
+//	plugin /path answered an invalid status 0: want a positive integer
+//	cannot run plugin /path: <error>
+func External(path string, args ...string) Plugin {
+	return &external{path: path, args: slices.Clone(args)}
+}
+
+type external struct {
+	path string
+	args []string
+}
+
+func (e *external) Run(ctx context.Context, t Task) Result {
+	name := "plugin " + e.path
+	input, err := encodeInput(t)
+	if err != nil {
+		return Result{Status: schema.StatusFailed, Stderr: fmt.Sprintf("%s: cannot encode the task: %v\n", name, err)}
+	}
+	r := process{path: e.path, args: e.args, env: taskEnv(t), stdin: input}.run(ctx)
+
+	fail := func(stdout, stderr, reason string) Result {
+		return Result{Status: schema.StatusFailed, Stdout: stdout, Stderr: appendLine(stderr, reason)}
+	}
+	switch {
+	case r.err != nil:
+		return fail(r.stdout, r.stderr, fmt.Sprintf("cannot run %s: %v", name, r.err))
+	case r.killed != nil:
+		return fail(r.stdout, r.stderr, name+" "+killPhrase(r.killed))
+	case !r.state.Success():
+		if code := r.state.ExitCode(); code >= 0 {
+			return fail(r.stdout, r.stderr, fmt.Sprintf("%s exited with status %d", name, code))
+		}
+		return fail(r.stdout, r.stderr, fmt.Sprintf("%s was terminated by %v", name, r.state))
+	case r.stdoutCut:
+		return fail(r.stdout, r.stderr, fmt.Sprintf("%s answered garbage: more than 64 MiB", name))
+	}
+
+	ans, err := parseExternalAnswer(r.rawStdout)
+	if err != nil {
+		return fail(r.stdout, r.stderr, fmt.Sprintf("%s answered garbage: %v: %s", name, err, snippet(r.rawStdout)))
+	}
+	if !ans.statusOK || ans.status <= 0 {
+		return fail(ans.stdout, appendBlock(ans.stderr, r.stderr),
+			fmt.Sprintf("%s answered an invalid status %s: want a positive integer", name, ans.rawStatus))
+	}
+	return Result{Status: schema.Status(ans.status), Stdout: ans.stdout, Stderr: ans.stderr}
+}
+
+func encodeInput(t Task) ([]byte, error) {
+	params, err := parameters(t)
+	if err != nil {
+		return nil, err
+	}
+	pj, err := bson.MarshalExtJSON(params, false, false)
+	if err != nil {
+		return nil, fmt.Errorf("parameters: %w", err)
+	}
+	in := externalInput{
+		ID:          t.ID.Hex(),
+		Queue:       t.Queue,
+		QueueID:     t.QueueID.Hex(),
+		Constructor: t.Constructor,
+		Node:        t.Node,
+		Parameters:  pj,
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(in); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// parseExternalAnswer reads the answer: exactly one JSON object with a
+// numeric status and string or null stdout and stderr. Other fields are
+// ignored. A status that is not an integer is reported in statusOK, not as
+// an error.
+func parseExternalAnswer(out []byte) (externalAnswer, error) {
+	var a externalAnswer
+	trimmed := bytes.TrimSpace(out)
+	if len(trimmed) == 0 {
+		return a, fmt.Errorf(`no output, want one JSON object {"status": N, "stdout": "...", "stderr": "..."}`)
+	}
+	if trimmed[0] != '{' {
+		return a, fmt.Errorf("not a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	var fields map[string]json.RawMessage
+	if err := dec.Decode(&fields); err != nil {
+		return a, fmt.Errorf("not a JSON object: %v", err)
+	}
+	if dec.InputOffset() != int64(len(trimmed)) {
+		return a, fmt.Errorf("more than one JSON value")
+	}
+
+	raw, ok := fields["status"]
+	if !ok || string(raw) == "null" {
+		return a, fmt.Errorf("no status")
+	}
+	a.rawStatus = string(raw)
+	if c := raw[0]; c != '-' && (c < '0' || c > '9') {
+		return a, fmt.Errorf("status %s is not a number", raw)
+	}
+	a.status, a.statusOK = integer(a.rawStatus)
+	for _, f := range []struct {
+		key string
+		dst *string
+	}{{"stdout", &a.stdout}, {"stderr", &a.stderr}} {
+		raw, ok := fields[f.key]
+		if !ok || string(raw) == "null" {
+			continue
+		}
+		if err := json.Unmarshal(raw, f.dst); err != nil {
+			return a, fmt.Errorf("%s is not a string", f.key)
+		}
+	}
+	return a, nil
+}
+
+// integer parses a JSON number with an integral value that fits a status
+// (32 bits): 1, 1.0 and 1e0 are all 1.
+func integer(s string) (int64, bool) {
+	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return i, i >= math.MinInt32 && i <= math.MaxInt32
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f != math.Trunc(f) || f < math.MinInt32 || f > math.MaxInt32 {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// snippet quotes the start of b for a reason line.
+func snippet(b []byte) string {
+	const max = 200
+	if len(b) > max {
+		return strconv.Quote(string(b[:max])) + "..."
+	}
+	return strconv.Quote(string(b))
+}

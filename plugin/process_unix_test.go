@@ -1,0 +1,289 @@
+//go:build unix
+
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+func execTask(t *testing.T, d bson.D) Task {
+	return Task{
+		ID:          bson.NewObjectID(),
+		QueueID:     bson.NewObjectID(),
+		Queue:       "q1",
+		Constructor: ExecConstructor,
+		Node:        "node-a",
+		Parameters:  params(t, d),
+	}
+}
+
+func sh(script string) bson.D {
+	return bson.D{{Key: "command", Value: "/bin/sh"}, {Key: "args", Value: bson.A{"-c", script}}}
+}
+
+func TestExecEcho(t *testing.T) {
+	t.Parallel()
+	res := Exec().Run(t.Context(), execTask(t, bson.D{
+		{Key: "command", Value: "/bin/echo"},
+		{Key: "args", Value: bson.A{"hello", "two words", "$HOME", "*"}},
+	}))
+	require.Equal(t, Result{schema.StatusSucceeded, "hello two words $HOME *\n", ""}, res)
+
+	// No args; found in PATH.
+	res = Exec().Run(t.Context(), execTask(t, bson.D{{Key: "command", Value: "echo"}}))
+	require.Equal(t, Result{schema.StatusSucceeded, "\n", ""}, res)
+}
+
+func TestExecExitStatus(t *testing.T) {
+	t.Parallel()
+	res := Exec().Run(t.Context(), execTask(t, sh("echo out; echo err >&2; exit 3")))
+	require.Equal(t, Result{schema.StatusFailed, "out\n", "err\nexit status 3\n"}, res)
+
+	res = Exec().Run(t.Context(), execTask(t, sh("printf 'no newline' >&2; exit 1")))
+	require.Equal(t, Result{schema.StatusFailed, "", "no newline\nexit status 1\n"}, res)
+
+	res = Exec().Run(t.Context(), execTask(t, sh("kill -TERM $$")))
+	require.Equal(t, Result{schema.StatusFailed, "", "signal: terminated\n"}, res)
+}
+
+func TestExecBadParameters(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		params bson.D
+		reason string
+	}{
+		{nil, "parameters.command is missing"},
+		{bson.D{{Key: "args", Value: bson.A{"x"}}}, "parameters.command is missing"},
+		{bson.D{{Key: "command", Value: ""}}, "parameters.command is empty"},
+		{bson.D{{Key: "command", Value: 5}}, "parameters.command must be a string, got a number"},
+		{bson.D{{Key: "command", Value: "/bin/echo"}, {Key: "args", Value: "x"}}, "parameters.args must be an array of strings"},
+		{bson.D{{Key: "command", Value: "/bin/echo"}, {Key: "args", Value: bson.A{"x", 2}}}, "parameters.args.1 must be a string, got a number"},
+		{bson.D{{Key: "command", Value: "/bin/echo"}, {Key: "dir", Value: true}}, "parameters.dir must be a string"},
+		{bson.D{{Key: "command", Value: "/bin/echo"}, {Key: "env", Value: bson.A{"A=b"}}}, "parameters.env must be an object of strings"},
+		{bson.D{{Key: "command", Value: "/bin/echo"}, {Key: "env", Value: bson.D{{Key: "A", Value: 1}}}}, "parameters.env.A must be a string"},
+		{bson.D{{Key: "command", Value: "/bin/echo"}, {Key: "env", Value: bson.D{{Key: "A=B", Value: "c"}}}}, `"A=B" is not a valid environment variable name`},
+		{bson.D{{Key: "command", Value: "/no/such/command"}}, "cannot run /no/such/command"},
+		{bson.D{{Key: "command", Value: "no-such-command-in-path"}}, "cannot run no-such-command-in-path"},
+		{bson.D{{Key: "command", Value: "/bin/echo"}, {Key: "dir", Value: "/no/such/dir"}}, "cannot run /bin/echo"},
+	} {
+		res := Exec().Run(t.Context(), execTask(t, tc.params))
+		require.Equal(t, schema.StatusFailed, res.Status, "%v", tc.params)
+		require.Contains(t, res.Stderr, tc.reason, "%v", tc.params)
+		require.Empty(t, res.Stdout)
+	}
+	res := Exec().Run(t.Context(), Task{Parameters: bson.Raw{9, 0, 0}})
+	require.Equal(t, schema.StatusFailed, res.Status)
+	require.Contains(t, res.Stderr, "not a valid BSON document")
+}
+
+func TestExecEnvAndDir(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tk := execTask(t, append(sh(`pwd; echo "$FOO|$BAR|$DISBATCH_TASK_ID|$DISBATCH_QUEUE_ID|$DISBATCH_QUEUE|$DISBATCH_CONSTRUCTOR|$DISBATCH_NODE|$DISBATCH_NODE_X"`),
+		bson.E{Key: "dir", Value: dir},
+		bson.E{Key: "env", Value: bson.D{{Key: "FOO", Value: "foo value"}, {Key: "BAR", Value: ""}, {Key: "DISBATCH_NODE_X", Value: "x"}}},
+	))
+	res := Exec().Run(t.Context(), tk)
+	require.Equal(t, schema.StatusSucceeded, res.Status, res.Stderr)
+	lines := strings.Split(res.Stdout, "\n")
+	require.Len(t, lines, 3)
+	want, err := filepath.EvalSymlinks(dir)
+	require.NoError(t, err)
+	got, err := filepath.EvalSymlinks(lines[0])
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	require.Equal(t, "foo value||"+tk.ID.Hex()+"|"+tk.QueueID.Hex()+"|q1|exec|node-a|x", lines[1])
+
+	// The task's env overrides the node's (PATH here).
+	res = Exec().Run(t.Context(), execTask(t, append(sh(`echo "$PATH"`), bson.E{Key: "env", Value: bson.D{{Key: "PATH", Value: "/nowhere"}}})))
+	require.Equal(t, Result{schema.StatusSucceeded, "/nowhere\n", ""}, res)
+}
+
+func TestExecStdinIsEmpty(t *testing.T) {
+	t.Parallel()
+	res := Exec().Run(t.Context(), execTask(t, bson.D{{Key: "command", Value: "cat"}}))
+	require.Equal(t, Result{schema.StatusSucceeded, "", ""}, res)
+}
+
+func TestExecOutputCap(t *testing.T) {
+	t.Parallel()
+	res := Exec().Run(t.Context(), execTask(t, sh(`head -c 67108964 /dev/zero | tr '\0' x; head -c 100 /dev/zero | tr '\0' y >&2`)))
+	require.Equal(t, schema.StatusSucceeded, res.Status)
+	require.Len(t, res.Stdout, MaxOutput+len(TruncatedNote))
+	require.Equal(t, "\n[output truncated at 64 MiB]", TruncatedNote)
+	require.True(t, strings.HasSuffix(res.Stdout, "x"+TruncatedNote))
+	require.Equal(t, strings.Repeat("x", MaxOutput), res.Stdout[:MaxOutput])
+	require.Equal(t, strings.Repeat("y", 100), res.Stderr)
+}
+
+func TestCapped(t *testing.T) {
+	t.Parallel()
+	var c capped
+	n, err := c.Write([]byte("abc"))
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Equal(t, "abc", c.String())
+	big := bytes.Repeat([]byte{'z'}, MaxOutput)
+	n, err = c.Write(big)
+	require.NoError(t, err, "a full buffer must not fail writes")
+	require.Equal(t, len(big), n)
+	n, err = c.Write([]byte("more"))
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+	s := c.String()
+	require.Len(t, s, MaxOutput+len(TruncatedNote))
+	require.Equal(t, "abczz", s[:5])
+	b, cut := c.Bytes()
+	require.True(t, cut)
+	require.Len(t, b, MaxOutput)
+
+	var exact capped
+	_, _ = exact.Write(big)
+	require.Equal(t, string(big), exact.String(), "exactly MaxOutput is not truncated")
+}
+
+func TestShell(t *testing.T) {
+	t.Parallel()
+	shell := func(cmd string) Task {
+		tk := execTask(t, bson.D{{Key: "command", Value: cmd}})
+		tk.Constructor = ShellConstructor
+		return tk
+	}
+	res := Shell().Run(t.Context(), shell("echo hi; echo err >&2"))
+	require.Equal(t, Result{schema.StatusSucceeded, "hi\n", "err\n"}, res)
+
+	res = Shell().Run(t.Context(), shell("echo before; exit 4"))
+	require.Equal(t, Result{schema.StatusFailed, "before\n", "exit status 4\n"}, res)
+
+	// bash, not sh.
+	res = Shell().Run(t.Context(), shell(`a=(x y z); echo "${#a[@]} $BASH_VERSION" | cut -c1-2; echo "$DISBATCH_CONSTRUCTOR"`))
+	require.Equal(t, Result{schema.StatusSucceeded, "3 \nshell\n", ""}, res)
+
+	dir := t.TempDir()
+	tk := shell(`echo "$X" > out.txt`)
+	tk.Parameters = params(t, bson.D{{Key: "command", Value: `echo "$X" > out.txt`}, {Key: "dir", Value: dir}, {Key: "env", Value: bson.D{{Key: "X", Value: "written"}}}})
+	res = Shell().Run(t.Context(), tk)
+	require.Equal(t, Result{schema.StatusSucceeded, "", ""}, res)
+	b, err := os.ReadFile(filepath.Join(dir, "out.txt"))
+	require.NoError(t, err)
+	require.Equal(t, "written\n", string(b))
+
+	res = Shell().Run(t.Context(), Task{})
+	require.Equal(t, Result{schema.StatusFailed, "", "parameters.command is missing: want a non-empty string\n"}, res)
+}
+
+// gone reports whether pid has exited (or is a zombie nobody reaps: the
+// container's init may not).
+func gone(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
+}
+
+func requireGone(t *testing.T, pidFile string) {
+	t.Helper()
+	var pid int
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err != nil || !strings.HasSuffix(string(b), "\n") {
+			return false
+		}
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond, "no pid in %s", pidFile)
+	require.Eventually(t, func() bool { return gone(pid) }, 2*time.Second, 10*time.Millisecond,
+		"process %d outlived its task", pid)
+}
+
+func TestShellTimeoutKillsTheGroup(t *testing.T) {
+	t.Parallel()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	tk := execTask(t, bson.D{{Key: "command", Value: `sleep 30 & echo $! > "$PIDFILE"; echo started; wait`},
+		{Key: "env", Value: bson.D{{Key: "PIDFILE", Value: pidFile}}}})
+
+	// Called directly: the plugin returns once the process is reaped and the
+	// pipes are closed. If the background sleep survived it would hold
+	// stdout open until WaitDelay (2s).
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res := Shell().Run(ctx, tk)
+	require.Less(t, time.Since(start), 300*time.Millisecond+1500*time.Millisecond)
+	require.Equal(t, schema.StatusFailed, res.Status)
+	require.Equal(t, "started\n", res.Stdout)
+	require.Equal(t, "command killed: context deadline exceeded\n", res.Stderr)
+	requireGone(t, pidFile)
+
+	// Through Run, with a timeout.
+	require.NoError(t, os.Remove(pidFile))
+	start = time.Now()
+	res = Run(t.Context(), Shell(), tk, 200*time.Millisecond)
+	require.Less(t, time.Since(start), 200*time.Millisecond+slack)
+	require.Equal(t, schema.StatusFailed, res.Status)
+	require.Contains(t, res.Stderr, "timeout")
+	requireGone(t, pidFile)
+}
+
+func TestShellRunTimeoutKeepsOutputAndSaysSoOnce(t *testing.T) {
+	t.Parallel()
+	tk := execTask(t, bson.D{{Key: "command", Value: `echo partial; echo oops >&2; exec sleep 30`}})
+	start := time.Now()
+	res := Run(t.Context(), Shell(), tk, 200*time.Millisecond)
+	require.Less(t, time.Since(start), 200*time.Millisecond+slack)
+	require.Equal(t, Result{schema.StatusFailed, "partial\n", "oops\ncommand killed after timeout of 200ms\n"}, res)
+}
+
+func TestExecParentCancel(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancelCause(t.Context())
+	time.AfterFunc(100*time.Millisecond, func() { cancel(errors.New("node shutdown")) })
+	res := Run(ctx, Exec(), execTask(t, bson.D{{Key: "command", Value: "sleep"}, {Key: "args", Value: bson.A{"30"}}}), 0)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "command killed: node shutdown\n"}, res)
+}
+
+// TestExecPipesHeld: a background process that leaves the group keeps the
+// output open; the plugin still returns after WaitDelay.
+func TestExecPipesHeld(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Fatalf("setsid is needed: %v", err)
+	}
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	start := time.Now()
+	res := Exec().Run(t.Context(), execTask(t, sh(`setsid sh -c 'echo $$ > "$0"; exec sleep 4' "`+pidFile+`" & echo done`)))
+	elapsed := time.Since(start)
+	require.Equal(t, schema.StatusSucceeded, res.Status)
+	require.Equal(t, "done\n", res.Stdout)
+	require.Contains(t, res.Stderr, "kept its output open")
+	require.GreaterOrEqual(t, elapsed, waitDelay)
+	require.Less(t, elapsed, waitDelay+slack+time.Second)
+	// Leave no process behind.
+	b, err := os.ReadFile(pidFile)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
