@@ -1,0 +1,99 @@
+package events
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// Topics of the bus.
+const (
+	TopicTasks  = "disbatch.tasks"
+	TopicQueues = "disbatch.queues"
+	TopicRescan = "disbatch.rescan"
+)
+
+// Op is the kind of change.
+type Op string
+
+// Ops, as MongoDB names them.
+const (
+	OpInsert  Op = "insert"
+	OpUpdate  Op = "update"
+	OpReplace Op = "replace"
+	OpDelete  Op = "delete"
+)
+
+// TaskChanged is a task that was inserted, deleted, replaced, or whose
+// status (or queue) changed.
+type TaskChanged struct {
+	Op Op            `json:"op"`
+	ID bson.ObjectID `json:"id"`
+	// Queue is the task's queue when the event carries it (inserts,
+	// replaces, moves between queues); zero otherwise.
+	Queue bson.ObjectID `json:"queue,omitzero"`
+	// Status is the new status when the event carries it; nil for deletes.
+	Status *schema.Status `json:"status,omitempty"`
+	// At is when MongoDB applied the change (the event's wall time).
+	At time.Time `json:"at"`
+}
+
+// QueueChanged is a queue that was created, changed or deleted.
+type QueueChanged struct {
+	Op Op            `json:"op"`
+	ID bson.ObjectID `json:"id"`
+}
+
+// Rescan says events were lost: re-read the database.
+type Rescan struct {
+	Reason string `json:"reason"`
+}
+
+// NewBus returns the in-process bus. Publishing blocks until every
+// subscriber has acknowledged the message, which keeps events in order and
+// lets a slow subscriber push back instead of piling up goroutines.
+// Watermill's own info logs are demoted to debug.
+func NewBus(log *slog.Logger) *gochannel.GoChannel {
+	return gochannel.NewGoChannel(gochannel.Config{
+		OutputChannelBuffer:            256,
+		BlockPublishUntilSubscriberAck: true,
+	}, watermill.NewSlogLoggerWithLevelMapping(log, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug}))
+}
+
+// Encode turns an event into a message.
+func Encode(ev any) (*message.Message, error) {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return nil, err
+	}
+	return message.NewMessage(watermill.NewShortUUID(), b), nil
+}
+
+// Decode reads the event of a message published on topic into a
+// TaskChanged, QueueChanged or Rescan.
+func Decode(topic string, msg *message.Message) (any, error) {
+	var err error
+	switch topic {
+	case TopicTasks:
+		var ev TaskChanged
+		err = json.Unmarshal(msg.Payload, &ev)
+		return ev, err
+	case TopicQueues:
+		var ev QueueChanged
+		err = json.Unmarshal(msg.Payload, &ev)
+		return ev, err
+	case TopicRescan:
+		var ev Rescan
+		err = json.Unmarshal(msg.Payload, &ev)
+		return ev, err
+	}
+	return nil, fmt.Errorf("unknown topic %q", topic)
+}
