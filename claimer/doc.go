@@ -1,4 +1,15 @@
 // Package claimer claims queued tasks for a node with seed 000's
-// findOneAndUpdate, within the queue's and the node's maxthreads, when a
-// wake-up or the fallback tick says a queue may have work.
+// findOneAndUpdate, within the queues' per-node maxthreads and the node's
+// maxthreads, when a wake-up says a queue may have work.
+//
+// Wake-ups come from the events bus (a task inserted or put back in a
+// queue, a queue changed, a rescan), from the node when one of its tasks
+// finishes (a slot is free), and from a jittered tick (1 s by default) that
+// is the correctness fallback: it re-reads the queues and tries every one.
+// Wake-ups are debounced: the first fires at once, the ones that arrive
+// while a pass runs merge into one more pass.
+//
+// A wake-up for queue Q claims in Q only. A queue whose last claim found
+// nothing is not asked again because a slot freed up; only an event that
+// says it has work, or the tick, does that.
 package claimer

@@ -1,0 +1,347 @@
+package claimer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// Store is what the claimer needs from the database.
+type Store interface {
+	TaskClaim(ctx context.Context, p store.TaskClaimParams) (schema.Task, error)
+}
+
+// Queue is a queue this node serves.
+type Queue struct {
+	ID          bson.ObjectID
+	Name        string
+	Constructor string
+	Sort        schema.Sort
+	MaxThreads  int // per node, > 0
+}
+
+// Config configures a Claimer.
+type Config struct {
+	Node  string
+	Store Store
+	Slots *Slots
+	// Refresh returns the queues this node serves now; it is called on
+	// every tick and when a queue changes.
+	Refresh func(ctx context.Context) ([]Queue, error)
+	// Dispatch receives each claimed task, with its slot taken; it must
+	// return quickly (start the work elsewhere) and release the slot when
+	// the task is done.
+	Dispatch func(q Queue, t schema.Task)
+	// Malformed receives a claimed task whose document could not be
+	// decoded (only t.ID and t.Raw are known; err is a *schema.DecodeError),
+	// slot taken likewise.
+	Malformed func(q Queue, t schema.Task, err error)
+	// Events, when set, delivers the bus's wake-ups; nil polls only.
+	Events message.Subscriber
+	// Tick is the fallback interval (default 1 s), jittered by ±10 %.
+	Tick   time.Duration
+	Logger *slog.Logger
+	// Passed, when set, is called after every pass (a test signal).
+	Passed func()
+}
+
+// Stats are counters for metrics.
+type Stats struct {
+	Claims      int64 // tasks claimed
+	WakePasses  int64 // passes started by a wake-up that claimed something
+	TickPasses  int64 // passes started by the tick that claimed something
+	EmptyClaims int64 // claims that found nothing
+}
+
+// Claimer runs the claim loop. Start it, Stop it.
+type Claimer struct {
+	cfg Config
+	log *slog.Logger
+
+	wake chan struct{}
+
+	mu      sync.Mutex
+	dirty   map[bson.ObjectID]bool // queues to try on the next pass
+	all     bool                   // try every queue
+	refresh bool                   // re-read the queues first
+	stats   Stats
+
+	// owned by the loop goroutine
+	queues map[bson.ObjectID]Queue
+	order  []bson.ObjectID
+	empty  map[bson.ObjectID]bool // last claim found nothing
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// New returns a claimer; nothing runs until Start.
+func New(cfg Config) *Claimer {
+	if cfg.Tick <= 0 {
+		cfg.Tick = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Claimer{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "claimer", "node", cfg.Node),
+		wake:    make(chan struct{}, 1),
+		dirty:   map[bson.ObjectID]bool{},
+		all:     true,
+		refresh: true,
+		queues:  map[bson.ObjectID]Queue{},
+		empty:   map[bson.ObjectID]bool{},
+	}
+}
+
+// Start subscribes to the events and starts the loop, whose first pass
+// reads the queues and tries them all.
+func (c *Claimer) Start(ctx context.Context) error {
+	if c.cancel != nil {
+		return nil
+	}
+	ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if c.cfg.Events != nil {
+		var chans []<-chan *message.Message
+		for _, topic := range []string{events.TopicTasks, events.TopicQueues, events.TopicRescan} {
+			ch, err := c.cfg.Events.Subscribe(ctx, topic)
+			if err != nil {
+				c.cancel()
+				return err
+			}
+			chans = append(chans, ch)
+		}
+		c.wg.Add(1)
+		go c.listen(ctx, chans[0], chans[1], chans[2])
+	}
+	c.wg.Add(1)
+	go c.loop(ctx)
+	c.signal()
+	return nil
+}
+
+// Stop ends the loop; no claim starts after Stop returns.
+func (c *Claimer) Stop() {
+	if c.cancel == nil {
+		return
+	}
+	c.once.Do(func() {
+		c.cancel()
+		c.wg.Wait()
+	})
+}
+
+// Stats returns the counters.
+func (c *Claimer) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+// SlotFreed tells the claimer that a task of q finished: q is tried again
+// unless its last claim found it empty.
+func (c *Claimer) SlotFreed(q bson.ObjectID) { c.mark(q, false) }
+
+// HasWork tells the claimer that q may have queued tasks.
+func (c *Claimer) HasWork(q bson.ObjectID) { c.mark(q, true) }
+
+// WakeAll asks for a pass over every queue, re-reading them first.
+func (c *Claimer) WakeAll() {
+	c.mu.Lock()
+	c.all, c.refresh = true, true
+	c.mu.Unlock()
+	c.signal()
+}
+
+func (c *Claimer) mark(q bson.ObjectID, work bool) {
+	c.mu.Lock()
+	if work {
+		c.dirty[q] = true
+	} else if _, seen := c.dirty[q]; !seen {
+		c.dirty[q] = false
+	}
+	c.mu.Unlock()
+	c.signal()
+}
+
+func (c *Claimer) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Claimer) listen(ctx context.Context, tasks, queues, rescans <-chan *message.Message) {
+	defer c.wg.Done()
+	for {
+		var msg *message.Message
+		var topic string
+		select {
+		case <-ctx.Done():
+			return
+		case msg = <-tasks:
+			topic = events.TopicTasks
+		case msg = <-queues:
+			topic = events.TopicQueues
+		case msg = <-rescans:
+			topic = events.TopicRescan
+		}
+		if msg == nil {
+			return // the bus closed
+		}
+		ev, err := events.Decode(topic, msg)
+		msg.Ack()
+		if err != nil {
+			c.log.Warn("undecodable event", "topic", topic, "error", err)
+			continue
+		}
+		switch ev := ev.(type) {
+		case events.TaskChanged:
+			if ev.Status == nil || *ev.Status != schema.StatusQueued {
+				continue // only queued tasks are work
+			}
+			if ev.Queue.IsZero() {
+				c.WakeAll() // a requeue: the event does not say which queue
+			} else {
+				c.HasWork(ev.Queue)
+			}
+		case events.QueueChanged:
+			c.mu.Lock()
+			c.dirty[ev.ID], c.refresh = true, true
+			c.mu.Unlock()
+			c.signal()
+		case events.Rescan:
+			c.log.Info("rescan", "reason", ev.Reason)
+			c.WakeAll()
+		}
+	}
+}
+
+func (c *Claimer) loop(ctx context.Context) {
+	defer c.wg.Done()
+	timer := time.NewTimer(c.jittered())
+	defer timer.Stop()
+	for {
+		byTick := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-timer.C:
+			byTick = true
+			c.mu.Lock()
+			c.all, c.refresh = true, true
+			c.mu.Unlock()
+			timer.Reset(c.jittered())
+		}
+		claimed := c.pass(ctx)
+		c.mu.Lock()
+		switch {
+		case claimed > 0 && byTick:
+			c.stats.TickPasses++
+		case claimed > 0:
+			c.stats.WakePasses++
+		}
+		c.mu.Unlock()
+		if c.cfg.Passed != nil {
+			c.cfg.Passed()
+		}
+	}
+}
+
+func (c *Claimer) jittered() time.Duration {
+	j := time.Duration(float64(c.cfg.Tick) * (0.9 + 0.2*rand.Float64()))
+	return j
+}
+
+// pass claims in the queues marked since the last pass and returns how
+// many tasks it claimed.
+func (c *Claimer) pass(ctx context.Context) int {
+	c.mu.Lock()
+	dirty, all, refresh := c.dirty, c.all, c.refresh
+	c.dirty, c.all, c.refresh = map[bson.ObjectID]bool{}, false, false
+	c.mu.Unlock()
+
+	if refresh {
+		qs, err := c.cfg.Refresh(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("read queues", "error", err)
+			}
+		} else {
+			c.queues = make(map[bson.ObjectID]Queue, len(qs))
+			c.order = c.order[:0]
+			for _, q := range qs {
+				c.queues[q.ID] = q
+				c.order = append(c.order, q.ID)
+			}
+		}
+	}
+	claimed := 0
+	for _, id := range c.order {
+		work, marked := dirty[id]
+		if !all && !marked {
+			continue
+		}
+		if all || work {
+			c.empty[id] = false
+		}
+		if c.empty[id] {
+			continue // a slot freed up, but the queue had nothing
+		}
+		claimed += c.claim(ctx, c.queues[id])
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return claimed
+}
+
+// claim fills q's free slots.
+func (c *Claimer) claim(ctx context.Context, q Queue) int {
+	n := 0
+	for c.cfg.Slots.TryAcquire(q.ID, q.MaxThreads) {
+		if ctx.Err() != nil {
+			c.cfg.Slots.Release(q.ID)
+			return n
+		}
+		t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort})
+		var de *schema.DecodeError
+		switch {
+		case err == nil:
+			n++
+			c.mu.Lock()
+			c.stats.Claims++
+			c.mu.Unlock()
+			c.cfg.Dispatch(q, t)
+		case errors.As(err, &de):
+			c.cfg.Malformed(q, t, err)
+		case errors.Is(err, store.ErrNoTask):
+			c.cfg.Slots.Release(q.ID)
+			c.empty[q.ID] = true
+			c.mu.Lock()
+			c.stats.EmptyClaims++
+			c.mu.Unlock()
+			return n
+		default:
+			c.cfg.Slots.Release(q.ID)
+			if ctx.Err() == nil {
+				c.log.Warn("claim failed; retrying on the next wake-up or tick", "queue", q.Name, "error", err)
+			}
+			return n
+		}
+	}
+	return n
+}
