@@ -1,0 +1,89 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// Defaults.
+const (
+	DefaultTick      = time.Second
+	DefaultHeartbeat = time.Second
+	DefaultGrace     = 30 * time.Second
+)
+
+// Config configures a Node.
+type Config struct {
+	// Name is the node's name in tasks and in the nodes collection (seed 000
+	// uses the hostname).
+	Name    string
+	Store   *store.Store
+	Plugins *plugin.Registry
+	// MaxThreads caps this node's concurrent tasks (nil: no cap of its own).
+	// An operator's maxthreads on the node document caps it further.
+	MaxThreads *int
+	// Label selects the config document (see schema.Config).
+	Label string
+	// PollOnly turns change streams off: the tick alone finds work.
+	PollOnly bool
+	// Tick is the claimer's fallback interval.
+	Tick time.Duration
+	// Heartbeat is how often the node document is written.
+	Heartbeat time.Duration
+	// Grace is how long running tasks may finish at shutdown.
+	Grace time.Duration
+	// PluginTimeout fails a task whose plugin runs longer (0: no limit).
+	PluginTimeout time.Duration
+	// OrphanAfter is the age of a claim the reaper orphans.
+	OrphanAfter time.Duration
+	Logger      *slog.Logger
+	Now         func() time.Time
+
+	// Test signals (nil in production).
+	beforeStart func(schema.Task)
+}
+
+// Validate checks the config and fills defaults.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Name == "" {
+		errs = append(errs, errors.New("node name is empty"))
+	}
+	if c.Store == nil {
+		errs = append(errs, errors.New("no store"))
+	}
+	if c.Plugins == nil {
+		errs = append(errs, errors.New("no plugin registry"))
+	}
+	if c.MaxThreads != nil && *c.MaxThreads < 0 {
+		errs = append(errs, fmt.Errorf("maxthreads must be >= 0, got %d", *c.MaxThreads))
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{{"tick", &c.Tick, DefaultTick}, {"heartbeat", &c.Heartbeat, DefaultHeartbeat}, {"grace", &c.Grace, DefaultGrace}} {
+		if *d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative", d.name))
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if c.PluginTimeout < 0 || c.OrphanAfter < 0 {
+		errs = append(errs, errors.New("plugin timeout and orphan-after must not be negative"))
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return errors.Join(errs...)
+}

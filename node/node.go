@@ -1,0 +1,150 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/reaper"
+)
+
+// Node is one execution node.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	slots   *claimer.Slots
+	claimer *claimer.Claimer
+	queues  *queueSet
+	runner  *runner
+	reaper  *reaper.Reaper
+	beat    *heartbeat
+	bus     *gochannel.GoChannel
+	stream  *events.Stream
+
+	startOnce, stopOnce sync.Once
+	started             bool
+}
+
+// New builds a node from a validated config.
+func New(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("node config: %w", err)
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), slots: claimer.NewSlots()}
+	n.queues = &queueSet{n: n}
+	n.runner = newRunner(n)
+	n.beat = &heartbeat{n: n}
+	n.reaper = reaper.New(reaper.Config{Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, Now: cfg.Now, Logger: cfg.Logger})
+	ccfg := claimer.Config{
+		Node: cfg.Name, Store: cfg.Store, Slots: n.slots, Tick: cfg.Tick, Logger: cfg.Logger,
+		Refresh: n.queues.refresh, Dispatch: n.runner.dispatch, Malformed: n.runner.malformed,
+	}
+	if !cfg.PollOnly {
+		n.bus = events.NewBus(cfg.Logger)
+		ccfg.Events = n.bus
+		n.stream = events.New(events.Config{DB: cfg.Store.Database(), Publisher: n.bus, Tokens: cfg.Store, Name: "node:" + cfg.Name, Logger: cfg.Logger})
+	}
+	n.claimer = claimer.New(ccfg)
+	return n, nil
+}
+
+// Start brings the node up (see the package doc for the order) and returns
+// once it is claiming.
+func (n *Node) Start(ctx context.Context) error {
+	err := errors.New("node already started")
+	n.startOnce.Do(func() { err = n.start(ctx) })
+	return err
+}
+
+func (n *Node) start(ctx context.Context) error {
+	if err := n.cfg.Store.IndexesEnsure(ctx); err != nil {
+		return err
+	}
+	if err := n.reaper.Start(ctx); err != nil {
+		return err
+	}
+	if n.stream != nil {
+		if err := n.stream.Start(ctx); err != nil {
+			n.reaper.Stop()
+			return err
+		}
+	}
+	if _, err := n.queues.refresh(ctx); err != nil {
+		n.stopServices()
+		return fmt.Errorf("read queues: %w", err)
+	}
+	if err := n.beat.beat(ctx); err != nil {
+		n.stopServices()
+		return fmt.Errorf("first heartbeat: %w", err)
+	}
+	n.beat.start(ctx)
+	if err := n.claimer.Start(ctx); err != nil {
+		n.stopServices()
+		return err
+	}
+	n.started = true
+	mode := "change streams"
+	if n.cfg.PollOnly {
+		mode = "poll only"
+	}
+	n.log.Info("node started", "wake_ups", mode, "tick", n.cfg.Tick, "plugins", n.cfg.Plugins.Names())
+	return nil
+}
+
+// Stop shuts the node down (see the package doc) and returns when every
+// task it held is finished, handed back or failed.
+func (n *Node) Stop() {
+	n.stopOnce.Do(func() {
+		if !n.started {
+			return
+		}
+		start := time.Now()
+		n.claimer.Stop()
+		n.runner.drain(n.cfg.Grace)
+		n.stopServices()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := n.beat.beat(ctx); err != nil {
+			n.log.Warn("last heartbeat", "error", err)
+		}
+		n.log.Info("node stopped", "took", time.Since(start).Round(time.Millisecond))
+	})
+}
+
+func (n *Node) stopServices() {
+	n.claimer.Stop()
+	n.beat.stop()
+	n.reaper.Stop()
+	if n.stream != nil {
+		n.stream.Stop()
+		_ = n.bus.Close()
+	}
+}
+
+// Running returns how many tasks the node holds in queue q (claimed or
+// running), or in all queues for the zero id.
+func (n *Node) Running(q bson.ObjectID) int {
+	if q.IsZero() {
+		return n.slots.Total()
+	}
+	return n.slots.Running(q)
+}
+
+// ClaimerStats returns the claimer's counters.
+func (n *Node) ClaimerStats() claimer.Stats { return n.claimer.Stats() }
+
+// StreamStats returns the change stream's counters (zero when polling).
+func (n *Node) StreamStats() events.Stats {
+	if n.stream == nil {
+		return events.Stats{}
+	}
+	return n.stream.Stats()
+}

@@ -1,0 +1,621 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.uber.org/goleak"
+
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+func TestMain(m *testing.M) { os.Exit(mongotest.Main(m)) }
+
+// execution is one run of the recording plugin.
+type execution struct {
+	node       string
+	start, end time.Time
+}
+
+// recorder is a test plugin that records every execution and the highest
+// concurrency it saw per node and per (node, queue).
+type recorder struct {
+	mu      sync.Mutex
+	runs    map[bson.ObjectID][]execution
+	order   []bson.ObjectID
+	cur     map[string]int
+	maxSeen map[string]int
+	sleep   time.Duration
+}
+
+func newRecorder() *recorder {
+	return &recorder{runs: map[bson.ObjectID][]execution{}, cur: map[string]int{}, maxSeen: map[string]int{}}
+}
+
+func (r *recorder) Run(ctx context.Context, t plugin.Task) plugin.Result {
+	keys := []string{t.Node, t.Node + "/" + t.Queue}
+	r.mu.Lock()
+	for _, k := range keys {
+		r.cur[k]++
+		r.maxSeen[k] = max(r.maxSeen[k], r.cur[k])
+	}
+	r.order = append(r.order, t.ID)
+	r.mu.Unlock()
+	start := time.Now()
+	if r.sleep > 0 {
+		time.Sleep(r.sleep)
+	}
+	r.mu.Lock()
+	for _, k := range keys {
+		r.cur[k]--
+	}
+	r.runs[t.ID] = append(r.runs[t.ID], execution{t.Node, start, time.Now()})
+	r.mu.Unlock()
+	return plugin.Result{Status: schema.StatusSucceeded, Stdout: "ran on " + t.Node}
+}
+
+func (r *recorder) max(key string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxSeen[key]
+}
+
+// logBuf collects a node's logs for assertions.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) count(sub string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), sub)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type bundle struct {
+	t     *testing.T
+	db    *mongo.Database
+	store *store.Store
+	rec   *recorder
+	reg   *plugin.Registry
+	logs  *logBuf
+}
+
+func setup(t *testing.T) *bundle {
+	t.Parallel()
+	db := mongotest.Database(t)
+	b := &bundle{t: t, db: db, store: store.New(db, store.Options{}), rec: newRecorder(), reg: plugin.NewRegistry(), logs: &logBuf{}}
+	b.reg.Register("test", b.rec)
+	b.reg.Register(plugin.DemoConstructor, plugin.Demo())
+	return b
+}
+
+func (b *bundle) config(name string) Config {
+	return Config{
+		Name: name, Store: b.store, Plugins: b.reg, Tick: 200 * time.Millisecond, Grace: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+}
+
+// start starts a node and stops it at the end of the test.
+func (b *bundle) start(cfg Config) *Node {
+	b.t.Helper()
+	n, err := New(cfg)
+	require.NoError(b.t, err)
+	require.NoError(b.t, n.Start(context.Background()))
+	b.t.Cleanup(n.Stop)
+	return n
+}
+
+func (b *bundle) queue(name, constructor string, maxThreads int, sort schema.Sort) bson.ObjectID {
+	b.t.Helper()
+	q, err := b.store.QueueCreate(context.Background(), store.QueueCreateParams{Name: name, Constructor: constructor, MaxThreads: &maxThreads, Sort: sort})
+	require.NoError(b.t, err)
+	return q.ID
+}
+
+func (b *bundle) tasks(q bson.ObjectID, n int, params func(i int) bson.D) []bson.ObjectID {
+	b.t.Helper()
+	ps := make([]bson.Raw, n)
+	for i := range ps {
+		d := bson.D{{Key: "i", Value: i}}
+		if params != nil {
+			d = params(i)
+		}
+		raw, err := bson.Marshal(d)
+		require.NoError(b.t, err)
+		ps[i] = raw
+	}
+	var ids []bson.ObjectID
+	for start := 0; start < n; start += 1000 {
+		got, err := b.store.TaskInsertMany(context.Background(), store.TaskInsertManyParams{Queue: q, Parameters: ps[start:min(start+1000, n)]})
+		require.NoError(b.t, err)
+		ids = append(ids, got...)
+	}
+	return ids
+}
+
+func (b *bundle) count(filter bson.D) int64 {
+	n, err := b.db.Collection("tasks").CountDocuments(context.Background(), filter)
+	require.NoError(b.t, err)
+	return n
+}
+
+func (b *bundle) task(id bson.ObjectID) bson.Raw {
+	raw, err := b.db.Collection("tasks").FindOne(context.Background(), bson.D{{Key: "_id", Value: id}}).Raw()
+	require.NoError(b.t, err)
+	return raw
+}
+
+func (b *bundle) waitStatus(id bson.ObjectID, status schema.Status, within time.Duration) {
+	b.t.Helper()
+	require.Eventually(b.t, func() bool {
+		return b.task(id).Lookup("status").AsInt64() == int64(status)
+	}, within, 5*time.Millisecond, "task %s never reached status %d: %s", id.Hex(), status, b.task(id))
+}
+
+func (b *bundle) waitDone(filter bson.D, want int64, within time.Duration) {
+	b.t.Helper()
+	f := append(bson.D{{Key: "status", Value: bson.D{{Key: "$gt", Value: 0}}}}, filter...)
+	require.Eventually(b.t, func() bool { return b.count(f) == want }, within, 20*time.Millisecond,
+		"finished %d of %d", b.count(f), want)
+}
+
+func TestNodesRunEveryTaskExactlyOnce(t *testing.T) {
+	for _, nodes := range []int{2, 5} {
+		t.Run(fmt.Sprintf("%d nodes", nodes), func(t *testing.T) {
+			b := setup(t)
+			b.rec.sleep = time.Millisecond
+			q := b.queue("work", "test", 4, schema.SortFIFO)
+			ids := b.tasks(q, 2000, nil)
+			for i := range nodes {
+				cfg := b.config(fmt.Sprintf("n%d", i))
+				if i == 0 {
+					cfg.MaxThreads = ptr(2) // a node-wide cap below the queue's
+				}
+				b.start(cfg)
+			}
+			b.waitDone(bson.D{{Key: "queue", Value: q}}, 2000, 90*time.Second)
+			require.Equal(t, int64(2000), b.count(bson.D{{Key: "status", Value: 1}}))
+			b.rec.mu.Lock()
+			defer b.rec.mu.Unlock()
+			require.Len(t, b.rec.runs, 2000)
+			perNode := map[string]int{}
+			for _, id := range ids {
+				runs := b.rec.runs[id]
+				require.Len(t, runs, 1, "task %s ran %d times", id.Hex(), len(runs))
+				perNode[runs[0].node]++
+			}
+			for i := range nodes {
+				node := fmt.Sprintf("n%d", i)
+				require.Positive(t, perNode[node], "node %s ran nothing", node)
+				limit := 4
+				if i == 0 {
+					limit = 2
+				}
+				require.LessOrEqual(t, b.rec.maxSeen[node+"/work"], limit, "node %s exceeded its limit", node)
+				require.GreaterOrEqual(t, b.rec.maxSeen[node+"/work"], 2, "node %s never ran tasks concurrently: the sampling proves nothing", node)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// recv receives from ch or fails the test after 10 s.
+func recv[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out waiting on a channel")
+	}
+	var zero T
+	return zero
+}
+
+func TestFIFOAndLIFOOrder(t *testing.T) {
+	for _, sort := range []schema.Sort{schema.SortFIFO, schema.SortLIFO} {
+		t.Run(string(sort), func(t *testing.T) {
+			b := setup(t)
+			q := b.queue("q", "test", 1, sort)
+			ids := b.tasks(q, 30, nil)
+			b.start(b.config("n1"))
+			b.waitDone(nil, 30, 30*time.Second)
+			b.rec.mu.Lock()
+			defer b.rec.mu.Unlock()
+			want := append([]bson.ObjectID(nil), ids...)
+			if sort == schema.SortLIFO {
+				for i, j := 0, len(want)-1; i < j; i, j = i+1, j-1 {
+					want[i], want[j] = want[j], want[i]
+				}
+			}
+			require.Equal(t, want, b.rec.order)
+		})
+	}
+}
+
+func TestChangeStreamWakeUpBeatsTheTick(t *testing.T) {
+	for _, pollOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("poll-only=%v", pollOnly), func(t *testing.T) {
+			b := setup(t)
+			q := b.queue("q", "test", 2, schema.SortFIFO)
+			cfg := b.config("n1")
+			cfg.Tick = 10 * time.Second
+			cfg.PollOnly = pollOnly
+			n := b.start(cfg)
+			time.Sleep(300 * time.Millisecond) // past the first pass
+			id := b.tasks(q, 1, nil)[0]
+			if pollOnly {
+				// The control: without change streams nothing happens until the tick.
+				time.Sleep(1500 * time.Millisecond)
+				require.Equal(t, int64(schema.StatusQueued), b.task(id).Lookup("status").AsInt64())
+				return
+			}
+			start := time.Now()
+			b.waitStatus(id, schema.StatusSucceeded, time.Second)
+			t.Logf("insert to finished: %v", time.Since(start))
+			require.Positive(t, n.ClaimerStats().WakePasses)
+			require.Positive(t, n.StreamStats().Events)
+		})
+	}
+}
+
+func TestRestartedNodeMissesNoTask(t *testing.T) {
+	b := setup(t)
+	q := b.queue("q", "test", 4, schema.SortFIFO)
+	cfg := b.config("n1")
+	cfg.Tick = 10 * time.Second
+	n, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	b.tasks(q, 50, nil)
+	b.waitDone(nil, 50, 5*time.Second)
+	n.Stop()
+	b.tasks(q, 50, nil) // while the node is down
+	saved, err := b.store.StreamTokenGet(context.Background(), "node:n1")
+	require.NoError(t, err, "the stream saved its resume token at Stop")
+	require.NotEmpty(t, saved)
+	b.start(cfg)
+	b.tasks(q, 50, nil) // after the restart
+	b.waitDone(nil, 150, 3*time.Second)
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	require.Len(t, b.rec.runs, 150)
+}
+
+func TestQueuesTheNodeDoesNotServe(t *testing.T) {
+	b := setup(t)
+	unknown := b.queue("unknown", "No::Such::Plugin", 2, "")
+	zero := b.queue("zero", "test", 0, "")
+	good := b.queue("good", "test", 2, "")
+	b.tasks(unknown, 3, nil)
+	b.tasks(zero, 3, nil)
+	b.tasks(good, 3, nil)
+	b.start(b.config("n1"))
+	b.waitDone(bson.D{{Key: "queue", Value: good}}, 3, 5*time.Second)
+	time.Sleep(600 * time.Millisecond) // several ticks
+	require.Equal(t, int64(6), b.count(bson.D{{Key: "status", Value: -2}}))
+	require.Equal(t, 1, b.logs.count("no plugin for constructor No::Such::Plugin"), "logged once, not every tick:\n%s", b.logs)
+	require.Equal(t, 1, b.logs.count("maxthreads is 0 or null"))
+
+	// Re-checked each tick: once the queue names a plugin this node has, it runs.
+	c := "test"
+	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: unknown, Constructor: &c}))
+	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: zero, SetMaxThreads: true, MaxThreads: ptr(1)}))
+	b.waitDone(nil, 9, 5*time.Second)
+}
+
+func TestPinIgnoreAndConfigQueues(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	pinB := b.queue("pinB", "test", 2, "")
+	ignoreB := b.queue("ignoreB", "test", 2, "")
+	both := b.queue("both", "test", 2, "") // pin wins over ignore
+	notActive := b.queue("notActive", "test", 2, "")
+	require.NoError(t, b.store.QueueUpdate(ctx, store.QueueUpdateParams{ID: pinB, NodesPin: &[]string{"b"}}))
+	require.NoError(t, b.store.QueueUpdate(ctx, store.QueueUpdateParams{ID: ignoreB, NodesIgnore: &[]string{"b"}}))
+	require.NoError(t, b.store.QueueUpdate(ctx, store.QueueUpdateParams{ID: both, NodesPin: &[]string{"a"}, NodesIgnore: &[]string{"a"}}))
+	// Node c reads a config with activequeues; nodes a and b read none.
+	_, err := b.db.Collection("config").InsertOne(ctx, bson.D{{Key: "label", Value: "c-only"}, {Key: "activequeues", Value: bson.A{notActive.Hex()}}})
+	require.NoError(t, err)
+	for _, q := range []bson.ObjectID{pinB, ignoreB, both, notActive} {
+		b.tasks(q, 6, nil)
+	}
+	cfgC := b.config("c")
+	cfgC.Label = "c-only"
+	b.start(b.config("a"))
+	b.start(b.config("b"))
+	b.start(cfgC)
+	b.waitDone(nil, 24, 10*time.Second)
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	ranOn := map[string]map[string]bool{}
+	for id, runs := range b.rec.runs {
+		raw := b.task(id)
+		var qname string
+		for name, qid := range map[string]bson.ObjectID{"pinB": pinB, "ignoreB": ignoreB, "both": both, "notActive": notActive} {
+			if raw.Lookup("queue").ObjectID() == qid {
+				qname = name
+			}
+		}
+		if ranOn[qname] == nil {
+			ranOn[qname] = map[string]bool{}
+		}
+		ranOn[qname][runs[0].node] = true
+	}
+	require.Equal(t, map[string]bool{"b": true}, ranOn["pinB"])
+	require.NotContains(t, ranOn["ignoreB"], "b")
+	require.NotContains(t, ranOn["ignoreB"], "c", "c runs only its activequeues")
+	require.Equal(t, map[string]bool{"a": true}, ranOn["both"])
+	require.True(t, ranOn["notActive"]["c"] || ranOn["notActive"]["a"] || ranOn["notActive"]["b"])
+	require.Contains(t, b.logs.String(), "not in the config's activequeues")
+}
+
+func TestOrphanRules(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	q := b.queue("q", "test", 0, "") // runs nothing: only the reaper acts
+	ids := b.tasks(q, 4, nil)
+	set := func(id bson.ObjectID, node string, status int, mtime time.Time) {
+		_, err := b.db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: node}, {Key: "status", Value: status}, {Key: "mtime", Value: mtime}}}})
+		require.NoError(t, err)
+	}
+	set(ids[0], "n1", -1, time.Now())                    // left by this node's previous run
+	set(ids[1], "n1", 0, time.Now())                     // likewise, running
+	set(ids[2], "other", -1, time.Now().Add(-2*time.Second)) // another node's claim, about to be stale
+	set(ids[3], "other", 0, time.Now().Add(-time.Hour))  // another node running: not the reaper's business
+	cfg := b.config("n1")
+	cfg.OrphanAfter = 3 * time.Second
+	b.start(cfg)
+	require.Equal(t, int64(-6), b.task(ids[0]).Lookup("status").AsInt64(), "own leftovers are orphaned before the node claims")
+	require.Equal(t, int64(-6), b.task(ids[1]).Lookup("status").AsInt64())
+	require.Equal(t, int64(-1), b.task(ids[2]).Lookup("status").AsInt64(), "not stale yet")
+	b.waitStatus(ids[2], schema.StatusOrphaned, 5*time.Second)
+	require.Equal(t, int64(0), b.task(ids[3]).Lookup("status").AsInt64())
+}
+
+// blocker is a test plugin that runs until released or killed.
+type blocker struct {
+	started chan bson.ObjectID
+	release chan struct{}
+}
+
+func (p *blocker) Run(ctx context.Context, t plugin.Task) plugin.Result {
+	p.started <- t.ID
+	select {
+	case <-p.release:
+		return plugin.Result{Status: schema.StatusSucceeded, Stdout: "late result"}
+	case <-ctx.Done():
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "killed"}
+	}
+}
+
+func TestGuardedFinishCannotOverwriteANewOwner(t *testing.T) {
+	b := setup(t)
+	blk := &blocker{started: make(chan bson.ObjectID, 10), release: make(chan struct{})}
+	b.reg.Register("block", blk)
+	q := b.queue("q", "block", 1, schema.SortFIFO)
+	ids := b.tasks(q, 2, nil)
+	b.start(b.config("n1"))
+	first := recv(t, blk.started)
+	require.Equal(t, ids[0], first)
+	// While it runs, the task is taken away (another node's recovery, an operator).
+	_, err := b.db.Collection("tasks").UpdateOne(context.Background(), bson.D{{Key: "_id", Value: first}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -6}}}})
+	require.NoError(t, err)
+	blk.release <- struct{}{}
+	second := recv(t, blk.started)
+	require.Equal(t, ids[1], second)
+	close(blk.release)
+	b.waitStatus(second, schema.StatusSucceeded, 5*time.Second)
+	raw := b.task(first)
+	require.Equal(t, int64(-6), raw.Lookup("status").AsInt64(), "the lost task's result did not land")
+	require.Equal(t, bson.TypeNull, raw.Lookup("stdout").Type)
+	require.Contains(t, b.logs.String(), "task was taken from this node; its finish was not written")
+}
+
+func TestOutputGoesToGridFSOverTheThreshold(t *testing.T) {
+	b := setup(t)
+	b.store = store.New(b.db, store.Options{OutputThreshold: 512 << 10})
+	q := b.queue("demo", plugin.DemoConstructor, 2, schema.SortFIFO)
+	ids := b.tasks(q, 2, func(i int) bson.D {
+		return bson.D{{Key: "commands", Value: []string{"1", "a"}[i]}}
+	})
+	b.start(b.config("n1"))
+	b.waitDone(nil, 2, 10*time.Second)
+	big, small := b.task(ids[0]), b.task(ids[1])
+	require.Equal(t, bson.TypeObjectID, big.Lookup("stdout").Type, "1 MiB of stdout goes to GridFS")
+	require.Equal(t, "This is command 'a' for apple.\n", small.Lookup("stdout").StringValue())
+	task, err := schema.DecodeTask(big)
+	require.NoError(t, err)
+	out, err := b.store.TaskOutputRead(context.Background(), task.Stdout)
+	require.NoError(t, err)
+	require.Len(t, out, 1<<20)
+}
+
+func TestShutdownHandsBackClaimedAndKillsRunning(t *testing.T) {
+	b := setup(t)
+	blk := &blocker{started: make(chan bson.ObjectID, 10), release: make(chan struct{})}
+	b.reg.Register("block", blk)
+	slow := b.queue("slow", "block", 2, schema.SortFIFO)
+	held := b.queue("held", "test", 1, schema.SortFIFO)
+	slowIDs := b.tasks(slow, 2, nil)
+	heldID := b.tasks(held, 1, nil)[0]
+	cfg := b.config("n1")
+	cfg.Grace = 300 * time.Millisecond
+	var n *Node
+	claimedHeld := make(chan bson.ObjectID, 1)
+	cfg.beforeStart = func(task schema.Task) {
+		// Hold the task of queue "held" between claim and start until the node stops.
+		if task.ID == heldID {
+			claimedHeld <- task.ID
+			for !n.runner.isStopping() {
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+	}
+	var err error
+	n, err = New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	recv(t, blk.started)
+	recv(t, blk.started)
+	recv(t, claimedHeld)
+	start := time.Now()
+	n.Stop()
+	took := time.Since(start)
+	require.Less(t, took, 5*time.Second)
+	require.GreaterOrEqual(t, took, 300*time.Millisecond, "running tasks got their grace")
+	for _, id := range slowIDs {
+		raw := b.task(id)
+		require.Equal(t, int64(2), raw.Lookup("status").AsInt64())
+		require.Contains(t, raw.Lookup("stderr").StringValue(), "grace period expired")
+	}
+	raw := b.task(heldID)
+	require.Equal(t, int64(-2), raw.Lookup("status").AsInt64(), "claimed but not started: handed back")
+	require.Equal(t, int64(-1), raw.Lookup("node").AsInt64())
+	close(blk.release)
+}
+
+func TestPluginPanicFailsTheTaskAndTheNodeLives(t *testing.T) {
+	b := setup(t)
+	b.reg.Register("panics", plugin.Func(func(context.Context, plugin.Task) plugin.Result { panic("boom") }))
+	bad := b.queue("bad", "panics", 1, "")
+	good := b.queue("good", "test", 1, "")
+	badID := b.tasks(bad, 1, nil)[0]
+	b.tasks(good, 3, nil)
+	b.start(b.config("n1"))
+	b.waitStatus(badID, schema.StatusFailed, 5*time.Second)
+	require.Contains(t, b.task(badID).Lookup("stderr").StringValue(), "boom")
+	b.waitDone(bson.D{{Key: "queue", Value: good}}, 3, 5*time.Second)
+}
+
+func TestMalformedDocumentsAreLoggedOnceAndSkipped(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	good := b.queue("good", "test", 2, schema.SortFIFO)
+	queues := b.db.Collection("queues")
+	_, err := queues.InsertMany(ctx, []any{
+		bson.D{{Key: "name", Value: "noconstructor"}, {Key: "maxthreads", Value: 1}},
+		bson.D{{Key: "name", Value: "stringthreads"}, {Key: "constructor", Value: "test"}, {Key: "maxthreads", Value: "ten"}},
+	})
+	require.NoError(t, err)
+	cfg := b.config("n1")
+	b.start(cfg)
+	tasks := b.db.Collection("tasks")
+	badParams := bson.NewObjectID()
+	_, err = tasks.InsertMany(ctx, []any{
+		bson.D{{Key: "queue", Value: "good"}, {Key: "status", Value: -2}, {Key: "node", Value: -1}, {Key: "parameters", Value: bson.D{}}},
+		bson.D{{Key: "_id", Value: badParams}, {Key: "queue", Value: good}, {Key: "status", Value: -2}, {Key: "node", Value: -1}, {Key: "parameters", Value: "not an object"}},
+		bson.D{{Key: "queue", Value: good}, {Key: "status", Value: "weird"}, {Key: "node", Value: -1}},
+	}, options.InsertMany())
+	require.NoError(t, err)
+	goodIDs := b.tasks(good, 3, nil)
+	b.waitStatus(badParams, schema.StatusFailed, 5*time.Second)
+	require.Contains(t, b.task(badParams).Lookup("stderr").StringValue(), `field "parameters": want an object`)
+	for _, id := range goodIDs {
+		b.waitStatus(id, schema.StatusSucceeded, 5*time.Second)
+	}
+	time.Sleep(600 * time.Millisecond) // several ticks: still one line each
+	logs := b.logs.String()
+	require.Equal(t, 1, strings.Count(logs, `field \"constructor\": missing`), logs)
+	require.Equal(t, 1, strings.Count(logs, `field \"maxthreads\": want an integer, got string \"ten\"`), logs)
+	require.Equal(t, 1, strings.Count(logs, "field=queue"), logs)
+	require.Equal(t, 1, strings.Count(logs, "field=status"), logs)
+}
+
+func TestNodeDocumentAndOperatorMaxThreads(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	blk := &blocker{started: make(chan bson.ObjectID, 100), release: make(chan struct{})}
+	b.reg.Register("block", blk)
+	q := b.queue("q", "block", 10, schema.SortFIFO)
+	b.tasks(q, 10, nil)
+	// The operator caps the node at 2 before it starts, and adds a note.
+	_, err := b.db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "n1"}, {Key: "maxthreads", Value: 2}, {Key: "note", Value: "keep"}})
+	require.NoError(t, err)
+	n := b.start(b.config("n1"))
+	recv(t, blk.started)
+	recv(t, blk.started)
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, 2, n.Running(bson.ObjectID{}))
+	// Raised to 3: honoured within a heartbeat.
+	_, err = b.db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "n1"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 3}}}})
+	require.NoError(t, err)
+	select {
+	case <-blk.started:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the raised maxthreads was not honoured within 2 s")
+	}
+	raw, err := b.db.Collection("nodes").FindOne(ctx, bson.D{{Key: "node", Value: "n1"}}).Raw()
+	require.NoError(t, err)
+	require.Equal(t, int64(3), raw.Lookup("maxthreads").AsInt64(), "never overwritten")
+	require.Equal(t, "keep", raw.Lookup("note").StringValue())
+	require.WithinDuration(t, time.Now(), raw.Lookup("timestamp").Time(), 3*time.Second)
+	require.Eventually(t, func() bool {
+		raw, err = b.db.Collection("nodes").FindOne(ctx, bson.D{{Key: "node", Value: "n1"}}).Raw()
+		return err == nil && raw.Lookup("queues", "0", "tasks_doing").AsInt64() == 3
+	}, 3*time.Second, 50*time.Millisecond, "tasks_doing follows the running tasks")
+	entry := raw.Lookup("queues", "0").Document()
+	require.Equal(t, "q", entry.Lookup("name").StringValue())
+	require.Equal(t, q.Hex(), entry.Lookup("id").StringValue())
+	require.Equal(t, "block", entry.Lookup("constructor").StringValue())
+	require.Equal(t, int64(3), entry.Lookup("tasks_doing").AsInt64())
+	require.Equal(t, int64(1), entry.Lookup("preemptive").AsInt64())
+	require.Equal(t, int64(0), entry.Lookup("tasks_backfill").AsInt64())
+	close(blk.release)
+}
+
+func TestStopLeavesNoGoroutines(t *testing.T) {
+	// Not parallel: goleak must see only this node's goroutines.
+	db := mongotest.Database(t)
+	opts := []goleak.Option{goleak.IgnoreCurrent()}
+	reg := plugin.NewRegistry()
+	rec := newRecorder()
+	reg.Register("test", rec)
+	s := store.New(db, store.Options{})
+	max1 := 1
+	q, err := s.QueueCreate(context.Background(), store.QueueCreateParams{Name: "q", Constructor: "test", MaxThreads: &max1})
+	require.NoError(t, err)
+	n, err := New(Config{Name: "n1", Store: s, Plugins: reg, Tick: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	_, err = s.TaskInsertMany(context.Background(), store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil, nil}})
+	require.NoError(t, err)
+	var done atomic.Bool
+	require.Eventually(t, func() bool {
+		c, _ := db.Collection("tasks").CountDocuments(context.Background(), bson.D{{Key: "status", Value: 1}})
+		done.Store(c == 2)
+		return done.Load()
+	}, 5*time.Second, 10*time.Millisecond)
+	n.Stop()
+	goleak.VerifyNone(t, opts...)
+}

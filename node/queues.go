@@ -1,0 +1,139 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// queueSet reads the queues and decides which this node serves. It logs a
+// queue's reason for being ignored (or a malformed document) once, and again
+// only when the reason changes.
+type queueSet struct {
+	n *Node
+
+	mu     sync.Mutex
+	all    []schema.Queue // every readable queue, for the heartbeat
+	served map[bson.ObjectID]claimer.Queue
+	said   map[string]string // queue id (or document) -> last reason logged
+}
+
+// refresh is the claimer's Refresh.
+func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
+	res, err := qs.n.cfg.Store.QueueList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := qs.n.cfg.Store.ConfigGet(ctx, qs.n.cfg.Label)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		qs.sayOnce("config", "config", err.Error())
+		cfg = schema.Config{}
+	}
+	seen := map[string]bool{}
+	for _, m := range res.Malformed {
+		key := m.Error()
+		var de *schema.DecodeError
+		if errors.As(m, &de) {
+			key = de.ID
+		}
+		seen[key] = true
+		qs.sayOnce(key, "malformed queue ignored", m.Error())
+	}
+	var served []claimer.Queue
+	for _, q := range res.Queues {
+		key := q.ID.Hex()
+		seen[key] = true
+		for _, w := range q.Warnings {
+			qs.sayOnce(key+"/"+w, "queue", w, "queue", q.Name)
+		}
+		if why := qs.n.ignoreReason(q, cfg); why != "" {
+			qs.sayOnce(key, "queue ignored", why, "queue", q.Name)
+			continue
+		}
+		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
+		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads})
+	}
+	qs.mu.Lock()
+	qs.all = res.Queues
+	qs.served = make(map[bson.ObjectID]claimer.Queue, len(served))
+	for _, q := range served {
+		qs.served[q.ID] = q
+	}
+	for k := range qs.said {
+		if !seen[k] && k != "config" {
+			delete(qs.said, k) // deleted queues may come back
+		}
+	}
+	qs.mu.Unlock()
+	return served, nil
+}
+
+// sayOnce logs msg for key when reason differs from what was last logged.
+// An empty reason logs at info level (a queue is served), others at warn.
+func (qs *queueSet) sayOnce(key, msg, reason string, attrs ...any) {
+	qs.mu.Lock()
+	last, ok := qs.said[key]
+	if qs.said == nil {
+		qs.said = map[string]string{}
+	}
+	qs.said[key] = reason
+	qs.mu.Unlock()
+	if ok && last == reason {
+		return
+	}
+	if reason == "" {
+		qs.n.log.Info(msg, attrs...)
+		return
+	}
+	qs.n.log.Warn(msg, append(attrs, "reason", reason)...)
+}
+
+// ignoreReason says why this node does not serve q, or "".
+func (n *Node) ignoreReason(q schema.Queue, cfg schema.Config) string {
+	name := n.cfg.Name
+	switch {
+	case len(q.NodesPin) > 0 && !slices.Contains(q.NodesPin, name):
+		return "pinned to other nodes (nodes_pin)"
+	case len(q.NodesPin) == 0 && slices.Contains(q.NodesIgnore, name):
+		return "this node is in nodes_ignore"
+	case len(cfg.ActiveQueues) > 0 && !slices.Contains(cfg.ActiveQueues, q.ID.Hex()) && !slices.Contains(cfg.ActiveQueues, q.Name):
+		return "not in the config's activequeues"
+	case len(cfg.ActiveQueues) == 0 && (slices.Contains(cfg.IgnoreQueues, q.ID.Hex()) || slices.Contains(cfg.IgnoreQueues, q.Name)):
+		return "in the config's ignorequeues"
+	}
+	if _, ok := n.cfg.Plugins.Lookup(q.Constructor); !ok {
+		return "no plugin for constructor " + q.Constructor + " on this node"
+	}
+	if q.Threads() == 0 {
+		return "maxthreads is 0 or null: the queue runs nothing"
+	}
+	return ""
+}
+
+// stats returns the heartbeat's queues[] entries. tasks_doing is this
+// node's tasks of the queue in -1 or 0; tasks_todo and tasks_done come from
+// the queue's counters (count_todo, count_total) when it has them.
+func (qs *queueSet) stats(slots *claimer.Slots) []schema.NodeQueue {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	out := make([]schema.NodeQueue, 0, len(qs.all))
+	for _, q := range qs.all {
+		doing := int64(slots.Running(q.ID))
+		e := schema.NodeQueue{Name: q.Name, ID: q.ID.Hex(), Constructor: q.Constructor, MaxThreads: q.MaxThreads, TasksDoing: doing}
+		if q.CountTodo != nil {
+			e.TasksTodo = max(0, *q.CountTodo-doing)
+			if q.CountTotal != nil {
+				e.TasksDone = max(0, *q.CountTotal-*q.CountTodo)
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}

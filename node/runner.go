@@ -1,0 +1,165 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// errGraceExpired is the cause given to plugins killed at shutdown.
+var errGraceExpired = errors.New("node shutting down: grace period expired")
+
+// runner executes claimed tasks: start (status 0), plugin, finish, each
+// write guarded. One goroutine per task.
+type runner struct {
+	n *Node
+
+	// killCtx is cancelled (with a cause) to kill running plugins.
+	killCtx context.Context
+	kill    context.CancelCauseFunc
+
+	mu       sync.Mutex
+	stopping bool
+	wg       sync.WaitGroup
+}
+
+func newRunner(n *Node) *runner {
+	r := &runner{n: n}
+	r.killCtx, r.kill = context.WithCancelCause(context.Background())
+	return r
+}
+
+// dispatch is the claimer's Dispatch: the task is claimed (-1) by this node
+// and its slot taken.
+func (r *runner) dispatch(q claimer.Queue, t schema.Task) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer r.done(q)
+		r.run(q, t)
+	}()
+}
+
+// malformed is the claimer's Malformed: fail the task with the reason.
+func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer r.done(q)
+		log := r.n.log.With("queue", q.Name, "task_id", t.ID.Hex())
+		if t.ID.IsZero() {
+			log.Error("claimed a task whose _id is not an ObjectId; it stays claimed until the reaper orphans it", "error", derr)
+			return
+		}
+		log.Warn("claimed a malformed task; failing it", "error", derr)
+		r.write(log, "fail", func(ctx context.Context) error {
+			return r.n.cfg.Store.TaskFail(ctx, store.TaskFailParams{ID: t.ID, Node: r.n.cfg.Name, From: schema.StatusClaimed, Reason: "disbatchd: malformed task document: " + derr.Error()})
+		})
+	}()
+}
+
+func (r *runner) done(q claimer.Queue) {
+	r.n.slots.Release(q.ID)
+	r.n.claimer.SlotFreed(q.ID)
+}
+
+func (r *runner) isStopping() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopping
+}
+
+func (r *runner) run(q claimer.Queue, t schema.Task) {
+	cfg := r.n.cfg
+	log := r.n.log.With("queue", q.Name, "task_id", t.ID.Hex())
+	if cfg.beforeStart != nil {
+		cfg.beforeStart(t)
+	}
+	tr := store.TaskTransitionParams{ID: t.ID, Node: cfg.Name}
+	if r.isStopping() {
+		log.Info("handing back a claimed task: the node is stopping")
+		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
+		return
+	}
+	if err := r.write(log, "start", func(ctx context.Context) error { return cfg.Store.TaskStart(ctx, tr) }); err != nil {
+		return
+	}
+	p, ok := cfg.Plugins.Lookup(q.Constructor)
+	var res plugin.Result
+	if !ok {
+		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
+	} else {
+		log.Debug("task running")
+		res = plugin.Run(r.killCtx, p, plugin.Task{
+			ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,
+			Parameters: t.Parameters, Document: t.Raw,
+		}, cfg.PluginTimeout)
+	}
+	err := r.write(log, "finish", func(ctx context.Context) error {
+		return cfg.Store.TaskFinish(ctx, store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr})
+	})
+	if err == nil {
+		log.Debug("task finished", "status", int(res.Status))
+	}
+}
+
+// write performs a guarded write, retrying transient errors with backoff
+// for up to a minute. A lost guard is logged and not retried: another node
+// or an operator owns the task now, and this node's write must not land.
+func (r *runner) write(log *slog.Logger, what string, fn func(context.Context) error) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = 5 * time.Second
+	b.MaxElapsedTime = time.Minute
+	op := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		err := fn(ctx)
+		if errors.Is(err, store.ErrLostTask) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}
+	err := backoff.RetryNotify(op, b, func(err error, wait time.Duration) {
+		log.Warn("task write failed; retrying", "write", what, "in", wait, "error", err)
+	})
+	switch {
+	case errors.Is(err, store.ErrLostTask):
+		log.Warn("task was taken from this node; its "+what+" was not written", "error", err)
+	case err != nil:
+		log.Error(fmt.Sprintf("task %s could not be written; giving up", what), "error", err)
+	}
+	return err
+}
+
+// drain stops new starts, hands back claimed tasks, waits up to grace for
+// running ones, then kills them (they are marked failed) and waits for
+// their final writes.
+func (r *runner) drain(grace time.Duration) {
+	r.mu.Lock()
+	r.stopping = true
+	r.mu.Unlock()
+	finished := make(chan struct{})
+	go func() {
+		r.wg.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+		return
+	case <-time.After(grace):
+	}
+	r.n.log.Warn("grace period expired: killing running tasks", "grace", grace, "running", r.n.slots.Total())
+	r.kill(fmt.Errorf("%w (%s)", errGraceExpired, grace))
+	<-finished
+}
