@@ -1,0 +1,409 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/spf13/cobra"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/cli"
+	"github.com/disbatch-go/disbatch/node"
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/reaper"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// EnvNode names the node when --node is not given.
+const EnvNode = "DISBATCH_NODE"
+
+type env struct {
+	getenv  func(string) string
+	stdout  io.Writer
+	stderr  io.Writer
+	signals <-chan os.Signal
+}
+
+// settings are everything a node can be told, from flags, the environment
+// and the config file.
+type settings struct {
+	MongoURI        string            `json:"mongo_uri"`
+	Database        string            `json:"database"`
+	Node            string            `json:"node"`
+	MaxThreads      *int              `json:"maxthreads"`
+	Label           string            `json:"label"`
+	EnablePlugins   []string          `json:"enable_plugins"`
+	Plugins         map[string]string `json:"plugins"` // constructor -> executable
+	PluginTimeout   duration          `json:"plugin_timeout"`
+	Grace           duration          `json:"grace"`
+	Tick            duration          `json:"tick"`
+	OrphanAfter     duration          `json:"orphan_after"`
+	PollOnly        bool              `json:"poll_only"`
+	OutputThreshold int               `json:"output_threshold"`
+	LogFormat       string            `json:"log_format"`
+	LogLevel        string            `json:"log_level"`
+}
+
+// duration reads "30s"-style strings in the config file.
+type duration time.Duration
+
+func (d *duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration such as \"30s\", got %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	*d = duration(v)
+	return err
+}
+
+const longHelp = `disbatchd is a Disbatch 4 execution node (DEN). It claims queued tasks from
+the queues in MongoDB, runs each through the plugin named by its queue's
+constructor, and records status, stdout and stderr in the task. Any number of
+nodes (and Disbatch 4 Perl nodes) can share a database.
+
+It follows MongoDB change streams, so a new task starts within milliseconds;
+a 1 s tick is the fallback (and the only mechanism with --poll-only, or on a
+standalone mongod, which has no change streams). Submitters should insert
+tasks with write concern majority: change streams only see majority-committed
+writes.
+
+Settings come from flags, then the environment, then --config FILE (JSON with
+the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
+plugins, plugin_timeout, grace, tick, orphan_after, poll_only,
+output_threshold, log_format, log_level), then the defaults.
+
+From the database's config collection the node reads the document with its
+--label (or, without one, the one marked active: true): activequeues (run only
+these queues, by id or name) and ignorequeues (run all but these). Queues may
+also carry nodes_pin / nodes_ignore lists of node names (pin wins). The
+operator may set maxthreads on the node's document in the nodes collection;
+the node honours it within a second and never overwrites it.
+
+Plugins: Disbatch::Plugin::Demo is always available. exec (parameters.command
+and parameters.args, no shell) and shell (bash -c parameters.command) run
+arbitrary commands, so they are off unless --enable-plugin names them.
+--plugin NAME=PATH maps a constructor to an executable that reads the task as
+JSON on stdin and answers {"status": N, "stdout": "...", "stderr": "..."}.
+
+SIGTERM or SIGINT stops claiming at once, hands back claimed tasks, lets
+running tasks finish within --grace, then kills them and marks them failed.
+A second signal exits at once.`
+
+func run(ctx context.Context, args []string, e env) int {
+	var s settings
+	var configFile, maxThreads string
+	var external []string
+	cmd := &cobra.Command{
+		Use:           "disbatchd",
+		Short:         "A Disbatch 4 execution node",
+		Long:          longHelp,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	cmd.SetOut(e.stdout)
+	cmd.SetErr(e.stderr)
+	cmd.SetArgs(args)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &cli.UsageError{Err: err} })
+	cli.AddConnectionFlags(cmd, &s.MongoURI, &s.Database, e.getenv)
+	f := cmd.Flags()
+	host, _ := os.Hostname()
+	defNode := host
+	if v := e.getenv(EnvNode); v != "" {
+		defNode = v
+	}
+	f.StringVar(&s.Node, "node", defNode, "this node's name in tasks and in the nodes collection (env "+EnvNode+"; default the hostname)")
+	f.StringVar(&maxThreads, "maxthreads", "", "cap on this node's concurrent tasks across all queues (default: no cap of its own; the node document's maxthreads also applies)")
+	f.StringVar(&s.Label, "label", "", "which config document to read from the config collection (default: the one marked active: true)")
+	f.StringVar(&configFile, "config", "", "JSON file with settings (flags and environment win over it)")
+	f.StringSliceVar(&s.EnablePlugins, "enable-plugin", nil, "enable a built-in plugin that runs commands: exec, shell (repeatable or comma-separated)")
+	f.StringArrayVar(&external, "plugin", nil, "NAME=PATH: run tasks of constructor NAME with the executable PATH (JSON on stdin and stdout; repeatable)")
+	f.Var((*durationFlag)(&s.PluginTimeout), "plugin-timeout", "fail a task whose plugin runs longer than this (0: no limit)")
+	s.Grace = duration(node.DefaultGrace)
+	f.Var((*durationFlag)(&s.Grace), "grace", "at shutdown, how long running tasks may finish before they are killed")
+	s.Tick = duration(node.DefaultTick)
+	f.Var((*durationFlag)(&s.Tick), "tick", "fallback interval at which every queue is tried")
+	s.OrphanAfter = duration(reaper.DefaultOrphanAfter)
+	f.Var((*durationFlag)(&s.OrphanAfter), "orphan-after", "a task claimed (status -1) longer than this is orphaned (-6)")
+	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
+	f.IntVar(&s.OutputThreshold, "output-threshold", store.DefaultOutputThreshold, "stdout+stderr bytes above which output goes to GridFS")
+	f.StringVar(&s.LogFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if configFile != "" {
+			if err := applyConfigFile(cmd, configFile, &s, &maxThreads, &external, e.getenv); err != nil {
+				return &cli.UsageError{Err: err}
+			}
+		}
+		if maxThreads != "" {
+			n, err := parseMaxThreads(maxThreads)
+			if err != nil {
+				return &cli.UsageError{Err: err}
+			}
+			s.MaxThreads = n
+		}
+		for _, kv := range external {
+			name, path, ok := strings.Cut(kv, "=")
+			if !ok || name == "" || path == "" {
+				return &cli.UsageError{Err: fmt.Errorf("--plugin %q: want NAME=PATH", kv)}
+			}
+			if s.Plugins == nil {
+				s.Plugins = map[string]string{}
+			}
+			s.Plugins[name] = path
+		}
+		log, err := newLogger(e.stderr, s.LogFormat, s.LogLevel)
+		if err != nil {
+			return &cli.UsageError{Err: err}
+		}
+		reg, err := plugins(s)
+		if err != nil {
+			return &cli.UsageError{Err: err}
+		}
+		if s.Node == "" {
+			return &cli.UsageError{Err: errors.New("no node name: give --node or " + EnvNode)}
+		}
+		return serve(ctx, s, reg, log, e.signals)
+	}
+	err := cmd.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(e.stderr, "disbatchd:", err)
+	var ue *cli.UsageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(e.stderr, "Run 'disbatchd --help' for usage.")
+		return 2
+	}
+	return 1
+}
+
+type durationFlag time.Duration
+
+func (d *durationFlag) String() string { return time.Duration(*d).String() }
+func (d *durationFlag) Type() string   { return "duration" }
+func (d *durationFlag) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	if v < 0 {
+		return errors.New("must not be negative")
+	}
+	*d = durationFlag(v)
+	return nil
+}
+
+func parseMaxThreads(s string) (*int, error) {
+	if s == "null" || s == "none" {
+		return nil, nil
+	}
+	var n int
+	if _, err := fmt.Sscanf(s, "%d", &n); err != nil || n < 0 || fmt.Sprint(n) != s {
+		return nil, fmt.Errorf("--maxthreads must be a non-negative integer, got %q", s)
+	}
+	return &n, nil
+}
+
+// applyConfigFile fills every setting not given by a flag or the
+// environment from the JSON file.
+func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *string, external *[]string, getenv func(string) string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var file settings
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&file); err != nil {
+		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	unset := func(flag, envVar string) bool {
+		return !cmd.Flags().Changed(flag) && (envVar == "" || getenv(envVar) == "")
+	}
+	if file.MongoURI != "" && unset("mongo-uri", cli.EnvMongoURI) {
+		s.MongoURI = file.MongoURI
+	}
+	if file.Database != "" && unset("database", cli.EnvDatabase) {
+		s.Database = file.Database
+	}
+	if file.Node != "" && unset("node", EnvNode) {
+		s.Node = file.Node
+	}
+	if file.MaxThreads != nil && unset("maxthreads", "") {
+		*maxThreads = fmt.Sprint(*file.MaxThreads)
+	}
+	if file.Label != "" && unset("label", "") {
+		s.Label = file.Label
+	}
+	if len(file.EnablePlugins) > 0 && unset("enable-plugin", "") {
+		s.EnablePlugins = file.EnablePlugins
+	}
+	for name, path := range file.Plugins {
+		*external = append([]string{name + "=" + path}, *external...) // flags given later win
+	}
+	for flag, pair := range map[string][2]*duration{
+		"plugin-timeout": {&s.PluginTimeout, &file.PluginTimeout}, "grace": {&s.Grace, &file.Grace},
+		"tick": {&s.Tick, &file.Tick}, "orphan-after": {&s.OrphanAfter, &file.OrphanAfter},
+	} {
+		if *pair[1] != 0 && unset(flag, "") {
+			*pair[0] = *pair[1]
+		}
+	}
+	if file.PollOnly && unset("poll-only", "") {
+		s.PollOnly = true
+	}
+	if file.OutputThreshold > 0 && unset("output-threshold", "") {
+		s.OutputThreshold = file.OutputThreshold
+	}
+	if file.LogFormat != "" && unset("log-format", "") {
+		s.LogFormat = file.LogFormat
+	}
+	if file.LogLevel != "" && unset("log-level", "") {
+		s.LogLevel = file.LogLevel
+	}
+	return nil
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// plugins builds the registry: Demo always; exec and shell only when
+// enabled; external executables as configured.
+func plugins(s settings) (*plugin.Registry, error) {
+	reg := plugin.NewRegistry()
+	reg.Register(plugin.DemoConstructor, plugin.Demo())
+	for _, name := range s.EnablePlugins {
+		switch strings.TrimSpace(name) {
+		case plugin.ExecConstructor:
+			reg.Register(plugin.ExecConstructor, plugin.Exec())
+		case plugin.ShellConstructor:
+			reg.Register(plugin.ShellConstructor, plugin.Shell())
+		default:
+			return nil, fmt.Errorf("--enable-plugin %q: the built-in plugins that can be enabled are exec and shell", name)
+		}
+	}
+	for name, path := range s.Plugins {
+		st, err := os.Stat(path)
+		if err != nil {
+			return nil, fmt.Errorf("plugin %s: %w", name, err)
+		}
+		if st.IsDir() || st.Mode()&0o111 == 0 {
+			return nil, fmt.Errorf("plugin %s: %s is not an executable file", name, path)
+		}
+		reg.Register(name, plugin.External(path))
+	}
+	return reg, nil
+}
+
+// serve connects (retrying), runs the node until a signal, and stops it.
+func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logger, signals <-chan os.Signal) error {
+	log = log.With("node", s.Node)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-signals:
+			cancel() // a signal during start-up aborts it
+		case <-ctx.Done():
+		}
+	}()
+	st, closeFn, pollOnly, err := connect(ctx, s, log)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	if pollOnly && !s.PollOnly {
+		log.Warn("this mongod is not a replica set, so it has no change streams: polling every tick instead (start mongod with --replSet for millisecond pickup)")
+		s.PollOnly = true
+	}
+	n, err := node.New(node.Config{
+		Name: s.Node, Store: st, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
+		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),
+		OrphanAfter: time.Duration(s.OrphanAfter), Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := n.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped by a signal while starting
+		}
+		return err
+	}
+	<-ctx.Done()
+	log.Info("signal received: stopping (a second signal exits at once)", "grace", time.Duration(s.Grace))
+	stopped := make(chan struct{})
+	go func() {
+		n.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+		return nil
+	case <-signals:
+		log.Warn("second signal: exiting at once")
+		return errors.New("exited on a second signal before the node had stopped")
+	}
+}
+
+// connect retries until MongoDB answers, logging each failed attempt, and
+// reports whether the deployment lacks change streams.
+func connect(ctx context.Context, s settings, log *slog.Logger) (*store.Store, func(), bool, error) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 500 * time.Millisecond
+	b.MaxInterval = 15 * time.Second
+	b.MaxElapsedTime = 0
+	for attempt := 1; ; attempt++ {
+		st, closeFn, err := cli.Connect(ctx, s.MongoURI, s.Database)
+		if err == nil {
+			st = store.New(st.Database(), store.Options{OutputThreshold: s.OutputThreshold})
+			var hello bson.M
+			if err := st.Database().RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&hello); err != nil {
+				closeFn()
+				return nil, nil, false, fmt.Errorf("ask MongoDB what it is: %w", err)
+			}
+			_, isRS := hello["setName"]
+			log.Info("connected to MongoDB", "uri", cli.RedactURI(s.MongoURI), "database", s.Database, "replica_set", hello["setName"])
+			return st, closeFn, !isRS, nil
+		}
+		var ue *cli.UsageError
+		if errors.As(err, &ue) {
+			return nil, nil, false, err
+		}
+		wait := b.NextBackOff()
+		log.Warn("cannot connect to MongoDB; retrying", "attempt", attempt, "uri", cli.RedactURI(s.MongoURI), "in", wait, "error", firstLine(err))
+		select {
+		case <-ctx.Done():
+			return nil, nil, false, errors.New("stopped before MongoDB answered")
+		case <-time.After(wait):
+		}
+	}
+}
+
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}
