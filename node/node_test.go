@@ -389,10 +389,10 @@ func TestOrphanRules(t *testing.T) {
 		_, err := b.db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: node}, {Key: "status", Value: status}, {Key: "mtime", Value: mtime}}}})
 		require.NoError(t, err)
 	}
-	set(ids[0], "n1", -1, time.Now())                    // left by this node's previous run
-	set(ids[1], "n1", 0, time.Now())                     // likewise, running
+	set(ids[0], "n1", -1, time.Now())                        // left by this node's previous run
+	set(ids[1], "n1", 0, time.Now())                         // likewise, running
 	set(ids[2], "other", -1, time.Now().Add(-2*time.Second)) // another node's claim, about to be stale
-	set(ids[3], "other", 0, time.Now().Add(-time.Hour))  // another node running: not the reaper's business
+	set(ids[3], "other", 0, time.Now().Add(-time.Hour))      // another node running: not the reaper's business
 	cfg := b.config("n1")
 	cfg.OrphanAfter = 3 * time.Second
 	b.start(cfg)
