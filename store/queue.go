@@ -290,6 +290,10 @@ type QueueCounts struct {
 
 // QueueCountsGet recounts the tasks of every queue in one aggregation.
 func (s *Store) QueueCountsGet(ctx context.Context) (map[bson.ObjectID]QueueCounts, error) {
+	return s.queueCounts(ctx, s.tasks)
+}
+
+func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection) (map[bson.ObjectID]QueueCounts, error) {
 	pipeline := mongo.Pipeline{
 		{{Key: "$group", Value: bson.D{
 			{Key: "_id", Value: "$" + schema.TaskQueue},
@@ -298,7 +302,7 @@ func (s *Store) QueueCountsGet(ctx context.Context) (map[bson.ObjectID]QueueCoun
 				bson.D{{Key: "$lte", Value: bson.A{"$" + schema.TaskStatus, 0}}}, 1, 0}}}}}},
 		}}},
 	}
-	cur, err := s.tasks.Aggregate(ctx, pipeline)
+	cur, err := tasks.Aggregate(ctx, pipeline)
 	if err != nil {
 		return nil, fmt.Errorf("count tasks by queue: %w", err)
 	}

@@ -1,0 +1,326 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// CollLeases holds leases: {_id: name, owner, epoch, expires, checkpoint,
+// checkpoint_time}. It is this project's own collection.
+const CollLeases = "disbatch_leases"
+
+// ErrLeaseHeld means another owner holds an unexpired lease; ErrLeaseLost
+// means this owner's lease (at its epoch) is gone.
+var (
+	ErrLeaseHeld = errors.New("lease held by another owner")
+	ErrLeaseLost = errors.New("lease lost")
+)
+
+// Lease is the state of a lease document.
+type Lease struct {
+	Name    string
+	Owner   string
+	Epoch   int64
+	Expires time.Time
+	// Checkpoint is the resume token committed with the last applied batch;
+	// CheckpointTime the cluster time of its last event.
+	Checkpoint     bson.Raw
+	CheckpointTime bson.Timestamp
+}
+
+// LeaseRef names a lease as held by Owner at Epoch: the fence.
+type LeaseRef struct {
+	Name  string
+	Owner string
+	Epoch int64
+}
+
+// LeaseAcquireParams ask for a lease for TTL.
+type LeaseAcquireParams struct {
+	Name  string
+	Owner string
+	TTL   time.Duration
+}
+
+// LeaseAcquire takes the lease when it is free, expired, or already
+// Owner's, and returns it; the epoch goes up whenever the owner changes. Expiry
+// uses the server's clock ($$NOW), so node clocks may disagree. Otherwise
+// it returns ErrLeaseHeld.
+func (s *Store) LeaseAcquire(ctx context.Context, p LeaseAcquireParams) (Lease, error) {
+	// One pipeline update: take it when it is ours, expired or new (a
+	// missing expires is not after $$NOW), and leave it alone otherwise.
+	take := bson.D{{Key: "$or", Value: bson.A{
+		bson.D{{Key: "$eq", Value: bson.A{"$owner", p.Owner}}},
+		bson.D{{Key: "$not", Value: bson.A{bson.D{{Key: "$gt", Value: bson.A{"$expires", "$$NOW"}}}}}},
+	}}}
+	update := mongo.Pipeline{
+		{{Key: "$set", Value: bson.D{{Key: "_take", Value: take}}}},
+		{{Key: "$set", Value: bson.D{
+			{Key: "epoch", Value: bson.D{{Key: "$cond", Value: bson.A{"$_take",
+				bson.D{{Key: "$cond", Value: bson.A{
+					bson.D{{Key: "$eq", Value: bson.A{"$owner", p.Owner}}},
+					"$epoch",
+					bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$epoch", 0}}}, 1}}},
+				}}},
+				"$epoch"}}}},
+			{Key: "owner", Value: bson.D{{Key: "$cond", Value: bson.A{"$_take", p.Owner, "$owner"}}}},
+			{Key: "expires", Value: bson.D{{Key: "$cond", Value: bson.A{"$_take", bson.D{{Key: "$add", Value: bson.A{"$$NOW", p.TTL.Milliseconds()}}}, "$expires"}}}},
+		}}},
+		{{Key: "$unset", Value: "_take"}},
+	}
+	raw, err := s.db.Collection(CollLeases).FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.Name}}, update,
+		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Raw()
+	if err != nil {
+		return Lease{}, fmt.Errorf("acquire lease %s: %w", p.Name, err)
+	}
+	l := decodeLease(raw)
+	if l.Owner != p.Owner {
+		return Lease{}, ErrLeaseHeld
+	}
+	return l, nil
+}
+
+func decodeLease(raw bson.Raw) Lease {
+	l := Lease{}
+	l.Name, _ = raw.Lookup("_id").StringValueOK()
+	l.Owner, _ = raw.Lookup("owner").StringValueOK()
+	l.Epoch, _ = raw.Lookup("epoch").AsInt64OK()
+	l.Expires, _ = raw.Lookup("expires").TimeOK()
+	l.Checkpoint, _ = raw.Lookup("checkpoint").DocumentOK()
+	if t, i, ok := raw.Lookup("checkpoint_time").TimestampOK(); ok {
+		l.CheckpointTime = bson.Timestamp{T: t, I: i}
+	}
+	return l
+}
+
+// LeaseRenew extends a held lease by ttl; ErrLeaseLost if it is no longer
+// held at that epoch.
+func (s *Store) LeaseRenew(ctx context.Context, ref LeaseRef, ttl time.Duration) error {
+	return s.leaseSetExpiry(ctx, ref, ttl.Milliseconds())
+}
+
+// LeaseRelease lets the lease expire now, so a successor need not wait.
+func (s *Store) LeaseRelease(ctx context.Context, ref LeaseRef) error {
+	return s.leaseSetExpiry(ctx, ref, -1)
+}
+
+func (s *Store) leaseSetExpiry(ctx context.Context, ref LeaseRef, addMS int64) error {
+	res, err := s.db.Collection(CollLeases).UpdateOne(ctx, leaseFilter(ref),
+		mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "expires", Value: bson.D{{Key: "$add", Value: bson.A{"$$NOW", addMS}}}}}}}})
+	if err != nil {
+		return fmt.Errorf("lease %s: %w", ref.Name, err)
+	}
+	if res.MatchedCount == 0 {
+		return fmt.Errorf("lease %s at epoch %d: %w", ref.Name, ref.Epoch, ErrLeaseLost)
+	}
+	return nil
+}
+
+func leaseFilter(ref LeaseRef) bson.D {
+	return bson.D{{Key: "_id", Value: ref.Name}, {Key: "owner", Value: ref.Owner}, {Key: "epoch", Value: ref.Epoch}}
+}
+
+// LeaseGet reads a lease (ErrNotFound when it was never taken).
+func (s *Store) LeaseGet(ctx context.Context, name string) (Lease, error) {
+	raw, err := s.db.Collection(CollLeases).FindOne(ctx, bson.D{{Key: "_id", Value: name}}).Raw()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return Lease{}, fmt.Errorf("lease %s: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return Lease{}, fmt.Errorf("read lease %s: %w", name, err)
+	}
+	return decodeLease(raw), nil
+}
+
+// CounterDelta is a change to a queue's counters.
+type CounterDelta struct {
+	Queue bson.ObjectID
+	Todo  int64
+	Total int64
+}
+
+// CountersApplyParams are one batch of the projection: deltas to add, exact
+// values to set (from a recount), and the stream position they bring the
+// counters to: Checkpoint (a resume token), or when it is nil, the position
+// just after CheckpointTime.
+type CountersApplyParams struct {
+	Lease          LeaseRef
+	Deltas         []CounterDelta
+	Sets           map[bson.ObjectID]QueueCounts
+	Checkpoint     bson.Raw
+	CheckpointTime bson.Timestamp
+}
+
+// CountersApply applies a batch in one transaction, fenced by the lease: the
+// lease document must still be held at Lease.Epoch (the checkpoint is
+// written there), so a deposed projector's batch can never commit. A delta
+// for a queue whose counters are missing or null is not applied (adding to
+// nothing would be wrong): those queues are returned for a recount. The
+// queues are written in ascending _id order so concurrent transactions
+// cannot deadlock.
+func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missing []bson.ObjectID, err error) {
+	sess, err := s.db.Client().StartSession()
+	if err != nil {
+		return nil, fmt.Errorf("apply counters: %w", err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+		missing = missing[:0]
+		// The checkpoint is the token, or (without one) "just after
+		// CheckpointTime": never a stale token from an earlier term.
+		var checkpoint any = p.Checkpoint
+		if p.Checkpoint == nil {
+			checkpoint = nil
+		}
+		set := bson.D{{Key: "checkpoint", Value: checkpoint}, {Key: "checkpoint_time", Value: p.CheckpointTime}, {Key: "applied", Value: s.nowMS()}}
+		res, err := s.db.Collection(CollLeases).UpdateOne(ctx, leaseFilter(p.Lease), bson.D{{Key: "$set", Value: set}})
+		if err != nil {
+			return nil, err
+		}
+		if res.MatchedCount == 0 {
+			return nil, fmt.Errorf("apply counters at epoch %d: %w", p.Lease.Epoch, ErrLeaseLost)
+		}
+		for _, id := range sortedIDs(p.Sets) {
+			c := p.Sets[id]
+			if _, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}},
+				bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: c.Todo}, {Key: schema.QueueCountTotal, Value: c.Total}}}}); err != nil {
+				return nil, err
+			}
+		}
+		for _, d := range sortDeltas(p.Deltas) {
+			if d.Todo == 0 && d.Total == 0 {
+				continue
+			}
+			res, err := s.queues.UpdateOne(ctx,
+				bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountTodo, Value: bson.D{{Key: "$type", Value: "number"}}}, {Key: schema.QueueCountTotal, Value: bson.D{{Key: "$type", Value: "number"}}}},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total}}}})
+			if err != nil {
+				return nil, err
+			}
+			if res.MatchedCount == 0 {
+				missing = append(missing, d.Queue)
+			}
+		}
+		return nil, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return missing, nil
+}
+
+func sortedIDs(m map[bson.ObjectID]QueueCounts) []bson.ObjectID {
+	ids := make([]bson.ObjectID, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(a, b bson.ObjectID) int { return bytes.Compare(a[:], b[:]) })
+	return ids
+}
+
+func sortDeltas(ds []CounterDelta) []CounterDelta {
+	out := slices.Clone(ds)
+	slices.SortFunc(out, func(a, b CounterDelta) int { return bytes.Compare(a.Queue[:], b.Queue[:]) })
+	return out
+}
+
+// Recount is the exact task counts of every queue at one cluster time.
+type Recount struct {
+	At     bson.Timestamp
+	Counts map[bson.ObjectID]QueueCounts // every queue that existed then, with 0/0 for empty ones
+}
+
+// QueueRecount counts every queue's tasks with one aggregation, as a
+// snapshot read at cluster time at (or, when at is nil, at a time MongoDB
+// picks, which it returns). count_todo counts what {$lte: ["$status", 0]}
+// does, so a missing status counts as to do and a non-numeric one does not.
+func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, error) {
+	so := options.Session().SetSnapshot(true)
+	if at != nil {
+		so.SetSnapshotTime(*at)
+	}
+	sess, err := s.db.Client().StartSession(so)
+	if err != nil {
+		return Recount{}, fmt.Errorf("recount: %w", err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	sctx := mongo.NewSessionContext(ctx, sess)
+	snap := options.Collection().SetReadConcern(readconcern.Snapshot())
+	out := Recount{Counts: map[bson.ObjectID]QueueCounts{}}
+	cur, err := s.db.Collection(schema.CollQueues, snap).Find(sctx, bson.D{}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		return Recount{}, fmt.Errorf("recount: list queues: %w", err)
+	}
+	for cur.Next(sctx) {
+		if id, ok := cur.Current.Lookup("_id").ObjectIDOK(); ok {
+			out.Counts[id] = QueueCounts{}
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return Recount{}, fmt.Errorf("recount: list queues: %w", err)
+	}
+	_ = cur.Close(sctx)
+	counts, err := s.queueCounts(sctx, s.db.Collection(schema.CollTasks, snap))
+	if err != nil {
+		return Recount{}, fmt.Errorf("recount: %w", err)
+	}
+	for id, c := range counts {
+		if _, ok := out.Counts[id]; ok {
+			out.Counts[id] = c // tasks of queues that do not exist count nowhere
+		}
+	}
+	out.At = sess.SnapshotTime()
+	return out, nil
+}
+
+// QueueCounters reads the stored counters of every queue (nil when missing
+// or null).
+func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID][2]*int64, error) {
+	cur, err := s.queues.Find(ctx, bson.D{}, options.Find().SetProjection(bson.D{{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("read counters: %w", err)
+	}
+	defer cur.Close(ctx)
+	out := map[bson.ObjectID][2]*int64{}
+	for cur.Next(ctx) {
+		id, ok := cur.Current.Lookup("_id").ObjectIDOK()
+		if !ok {
+			continue
+		}
+		var c [2]*int64
+		for i, f := range []string{schema.QueueCountTodo, schema.QueueCountTotal} {
+			if v, ok := cur.Current.Lookup(f).AsInt64OK(); ok {
+				c[i] = &v
+			}
+		}
+		out[id] = c
+	}
+	return out, cur.Err()
+}
+
+// TasksPreImagesEnable turns on changeStreamPreAndPostImages for the tasks
+// collection (creating it if needed), so change events carry a task's
+// status and queue before an update or delete.
+func (s *Store) TasksPreImagesEnable(ctx context.Context) error {
+	on := bson.D{{Key: "enabled", Value: true}}
+	err := s.db.CreateCollection(ctx, schema.CollTasks, options.CreateCollection().SetChangeStreamPreAndPostImages(on))
+	var ce mongo.CommandError
+	if errors.As(err, &ce) && ce.Code == 48 { // NamespaceExists
+		err = s.db.RunCommand(ctx, bson.D{{Key: "collMod", Value: schema.CollTasks}, {Key: "changeStreamPreAndPostImages", Value: on}}).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("enable change stream pre-images on tasks: %w", err)
+	}
+	return nil
+}
