@@ -1,5 +1,64 @@
-// Package projections folds task state transitions seen on the change
-// stream into the counters seed 000 makes the node responsible for: the
-// queues' count_todo and count_total and the per-node tasks_todo,
-// tasks_doing and tasks_done, applied exactly once across many nodes.
+// Package projections keeps the counters seed 000 makes the nodes
+// responsible for, count_todo and count_total on every queue, as
+// projections of task state transitions seen on a change stream, not as
+// recounts. The per-node stats of the heartbeat (tasks_todo, tasks_done)
+// are derived from them; tasks_doing is each node's own count.
+//
+// # Definitions
+//
+// count_total is the number of tasks in the queue; count_todo the number
+// with status <= 0, exactly as {$lte: ["$status", 0]} counts it (a missing
+// status counts as to do, a non-numeric one does not). A transition changes
+// them: an insert adds one to total (and to todo when <= 0); a status
+// change across 0 moves one in or out of todo; a delete takes one off (off
+// todo too when it was <= 0); a task moved to another queue counts for both.
+// Tasks written by anyone count: our CLI, Perl tools, a raw insertMany or
+// deleteMany.
+//
+// # Applied once, with N nodes
+//
+// Every node runs a Service, but only one applies: the holder of the lease
+// document "projector" in disbatch_leases. The lease expires by the
+// server's clock ($$NOW), is renewed every LeaseTTL/4, and carries an
+// epoch that goes up whenever the owner changes. The leader follows its
+// own change stream over tasks and queues and applies events in order, in
+// batches: each batch is one multi-document transaction that (1) updates
+// the lease document only if it is still held at the leader's epoch —
+// the fence — writing the batch's resume token and cluster time there as
+// the checkpoint, and (2) adds one $inc per queue touched. A deposed
+// leader's transaction therefore cannot commit, and a successor resumes
+// from exactly the checkpoint the last committed batch wrote: nothing is
+// applied twice or missed.
+//
+// # Old status: pre-images
+//
+// A transition needs the status (and queue) before the change. The tasks
+// collection gets changeStreamPreAndPostImages, and the stream asks for
+// fullDocumentBeforeChange: whenAvailable. Pre-images cost storage (MongoDB
+// keeps a copy of the task before each update, in config.system.preimages,
+// until it falls out of the oplog window). When a pre-image is missing —
+// expired, or written before pre-images were enabled — the event cannot
+// be applied exactly, so the projector reconciles all queues instead. The
+// alternatives were worse: updateLookup gives the document after the
+// change, not before; remembering statuses in memory is lost with the node.
+//
+// # Reconcile
+//
+// On gaining the lease (once caught up with the stream), after the stream's
+// history was lost, when a queue's counters are missing (a queue created by
+// a client, or by Disbatch 4.103 which never writes them), and every
+// ReconcileEvery (10 minutes), the projector recounts with one aggregation
+// read as a snapshot at the cluster time of the last event it applied, so
+// the recount and the counters describe the same moment. Differences are
+// logged as drift with the queue and both values (drift should be zero;
+// any is a bug to chase) and repaired. Events at or before a recount's time
+// are then skipped for the queues it covered. Without a usable position
+// (no checkpoint, lost history, a snapshot too old) it recounts at the
+// present and starts the stream at that time.
+//
+// # Lag
+//
+// For every event the projector records the time from the change (the
+// event's wall time) to the commit of its batch; Stats reports p50 and p99
+// over the last events.
 package projections

@@ -1,0 +1,351 @@
+package projections_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/internal/mongod"
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/node"
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/projections"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+func TestMain(m *testing.M) { os.Exit(mongotest.Main(m)) }
+
+type logBuf struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b = append(l.b, p...)
+	return len(p), nil
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.b)
+}
+
+func logger(l *logBuf) *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// requireExact waits until every queue's counters equal a recount.
+func requireExact(t *testing.T, s *store.Store, within time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	var last string
+	require.Eventually(t, func() bool {
+		counts, err := s.QueueCountsGet(ctx)
+		require.NoError(t, err)
+		stored, err := s.QueueCounters(ctx)
+		require.NoError(t, err)
+		for q, c := range stored {
+			want := counts[q]
+			if c[0] == nil || c[1] == nil || *c[0] != want.Todo || *c[1] != want.Total {
+				last = fmt.Sprintf("queue %s: counters %v/%v, recount %d/%d", q.Hex(), deref(c[0]), deref(c[1]), want.Todo, want.Total)
+				return false
+			}
+		}
+		return true
+	}, within, 50*time.Millisecond, "counters never equalled a recount; last: %s", func() string { return last }())
+}
+
+func deref(p *int64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func newQueue(t *testing.T, db *mongo.Database, name string, maxThreads int, counters bool) bson.ObjectID {
+	t.Helper()
+	id := bson.NewObjectID()
+	doc := bson.D{{Key: "_id", Value: id}, {Key: "name", Value: name}, {Key: "constructor", Value: "noop"}, {Key: "maxthreads", Value: maxThreads}, {Key: "sort", Value: "fifo"}}
+	if counters {
+		doc = append(doc, bson.E{Key: "count_todo", Value: 0}, bson.E{Key: "count_total", Value: 0})
+	}
+	_, err := db.Collection("queues").InsertOne(context.Background(), doc)
+	require.NoError(t, err)
+	return id
+}
+
+// insertBurst inserts n tasks with a raw driver client, the way any client
+// might: with varying statuses.
+func insertBurst(t *testing.T, db *mongo.Database, q bson.ObjectID, start, n int, status func(i int) any) []any {
+	t.Helper()
+	docs := make([]any, n)
+	ids := make([]any, n)
+	for i := range n {
+		id := bson.NewObjectID()
+		ids[i] = id
+		d := bson.D{{Key: "_id", Value: id}, {Key: "queue", Value: q}, {Key: "node", Value: -1}, {Key: "parameters", Value: bson.D{{Key: "i", Value: start + i}}}, {Key: "ctime", Value: time.Now()}, {Key: "mtime", Value: time.Now()}}
+		if s := status(start + i); s != nil {
+			d = append(d, bson.E{Key: "status", Value: s})
+		}
+		docs[i] = d
+	}
+	_, err := db.Collection("tasks").InsertMany(context.Background(), docs)
+	require.NoError(t, err)
+	return ids
+}
+
+func TestCountersExactAcrossThreeNodes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	logs := &logBuf{}
+	reg := plugin.NewRegistry()
+	reg.Register("noop", plugin.Func(func(context.Context, plugin.Task) plugin.Result {
+		return plugin.Result{Status: schema.StatusSucceeded}
+	}))
+	a := newQueue(t, db, "a", 8, true)
+	b := newQueue(t, db, "b", 8, false) // counters missing: created by a recount
+	c := newQueue(t, db, "c", 0, true)  // runs nothing
+	var nodes []*node.Node
+	for i := range 3 {
+		n, err := node.New(node.Config{Name: fmt.Sprintf("n%d", i), Store: s, Plugins: reg, Tick: 200 * time.Millisecond, Logger: logger(logs)})
+		require.NoError(t, err)
+		require.NoError(t, n.Start(ctx))
+		t.Cleanup(n.Stop)
+		nodes = append(nodes, n)
+	}
+	status := func(i int) any {
+		switch i % 997 {
+		case 1:
+			return -4 // held back: todo, never claimed
+		case 2:
+			return nil // no status: counts as todo, like {$lte: [null, 0]}
+		case 3:
+			return "weird" // not a number: not todo
+		case 4:
+			return 2.0 // a double
+		}
+		return int32(-2)
+	}
+	// 10,000 tasks in bursts across the three queues.
+	var cIDs []any
+	for burst := range 20 {
+		q := []bson.ObjectID{a, b, c}[burst%3]
+		ids := insertBurst(t, db, q, burst*500, 500, status)
+		if q == c {
+			cIDs = append(cIDs, ids...)
+		}
+	}
+	tasks := db.Collection("tasks")
+	// Deletes, one at a time and many at once, in the queue nothing runs.
+	for _, id := range cIDs[:20] {
+		_, err := tasks.DeleteOne(ctx, bson.D{{Key: "_id", Value: id}})
+		require.NoError(t, err)
+	}
+	_, err := tasks.DeleteMany(ctx, bson.D{{Key: "queue", Value: c}, {Key: "parameters.i", Value: bson.D{{Key: "$lt", Value: 3000}}}})
+	require.NoError(t, err)
+	// Moves from c to b (where they then run).
+	_, err = tasks.UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: cIDs[1000:1100]}}}}, bson.D{{Key: "$set", Value: bson.D{{Key: "queue", Value: b}}}})
+	require.NoError(t, err)
+	// Wait for a and b to finish, then requeue 300 finished tasks and delete some finished ones.
+	runnable := bson.D{{Key: "queue", Value: bson.D{{Key: "$in", Value: bson.A{a, b}}}}, {Key: "status", Value: bson.D{{Key: "$in", Value: bson.A{-2, -1, 0}}}}}
+	require.Eventually(t, func() bool { n, _ := tasks.CountDocuments(ctx, runnable); return n == 0 }, 120*time.Second, 100*time.Millisecond)
+	cur, err := tasks.Find(ctx, bson.D{{Key: "queue", Value: a}, {Key: "status", Value: 1}}, options.Find().SetLimit(300).SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	require.NoError(t, err)
+	var finished []bson.Raw
+	require.NoError(t, cur.All(ctx, &finished))
+	var requeue []any
+	for _, d := range finished {
+		requeue = append(requeue, d.Lookup("_id").ObjectID())
+	}
+	_, err = tasks.UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: requeue}}}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -2}, {Key: "node", Value: -1}}}})
+	require.NoError(t, err)
+	_, err = tasks.DeleteMany(ctx, bson.D{{Key: "queue", Value: b}, {Key: "status", Value: 1}, {Key: "parameters.i", Value: bson.D{{Key: "$lt", Value: 2000}}}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { n, _ := tasks.CountDocuments(ctx, runnable); return n == 0 }, 60*time.Second, 100*time.Millisecond)
+
+	requireExact(t, s, 30*time.Second)
+	leaders := 0
+	for _, n := range nodes {
+		st := n.ProjectorStats()
+		require.Zero(t, st.DriftQueues, "a projector had to repair drift:\n%s", logs)
+		if st.Leader {
+			leaders++
+			require.Positive(t, st.Events)
+			t.Logf("leader applied %d events in %d batches; lag p50 %v p99 %v", st.Events, st.Batches, st.LagP50, st.LagP99)
+		}
+	}
+	require.Equal(t, 1, leaders)
+	require.NotContains(t, logs.String(), "counter drift")
+}
+
+// writer keeps changing tasks until stopped: inserts, completions,
+// requeues and deletes.
+func writer(t *testing.T, db *mongo.Database, queues []bson.ObjectID) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var ops atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tasks := db.Collection("tasks")
+		r := rand.New(rand.NewPCG(1, 2))
+		var ids []bson.ObjectID
+		for ctx.Err() == nil {
+			q := queues[r.IntN(len(queues))]
+			switch k := r.IntN(10); {
+			case k < 5 || len(ids) < 10:
+				var docs []any
+				for range 20 {
+					id := bson.NewObjectID()
+					ids = append(ids, id)
+					docs = append(docs, bson.D{{Key: "_id", Value: id}, {Key: "queue", Value: q}, {Key: "status", Value: -2}, {Key: "node", Value: -1}})
+				}
+				_, _ = tasks.InsertMany(ctx, docs)
+			case k < 8:
+				id := ids[r.IntN(len(ids))]
+				_, _ = tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: []int{1, 2, -2, 0}[r.IntN(4)]}}}})
+			case k < 9:
+				id := ids[r.IntN(len(ids))]
+				_, _ = tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "queue", Value: q}}}})
+			default:
+				id := ids[r.IntN(len(ids))]
+				_, _ = tasks.DeleteOne(ctx, bson.D{{Key: "_id", Value: id}})
+			}
+			ops.Add(1)
+		}
+	}()
+	return func() {
+		cancel()
+		wg.Wait()
+		require.Positive(t, ops.Load())
+	}
+}
+
+func TestCrashedProjectorIsReplacedWithoutDoubleApply(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	logs := &logBuf{}
+	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
+	cfg := func(name string) projections.Config {
+		return projections.Config{Node: name, Store: s, LeaseTTL: 2 * time.Second, Logger: logger(logs)}
+	}
+	first := projections.New(cfg("first"))
+	require.NoError(t, first.Start(ctx))
+	require.Eventually(t, func() bool { return first.Stats().Leader }, 5*time.Second, 10*time.Millisecond)
+	second := projections.New(cfg("second"))
+	require.NoError(t, second.Start(ctx))
+	t.Cleanup(second.Stop)
+
+	stop := writer(t, db, queues)
+	require.Eventually(t, func() bool { return first.Stats().Events > 200 }, 20*time.Second, 10*time.Millisecond)
+	firstEpoch := first.Stats().Epoch
+	first.Crash() // mid-stream, lease not released
+	require.False(t, second.Stats().Leader, "the lease is not free until it expires")
+	require.Eventually(t, func() bool { return second.Stats().Leader }, 10*time.Second, 20*time.Millisecond)
+	require.Greater(t, second.Stats().Epoch, firstEpoch)
+	time.Sleep(time.Second) // the successor applies under load
+	stop()
+	requireExact(t, s, 30*time.Second)
+	require.Zero(t, second.Stats().DriftQueues, "the successor found drift:\n%s", logs)
+	require.Positive(t, second.Stats().Events)
+}
+
+func TestLostResumePointIsRepairedByRecount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// A resume token from another deployment, taken before anything here
+	// happens (as a checkpoint restored from another cluster's dump would
+	// be): this deployment cannot resume from it.
+	elsewhere, err := mongod.StartReplicaSet(ctx, mongod.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = elsewhere.Stop() })
+	client, err := mongo.Connect(options.Client().ApplyURI(elsewhere.URI()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	cs, err := client.Database("elsewhere").Watch(ctx, mongo.Pipeline{})
+	require.NoError(t, err)
+	_, err = client.Database("elsewhere").Collection("x").InsertOne(ctx, bson.D{{Key: "a", Value: 1}})
+	require.NoError(t, err)
+	require.True(t, cs.Next(ctx))
+	foreign := cs.ResumeToken()
+	require.NoError(t, cs.Close(ctx))
+
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	logs := &logBuf{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	q := newQueue(t, db, "q", 0, true)
+	p := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, Logger: logger(logs)})
+	require.NoError(t, p.Start(ctx))
+	insertBurst(t, db, q, 0, 50, func(int) any { return -2 })
+	requireExact(t, s, 10*time.Second)
+	p.Stop()
+
+	// While no projector runs: more tasks, a corrupted counter, and the
+	// foreign checkpoint.
+	insertBurst(t, db, q, 50, 30, func(int) any { return 1 })
+	_, err = db.Collection("queues").UpdateOne(ctx, bson.D{{Key: "_id", Value: q}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_todo", Value: 999}}}})
+	require.NoError(t, err)
+	_, err = db.Collection(store.CollLeases).UpdateOne(ctx, bson.D{{Key: "_id", Value: projections.LeaseName}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "checkpoint", Value: foreign}}}})
+	require.NoError(t, err)
+
+	p2 := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, Logger: logger(logs)})
+	require.NoError(t, p2.Start(ctx))
+	t.Cleanup(p2.Stop)
+	requireExact(t, s, 10*time.Second)
+	require.Regexp(t, "no longer in the oplog|cannot be from this deployment", logs.String())
+	require.NotContains(t, logs.String(), "counter drift", "a lost position is repaired by a recount, not discovered as drift")
+	insertBurst(t, db, q, 80, 5, func(int) any { return -2 })
+	requireExact(t, s, 10*time.Second)
+}
+
+func TestQueuesFilledWhileEveryNodeWasDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	logs := &logBuf{}
+	// As Disbatch 4.103 clients leave them: no counters, plugin/threads, node null.
+	perl := bson.NewObjectID()
+	_, err := db.Collection("queues").InsertOne(ctx, bson.D{{Key: "_id", Value: perl}, {Key: "name", Value: "perl"}, {Key: "plugin", Value: "P"}, {Key: "threads", Value: 1}})
+	require.NoError(t, err)
+	empty := newQueue(t, db, "empty", 1, false)
+	insertBurst(t, db, perl, 0, 40, func(i int) any { return []any{-2, 1, 2, -1}[i%4] })
+	p := projections.New(projections.Config{Node: "n1", Store: s, Logger: logger(logs)})
+	require.NoError(t, p.Start(ctx))
+	t.Cleanup(p.Stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	requireExact(t, s, 10*time.Second)
+	stored, err := s.QueueCounters(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(20), *stored[perl][0])
+	require.Equal(t, int64(40), *stored[perl][1])
+	require.Equal(t, int64(0), *stored[empty][1])
+	require.Zero(t, p.Stats().DriftQueues)
+}
