@@ -42,6 +42,9 @@ type Config struct {
 	PluginTimeout time.Duration
 	// OrphanAfter is the age of a claim the reaper orphans.
 	OrphanAfter time.Duration
+	// NoProjector keeps this node out of the election of the counter
+	// projector (package projections); some node must run it.
+	NoProjector bool
 	Logger      *slog.Logger
 	Now         func() time.Time
 

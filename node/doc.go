@@ -4,7 +4,8 @@
 // shutdown order.
 //
 // Start-up: ensure indexes; orphan this node's leftovers (reaper); open the
-// change stream (events); write the first heartbeat (reading the operator's
+// change stream (events); join the election of the counter projector
+// (projections); write the first heartbeat (reading the operator's
 // maxthreads); then start the claimer, whose first pass tries every queue.
 // The stream opens before the claimer's first pass, so a task inserted in
 // between is seen either by the pass or by the stream.

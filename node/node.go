@@ -13,6 +13,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/reaper"
 )
 
@@ -28,6 +29,7 @@ type Node struct {
 	beat    *heartbeat
 	bus     *gochannel.GoChannel
 	stream  *events.Stream
+	proj    *projections.Service
 
 	startOnce, stopOnce sync.Once
 	started             bool
@@ -53,6 +55,9 @@ func New(cfg Config) (*Node, error) {
 		n.stream = events.New(events.Config{DB: cfg.Store.Database(), Publisher: n.bus, Tokens: cfg.Store, Name: "node:" + cfg.Name, Logger: cfg.Logger})
 	}
 	n.claimer = claimer.New(ccfg)
+	if !cfg.NoProjector {
+		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, Logger: cfg.Logger})
+	}
 	return n, nil
 }
 
@@ -74,6 +79,12 @@ func (n *Node) start(ctx context.Context) error {
 	if n.stream != nil {
 		if err := n.stream.Start(ctx); err != nil {
 			n.reaper.Stop()
+			return err
+		}
+	}
+	if n.proj != nil {
+		if err := n.proj.Start(ctx); err != nil {
+			n.stopServices()
 			return err
 		}
 	}
@@ -123,9 +134,28 @@ func (n *Node) stopServices() {
 	n.claimer.Stop()
 	n.beat.stop()
 	n.reaper.Stop()
+	if n.proj != nil {
+		n.proj.Stop()
+	}
 	if n.stream != nil {
 		n.stream.Stop()
 		_ = n.bus.Close()
+	}
+}
+
+// Kill kills the running tasks' plugins (whole process groups) at once,
+// without waiting for the grace period, and gives them half a second to
+// record their failure. It is for a second signal: the caller exits next.
+func (n *Node) Kill() {
+	n.runner.kill(errors.New("node killed by a second signal"))
+	done := make(chan struct{})
+	go func() {
+		n.runner.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(500 * time.Millisecond):
 	}
 }
 
@@ -140,6 +170,15 @@ func (n *Node) Running(q bson.ObjectID) int {
 
 // ClaimerStats returns the claimer's counters.
 func (n *Node) ClaimerStats() claimer.Stats { return n.claimer.Stats() }
+
+// ProjectorStats returns the counter projector's statistics (zero when this
+// node does not take part).
+func (n *Node) ProjectorStats() projections.Stats {
+	if n.proj == nil {
+		return projections.Stats{}
+	}
+	return n.proj.Stats()
+}
 
 // StreamStats returns the change stream's counters (zero when polling).
 func (n *Node) StreamStats() events.Stats {
