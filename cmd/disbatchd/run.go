@@ -47,6 +47,7 @@ type settings struct {
 	Tick            duration          `json:"tick"`
 	OrphanAfter     duration          `json:"orphan_after"`
 	PollOnly        bool              `json:"poll_only"`
+	NoProjector     bool              `json:"no_projector"`
 	OutputThreshold int               `json:"output_threshold"`
 	LogFormat       string            `json:"log_format"`
 	LogLevel        string            `json:"log_level"`
@@ -78,8 +79,13 @@ writes.
 
 Settings come from flags, then the environment, then --config FILE (JSON with
 the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
-plugins, plugin_timeout, grace, tick, orphan_after, poll_only,
+plugins, plugin_timeout, grace, tick, orphan_after, poll_only, no_projector,
 output_threshold, log_format, log_level), then the defaults.
+
+Every node stands for election as the counter projector, which keeps the
+queues' count_todo and count_total exact from the change stream; one wins
+(a lease in the disbatch_leases collection) and another takes over within
+about 10 s if it dies. A poll-only node does not stand.
 
 From the database's config collection the node reads the document with its
 --label (or, without one, the one marked active: true): activequeues (run only
@@ -103,10 +109,15 @@ func run(ctx context.Context, args []string, e env) int {
 	var configFile, maxThreads string
 	var external []string
 	cmd := &cobra.Command{
-		Use:           "disbatchd",
-		Short:         "A Disbatch 4 execution node",
-		Long:          longHelp,
-		Args:          cobra.NoArgs,
+		Use:   "disbatchd",
+		Short: "A Disbatch 4 execution node",
+		Long:  longHelp,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return &cli.UsageError{Err: fmt.Errorf("disbatchd takes no arguments, got %q", args)}
+			}
+			return nil
+		},
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -135,6 +146,7 @@ func run(ctx context.Context, args []string, e env) int {
 	s.OrphanAfter = duration(reaper.DefaultOrphanAfter)
 	f.Var((*durationFlag)(&s.OrphanAfter), "orphan-after", "a task claimed (status -1) longer than this is orphaned (-6)")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
+	f.BoolVar(&s.NoProjector, "no-projector", false, "do not stand for election as the counter projector (count_todo/count_total); another node must")
 	f.IntVar(&s.OutputThreshold, "output-threshold", store.DefaultOutputThreshold, "stdout+stderr bytes above which output goes to GridFS")
 	f.StringVar(&s.LogFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -228,6 +240,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	if err := dec.Decode(&file); err != nil {
 		return fmt.Errorf("--config %s: %w", path, err)
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("--config %s: want one JSON object, found more after it", path)
+	}
 	unset := func(flag, envVar string) bool {
 		return !cmd.Flags().Changed(flag) && (envVar == "" || getenv(envVar) == "")
 	}
@@ -262,6 +277,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	}
 	if file.PollOnly && unset("poll-only", "") {
 		s.PollOnly = true
+	}
+	if file.NoProjector && unset("no-projector", "") {
+		s.NoProjector = true
 	}
 	if file.OutputThreshold > 0 && unset("output-threshold", "") {
 		s.OutputThreshold = file.OutputThreshold
@@ -332,9 +350,18 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 	}()
 	st, closeFn, pollOnly, err := connect(ctx, s, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("signal received before MongoDB answered: exiting")
+			return nil // stopped by a signal, as when it comes while starting
+		}
 		return err
 	}
-	defer closeFn()
+	exitAtOnce := false
+	defer func() {
+		if !exitAtOnce {
+			closeFn()
+		}
+	}()
 	if pollOnly && !s.PollOnly {
 		log.Warn("this mongod is not a replica set, so it has no change streams: polling every tick instead (start mongod with --replSet for millisecond pickup)")
 		s.PollOnly = true
@@ -342,7 +369,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 	n, err := node.New(node.Config{
 		Name: s.Node, Store: st, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
 		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),
-		OrphanAfter: time.Duration(s.OrphanAfter), Logger: log,
+		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -364,7 +391,11 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 	case <-stopped:
 		return nil
 	case <-signals:
-		log.Warn("second signal: exiting at once")
+		log.Warn("second signal: killing running tasks and exiting at once")
+		n.Kill()
+		// No graceful disconnect: it would wait (up to 5 s) for the
+		// operations still in flight; the exit closes the sockets.
+		exitAtOnce = true
 		return errors.New("exited on a second signal before the node had stopped")
 	}
 }

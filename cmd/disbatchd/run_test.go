@@ -1,0 +1,232 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseMaxThreads(t *testing.T) {
+	for in, want := range map[string]int{"0": 0, "1": 1, "12": 12, "100000": 100000} {
+		n, err := parseMaxThreads(in)
+		require.NoError(t, err, in)
+		require.NotNil(t, n, in)
+		require.Equal(t, want, *n, in)
+	}
+	for _, in := range []string{"null", "none"} {
+		n, err := parseMaxThreads(in)
+		require.NoError(t, err, in)
+		require.Nil(t, n, in)
+	}
+	for _, in := range []string{"", "-1", "+3", "03", " 3", "3 ", "3x", "1.5", "1e3", "many", "NULL", "99999999999999999999"} {
+		_, err := parseMaxThreads(in)
+		require.Error(t, err, "%q", in)
+	}
+}
+
+// flagsSet is a command with disbatchd's setting flags, after parsing args
+// (only whether a flag was given matters to applyConfigFile).
+func flagsSet(t *testing.T, args ...string) *cobra.Command {
+	t.Helper()
+	cmd := &cobra.Command{Use: "disbatchd"}
+	f := cmd.Flags()
+	for _, name := range []string{"mongo-uri", "database", "node", "maxthreads", "label", "log-format", "log-level"} {
+		f.String(name, "", "")
+	}
+	f.StringSlice("enable-plugin", nil, "")
+	for _, name := range []string{"plugin-timeout", "grace", "tick", "orphan-after"} {
+		f.Duration(name, 0, "")
+	}
+	f.Bool("poll-only", false, "")
+	f.Bool("no-projector", false, "")
+	f.Int("output-threshold", 0, "")
+	require.NoError(t, f.Parse(args))
+	return cmd
+}
+
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "disbatchd.json")
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+	return p
+}
+
+const fullConfig = `{
+	"mongo_uri": "mongodb://file/", "database": "filedb", "node": "file-node", "maxthreads": 3,
+	"label": "file-label", "enable_plugins": ["shell"], "plugins": {"X": "/file/x"},
+	"plugin_timeout": "1m", "grace": "2s", "tick": "200ms", "orphan_after": "5m",
+	"poll_only": true, "no_projector": true, "output_threshold": 1000, "log_format": "json", "log_level": "debug"
+}`
+
+// defaults are settings as run has them before the file is read.
+func defaults() settings {
+	return settings{
+		MongoURI: "mongodb://default/", Database: "disbatch", Node: "host",
+		Grace: duration(30 * time.Second), Tick: duration(time.Second), OrphanAfter: duration(time.Hour),
+		OutputThreshold: 100, LogFormat: "text", LogLevel: "info",
+	}
+}
+
+func noEnv(string) string { return "" }
+
+func TestApplyConfigFileFillsWhatIsUnset(t *testing.T) {
+	s := defaults()
+	var maxThreads string
+	external := []string{}
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, fullConfig), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, settings{
+		MongoURI: "mongodb://file/", Database: "filedb", Node: "file-node", Label: "file-label",
+		EnablePlugins: []string{"shell"}, PluginTimeout: duration(time.Minute), Grace: duration(2 * time.Second),
+		Tick: duration(200 * time.Millisecond), OrphanAfter: duration(5 * time.Minute), PollOnly: true, NoProjector: true,
+		OutputThreshold: 1000, LogFormat: "json", LogLevel: "debug",
+	}, s)
+	require.Equal(t, "3", maxThreads)
+	require.Equal(t, []string{"X=/file/x"}, external)
+}
+
+func TestApplyConfigFileFlagsAndEnvironmentWin(t *testing.T) {
+	// As run has them after parsing these flags.
+	cmd := flagsSet(t, "--node", "flag-node", "--maxthreads", "7", "--label", "flag-label", "--enable-plugin", "exec",
+		"--plugin-timeout", "0s", "--grace", "0s", "--tick", "5s", "--orphan-after", "1h", "--poll-only=false",
+		"--no-projector=false", "--output-threshold", "100", "--log-format", "text", "--log-level", "warn")
+	s := defaults()
+	s.Node, s.Label, s.EnablePlugins = "flag-node", "flag-label", []string{"exec"}
+	s.Grace, s.Tick, s.LogLevel = 0, duration(5*time.Second), "warn"
+	maxThreads := "7"
+	external := []string{"X=/flag/x"}
+	env := map[string]string{"DISBATCH_MONGO_URI": "mongodb://env/", "DISBATCH_DATABASE": "envdb"}
+	s.MongoURI, s.Database = env["DISBATCH_MONGO_URI"], env["DISBATCH_DATABASE"]
+	want := s
+
+	require.NoError(t, applyConfigFile(cmd, writeConfig(t, fullConfig), &s, &maxThreads, &external, func(k string) string { return env[k] }))
+	require.Equal(t, want, s)
+	require.Equal(t, "7", maxThreads)
+	// The file's plugins come first, so a --plugin for the same name wins.
+	require.Equal(t, []string{"X=/file/x", "X=/flag/x"}, external)
+}
+
+func TestApplyConfigFileNodeFromEnvironment(t *testing.T) {
+	s := defaults()
+	s.Node = "env-node" // run's default for --node when DISBATCH_NODE is set
+	var maxThreads string
+	var external []string
+	getenv := func(k string) string {
+		if k == EnvNode {
+			return "env-node"
+		}
+		return ""
+	}
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"node": "file-node", "database": "filedb"}`), &s, &maxThreads, &external, getenv))
+	require.Equal(t, "env-node", s.Node)
+	require.Equal(t, "filedb", s.Database)
+}
+
+func TestApplyConfigFileErrors(t *testing.T) {
+	for content, want := range map[string]string{
+		`{"node": "x", "nodename": "y"}`:   `"nodename"`,
+		`{"tick": "soon"}`:                 "soon",
+		`{"tick": 5}`:                      "duration",
+		`{"maxthreads": 1.5}`:              "maxthreads",
+		`{"enable_plugins": "shell"}`:      "enable_plugins",
+		`node = x`:                         "invalid character",
+		`{"node": "a"} {"node": "b"}`:      "one JSON object",
+		`{"node": "a"}}`:                   "one JSON object",
+		`{"node": "a"`:                     "EOF",
+		`["node", "a"]`:                    "cannot unmarshal array",
+		`{"plugins": {"X": ["/a", "/b"]}}`: "plugins",
+	} {
+		s := defaults()
+		var maxThreads string
+		var external []string
+		p := writeConfig(t, content)
+		err := applyConfigFile(flagsSet(t), p, &s, &maxThreads, &external, noEnv)
+		require.Error(t, err, "%s", content)
+		require.Contains(t, err.Error(), want, "%s", content)
+		require.Contains(t, err.Error(), p, "the error names the file")
+	}
+	s := defaults()
+	var maxThreads string
+	var external []string
+	err := applyConfigFile(flagsSet(t), filepath.Join(t.TempDir(), "missing.json"), &s, &maxThreads, &external, noEnv)
+	require.ErrorContains(t, err, "missing.json")
+}
+
+// run, to completion, for arguments that never reach MongoDB.
+func runNoMongo(t *testing.T, args []string, vars map[string]string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, args, env{getenv: func(k string) string { return vars[k] }, stdout: &out, stderr: &errb, signals: make(chan os.Signal)})
+	}()
+	select {
+	case code = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("disbatchd %v did not return", args)
+	}
+	return code, out.String(), errb.String()
+}
+
+func TestRunUsageErrors(t *testing.T) {
+	nowhere := []string{"--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100"}
+	for _, args := range [][]string{
+		{"extra"},
+		{"--maxthreads", "-1"},
+		{"--log-format", "yaml"},
+		{"--log-level", "loud"},
+		{"--enable-plugin", "rm"},
+		{"--grace", "-1s"},
+		{"--plugin", "nameonly"},
+		{"--node", ""},
+		{"--config", writeConfig(t, `{"nodename": "x"}`)},
+	} {
+		code, _, stderr := runNoMongo(t, append(nowhere, args...), nil)
+		require.Equal(t, 2, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, "Run 'disbatchd --help' for usage.", "%v", args)
+	}
+}
+
+// TestHelp checks that --help documents every config file key (and a flag
+// for each) and never shows the password of DISBATCH_MONGO_URI.
+func TestHelp(t *testing.T) {
+	code, stdout, stderr := runNoMongo(t, []string{"--help"}, map[string]string{
+		"DISBATCH_MONGO_URI": "mongodb://admin:hunter2@db.example.com/?replicaSet=rs0",
+	})
+	require.Zero(t, code, stderr)
+	require.NotContains(t, stdout+stderr, "hunter2")
+	require.Contains(t, stdout, "mongodb://admin:xxxxx@db.example.com/")
+
+	m := regexp.MustCompile(`\(JSON with\s+the keys ([^)]*)\)`).FindStringSubmatch(longHelp)
+	require.NotNil(t, m, "the help lists the config file's keys")
+	var documented []string
+	for _, k := range strings.Split(m[1], ",") {
+		documented = append(documented, strings.TrimSpace(k))
+	}
+	var keys []string
+	st := reflect.TypeFor[settings]()
+	for i := range st.NumField() {
+		keys = append(keys, strings.Split(st.Field(i).Tag.Get("json"), ",")[0])
+	}
+	require.ElementsMatch(t, keys, documented, "config keys in --help vs the settings struct")
+
+	flagFor := map[string]string{"enable_plugins": "enable-plugin", "plugins": "plugin"}
+	for _, k := range keys {
+		f := flagFor[k]
+		if f == "" {
+			f = strings.ReplaceAll(k, "_", "-")
+		}
+		require.Regexp(t, `(?m)^\s+--`+regexp.QuoteMeta(f)+`\b`, stdout, "config key %s has no flag --%s in --help", k, f)
+	}
+	require.Regexp(t, `(?m)^\s+--config\b`, stdout)
+}
