@@ -164,11 +164,14 @@ func (s *Stream) open(ctx context.Context) (*mongo.ChangeStream, error) {
 
 // historyLost reports errors after which the stream cannot resume where it
 // was: ChangeStreamHistoryLost (286), InvalidResumeToken (260),
-// ChangeStreamFatalError (280).
+// ChangeStreamFatalError (280), and a saved token the server cannot read
+// (40647 bad resume token, 50811 KeyString format error, FailedToParse (9)
+// for a _data that is not hex), which would otherwise fail every Start.
 func historyLost(err error) bool {
 	var se mongo.ServerError
 	if errors.As(err, &se) {
-		return se.HasErrorCode(286) || se.HasErrorCode(260) || se.HasErrorCode(280)
+		return se.HasErrorCode(286) || se.HasErrorCode(260) || se.HasErrorCode(280) ||
+			se.HasErrorCode(40647) || se.HasErrorCode(50811) || se.HasErrorCode(9)
 	}
 	return false
 }
@@ -211,12 +214,12 @@ func (s *Stream) run(ctx context.Context, cs *mongo.ChangeStream) {
 
 // reopen retries with backoff until the stream is open again or ctx ends.
 func (s *Stream) reopen(ctx context.Context, cause error) *mongo.ChangeStream {
+	lost := false
 	if cause != nil {
 		s.log.Warn("change stream interrupted; resuming", "stream", s.cfg.Name, "error", cause)
 		if historyLost(cause) {
 			s.token = nil
-			s.publish(ctx, TopicRescan, Rescan{Reason: "change stream history lost: " + cause.Error()})
-			s.rescans.Add(1)
+			lost = true
 		}
 	}
 	b := backoff.NewExponentialBackOff()
@@ -227,6 +230,13 @@ func (s *Stream) reopen(ctx context.Context, cause error) *mongo.ChangeStream {
 		cs, err := s.open(ctx)
 		if err == nil {
 			s.resumes.Add(1)
+			if lost {
+				// Only once the stream is open again, as in open: a
+				// subscriber that re-reads the database on the Rescan must
+				// not miss a change made before the stream was back.
+				s.publish(ctx, TopicRescan, Rescan{Reason: "change stream history lost: " + cause.Error()})
+				s.rescans.Add(1)
+			}
 			s.log.Info("change stream resumed", "stream", s.cfg.Name)
 			return cs
 		}
