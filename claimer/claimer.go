@@ -74,7 +74,11 @@ type Claimer struct {
 	dirty   map[bson.ObjectID]bool // queues to try on the next pass
 	all     bool                   // try every queue
 	refresh bool                   // re-read the queues first
-	stats   Stats
+	// capped: the node-wide cap stopped a pass, so any freed slot may
+	// serve any queue that had work.
+	capped       bool
+	retryBlocked bool // try every queue not known to be empty
+	stats        Stats
 
 	// owned by the loop goroutine
 	queues map[bson.ObjectID]Queue
@@ -167,6 +171,9 @@ func (c *Claimer) WakeAll() {
 
 func (c *Claimer) mark(q bson.ObjectID, work bool) {
 	c.mu.Lock()
+	if !work && c.capped {
+		c.retryBlocked = true
+	}
 	if work {
 		c.dirty[q] = true
 	} else if _, seen := c.dirty[q]; !seen {
@@ -270,8 +277,8 @@ func (c *Claimer) jittered() time.Duration {
 // many tasks it claimed.
 func (c *Claimer) pass(ctx context.Context) int {
 	c.mu.Lock()
-	dirty, all, refresh := c.dirty, c.all, c.refresh
-	c.dirty, c.all, c.refresh = map[bson.ObjectID]bool{}, false, false
+	dirty, all, refresh, retry := c.dirty, c.all, c.refresh, c.retryBlocked
+	c.dirty, c.all, c.refresh, c.retryBlocked, c.capped = map[bson.ObjectID]bool{}, false, false, false, false
 	c.mu.Unlock()
 
 	if refresh {
@@ -292,7 +299,7 @@ func (c *Claimer) pass(ctx context.Context) int {
 	claimed := 0
 	for _, id := range c.order {
 		work, marked := dirty[id]
-		if !all && !marked {
+		if !all && !marked && !retry {
 			continue
 		}
 		if all || work {
@@ -312,6 +319,13 @@ func (c *Claimer) pass(ctx context.Context) int {
 // claim fills q's free slots.
 func (c *Claimer) claim(ctx context.Context, q Queue) int {
 	n := 0
+	defer func() {
+		if c.cfg.Slots.NodeFull() {
+			c.mu.Lock()
+			c.capped = true
+			c.mu.Unlock()
+		}
+	}()
 	for c.cfg.Slots.TryAcquire(q.ID, q.MaxThreads) {
 		if ctx.Err() != nil {
 			c.cfg.Slots.Release(q.ID)

@@ -57,6 +57,13 @@ func (s *Slots) SetNodeMax(max *int) bool {
 	return changed
 }
 
+// NodeFull reports whether the node-wide cap is reached.
+func (s *Slots) NodeFull() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nodeMax != nil && s.total >= *s.nodeMax
+}
+
 // Running returns the slots in use for q.
 func (s *Slots) Running(q bson.ObjectID) int {
 	s.mu.Lock()

@@ -1,0 +1,688 @@
+package claimer_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.uber.org/goleak"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// wait bounds every wait for something that should happen.
+const wait = 5 * time.Second
+
+// quiet is how long nothing must happen for a test to conclude it will not.
+const quiet = 200 * time.Millisecond
+
+// fakeStore records the queues it is asked to claim in and answers with
+// claim (ErrNoTask when nil).
+type fakeStore struct {
+	mu    sync.Mutex
+	calls []store.TaskClaimParams
+	claim func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error)
+}
+
+func (f *fakeStore) TaskClaim(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+	f.mu.Lock()
+	f.calls = append(f.calls, p)
+	claim := f.claim
+	f.mu.Unlock()
+	if claim == nil {
+		return schema.Task{}, store.ErrNoTask
+	}
+	return claim(ctx, p)
+}
+
+// set replaces the answer.
+func (f *fakeStore) set(claim func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.claim = claim
+}
+
+// take returns the queues asked since the last take, in order.
+func (f *fakeStore) take() []bson.ObjectID {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var qs []bson.ObjectID
+	for _, p := range f.calls {
+		qs = append(qs, p.Queue)
+	}
+	f.calls = nil
+	return qs
+}
+
+// alwaysTask answers every claim with a new task of the queue.
+func alwaysTask(_ context.Context, p store.TaskClaimParams) (schema.Task, error) {
+	return schema.Task{ID: bson.NewObjectID(), Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed}, nil
+}
+
+type malformed struct {
+	q   claimer.Queue
+	t   schema.Task
+	err error
+}
+
+// harness runs a Claimer over a fakeStore.
+type harness struct {
+	t      *testing.T
+	c      *claimer.Claimer
+	st     *fakeStore
+	slots  *claimer.Slots
+	passes chan struct{}
+
+	refreshes atomic.Int64
+	mu        sync.Mutex
+	queues    []claimer.Queue
+	claimed   []schema.Task
+	malformed []malformed
+}
+
+func newHarness(t *testing.T, edit func(*claimer.Config), queues ...claimer.Queue) *harness {
+	h := &harness{t: t, st: &fakeStore{}, slots: claimer.NewSlots(), passes: make(chan struct{}, 10000), queues: queues}
+	cfg := claimer.Config{
+		Node:  "n1",
+		Store: h.st,
+		Slots: h.slots,
+		Refresh: func(context.Context) ([]claimer.Queue, error) {
+			h.refreshes.Add(1)
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return slices.Clone(h.queues), nil
+		},
+		Dispatch: func(q claimer.Queue, task schema.Task) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if q.ID != task.Queue {
+				t.Errorf("task of queue %s dispatched for queue %s", task.Queue.Hex(), q.ID.Hex())
+			}
+			h.claimed = append(h.claimed, task)
+		},
+		Malformed: func(q claimer.Queue, task schema.Task, err error) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.malformed = append(h.malformed, malformed{q, task, err})
+		},
+		Tick: time.Hour,
+		Passed: func() {
+			select {
+			case h.passes <- struct{}{}:
+			default:
+				t.Error("too many passes")
+			}
+		},
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	h.c = claimer.New(cfg)
+	return h
+}
+
+func (h *harness) start() {
+	require.NoError(h.t, h.c.Start(context.Background()))
+	h.t.Cleanup(h.c.Stop)
+}
+
+// pass waits for the end of the next pass.
+func (h *harness) pass() {
+	h.t.Helper()
+	select {
+	case <-h.passes:
+	case <-time.After(wait):
+		h.t.Fatalf("no pass within %v", wait)
+	}
+}
+
+// noPass checks that no pass ends for a while.
+func (h *harness) noPass() {
+	h.t.Helper()
+	select {
+	case <-h.passes:
+		h.t.Fatal("unexpected pass")
+	case <-time.After(quiet):
+	}
+}
+
+func (h *harness) setQueues(qs ...claimer.Queue) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.queues = qs
+}
+
+func (h *harness) claimedCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.claimed)
+}
+
+// block waits for release (then answers ErrNoTask) or the end of ctx.
+func block(ctx context.Context, release <-chan struct{}) error {
+	select {
+	case <-release:
+		return store.ErrNoTask
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// recv waits for ch to be closed.
+func recv(t *testing.T, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(wait):
+		t.Fatalf("nothing within %v", wait)
+	}
+}
+
+func queue(name string, maxThreads int) claimer.Queue {
+	return claimer.Queue{ID: bson.NewObjectID(), Name: name, Constructor: "C", Sort: schema.SortFIFO, MaxThreads: maxThreads}
+}
+
+func ids(qs ...claimer.Queue) []bson.ObjectID {
+	var out []bson.ObjectID
+	for _, q := range qs {
+		out = append(out, q.ID)
+	}
+	return out
+}
+
+func TestSlots(t *testing.T) {
+	t.Parallel()
+	s := claimer.NewSlots()
+	q1, q2, q3 := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+
+	// Per-queue limits.
+	require.True(t, s.TryAcquire(q1, 2))
+	require.True(t, s.TryAcquire(q1, 2))
+	require.False(t, s.TryAcquire(q1, 2))
+	require.False(t, s.TryAcquire(q2, 0), "maxthreads 0 runs nothing")
+	require.True(t, s.TryAcquire(q2, 5))
+	require.Equal(t, 2, s.Running(q1))
+	require.Equal(t, 1, s.Running(q2))
+	require.Equal(t, 0, s.Running(q3))
+	require.Equal(t, 3, s.Total())
+
+	// The node-wide cap; SetNodeMax reports changes only.
+	two := 2
+	require.True(t, s.SetNodeMax(&two))
+	another := 2
+	require.False(t, s.SetNodeMax(&another), "same value")
+	require.False(t, s.TryAcquire(q3, 5), "node cap (3 in use, cap 2)")
+	s.Release(q1)
+	require.False(t, s.TryAcquire(q3, 5), "node cap (2 in use, cap 2)")
+	s.Release(q1)
+	require.True(t, s.TryAcquire(q3, 5))
+	require.Equal(t, 2, s.Total())
+	m := 3
+	require.True(t, s.SetNodeMax(&m))
+	m = 100 // SetNodeMax copied it
+	require.True(t, s.TryAcquire(q3, 5))
+	require.False(t, s.TryAcquire(q3, 5), "cap 3 even though the caller's variable changed")
+	require.True(t, s.SetNodeMax(nil))
+	require.False(t, s.SetNodeMax(nil))
+	require.True(t, s.TryAcquire(q3, 5))
+	require.Equal(t, 4, s.Total())
+	zero := 0
+	require.True(t, s.SetNodeMax(&zero))
+	require.False(t, s.TryAcquire(q1, 5), "cap 0")
+	require.True(t, s.SetNodeMax(nil))
+
+	// Release never goes below zero, per queue or in all.
+	s.Release(q1) // has none
+	s.Release(bson.NewObjectID())
+	require.Equal(t, 0, s.Running(q1))
+	require.Equal(t, 4, s.Total())
+	for range 10 {
+		s.Release(q3)
+	}
+	require.Equal(t, 0, s.Running(q3))
+	require.Equal(t, 1, s.Total())
+	s.Release(q2)
+	s.Release(q2)
+	require.Equal(t, 0, s.Total())
+	require.True(t, s.TryAcquire(q1, 1), "released slots are usable again")
+	require.Equal(t, 1, s.Total())
+
+	// Under concurrency the limits hold.
+	s = claimer.NewSlots()
+	five := 5
+	s.SetNodeMax(&five)
+	var wg sync.WaitGroup
+	var held, maxHeld atomic.Int64
+	for i := range 20 {
+		q := []bson.ObjectID{q1, q2}[i%2]
+		wg.Go(func() {
+			for range 200 {
+				if s.TryAcquire(q, 3) {
+					n := held.Add(1)
+					for {
+						old := maxHeld.Load()
+						if n <= old || maxHeld.CompareAndSwap(old, n) {
+							break
+						}
+					}
+					if r := s.Running(q); r > 3 {
+						t.Errorf("%d running in a queue of 3", r)
+					}
+					held.Add(-1)
+					s.Release(q)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, maxHeld.Load(), int64(5))
+	require.Equal(t, 0, s.Total())
+	require.Equal(t, 0, s.Running(q1))
+}
+
+func TestWakeUpsMerge(t *testing.T) {
+	t.Parallel()
+	q1, q2 := queue("a", 1), queue("b", 1)
+	h := newHarness(t, nil, q1, q2)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var n atomic.Int32
+	h.st.set(func(ctx context.Context, _ store.TaskClaimParams) (schema.Task, error) {
+		if n.Add(1) == 1 {
+			close(entered)
+			return schema.Task{}, block(ctx, release)
+		}
+		return schema.Task{}, store.ErrNoTask
+	})
+	h.start()
+	recv(t, entered)
+	// The first pass is stuck in TaskClaim: these all merge into one more.
+	for range 50 {
+		h.c.HasWork(q1.ID)
+		h.c.HasWork(q2.ID)
+		h.c.SlotFreed(q1.ID)
+	}
+	close(release)
+	h.pass()
+	h.pass()
+	h.noPass()
+	// First pass: every queue; second: the queues woken up, once each.
+	require.Equal(t, ids(q1, q2, q1, q2), h.st.take())
+	require.Empty(t, h.st.take())
+	require.Equal(t, int64(1), h.refreshes.Load(), "HasWork does not re-read the queues")
+	require.Equal(t, claimer.Stats{EmptyClaims: 4}, h.c.Stats())
+}
+
+func TestWakeUpClaimsOnlyItsQueue(t *testing.T) {
+	t.Parallel()
+	q1, q2, q3 := queue("a", 2), queue("b", 2), queue("c", 2)
+	q2.Sort = schema.SortLIFO
+	h := newHarness(t, nil, q1, q2, q3)
+	// A transient error: no queue is taken for empty, all stay eligible.
+	transient := func(context.Context, store.TaskClaimParams) (schema.Task, error) {
+		return schema.Task{}, errors.New("transient")
+	}
+	h.st.set(transient)
+	h.start()
+	h.pass()
+	require.Equal(t, ids(q1, q2, q3), h.st.take())
+
+	h.c.HasWork(q2.ID)
+	h.pass()
+	h.st.mu.Lock()
+	calls := slices.Clone(h.st.calls)
+	h.st.mu.Unlock()
+	require.Equal(t, []store.TaskClaimParams{{Queue: q2.ID, Node: "n1", Sort: schema.SortLIFO}}, calls)
+	require.Equal(t, ids(q2), h.st.take())
+
+	// Two wake-ups during a pass: the next pass asks both, in the queues'
+	// order.
+	entered, release := make(chan struct{}), make(chan struct{})
+	h.st.set(func(ctx context.Context, _ store.TaskClaimParams) (schema.Task, error) {
+		close(entered)
+		return schema.Task{}, block(ctx, release)
+	})
+	h.c.HasWork(q2.ID)
+	recv(t, entered)
+	h.st.set(transient)
+	h.c.HasWork(q3.ID)
+	h.c.HasWork(q1.ID)
+	close(release)
+	h.pass()
+	h.pass()
+	require.Equal(t, ids(q2, q1, q3), h.st.take())
+
+	// A queue this node does not serve is not asked.
+	h.c.HasWork(bson.NewObjectID())
+	h.pass()
+	require.Empty(t, h.st.take())
+	require.Equal(t, int64(1), h.refreshes.Load())
+}
+
+func TestEmptyQueueNotAskedOnSlotFreed(t *testing.T) {
+	t.Parallel()
+	empty, busy := queue("empty", 2), queue("busy", 1)
+	h := newHarness(t, nil, empty, busy)
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		if p.Queue == busy.ID {
+			return alwaysTask(ctx, p)
+		}
+		return schema.Task{}, store.ErrNoTask
+	})
+	h.start()
+	h.pass()
+	require.Equal(t, ids(empty, busy), h.st.take())
+
+	// empty found nothing: a freed slot does not make it worth asking.
+	h.c.SlotFreed(empty.ID)
+	h.pass()
+	require.Empty(t, h.st.take())
+	h.c.SlotFreed(empty.ID)
+	h.pass()
+	require.Empty(t, h.st.take())
+	// New work does.
+	h.c.HasWork(empty.ID)
+	h.pass()
+	require.Equal(t, ids(empty), h.st.take())
+
+	// busy stopped because its slot was full, not because it was empty:
+	// when the slot is freed, it is asked again.
+	require.Equal(t, 1, h.slots.Running(busy.ID))
+	h.slots.Release(busy.ID)
+	h.c.SlotFreed(busy.ID)
+	h.pass()
+	require.Equal(t, ids(busy), h.st.take())
+	require.Equal(t, 2, h.claimedCount())
+
+	// HasWork during a pass that finds the queue empty is not lost.
+	entered, release := make(chan struct{}), make(chan struct{})
+	h.st.set(func(ctx context.Context, _ store.TaskClaimParams) (schema.Task, error) {
+		close(entered)
+		return schema.Task{}, block(ctx, release)
+	})
+	h.c.HasWork(empty.ID)
+	recv(t, entered)
+	h.c.HasWork(empty.ID)
+	h.st.set(nil)
+	close(release)
+	h.pass()
+	h.pass()
+	require.Equal(t, ids(empty, empty), h.st.take())
+}
+
+func TestLimits(t *testing.T) {
+	t.Parallel()
+	t.Run("per queue", func(t *testing.T) {
+		t.Parallel()
+		q := queue("q", 3)
+		h := newHarness(t, nil, q)
+		h.st.set(alwaysTask)
+		h.start()
+		h.pass()
+		require.Equal(t, ids(q, q, q), h.st.take())
+		require.Equal(t, 3, h.claimedCount())
+		require.Equal(t, 3, h.slots.Running(q.ID))
+
+		// Full: more work waits for a slot.
+		h.c.HasWork(q.ID)
+		h.pass()
+		require.Empty(t, h.st.take())
+		h.c.WakeAll()
+		h.pass()
+		require.Empty(t, h.st.take())
+
+		h.slots.Release(q.ID)
+		h.c.SlotFreed(q.ID)
+		h.pass()
+		require.Equal(t, ids(q), h.st.take(), "exactly one claim for the one freed slot")
+		require.Equal(t, 4, h.claimedCount())
+		require.Equal(t, 3, h.slots.Running(q.ID))
+		require.Equal(t, claimer.Stats{Claims: 4, WakePasses: 2}, h.c.Stats())
+	})
+	t.Run("node cap", func(t *testing.T) {
+		t.Parallel()
+		a, b := queue("a", 3), queue("b", 3)
+		h := newHarness(t, nil, a, b)
+		h.st.set(alwaysTask)
+		two := 2
+		require.True(t, h.slots.SetNodeMax(&two))
+		h.start()
+		h.pass()
+		require.Equal(t, ids(a, a), h.st.take())
+		require.Equal(t, 2, h.slots.Total())
+
+		four := 4
+		require.True(t, h.slots.SetNodeMax(&four))
+		h.c.WakeAll()
+		h.pass()
+		require.Equal(t, ids(a, b), h.st.take())
+		require.Equal(t, 4, h.slots.Total())
+		require.Equal(t, 3, h.slots.Running(a.ID))
+		require.Equal(t, 1, h.slots.Running(b.ID))
+
+		require.True(t, h.slots.SetNodeMax(nil))
+		h.c.HasWork(b.ID)
+		h.pass()
+		require.Equal(t, ids(b, b), h.st.take())
+		require.Equal(t, 6, h.slots.Total())
+		require.Equal(t, 6, h.claimedCount())
+	})
+}
+
+func TestSlotFreedUnderTheNodeCapServesOtherQueues(t *testing.T) {
+	t.Parallel()
+	// Queue a fills the node cap; b has work but gets no slot. When a task
+	// of a finishes (and a has nothing more), the freed slot goes to b at
+	// once, not at the next tick.
+	a, b := queue("a", 2), queue("b", 2)
+	h := newHarness(t, nil, a, b)
+	h.st.set(alwaysTask)
+	two := 2
+	require.True(t, h.slots.SetNodeMax(&two))
+	h.start()
+	h.pass()
+	require.Equal(t, ids(a, a), h.st.take())
+
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		if p.Queue == a.ID {
+			return schema.Task{}, store.ErrNoTask
+		}
+		return alwaysTask(ctx, p)
+	})
+	h.slots.Release(a.ID)
+	h.c.SlotFreed(a.ID)
+	h.pass()
+	require.Equal(t, ids(a, b), h.st.take(), "a is asked (it may have more), then b gets the slot")
+	require.Equal(t, 1, h.slots.Running(b.ID))
+}
+
+func TestTick(t *testing.T) {
+	t.Parallel()
+	q1, q2, q3 := queue("a", 1), queue("b", 1), queue("c", 1)
+	h := newHarness(t, func(c *claimer.Config) { c.Tick = 50 * time.Millisecond }, q1, q2, q3)
+	h.start()
+	// Every queue found nothing on the first pass; the tick tries them all
+	// again anyway, and re-reads the queues each time.
+	const n = 5
+	deadline := time.Now().Add(wait)
+	counts := map[bson.ObjectID]int{}
+	for {
+		for _, q := range h.st.take() {
+			counts[q]++
+		}
+		if h.refreshes.Load() > n && counts[q1.ID] > n && counts[q2.ID] > n && counts[q3.ID] > n {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "refreshes %d, claims per queue %v", h.refreshes.Load(), counts)
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A queue added meanwhile is picked up by the tick.
+	q4 := queue("d", 1)
+	h.setQueues(q1, q2, q3, q4)
+	for !slices.Contains(h.st.take(), q4.ID) {
+		require.True(t, time.Now().Before(deadline), "the tick never tried the new queue")
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A tick pass that claims counts as one.
+	h.st.set(alwaysTask)
+	for h.c.Stats().TickPasses == 0 {
+		require.True(t, time.Now().Before(deadline), "no tick pass claimed: %+v", h.c.Stats())
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// publish puts ev on topic of bus.
+func publish(t *testing.T, bus *gochannel.GoChannel, topic string, ev any) {
+	t.Helper()
+	msg, err := events.Encode(ev)
+	require.NoError(t, err)
+	require.NoError(t, bus.Publish(topic, msg))
+}
+
+func newBus(t *testing.T) *gochannel.GoChannel {
+	bus := events.NewBus(slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { require.NoError(t, bus.Close()) })
+	return bus
+}
+
+func TestEventsWakeUp(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	q1, q2, q3 := queue("a", 1), queue("b", 1), queue("c", 1)
+	h := newHarness(t, func(c *claimer.Config) { c.Events = bus }, q1, q2)
+	h.start()
+	h.pass()
+	require.Equal(t, ids(q1, q2), h.st.take())
+	queued, succeeded, claimed := schema.StatusQueued, schema.StatusSucceeded, schema.StatusClaimed
+
+	// A task queued in q1 wakes q1 only.
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q1.ID, Status: &queued, At: time.Now()})
+	h.pass()
+	require.Equal(t, ids(q1), h.st.take())
+
+	// Other statuses, deletes and undecodable messages do nothing: the
+	// next pass is the marker's.
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Status: &succeeded})
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Queue: q1.ID, Status: &succeeded})
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q1.ID, Status: &claimed})
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Queue: q1.ID})
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpDelete, ID: bson.NewObjectID()})
+	require.NoError(t, bus.Publish(events.TopicTasks, message.NewMessage("x", []byte("not json"))))
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q2.ID, Status: &queued})
+	h.pass()
+	require.Equal(t, ids(q2), h.st.take())
+	h.noPass()
+	require.Equal(t, int64(1), h.refreshes.Load())
+
+	// A queue change re-reads the queues and tries the changed one.
+	h.setQueues(q1, q2, q3)
+	publish(t, bus, events.TopicQueues, events.QueueChanged{Op: events.OpInsert, ID: q3.ID})
+	h.pass()
+	require.Equal(t, int64(2), h.refreshes.Load())
+	require.Equal(t, ids(q3), h.st.take())
+
+	// A rescan re-reads the queues and tries every one, empty or not.
+	publish(t, bus, events.TopicRescan, events.Rescan{Reason: "test"})
+	h.pass()
+	require.Equal(t, int64(3), h.refreshes.Load())
+	require.Equal(t, ids(q1, q2, q3), h.st.take())
+
+	// So does a task put back in a queue the event does not name.
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Status: &queued})
+	h.pass()
+	require.Equal(t, int64(4), h.refreshes.Load())
+	require.Equal(t, ids(q1, q2, q3), h.st.take())
+	h.noPass()
+}
+
+func TestClaimErrors(t *testing.T) {
+	t.Parallel()
+	bad, failing, good := queue("bad", 2), queue("failing", 2), queue("good", 1)
+	h := newHarness(t, nil, bad, failing, good)
+	badID := bson.NewObjectID()
+	decodeErr := &schema.DecodeError{Collection: schema.CollTasks, ID: badID.Hex(), Field: "status", Err: errors.New("not an integer")}
+	boom := errors.New("connection refused")
+	var badCalls, failingCalls atomic.Int32
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		switch p.Queue {
+		case bad.ID:
+			if badCalls.Add(1) == 1 {
+				return schema.Task{ID: badID, Queue: bad.ID, Node: p.Node, Status: schema.StatusClaimed, Raw: bson.Raw{5, 0, 0, 0, 0}},
+					// As the store returns it: wrapped.
+					errors.Join(decodeErr)
+			}
+			return schema.Task{}, store.ErrNoTask
+		case failing.ID:
+			if failingCalls.Add(1) == 1 {
+				return schema.Task{}, boom
+			}
+			return alwaysTask(ctx, p)
+		}
+		return alwaysTask(ctx, p)
+	})
+	h.start()
+	h.pass()
+	// bad: the malformed task is handed over with its slot, and the claim
+	// goes on (finding nothing); failing: the error gives the slot back
+	// and the pass goes on with good.
+	require.Equal(t, ids(bad, bad, failing, good), h.st.take())
+	h.mu.Lock()
+	require.Len(t, h.malformed, 1)
+	m := h.malformed[0]
+	require.Equal(t, bad.ID, m.q.ID)
+	require.Equal(t, badID, m.t.ID)
+	var de *schema.DecodeError
+	require.ErrorAs(t, m.err, &de)
+	require.Same(t, decodeErr, de)
+	require.Len(t, h.claimed, 1)
+	require.Equal(t, good.ID, h.claimed[0].Queue)
+	h.mu.Unlock()
+	require.Equal(t, 1, h.slots.Running(bad.ID), "the malformed task keeps its slot")
+	require.Equal(t, 0, h.slots.Running(failing.ID), "the failed claim gave its slot back")
+	require.Equal(t, 1, h.slots.Running(good.ID))
+	require.Equal(t, 2, h.slots.Total())
+
+	// The failed queue is not taken for empty: a freed slot retries it.
+	h.c.SlotFreed(failing.ID)
+	h.pass()
+	require.Equal(t, ids(failing, failing), h.st.take())
+	require.Equal(t, 2, h.slots.Running(failing.ID))
+	require.Equal(t, claimer.Stats{Claims: 3, WakePasses: 2, EmptyClaims: 1}, h.c.Stats())
+}
+
+func TestStopLeavesNoGoroutines(t *testing.T) {
+	// Not parallel: goleak must see only this claimer's goroutines.
+	bus := newBus(t)
+	q := queue("q", 1)
+	h := newHarness(t, func(c *claimer.Config) { c.Events = bus; c.Tick = 20 * time.Millisecond }, q)
+	opts := []goleak.Option{goleak.IgnoreCurrent()}
+
+	require.NoError(t, h.c.Start(context.Background()))
+	require.NoError(t, h.c.Start(context.Background()), "a second Start does nothing")
+	h.pass()
+	queued := schema.StatusQueued
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q.ID, Status: &queued})
+	h.pass()
+	h.c.Stop()
+	h.c.Stop()
+	goleak.VerifyNone(t, opts...)
+
+	// No claim after Stop.
+	h.st.take()
+	h.c.HasWork(q.ID)
+	h.c.WakeAll()
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q.ID, Status: &queued})
+	time.Sleep(quiet)
+	require.Empty(t, h.st.take())
+}
