@@ -252,15 +252,11 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
 					return usagef("unknown key %q: keys are %s", k, queueSetKeys)
 				}
 			}
-			s, done, err := g.open(cmd)
+			s, q, done, err := g.openQueue(cmd, args[0])
 			if err != nil {
 				return err
 			}
 			defer done()
-			q, err := s.QueueGet(cmd.Context(), store.QueueGetParams{Ref: args[0]})
-			if err != nil {
-				return err
-			}
 			p.ID = q.ID
 			if err := s.QueueUpdate(cmd.Context(), p); err != nil {
 				return err
@@ -293,15 +289,11 @@ running, or held back); --force deletes them too. Running tasks then finish
 on their nodes, but their results have nowhere to go.`,
 		Args: exactArgs("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, done, err := g.open(cmd)
+			s, q, done, err := g.openQueue(cmd, args[0])
 			if err != nil {
 				return err
 			}
 			defer done()
-			q, err := s.QueueGet(cmd.Context(), store.QueueGetParams{Ref: args[0]})
-			if err != nil {
-				return err
-			}
 			res, err := s.QueueDelete(cmd.Context(), store.QueueDeleteParams{ID: q.ID, Force: force})
 			if errors.Is(err, store.ErrUnfinishedTasks) {
 				return fmt.Errorf("%w; wait for them, or use --force to delete them too", err)

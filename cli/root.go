@@ -18,6 +18,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 
+	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
@@ -212,6 +213,21 @@ func scrub(err error, uri string) string {
 // open connects for a command.
 func (g *globals) open(cmd *cobra.Command) (*store.Store, func(), error) {
 	return Connect(cmd.Context(), g.mongoURI, g.database)
+}
+
+// openQueue connects and looks up the queue named by ref (a name or an id).
+// On success the caller must call done.
+func (g *globals) openQueue(cmd *cobra.Command, ref string) (*store.Store, schema.Queue, func(), error) {
+	s, done, err := g.open(cmd)
+	if err != nil {
+		return nil, schema.Queue{}, nil, err
+	}
+	q, err := s.QueueGet(cmd.Context(), store.QueueGetParams{Ref: ref})
+	if err != nil {
+		done()
+		return nil, schema.Queue{}, nil, err
+	}
+	return s, q, done, nil
 }
 
 // exactArgs is cobra.ExactArgs with a usage error and names for the args.

@@ -172,15 +172,11 @@ order: with sort fifo they run oldest first.`,
 				defer f.Close()
 				in, name = f, args[1]
 			}
-			s, done, err := g.open(cmd)
+			s, q, done, err := g.openQueue(cmd, args[0])
 			if err != nil {
 				return err
 			}
 			defer done()
-			q, err := s.QueueGet(cmd.Context(), store.QueueGetParams{Ref: args[0]})
-			if err != nil {
-				return err
-			}
 			items, problems, err := parseTasks(in)
 			if err != nil {
 				return err

@@ -48,15 +48,11 @@ running, succeeded, failed (and the former cancelled, blocked, terminated).`,
 			if limit < 0 {
 				return usagef("--limit must be >= 0")
 			}
-			s, done, err := g.open(cmd)
+			s, q, done, err := g.openQueue(cmd, args[0])
 			if err != nil {
 				return err
 			}
 			defer done()
-			q, err := s.QueueGet(cmd.Context(), store.QueueGetParams{Ref: args[0]})
-			if err != nil {
-				return err
-			}
 			p.Queue = q.ID
 			res, err := s.TaskList(cmd.Context(), p)
 			if err != nil {

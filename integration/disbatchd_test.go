@@ -211,15 +211,7 @@ func TestSIGTERMKillsRunningTasksAfterGrace(t *testing.T) {
 	require.Zero(t, countStatus(ts, func(x task) bool { return x.node() == "n" && (x.Status == -1 || x.Status == 0) }),
 		"tasks left claimed or running by the stopped node: %s", describe(ts))
 	// The commands (sleep 30) were killed, not left behind.
-	for id, pid := range running {
-		deadline := time.Now().Add(3 * time.Second)
-		for alive(pid) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the command of task %s (pid %d) survived the node", id.Hex(), pid)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	requireDead(t, running)
 }
 
 func TestSecondSignalExitsAtOnce(t *testing.T) {
@@ -246,6 +238,12 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	require.Less(t, took, time.Second, "a second signal must exit at once")
 	require.Contains(t, n.log.String(), "second signal: killing running tasks and exiting at once")
 	// The commands die with the node: nothing it ran outlives it.
+	requireDead(t, running)
+}
+
+// requireDead waits up to 3 s for each task's command to be gone.
+func requireDead(t *testing.T, running map[bson.ObjectID]int) {
+	t.Helper()
 	for id, pid := range running {
 		deadline := time.Now().Add(3 * time.Second)
 		for alive(pid) {

@@ -144,12 +144,17 @@ func (n *Node) stopServices() {
 }
 
 // Kill kills the running tasks' plugins (whole process groups) at once,
-// without waiting for the grace period, and gives them half a second to
-// record their failure. It is for a second signal: the caller exits next.
+// without waiting for the grace period, and stops the projector, whose
+// cancelled transaction is then aborted instead of holding its locks on the
+// server until the transaction lifetime limit. It waits at most half a
+// second. It is for a second signal: the caller exits next.
 func (n *Node) Kill() {
 	n.runner.kill(errors.New("node killed by a second signal"))
 	done := make(chan struct{})
 	go func() {
+		if n.proj != nil {
+			n.proj.Stop()
+		}
 		n.runner.wg.Wait()
 		close(done)
 	}()
