@@ -303,3 +303,22 @@ func TestHelpShowsEnvironmentDefaultsWithoutPassword(t *testing.T) {
 	require.Contains(t, out.String(), `(default "jobs")`)
 	require.NotContains(t, out.String(), "hunter2")
 }
+
+func TestSubmitDrawsProgressOnlyOnATerminal(t *testing.T) {
+	e := setup(t)
+	e.ok("", "queue", "create", "q", "--constructor", "C")
+	in := strings.Repeat(`{"a":1}`+"\n", 50)
+	for _, terminal := range []bool{true, false} {
+		var out, errb bytes.Buffer
+		args := []string{"task", "submit", "q", "--batch-size", "10", "--parallel", "1", "--mongo-uri", e.uri, "--database", e.db.Name()}
+		code := Run(context.Background(), args, IO{In: strings.NewReader(in), Out: &out, Err: &errb, Terminal: terminal, Getenv: func(string) string { return "" }})
+		require.Equal(t, 0, code, errb.String())
+		if terminal {
+			require.Contains(t, out.String(), "] 50/50", "the bar reaches the end")
+			require.Contains(t, out.String(), "\r[##############################] 50/50\r\033[K", "and is erased before the summary")
+		} else {
+			require.NotContains(t, out.String(), "\r", "no bar when stdout is a pipe")
+		}
+		require.Contains(t, out.String(), "submitted 50 tasks to queue q")
+	}
+}
