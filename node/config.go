@@ -42,6 +42,8 @@ type Config struct {
 	PluginTimeout time.Duration
 	// OrphanAfter is the age of a claim the reaper orphans.
 	OrphanAfter time.Duration
+	// Observer, when set, is told about every task's lifecycle (metrics).
+	Observer Observer
 	// NoProjector keeps this node out of the election of the counter
 	// projector (package projections); some node must run it.
 	NoProjector bool
@@ -51,6 +53,24 @@ type Config struct {
 	// Test signals (nil in production).
 	beforeStart func(schema.Task)
 }
+
+// Observer receives task lifecycle events, e.g. to count them. Its methods
+// are called from the node's goroutines and must return quickly.
+type Observer interface {
+	// TaskClaimed: a task of queue was claimed by this node.
+	TaskClaimed(queue string)
+	// TaskStarted: the task is running (status 0); pickup is from its
+	// ctime to now.
+	TaskStarted(queue string, pickup time.Duration)
+	// TaskFinished: the task ended with status after running for run.
+	TaskFinished(queue string, status schema.Status, run time.Duration)
+}
+
+type noObserver struct{}
+
+func (noObserver) TaskClaimed(string)                                {}
+func (noObserver) TaskStarted(string, time.Duration)                 {}
+func (noObserver) TaskFinished(string, schema.Status, time.Duration) {}
 
 // Validate checks the config and fills defaults.
 func (c *Config) Validate() error {
@@ -84,6 +104,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Observer == nil {
+		c.Observer = noObserver{}
 	}
 	if c.Now == nil {
 		c.Now = time.Now

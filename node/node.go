@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/disbatch-go/disbatch/events"
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/reaper"
+	"github.com/disbatch-go/disbatch/schema"
 )
 
 // Node is one execution node.
@@ -171,6 +173,14 @@ func (n *Node) Running(q bson.ObjectID) int {
 		return n.slots.Total()
 	}
 	return n.slots.Running(q)
+}
+
+// Queues returns the queues as last read (for per-queue metrics); their
+// counters are the projection's.
+func (n *Node) Queues() []schema.Queue {
+	n.queues.mu.Lock()
+	defer n.queues.mu.Unlock()
+	return slices.Clone(n.queues.all)
 }
 
 // ClaimerStats returns the claimer's counters.

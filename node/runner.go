@@ -42,6 +42,7 @@ func newRunner(n *Node) *runner {
 // dispatch is the claimer's Dispatch: the task is claimed (-1) by this node
 // and its slot taken.
 func (r *runner) dispatch(q claimer.Queue, t schema.Task) {
+	r.n.cfg.Observer.TaskClaimed(q.Name)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -94,6 +95,10 @@ func (r *runner) run(q claimer.Queue, t schema.Task) {
 	if err := r.write(log, "start", func(ctx context.Context) error { return cfg.Store.TaskStart(ctx, tr) }); err != nil {
 		return
 	}
+	started := time.Now()
+	if !t.CTime.IsZero() {
+		cfg.Observer.TaskStarted(q.Name, started.Sub(t.CTime))
+	}
 	p, ok := cfg.Plugins.Lookup(q.Constructor)
 	var res plugin.Result
 	if !ok {
@@ -109,6 +114,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task) {
 		return cfg.Store.TaskFinish(ctx, store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr})
 	})
 	if err == nil {
+		cfg.Observer.TaskFinished(q.Name, res.Status, time.Since(started))
 		log.Debug("task finished", "status", int(res.Status))
 	}
 }
