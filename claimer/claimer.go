@@ -38,10 +38,10 @@ type Config struct {
 	// Refresh returns the queues this node serves now; it is called on
 	// every tick and when a queue changes.
 	Refresh func(ctx context.Context) ([]Queue, error)
-	// Dispatch receives each claimed task, with its slot taken; it must
-	// return quickly (start the work elsewhere) and release the slot when
-	// the task is done.
-	Dispatch func(q Queue, t schema.Task)
+	// Dispatch receives each claimed task, with its slot taken, and when
+	// the claim was asked and answered; it must return quickly (start the
+	// work elsewhere) and release the slot when the task is done.
+	Dispatch func(q Queue, t schema.Task, claim Timing)
 	// Malformed receives a claimed task whose document could not be
 	// decoded (only t.ID and t.Raw are known; err is a *schema.DecodeError),
 	// slot taken likewise.
@@ -54,6 +54,9 @@ type Config struct {
 	// Passed, when set, is called after every pass (a test signal).
 	Passed func()
 }
+
+// Timing is when a claim was sent and when its answer came.
+type Timing struct{ Start, End time.Time }
 
 // Stats are counters for metrics.
 type Stats struct {
@@ -331,6 +334,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 			c.cfg.Slots.Release(q.ID)
 			return n
 		}
+		start := time.Now()
 		t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort})
 		var de *schema.DecodeError
 		switch {
@@ -339,7 +343,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 			c.mu.Lock()
 			c.stats.Claims++
 			c.mu.Unlock()
-			c.cfg.Dispatch(q, t)
+			c.cfg.Dispatch(q, t, Timing{Start: start, End: time.Now()})
 		case errors.As(err, &de):
 			c.cfg.Malformed(q, t, err)
 		case errors.Is(err, store.ErrNoTask):

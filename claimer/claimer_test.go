@@ -104,7 +104,7 @@ func newHarness(t *testing.T, edit func(*claimer.Config), queues ...claimer.Queu
 			defer h.mu.Unlock()
 			return slices.Clone(h.queues), nil
 		},
-		Dispatch: func(q claimer.Queue, task schema.Task) {
+		Dispatch: func(q claimer.Queue, task schema.Task, _ claimer.Timing) {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			if q.ID != task.Queue {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/tracing"
 )
 
 // Defaults shared by disbatch and disbatchd.
@@ -60,8 +61,22 @@ type IO struct {
 }
 
 // Main runs the CLI with the process's streams and returns the exit code.
+// With tracing configured in the environment (see package tracing), `task
+// submit` records a span and stores its trace context in the tasks.
 func Main(args []string) int {
-	return Run(context.Background(), args, IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Terminal: isTerminal(os.Stdout), Getenv: os.Getenv})
+	ctx := context.Background()
+	shutdown, err := tracing.Setup(ctx, "disbatch")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "disbatch: tracing is configured but cannot start:", err)
+		return ExitRuntime
+	}
+	code := Run(ctx, args, IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Terminal: isTerminal(os.Stdout), Getenv: os.Getenv})
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := shutdown(sctx); err != nil {
+		fmt.Fprintln(os.Stderr, "disbatch: flushing traces:", err)
+	}
+	return code
 }
 
 // Run runs the CLI with args (without the program name) and returns the exit

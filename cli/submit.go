@@ -13,8 +13,12 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/tracing"
 )
 
 // maxParamsSize keeps a task document under MongoDB's 16 MiB limit with room
@@ -195,10 +199,18 @@ order: with sort fifo they run oldest first.`,
 			if len(items) == 0 {
 				return fmt.Errorf("no tasks in %s: want JSON objects, one per line, or a JSON array of objects", name)
 			}
-			ids, err := insertBatches(cmd.Context(), s, q.ID, items, batchSize, parallel, g.progress(len(items)))
+			// One span for the submit; every task carries its trace context,
+			// so each task's execution spans join this trace.
+			ctx, span := tracing.Tracer().Start(cmd.Context(), "disbatch.submit", trace.WithSpanKind(trace.SpanKindProducer),
+				trace.WithAttributes(attribute.String("disbatch.queue", q.Name), attribute.String("disbatch.queue.id", q.ID.Hex()), attribute.Int("disbatch.tasks", len(items))))
+			ids, err := insertBatches(ctx, s, q.ID, items, batchSize, parallel, g.progress(len(items)))
 			if err != nil {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, "submit failed")
+				span.End()
 				return err
 			}
+			span.End()
 			if asJSON {
 				return writeJSON(g.io.Out, map[string]any{"queue": q.Name, "queue_id": q.ID.Hex(), "submitted": len(ids), "skipped": len(problems), "first": ids[0].Hex(), "last": ids[len(ids)-1].Hex()})
 			}
@@ -245,6 +257,7 @@ func (g *globals) progress(total int) func(done int) {
 // up front in input order, so _id order (fifo) is input order whatever order
 // the batches land in.
 func insertBatches(ctx context.Context, s *store.Store, queue bson.ObjectID, items []item, batchSize, parallel int, progress func(int)) ([]bson.ObjectID, error) {
+	traceparent, tracestate := tracing.Inject(ctx)
 	ids := make([]bson.ObjectID, len(items))
 	for i := range ids {
 		ids[i] = bson.NewObjectID()
@@ -266,7 +279,7 @@ func insertBatches(ctx context.Context, s *store.Store, queue bson.ObjectID, ite
 				for i := range params {
 					params[i] = items[start+i].params
 				}
-				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: params, IDs: ids[start:end]}); err != nil {
+				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: params, IDs: ids[start:end], TraceParent: traceparent, TraceState: tracestate}); err != nil {
 					errOnce.Do(func() {
 						firstErr = fmt.Errorf("insert tasks from input line %d on: %w", items[start].line, err)
 						cancel()

@@ -5,15 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/tracing"
 )
 
 // errGraceExpired is the cause given to plugins killed at shutdown.
@@ -41,13 +46,13 @@ func newRunner(n *Node) *runner {
 
 // dispatch is the claimer's Dispatch: the task is claimed (-1) by this node
 // and its slot taken.
-func (r *runner) dispatch(q claimer.Queue, t schema.Task) {
+func (r *runner) dispatch(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 	r.n.cfg.Observer.TaskClaimed(q.Name)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		defer r.done(q)
-		r.run(q, t)
+		r.run(q, t, claim)
 	}()
 }
 
@@ -80,25 +85,65 @@ func (r *runner) isStopping() bool {
 	return r.stopping
 }
 
-func (r *runner) run(q claimer.Queue, t schema.Task) {
+// run takes a claimed task through start, plugin and finish, tracing it:
+// one trace per task, joined to the submitter's when the task carries its
+// trace context. The task span starts at the task's ctime, so the time it
+// waited in the queue is visible, with children queued, claim (both writes:
+// claimed and running), run (the plugin) and complete.
+func (r *runner) run(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 	cfg := r.n.cfg
 	log := r.n.log.With("queue", q.Name, "task_id", t.ID.Hex())
+	tracer := tracing.Tracer()
+	begin := claim.Start
+	if !t.CTime.IsZero() && t.CTime.Before(begin) {
+		begin = t.CTime
+	}
+	ctx, task := tracer.Start(tracing.Extract(context.Background(), t.TraceParent, t.TraceState), "disbatch.task",
+		trace.WithTimestamp(begin), trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("disbatch.task.id", t.ID.Hex()),
+			attribute.String("disbatch.queue", q.Name),
+			attribute.String("disbatch.queue.id", q.ID.Hex()),
+			attribute.String("disbatch.constructor", q.Constructor),
+			attribute.String("disbatch.node", cfg.Name),
+		))
+	outcome := "released"
+	defer func() {
+		task.SetAttributes(attribute.String("disbatch.outcome", outcome))
+		task.End()
+	}()
+	if !t.CTime.IsZero() {
+		wait := claim.Start.Sub(t.CTime)
+		task.SetAttributes(attribute.Float64("disbatch.queue.wait_ms", float64(wait.Microseconds())/1000))
+		_, queued := tracer.Start(ctx, "disbatch.queued", trace.WithTimestamp(t.CTime))
+		queued.End(trace.WithTimestamp(claim.Start))
+	}
+	_, claimSpan := tracer.Start(ctx, "disbatch.claim", trace.WithTimestamp(claim.Start))
+
 	if cfg.beforeStart != nil {
 		cfg.beforeStart(t)
 	}
 	tr := store.TaskTransitionParams{ID: t.ID, Node: cfg.Name}
 	if r.isStopping() {
 		log.Info("handing back a claimed task: the node is stopping")
+		claimSpan.AddEvent("handed back: the node is stopping")
+		claimSpan.End()
 		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
 		return
 	}
 	if err := r.write(log, "start", func(ctx context.Context) error { return cfg.Store.TaskStart(ctx, tr) }); err != nil {
+		claimSpan.RecordError(err)
+		claimSpan.SetStatus(codes.Error, "could not mark the task running")
+		claimSpan.End()
+		outcome = "lost"
 		return
 	}
+	claimSpan.End()
 	started := time.Now()
 	if !t.CTime.IsZero() {
 		cfg.Observer.TaskStarted(q.Name, started.Sub(t.CTime))
 	}
+	_, runSpan := tracer.Start(ctx, "disbatch.run", trace.WithAttributes(attribute.String("disbatch.constructor", q.Constructor)))
 	p, ok := cfg.Plugins.Lookup(q.Constructor)
 	var res plugin.Result
 	if !ok {
@@ -110,13 +155,43 @@ func (r *runner) run(q claimer.Queue, t schema.Task) {
 			Parameters: t.Parameters, Document: t.Raw,
 		}, cfg.PluginTimeout)
 	}
+	runSpan.SetAttributes(attribute.Int("disbatch.status", int(res.Status)))
+	if res.Status != schema.StatusSucceeded {
+		runSpan.SetStatus(codes.Error, "task "+res.Status.String()+": "+lastLine(res.Stderr))
+	}
+	runSpan.End()
+
+	_, complete := tracer.Start(ctx, "disbatch.complete")
 	err := r.write(log, "finish", func(ctx context.Context) error {
 		return cfg.Store.TaskFinish(ctx, store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr})
 	})
-	if err == nil {
-		cfg.Observer.TaskFinished(q.Name, res.Status, time.Since(started))
-		log.Debug("task finished", "status", int(res.Status))
+	task.SetAttributes(attribute.Int("disbatch.status", int(res.Status)))
+	if err != nil {
+		complete.RecordError(err)
+		complete.SetStatus(codes.Error, "result not recorded")
+		complete.End()
+		outcome = "lost"
+		return
 	}
+	complete.End()
+	outcome = res.Status.String()
+	if res.Status != schema.StatusSucceeded {
+		task.SetStatus(codes.Error, "task "+res.Status.String())
+	}
+	cfg.Observer.TaskFinished(q.Name, res.Status, time.Since(started))
+	log.Debug("task finished", "status", int(res.Status))
+}
+
+// lastLine is the last non-empty line of s, at most 200 bytes.
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
 }
 
 // write performs a guarded write, retrying transient errors with backoff

@@ -18,6 +18,11 @@ const (
 	TaskStdout     = "stdout"
 	TaskStderr     = "stderr"
 	TaskComplete   = "complete" // written by the Disbatch 4.103 task runner
+	// TaskTraceParent and TaskTraceState carry the submitter's W3C trace
+	// context (https://www.w3.org/TR/trace-context/), so the node's spans
+	// join the submitter's trace. Optional; this project's own fields.
+	TaskTraceParent = "traceparent"
+	TaskTraceState  = "tracestate"
 )
 
 // Unclaimed is the node value of a task nobody has claimed (seed 000). The
@@ -36,6 +41,9 @@ type Task struct {
 	Parameters bson.Raw // an object; nil when absent
 	Stdout     Output
 	Stderr     Output
+	// TraceParent and TraceState are the submitter's trace context, if any.
+	TraceParent string
+	TraceState  string
 
 	Raw bson.Raw
 }
@@ -64,6 +72,13 @@ func DecodeTask(raw bson.Raw) (Task, error) {
 		Stdout: output(r, TaskStdout),
 		Stderr: output(r, TaskStderr),
 		Raw:    raw,
+	}
+	// A malformed trace context is ignored, never fatal: tracing is optional.
+	if _, v, ok := r.lookup(TaskTraceParent); ok {
+		t.TraceParent, _ = v.StringValueOK()
+	}
+	if _, v, ok := r.lookup(TaskTraceState); ok {
+		t.TraceState, _ = v.StringValueOK()
 	}
 	if n, v, ok := r.lookup(TaskParameters, TaskParams); ok {
 		doc, isDoc := v.DocumentOK()

@@ -22,6 +22,10 @@ type TaskInsertManyParams struct {
 	// caller inserting concurrent batches allocates them up front so that
 	// fifo order (by _id) is submission order.
 	IDs []bson.ObjectID
+	// TraceParent and TraceState, when set, are written to every task so
+	// that the node's spans join the submitter's trace.
+	TraceParent string
+	TraceState  string
 }
 
 // TaskInsertMany inserts queued tasks exactly as seed 000 describes them:
@@ -46,7 +50,7 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 		if params == nil {
 			params = emptyDoc
 		}
-		docs[i] = bson.D{
+		d := bson.D{
 			{Key: "_id", Value: ids[i]},
 			{Key: schema.TaskQueue, Value: p.Queue},
 			{Key: schema.TaskCTime, Value: now},
@@ -57,6 +61,13 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 			{Key: schema.TaskStdout, Value: nil},
 			{Key: schema.TaskStderr, Value: nil},
 		}
+		if p.TraceParent != "" {
+			d = append(d, bson.E{Key: schema.TaskTraceParent, Value: p.TraceParent})
+			if p.TraceState != "" {
+				d = append(d, bson.E{Key: schema.TaskTraceState, Value: p.TraceState})
+			}
+		}
+		docs[i] = d
 	}
 	if _, err := s.tasks.InsertMany(ctx, docs); err != nil {
 		return nil, fmt.Errorf("insert %d tasks into queue %s: %w", len(docs), p.Queue.Hex(), err)

@@ -20,6 +20,7 @@ import (
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/tracing"
 )
 
 // EnvNode names the node when --node is not given.
@@ -339,6 +340,20 @@ func plugins(s settings) (*plugin.Registry, error) {
 // serve connects (retrying), runs the node until a signal, and stops it.
 func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logger, signals <-chan os.Signal) error {
 	log = log.With("node", s.Node)
+	shutdownTracing, err := tracing.Setup(ctx, "disbatchd")
+	if err != nil {
+		return fmt.Errorf("tracing is configured (OTEL_* environment) but cannot start: %w", err)
+	}
+	if tracing.Enabled() {
+		log.Info("tracing task lifecycles with OpenTelemetry (OTEL_* environment)")
+	}
+	defer func() {
+		tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer tcancel()
+		if err := shutdownTracing(tctx); err != nil {
+			log.Warn("flush traces", "error", err)
+		}
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {

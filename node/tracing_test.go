@@ -1,0 +1,94 @@
+package node
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/tracing"
+)
+
+func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+func TestTaskLifecycleIsOneTraceJoinedToTheSubmitter(t *testing.T) {
+	b := setup(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	otel.SetTracerProvider(tp) // other tests' spans are recorded too: filtered by task id below
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+
+	q := b.queue("traced", plugin.DemoConstructor, 2, schema.SortFIFO)
+	ctx, submit := tp.Tracer("test").Start(context.Background(), "submitter")
+	traceparent, tracestate := tracing.Inject(ctx)
+	submit.End()
+	ps := []bson.Raw{}
+	for _, c := range []string{"a", "c"} {
+		raw, _ := bson.Marshal(bson.D{{Key: "commands", Value: c}})
+		ps = append(ps, raw)
+	}
+	ids, err := b.store.TaskInsertMany(context.Background(), store.TaskInsertManyParams{Queue: q, Parameters: ps, TraceParent: traceparent, TraceState: tracestate})
+	require.NoError(t, err)
+	b.start(b.config("n1"))
+	b.waitDone(nil, 2, 10*time.Second)
+
+	byTask := func(id bson.ObjectID) (task sdktrace.ReadOnlySpan, children map[string]sdktrace.ReadOnlySpan) {
+		require.Eventually(t, func() bool {
+			for _, s := range rec.Ended() {
+				if s.Name() == "disbatch.task" && attrs(s)["disbatch.task.id"].AsString() == id.Hex() {
+					task = s
+					return true
+				}
+			}
+			return false
+		}, 5*time.Second, 10*time.Millisecond)
+		children = map[string]sdktrace.ReadOnlySpan{}
+		for _, s := range rec.Ended() {
+			if s.Parent().SpanID() == task.SpanContext().SpanID() {
+				children[s.Name()] = s
+			}
+		}
+		return task, children
+	}
+	ok, okChildren := byTask(ids[0])
+	require.Equal(t, submit.SpanContext().TraceID(), ok.SpanContext().TraceID(), "one trace with the submitter")
+	require.Equal(t, submit.SpanContext().SpanID(), ok.Parent().SpanID(), "the task span is the submitter's child")
+	a := attrs(ok)
+	require.Equal(t, "traced", a["disbatch.queue"].AsString())
+	require.Equal(t, plugin.DemoConstructor, a["disbatch.constructor"].AsString())
+	require.Equal(t, "n1", a["disbatch.node"].AsString())
+	require.Equal(t, int64(1), a["disbatch.status"].AsInt64())
+	require.Equal(t, "succeeded", a["disbatch.outcome"].AsString())
+	require.Contains(t, a, attribute.Key("disbatch.queue.wait_ms"))
+	require.Len(t, okChildren, 4, "queued, claim, run, complete")
+	for _, name := range []string{"disbatch.queued", "disbatch.claim", "disbatch.run", "disbatch.complete"} {
+		require.Contains(t, okChildren, name)
+	}
+	task, err := b.store.TaskGet(context.Background(), ids[0])
+	require.NoError(t, err)
+	require.Equal(t, task.CTime, okChildren["disbatch.queued"].StartTime().UTC().Truncate(time.Millisecond), "the wait in the queue starts at ctime")
+	require.Equal(t, ok.StartTime(), okChildren["disbatch.queued"].StartTime())
+	require.False(t, okChildren["disbatch.run"].StartTime().Before(okChildren["disbatch.claim"].EndTime()), "run follows the claim")
+
+	failed, failedChildren := byTask(ids[1])
+	require.Equal(t, codes.Error, failed.Status().Code)
+	require.Equal(t, codes.Error, failedChildren["disbatch.run"].Status().Code)
+	require.Contains(t, failedChildren["disbatch.run"].Status().Description, "cry")
+	require.Equal(t, "failed", attrs(failed)["disbatch.outcome"].AsString())
+}
