@@ -597,7 +597,14 @@ func TestNodeDocumentAndOperatorMaxThreads(t *testing.T) {
 func TestStopLeavesNoGoroutines(t *testing.T) {
 	// Not parallel: goleak must see only this node's goroutines.
 	db := mongotest.Database(t)
-	opts := []goleak.Option{goleak.IgnoreCurrent()}
+	opts := []goleak.Option{
+		goleak.IgnoreCurrent(),
+		// The shared test client's monitors, which may start after the
+		// baseline and outlive the node by design.
+		goleak.IgnoreAnyFunction("go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology.(*rttMonitor).runHellos"),
+		goleak.IgnoreAnyFunction("go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology.checkServerWithSignal.func1"),
+		goleak.IgnoreTopFunction("go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology.(*contextDoneListener).Listen"),
+	}
 	reg := plugin.NewRegistry()
 	rec := newRecorder()
 	reg.Register("test", rec)

@@ -234,6 +234,17 @@ func (s *Service) lead(ctx context.Context, lease store.Lease) error {
 	return err
 }
 
+// commit runs one counter transaction. It is never interrupted by Stop:
+// a transaction cancelled while one of its operations still runs on the
+// server may fail to abort and then holds its locks (the lease, the queues)
+// until the server's transaction lifetime limit. Stop waits for it instead;
+// the fence makes a late commit harmless.
+func (s *Service) commit(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error) {
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return s.cfg.Store.CountersApply(tctx, p)
+}
+
 func (s *Service) recordLags(lags []time.Duration, events int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -504,7 +515,7 @@ func (p *projector) apply(ctx context.Context, batch []bson.Raw, token bson.Raw)
 	for _, d := range deltas {
 		list = append(list, *d)
 	}
-	missing, err := p.s.cfg.Store.CountersApply(ctx, store.CountersApplyParams{Lease: p.ref, Deltas: list, Checkpoint: token, CheckpointTime: at})
+	missing, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Deltas: list, Checkpoint: token, CheckpointTime: at})
 	if err != nil {
 		return err
 	}
@@ -699,7 +710,7 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		}
 	}
 	if len(sets) > 0 {
-		if _, err := p.s.cfg.Store.CountersApply(ctx, store.CountersApplyParams{Lease: p.ref, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
+		if _, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
 			return err
 		}
 	}
