@@ -16,6 +16,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/cli"
+	"github.com/disbatch-go/disbatch/metrics"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/reaper"
@@ -25,6 +26,9 @@ import (
 
 // EnvNode names the node when --node is not given.
 const EnvNode = "DISBATCH_NODE"
+
+// EnvMetricsAddr is the metrics address when --metrics-addr is not given.
+const EnvMetricsAddr = "DISBATCH_METRICS_ADDR"
 
 type env struct {
 	getenv  func(string) string
@@ -52,6 +56,7 @@ type settings struct {
 	OutputThreshold int               `json:"output_threshold"`
 	LogFormat       string            `json:"log_format"`
 	LogLevel        string            `json:"log_level"`
+	MetricsAddr     string            `json:"metrics_addr"`
 }
 
 // duration reads "30s"-style strings in the config file.
@@ -81,7 +86,12 @@ writes.
 Settings come from flags, then the environment, then --config FILE (JSON with
 the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
 plugins, plugin_timeout, grace, tick, orphan_after, poll_only, no_projector,
-output_threshold, log_format, log_level), then the defaults.
+output_threshold, log_format, log_level, metrics_addr), then the defaults.
+
+--metrics-addr ADDR (env DISBATCH_METRICS_ADDR; off unless given) serves
+Prometheus metrics at /metrics, /healthz (200 while the process runs) and
+/readyz (200 once the node has started). A bare port (9464 or :9464) listens
+on 127.0.0.1 only: give 0.0.0.0:9464 to expose it.
 
 Every node stands for election as the counter projector, which keeps the
 queues' count_todo and count_total exact from the change stream; one wins
@@ -151,6 +161,7 @@ func run(ctx context.Context, args []string, e env) int {
 	f.IntVar(&s.OutputThreshold, "output-threshold", store.DefaultOutputThreshold, "stdout+stderr bytes above which output goes to GridFS")
 	f.StringVar(&s.LogFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&s.MetricsAddr, "metrics-addr", e.getenv(EnvMetricsAddr), "serve /metrics, /healthz and /readyz on HOST:PORT (env "+EnvMetricsAddr+"; off unless given; a bare port binds 127.0.0.1 only, give 0.0.0.0:9464 to expose it)")
 
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if configFile != "" {
@@ -185,6 +196,9 @@ func run(ctx context.Context, args []string, e env) int {
 		}
 		if s.Node == "" {
 			return &cli.UsageError{Err: errors.New("no node name: give --node or " + EnvNode)}
+		}
+		if _, err := metrics.ListenAddr(s.MetricsAddr); err != nil {
+			return &cli.UsageError{Err: err}
 		}
 		return serve(ctx, s, reg, log, e.signals)
 	}
@@ -291,6 +305,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	if file.LogLevel != "" && unset("log-level", "") {
 		s.LogLevel = file.LogLevel
 	}
+	if file.MetricsAddr != "" && unset("metrics-addr", EnvMetricsAddr) {
+		s.MetricsAddr = file.MetricsAddr
+	}
 	return nil
 }
 
@@ -363,6 +380,12 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		case <-ctx.Done():
 		}
 	}()
+	obs := metrics.New() // /healthz answers while MongoDB does not; /readyz once started
+	msrv, err := metrics.Serve(s.MetricsAddr, obs, log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = msrv.Stop() }()
 	st, closeFn, pollOnly, err := connect(ctx, s, log)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -385,17 +408,21 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		Name: s.Node, Store: st, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
 		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
+		Observer: obs,
 	})
 	if err != nil {
 		return err
 	}
+	obs.Attach(n)
 	if err := n.Start(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped by a signal while starting
 		}
 		return err
 	}
+	obs.SetReady(true)
 	<-ctx.Done()
+	obs.SetReady(false)
 	log.Info("signal received: stopping (a second signal exits at once)", "grace", time.Duration(s.Grace))
 	stopped := make(chan struct{})
 	go func() {

@@ -1,0 +1,215 @@
+package metrics
+
+import (
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/node"
+	"github.com/disbatch-go/disbatch/projections"
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// Source is what the collector reads at scrape time; *node.Node is one.
+type Source interface {
+	// Queues returns the queues as last read, with their counters.
+	Queues() []schema.Queue
+	// Running returns how many tasks of queue q the node holds.
+	Running(q bson.ObjectID) int
+	ClaimerStats() claimer.Stats
+	StreamStats() events.Stats
+	ProjectorStats() projections.Stats
+}
+
+var _ Source = (*node.Node)(nil)
+
+// PickupBuckets are the buckets of disbatch_task_pickup_seconds: 1 ms to
+// 60 s, dense below 100 ms (a change-stream pickup takes a few ms, a
+// poll-only one up to the tick).
+var PickupBuckets = []float64{
+	0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+}
+
+// RunBuckets are the buckets of disbatch_task_run_seconds: 1 ms to 1 h.
+var RunBuckets = []float64{
+	0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
+}
+
+// Metrics is one node's registry. It is a node.Observer; Attach gives it
+// the node to read at scrape time, SetReady drives /readyz.
+type Metrics struct {
+	reg      *prometheus.Registry
+	claimed  *prometheus.CounterVec
+	pickup   *prometheus.HistogramVec
+	finished *prometheus.CounterVec
+	run      *prometheus.HistogramVec
+
+	src   atomic.Pointer[Source]
+	ready atomic.Bool
+}
+
+var _ node.Observer = (*Metrics)(nil)
+
+// New returns a registry with the task metrics, the node collector (empty
+// until Attach) and the Go and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		claimed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "disbatch_tasks_claimed_total", Help: "Tasks claimed by this node.",
+		}, []string{"queue"}),
+		pickup: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "disbatch_task_pickup_seconds", Help: "From a task's ctime to its running (status 0) on this node.",
+			Buckets: PickupBuckets,
+		}, []string{"queue"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "disbatch_tasks_finished_total", Help: "Tasks this node finished, by final status (1 succeeded, 2 failed, other plugin statuses).",
+		}, []string{"queue", "status"}),
+		run: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "disbatch_task_run_seconds", Help: "How long tasks ran on this node (running to finished).",
+			Buckets: RunBuckets,
+		}, []string{"queue"}),
+	}
+	m.reg.MustRegister(m.claimed, m.pickup, m.finished, m.run, &nodeCollector{m: m},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry returns the registry, e.g. to register more collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Attach makes the collector read src (the node) at scrape time.
+func (m *Metrics) Attach(src Source) { m.src.Store(&src) }
+
+// SetReady sets what /readyz answers: 200 when ready, 503 otherwise.
+func (m *Metrics) SetReady(ready bool) { m.ready.Store(ready) }
+
+// Ready reports what SetReady last set.
+func (m *Metrics) Ready() bool { return m.ready.Load() }
+
+// TaskClaimed implements node.Observer.
+func (m *Metrics) TaskClaimed(queue string) { m.claimed.WithLabelValues(queue).Inc() }
+
+// TaskStarted implements node.Observer. A negative pickup (the submitter's
+// clock ahead of ours) counts as 0.
+func (m *Metrics) TaskStarted(queue string, pickup time.Duration) {
+	m.pickup.WithLabelValues(queue).Observe(max(pickup, 0).Seconds())
+}
+
+// TaskFinished implements node.Observer.
+func (m *Metrics) TaskFinished(queue string, status schema.Status, run time.Duration) {
+	m.finished.WithLabelValues(queue, strconv.Itoa(int(status))).Inc()
+	m.run.WithLabelValues(queue).Observe(max(run, 0).Seconds())
+}
+
+// nodeCollector reads the attached Source at scrape time.
+type nodeCollector struct{ m *Metrics }
+
+var (
+	descQueueTasks = prometheus.NewDesc("disbatch_queue_tasks",
+		"Tasks in each queue by state, from the queue's projected counters (todo: status <= 0; done = count_total - count_todo). Absent while a queue has no counters.",
+		[]string{"queue", "state"}, nil)
+	descRunning = prometheus.NewDesc("disbatch_node_tasks_running",
+		"Tasks of each queue this node holds (claimed or running).", []string{"queue"}, nil)
+	descClaims = prometheus.NewDesc("disbatch_claims_total",
+		"Tasks claimed by this node's claimer.", nil, nil)
+	descPasses = prometheus.NewDesc("disbatch_claim_passes_total",
+		"Claim passes that found work, by what started them (a change-stream wake-up or the tick).", []string{"trigger"}, nil)
+	descStreamEvents = prometheus.NewDesc("disbatch_change_stream_events_total",
+		"Change-stream events this node received.", nil, nil)
+	descStreamResumes = prometheus.NewDesc("disbatch_change_stream_resumes_total",
+		"Times the change stream was reopened after an error.", nil, nil)
+	descStreamRescans = prometheus.NewDesc("disbatch_change_stream_rescans_total",
+		"Rescans after lost change-stream history.", nil, nil)
+	descLeader = prometheus.NewDesc("disbatch_projector_leader",
+		"1 while this node holds the counter projector's lease, else 0.", nil, nil)
+	descLag = prometheus.NewDesc("disbatch_projection_lag_seconds",
+		"Projection lag (event to counters committed) over recent events.", []string{"quantile"}, nil)
+	descProjEvents = prometheus.NewDesc("disbatch_projection_events_total",
+		"Task events this node applied to the counters as projector.", nil, nil)
+	descDrift = prometheus.NewDesc("disbatch_projection_drift_queues_total",
+		"Queues whose counters differed from a recount (should stay 0).", nil, nil)
+)
+
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
+		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift} {
+		ch <- d
+	}
+}
+
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	p := c.m.src.Load()
+	if p == nil {
+		return
+	}
+	src := *p
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+
+	// Queue names are not unique in the database; same-named queues are
+	// added up so that no series is collected twice.
+	type queueSums struct {
+		todo, total     int64
+		running         int
+		counted, broken bool
+	}
+	sums := map[string]*queueSums{}
+	var names []string
+	for _, q := range src.Queues() {
+		s := sums[q.Name]
+		if s == nil {
+			s = &queueSums{}
+			sums[q.Name] = s
+			names = append(names, q.Name)
+		}
+		s.running += src.Running(q.ID)
+		if q.CountTodo == nil || q.CountTotal == nil {
+			s.broken = true // one same-named queue without counters: no sum
+			continue
+		}
+		s.todo += *q.CountTodo
+		s.total += *q.CountTotal
+		s.counted = true
+	}
+	for _, name := range names {
+		s := sums[name]
+		gauge(descRunning, float64(s.running), name)
+		if s.counted && !s.broken {
+			gauge(descQueueTasks, float64(s.todo), name, "todo")
+			gauge(descQueueTasks, float64(s.total-s.todo), name, "done")
+		}
+	}
+
+	cs := src.ClaimerStats()
+	counter(descClaims, cs.Claims)
+	counter(descPasses, cs.WakePasses, "wakeup")
+	counter(descPasses, cs.TickPasses, "tick")
+
+	ss := src.StreamStats()
+	counter(descStreamEvents, ss.Events)
+	counter(descStreamResumes, ss.Resumes)
+	counter(descStreamRescans, ss.Rescans)
+
+	ps := src.ProjectorStats()
+	leader := 0.0
+	if ps.Leader {
+		leader = 1
+	}
+	gauge(descLeader, leader)
+	gauge(descLag, ps.LagP50.Seconds(), "0.5")
+	gauge(descLag, ps.LagP99.Seconds(), "0.99")
+	counter(descProjEvents, ps.Events)
+	counter(descDrift, ps.DriftQueues)
+}
