@@ -4,7 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
+
+	"github.com/disbatch-go/disbatch/internal/toolcache"
 )
 
 // Version is the Jaeger version that scripts/fetch-jaeger.sh builds (and so
@@ -18,15 +19,7 @@ const howTo = "run `make jaeger` (or set DISBATCH_JAEGER to a Jaeger v2 binary)"
 // ${XDG_CACHE_HOME:-$HOME/.cache}/disbatch/jaeger/1.76.0/jaeger. It returns
 // "" when neither XDG_CACHE_HOME nor HOME is set.
 func CachedBinary() string {
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home := os.Getenv("HOME")
-		if home == "" {
-			return ""
-		}
-		cache = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(cache, "disbatch", "jaeger", Version, "jaeger")
+	return toolcache.Path("jaeger", Version, "jaeger")
 }
 
 // isExecutable reports whether path is a regular file with an execute bit.

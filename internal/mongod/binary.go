@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
+
+	"github.com/disbatch-go/disbatch/internal/toolcache"
 )
 
 // Version is the MongoDB version that scripts/fetch-mongod.sh installs (and
@@ -19,15 +20,7 @@ const howTo = "run `make mongod` (or set DISBATCH_MONGOD to a mongod binary)"
 // ${XDG_CACHE_HOME:-$HOME/.cache}/disbatch/mongodb/6.0.5/bin/mongod.
 // It returns "" when neither XDG_CACHE_HOME nor HOME is set.
 func cachedBinary() string {
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home := os.Getenv("HOME")
-		if home == "" {
-			return ""
-		}
-		cache = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(cache, "disbatch", "mongodb", Version, "bin", "mongod")
+	return toolcache.Path("mongodb", Version, "bin", "mongod")
 }
 
 // isExecutable reports whether path is a regular file with an execute bit.
