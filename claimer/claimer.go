@@ -121,17 +121,20 @@ func (c *Claimer) Start(ctx context.Context) error {
 	}
 	ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if c.cfg.Events != nil {
-		var chans []<-chan *message.Message
+		// Each topic gets its listener as soon as it is subscribed: the bus
+		// blocks a publisher (holding its subscriber lock) until every
+		// subscriber acknowledged, so a subscription nobody reads yet would
+		// stall the next Subscribe for ever.
 		for _, topic := range []string{events.TopicTasks, events.TopicQueues, events.TopicRescan} {
 			ch, err := c.cfg.Events.Subscribe(ctx, topic)
 			if err != nil {
 				c.cancel()
+				c.wg.Wait()
 				return err
 			}
-			chans = append(chans, ch)
+			c.wg.Add(1)
+			go c.listen(ctx, topic, ch)
 		}
-		c.wg.Add(1)
-		go c.listen(ctx, chans[0], chans[1], chans[2])
 	}
 	c.wg.Add(1)
 	go c.loop(ctx)
@@ -193,20 +196,14 @@ func (c *Claimer) signal() {
 	}
 }
 
-func (c *Claimer) listen(ctx context.Context, tasks, queues, rescans <-chan *message.Message) {
+func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.Message) {
 	defer c.wg.Done()
 	for {
 		var msg *message.Message
-		var topic string
 		select {
 		case <-ctx.Done():
 			return
-		case msg = <-tasks:
-			topic = events.TopicTasks
-		case msg = <-queues:
-			topic = events.TopicQueues
-		case msg = <-rescans:
-			topic = events.TopicRescan
+		case msg = <-ch:
 		}
 		if msg == nil {
 			return // the bus closed

@@ -3,6 +3,7 @@ package claimer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -685,4 +686,50 @@ func TestStopLeavesNoGoroutines(t *testing.T) {
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q.ID, Status: &queued})
 	time.Sleep(quiet)
 	require.Empty(t, h.st.take())
+}
+
+func TestStartWhileEventsArePublished(t *testing.T) {
+	t.Parallel()
+	// The change stream is open before the claimer subscribes, so events
+	// may be published between its subscriptions; that must not deadlock
+	// (the bus blocks a publisher until every subscriber acknowledged).
+	bus := events.NewBus(slog.New(slog.DiscardHandler))
+	defer bus.Close()
+	stop := make(chan struct{})
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		status := schema.StatusQueued
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			msg, err := events.Encode(events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: bson.NewObjectID(), Status: &status})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = bus.Publish(events.TopicTasks, msg)
+		}
+	}()
+	for i := range 20 {
+		h := newHarness(t, func(c *claimer.Config) { c.Events = bus; c.Passed = nil }, queue(fmt.Sprintf("q%d", i), 1))
+		h.st.set(func(context.Context, store.TaskClaimParams) (schema.Task, error) {
+			return schema.Task{}, store.ErrNoTask
+		})
+		started := make(chan error, 1)
+		go func() { started <- h.c.Start(context.Background()) }()
+		select {
+		case err := <-started:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			close(stop)
+			t.Fatal("Start deadlocked against a publisher")
+		}
+		h.c.Stop()
+	}
+	close(stop)
+	<-published
 }
