@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
 )
 
 // TokenStore keeps resume tokens (the store implements it).
@@ -147,7 +147,7 @@ func (s *Stream) open(ctx context.Context) (*mongo.ChangeStream, error) {
 		o.SetStartAfter(s.token)
 	}
 	cs, err := s.cfg.DB.Watch(ctx, pipeline(), o)
-	if err != nil && s.token != nil && historyLost(err) {
+	if err != nil && s.token != nil && store.StreamPositionLost(err) {
 		s.log.Warn("change stream history lost; starting from now and rescanning", "stream", s.cfg.Name, "error", err)
 		s.token = nil
 		cs, err = s.cfg.DB.Watch(ctx, pipeline(), options.ChangeStream().SetMaxAwaitTime(s.cfg.MaxAwait))
@@ -160,20 +160,6 @@ func (s *Stream) open(ctx context.Context) (*mongo.ChangeStream, error) {
 		return nil, fmt.Errorf("open change stream on %s: %w", s.cfg.DB.Name(), err)
 	}
 	return cs, nil
-}
-
-// historyLost reports errors after which the stream cannot resume where it
-// was: ChangeStreamHistoryLost (286), InvalidResumeToken (260),
-// ChangeStreamFatalError (280), and a saved token the server cannot read
-// (40647 bad resume token, 50811 KeyString format error, FailedToParse (9)
-// for a _data that is not hex), which would otherwise fail every Start.
-func historyLost(err error) bool {
-	var se mongo.ServerError
-	if errors.As(err, &se) {
-		return se.HasErrorCode(286) || se.HasErrorCode(260) || se.HasErrorCode(280) ||
-			se.HasErrorCode(40647) || se.HasErrorCode(50811) || se.HasErrorCode(9)
-	}
-	return false
 }
 
 func (s *Stream) run(ctx context.Context, cs *mongo.ChangeStream) {
@@ -217,7 +203,7 @@ func (s *Stream) reopen(ctx context.Context, cause error) *mongo.ChangeStream {
 	lost := false
 	if cause != nil {
 		s.log.Warn("change stream interrupted; resuming", "stream", s.cfg.Name, "error", cause)
-		if historyLost(cause) {
+		if store.StreamPositionLost(cause) {
 			s.token = nil
 			lost = true
 		}

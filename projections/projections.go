@@ -309,7 +309,7 @@ func (p *projector) run(ctx context.Context) error {
 			}
 			if err != nil {
 				p.s.log.Warn("projector stream interrupted; resuming", "error", err)
-				if historyLost(err) {
+				if store.StreamPositionLost(err) {
 					p.token, p.full = nil, true
 				}
 			} else {
@@ -389,7 +389,7 @@ func (p *projector) open(ctx context.Context) (*mongo.ChangeStream, error) {
 		if err == nil {
 			return cs, nil
 		}
-		if !historyLost(err) {
+		if !store.StreamPositionLost(err) {
 			return nil, err
 		}
 		p.s.log.Warn("projector checkpoint is no longer in the oplog: recounting", "error", err)
@@ -446,11 +446,6 @@ func tokenTime(token bson.Raw) (bson.Timestamp, bool) {
 		return bson.Timestamp{}, false
 	}
 	return bson.Timestamp{T: binary.BigEndian.Uint32(b[:4]), I: binary.BigEndian.Uint32(b[4:])}, true
-}
-
-func historyLost(err error) bool {
-	var se mongo.ServerError
-	return errors.As(err, &se) && (se.HasErrorCode(286) || se.HasErrorCode(260) || se.HasErrorCode(280))
 }
 
 func pipeline() mongo.Pipeline {

@@ -349,3 +349,29 @@ func TestQueuesFilledWhileEveryNodeWasDown(t *testing.T) {
 	require.Equal(t, int64(0), *stored[empty][1])
 	require.Zero(t, p.Stats().DriftQueues)
 }
+
+func TestCorruptCheckpointTokenIsRepairedByRecount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	logs := &logBuf{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	q := newQueue(t, db, "q", 0, true)
+	insertBurst(t, db, q, 0, 10, func(int) any { return -2 })
+	// A checkpoint the server cannot even parse (MongoDB answers
+	// FailedToParse): the projector must recount, not fail every term.
+	_, err := db.Collection(store.CollLeases).InsertOne(ctx, bson.D{{Key: "_id", Value: projections.LeaseName},
+		{Key: "checkpoint", Value: bson.D{{Key: "_data", Value: "not hex"}}}})
+	require.NoError(t, err)
+	p := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, Logger: logger(logs)})
+	require.NoError(t, p.Start(ctx))
+	t.Cleanup(p.Stop)
+	requireExact(t, s, 10*time.Second)
+	insertBurst(t, db, q, 10, 5, func(int) any { return -2 })
+	requireExact(t, s, 10*time.Second)
+}

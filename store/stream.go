@@ -42,3 +42,22 @@ func (s *Store) StreamTokenSave(ctx context.Context, name string, token bson.Raw
 	}
 	return nil
 }
+
+// StreamPositionLost reports whether a change stream cannot resume from the
+// position it was given, so its reader must start afresh and re-read the
+// database: the history is gone (ChangeStreamHistoryLost 286), the token is
+// not in this deployment's history (ChangeStreamFatalError 280,
+// InvalidResumeToken 260), or the token cannot even be read (40647, 50811,
+// FailedToParse 9, as MongoDB 6.0 answers corrupt tokens).
+func StreamPositionLost(err error) bool {
+	var se mongo.ServerError
+	if !errors.As(err, &se) {
+		return false
+	}
+	for _, code := range []int{286, 280, 260, 40647, 50811, 9} {
+		if se.HasErrorCode(code) {
+			return true
+		}
+	}
+	return false
+}
