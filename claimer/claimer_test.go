@@ -203,6 +203,24 @@ func ids(qs ...claimer.Queue) []bson.ObjectID {
 	return out
 }
 
+func TestSlotsPause(t *testing.T) {
+	t.Parallel()
+	s := claimer.NewSlots()
+	q := bson.NewObjectID()
+	require.True(t, s.TryAcquire(q, 5))
+	require.True(t, s.Pause("fenced"))
+	require.False(t, s.Pause("fenced"), "already paused for that reason")
+	require.True(t, s.Pause("draining"))
+	require.False(t, s.TryAcquire(q, 5), "paused")
+	require.Equal(t, 1, s.Total(), "slots in use stay")
+	require.True(t, s.Resume("fenced"))
+	require.False(t, s.Resume("fenced"))
+	require.True(t, s.Paused("draining"))
+	require.False(t, s.TryAcquire(q, 5), "still draining")
+	require.True(t, s.Resume("draining"))
+	require.True(t, s.TryAcquire(q, 5))
+}
+
 func TestSlots(t *testing.T) {
 	t.Parallel()
 	s := claimer.NewSlots()

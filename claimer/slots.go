@@ -13,6 +13,7 @@ type Slots struct {
 	perQueue map[bson.ObjectID]int
 	total    int
 	nodeMax  *int
+	paused   map[string]bool // reasons no slot may be taken
 }
 
 // NewSlots returns empty slots with no node-wide cap.
@@ -22,12 +23,42 @@ func NewSlots() *Slots { return &Slots{perQueue: map[bson.ObjectID]int{}} }
 func (s *Slots) TryAcquire(q bson.ObjectID, queueMax int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.perQueue[q] >= queueMax || (s.nodeMax != nil && s.total >= *s.nodeMax) {
+	if len(s.paused) > 0 || s.perQueue[q] >= queueMax || (s.nodeMax != nil && s.total >= *s.nodeMax) {
 		return false
 	}
 	s.perQueue[q]++
 	s.total++
 	return true
+}
+
+// Pause stops new slots from being taken until Resume(reason); slots in
+// use are not affected. Several reasons may hold at once (e.g. "fenced"
+// and "draining"). It reports whether the reason was new.
+func (s *Slots) Pause(reason string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.paused == nil {
+		s.paused = map[string]bool{}
+	}
+	was := s.paused[reason]
+	s.paused[reason] = true
+	return !was
+}
+
+// Resume lifts one reason given to Pause; it reports whether it held.
+func (s *Slots) Resume(reason string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	was := s.paused[reason]
+	delete(s.paused, reason)
+	return was
+}
+
+// Paused reports whether reason holds.
+func (s *Slots) Paused(reason string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.paused[reason]
 }
 
 // Release gives back a slot of queue q.

@@ -7,15 +7,23 @@ import (
 	"time"
 
 	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
 // Defaults.
 const (
-	DefaultTick      = time.Second
-	DefaultHeartbeat = time.Second
-	DefaultGrace     = 30 * time.Second
+	DefaultTick       = time.Second
+	DefaultHeartbeat  = time.Second
+	DefaultGrace      = 30 * time.Second
+	DefaultFenceAfter = 10 * time.Second
+	DefaultDeadAfter  = reaper.DefaultDeadAfter
+	// FenceMargin is the least time between a silent node fencing itself
+	// and the other nodes declaring it dead: killing its plugins takes
+	// milliseconds, and the rest covers a failover to a primary whose
+	// clock differs (dead-after is judged by the primary's clock).
+	FenceMargin = 2 * time.Second
 )
 
 // Config configures a Node.
@@ -42,6 +50,14 @@ type Config struct {
 	PluginTimeout time.Duration
 	// OrphanAfter is the age of a claim the reaper orphans.
 	OrphanAfter time.Duration
+	// DeadAfter: a node whose heartbeat is older (by the server's clock) is
+	// declared dead by a live node, which recovers its tasks.
+	DeadAfter time.Duration
+	// FenceAfter: a node none of whose heartbeats was acknowledged for this
+	// long stops claiming and kills its running tasks, so that nothing it
+	// runs overlaps a re-run elsewhere once it is declared dead. It must be
+	// at least two heartbeats and at most DeadAfter - FenceMargin.
+	FenceAfter time.Duration
 	// Observer, when set, is told about every task's lifecycle (metrics).
 	Observer Observer
 	// NoProjector keeps this node out of the election of the counter
@@ -52,6 +68,7 @@ type Config struct {
 
 	// Test signals (nil in production).
 	beforeStart func(schema.Task)
+	beatFault   func() error // a heartbeat fails with this error when non-nil
 }
 
 // Observer receives task lifecycle events, e.g. to count them. Its methods
@@ -91,12 +108,23 @@ func (c *Config) Validate() error {
 		name string
 		v    *time.Duration
 		def  time.Duration
-	}{{"tick", &c.Tick, DefaultTick}, {"heartbeat", &c.Heartbeat, DefaultHeartbeat}, {"grace", &c.Grace, DefaultGrace}} {
+	}{
+		{"tick", &c.Tick, DefaultTick}, {"heartbeat", &c.Heartbeat, DefaultHeartbeat}, {"grace", &c.Grace, DefaultGrace},
+		{"dead-after", &c.DeadAfter, DefaultDeadAfter}, {"fence-after", &c.FenceAfter, DefaultFenceAfter},
+	} {
 		if *d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative", d.name))
 		}
 		if *d.v == 0 {
 			*d.v = d.def
+		}
+	}
+	if c.FenceAfter > 0 && c.DeadAfter > 0 && c.Heartbeat > 0 {
+		if c.FenceAfter < 2*c.Heartbeat {
+			errs = append(errs, fmt.Errorf("fence-after (%s) must be at least two heartbeats (%s), or one late heartbeat would fence the node", c.FenceAfter, 2*c.Heartbeat))
+		}
+		if c.DeadAfter-c.FenceAfter < FenceMargin {
+			errs = append(errs, fmt.Errorf("dead-after (%s) must exceed fence-after (%s) by at least %s, so that a silent node has killed its tasks before another node recovers them", c.DeadAfter, c.FenceAfter, FenceMargin))
 		}
 	}
 	if c.PluginTimeout < 0 || c.OrphanAfter < 0 {

@@ -5,27 +5,80 @@ import (
 	"sync"
 	"time"
 
+	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
-// heartbeat writes the node document every interval (seed 000) and reads
-// the operator's maxthreads from it in the same round trip.
+// heartbeat writes the node document every interval (seed 000), reads the
+// operator's maxthreads and drain request from it in the same round trip,
+// and fences the node when no heartbeat has been acknowledged for
+// FenceAfter.
+//
+// The timing argument: the document's timestamp is the server's clock when
+// the write was applied, which is after the node sent it. The node measures
+// its silence on its own monotonic clock from when it sent the last
+// acknowledged heartbeat, so it fences no later than FenceAfter (plus one
+// watchdog period) after that timestamp, and its plugins are dead
+// milliseconds later. The other nodes declare it dead only when the server's
+// clock passes timestamp + DeadAfter, and DeadAfter - FenceAfter is at least
+// FenceMargin. No clock of a node is compared with another's.
 type heartbeat struct {
 	n      *Node
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	lastOK time.Time // when the last acknowledged heartbeat was sent
 }
 
-// beat writes once and applies the node-wide cap: the smaller of the
-// node's own --maxthreads and the document's maxthreads.
+// first is the heartbeat at start-up: it clears an old drain request (it
+// was for the previous run) and starts the silence clock.
+func (h *heartbeat) first(ctx context.Context) error {
+	return h.write(ctx, schema.NodeStateRunning, true)
+}
+
+// last is the heartbeat after the node stopped.
+func (h *heartbeat) last(ctx context.Context) error {
+	return h.write(ctx, schema.NodeStateStopped, false)
+}
+
 func (h *heartbeat) beat(ctx context.Context) error {
-	doc, err := h.n.cfg.Store.NodeUpsert(ctx, store.NodeUpsertParams{Node: h.n.cfg.Name, Queues: h.n.queues.stats(h.n.slots)})
+	state := schema.NodeStateRunning
+	if h.n.Draining() {
+		state = schema.NodeStateDraining
+	}
+	return h.write(ctx, state, false)
+}
+
+// write writes once and acts on what the document said: the node-wide cap
+// (the smaller of the node's own --maxthreads and the document's), a drain
+// request, and whether another node declared this one dead meanwhile.
+func (h *heartbeat) write(ctx context.Context, state string, first bool) error {
+	sent := time.Now()
+	if f := h.n.cfg.beatFault; f != nil {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	before, err := h.n.cfg.Store.NodeUpsert(ctx, store.NodeUpsertParams{
+		Node: h.n.cfg.Name, Queues: h.n.queues.stats(h.n.slots), State: state, ClearDrain: first,
+	})
 	if err != nil {
 		return err
 	}
+	h.mu.Lock()
+	if sent.After(h.lastOK) {
+		h.lastOK = sent
+	}
+	h.mu.Unlock()
+	if before.Dead {
+		h.n.log.Warn("this node had been declared dead (its heartbeat was too old): its claimed tasks went back to the queue and its running ones were orphaned; writes for them will fail and be logged",
+			"declared_by", before.DeadBy, "declared_at", before.DeadAt)
+	}
+	h.n.unfence()
 	limit := h.n.cfg.MaxThreads
-	if doc.MaxThreads != nil && (limit == nil || *doc.MaxThreads < *limit) {
-		limit = doc.MaxThreads
+	if before.MaxThreads != nil && (limit == nil || *before.MaxThreads < *limit) {
+		limit = before.MaxThreads
 	}
 	if h.n.slots.SetNodeMax(limit) {
 		if limit == nil {
@@ -35,12 +88,28 @@ func (h *heartbeat) beat(ctx context.Context) error {
 		}
 		h.n.claimer.WakeAll() // a raised cap may allow more claims now
 	}
+	if !first && state != schema.NodeStateStopped {
+		h.n.drain(before.Drain)
+	}
 	return nil
+}
+
+// silence is how long ago the last acknowledged heartbeat was sent.
+func (h *heartbeat) silence() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return time.Since(h.lastOK)
+}
+
+// timeout bounds one heartbeat write: long enough for a slow primary, short
+// enough that the next attempt comes soon after MongoDB answers again.
+func (h *heartbeat) timeout() time.Duration {
+	return max(h.n.cfg.Heartbeat, min(5*time.Second, h.n.cfg.FenceAfter/2))
 }
 
 func (h *heartbeat) start(ctx context.Context) {
 	ctx, h.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	h.wg.Add(1)
+	h.wg.Add(2)
 	go func() {
 		defer h.wg.Done()
 		t := time.NewTicker(h.n.cfg.Heartbeat)
@@ -52,16 +121,34 @@ func (h *heartbeat) start(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			bctx, cancel := context.WithTimeout(ctx, h.timeout())
 			err := h.beat(bctx)
 			cancel()
 			switch {
 			case err != nil && ctx.Err() == nil && !failing:
-				h.n.log.Warn("heartbeat failed", "error", err)
+				h.n.log.Warn("heartbeat failed", "error", err, "fence_after", h.n.cfg.FenceAfter)
 				failing = true
 			case err == nil && failing:
 				h.n.log.Info("heartbeat written again")
 				failing = false
+			}
+		}
+	}()
+	// The watchdog runs apart from the writes, which may hang for their
+	// whole timeout.
+	go func() {
+		defer h.wg.Done()
+		period := min(100*time.Millisecond, h.n.cfg.FenceAfter/10)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if s := h.silence(); s > h.n.cfg.FenceAfter {
+				h.n.fence(s)
 			}
 		}
 	}()

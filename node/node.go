@@ -35,6 +35,9 @@ type Node struct {
 
 	startOnce, stopOnce sync.Once
 	started             bool
+
+	drainOnce sync.Once
+	drained   chan struct{} // closed when a drain request has been carried out
 }
 
 // New builds a node from a validated config.
@@ -42,11 +45,11 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), slots: claimer.NewSlots()}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), slots: claimer.NewSlots(), drained: make(chan struct{})}
 	n.queues = &queueSet{n: n}
 	n.runner = newRunner(n)
 	n.beat = &heartbeat{n: n}
-	n.reaper = reaper.New(reaper.Config{Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, Now: cfg.Now, Logger: cfg.Logger})
+	n.reaper = reaper.New(reaper.Config{Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Logger: cfg.Logger})
 	ccfg := claimer.Config{
 		Node: cfg.Name, Store: cfg.Store, Slots: n.slots, Tick: cfg.Tick, Logger: cfg.Logger,
 		Refresh: n.queues.refresh, Dispatch: n.runner.dispatch, Malformed: n.runner.malformed,
@@ -94,7 +97,7 @@ func (n *Node) start(ctx context.Context) error {
 		n.stopServices()
 		return fmt.Errorf("read queues: %w", err)
 	}
-	if err := n.beat.beat(ctx); err != nil {
+	if err := n.beat.first(ctx); err != nil {
 		n.stopServices()
 		return fmt.Errorf("first heartbeat: %w", err)
 	}
@@ -108,7 +111,8 @@ func (n *Node) start(ctx context.Context) error {
 	if n.cfg.PollOnly {
 		mode = "poll only"
 	}
-	n.log.Info("node started", "wake_ups", mode, "tick", n.cfg.Tick, "plugins", n.cfg.Plugins.Names())
+	n.log.Info("node started", "wake_ups", mode, "tick", n.cfg.Tick, "plugins", n.cfg.Plugins.Names(),
+		"heartbeat", n.cfg.Heartbeat, "fence_after", n.cfg.FenceAfter, "dead_after", n.cfg.DeadAfter)
 	return nil
 }
 
@@ -125,7 +129,7 @@ func (n *Node) Stop() {
 		n.stopServices()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := n.beat.beat(ctx); err != nil {
+		if err := n.beat.last(ctx); err != nil {
 			n.log.Warn("last heartbeat", "error", err)
 		}
 		n.log.Info("node stopped", "took", time.Since(start).Round(time.Millisecond))
@@ -151,7 +155,7 @@ func (n *Node) stopServices() {
 // server until the transaction lifetime limit. It waits at most half a
 // second. It is for a second signal: the caller exits next.
 func (n *Node) Kill() {
-	n.runner.kill(errors.New("node killed by a second signal"))
+	n.runner.killRunning(errors.New("node killed by a second signal"), false)
 	done := make(chan struct{})
 	go func() {
 		if n.proj != nil {
@@ -164,6 +168,65 @@ func (n *Node) Kill() {
 	case <-done:
 	case <-time.After(500 * time.Millisecond):
 	}
+}
+
+// Drained is closed when the node has carried out an operator's drain
+// request (disbatch node drain): it stopped claiming and every task it held
+// has finished. The caller should Stop the node and exit.
+func (n *Node) Drained() <-chan struct{} { return n.drained }
+
+// Fenced reports whether the node has fenced itself (no heartbeat
+// acknowledged for FenceAfter).
+func (n *Node) Fenced() bool { return n.slots.Paused(pauseFenced) }
+
+// Draining reports whether the node is carrying out a drain request.
+func (n *Node) Draining() bool { return n.slots.Paused(pauseDraining) }
+
+// Reasons the node stops taking slots.
+const (
+	pauseFenced   = "fenced"
+	pauseDraining = "draining"
+)
+
+// fence stops claiming and kills the running tasks: nothing this node runs
+// may overlap a re-run elsewhere once the others declare it dead.
+func (n *Node) fence(silence time.Duration) {
+	if !n.slots.Pause(pauseFenced) {
+		return
+	}
+	n.log.Error("fenced: no heartbeat acknowledged; stopped claiming and killing running tasks so that none can overlap a re-run elsewhere (the node rejoins when MongoDB answers)",
+		"silent_for", silence.Round(time.Millisecond), "fence_after", n.cfg.FenceAfter, "dead_after", n.cfg.DeadAfter, "running", n.slots.Total())
+	n.runner.killRunning(fmt.Errorf("node fenced: no heartbeat acknowledged for %s", silence.Round(time.Millisecond)), true)
+}
+
+// unfence rejoins after a heartbeat was acknowledged again.
+func (n *Node) unfence() {
+	if !n.runner.unfence() {
+		return
+	}
+	n.slots.Resume(pauseFenced)
+	n.log.Info("heartbeat acknowledged again: rejoining and claiming")
+	n.claimer.WakeAll()
+}
+
+// drain carries out an operator's drain request, once.
+func (n *Node) drain(requested bool) {
+	if !requested {
+		return
+	}
+	n.drainOnce.Do(func() {
+		n.slots.Pause(pauseDraining)
+		n.log.Info("drain requested: no more claims; exiting when the running tasks finish", "running", n.slots.Total())
+		go func() {
+			t := time.NewTicker(50 * time.Millisecond)
+			defer t.Stop()
+			for n.slots.Total() > 0 {
+				<-t.C
+			}
+			n.log.Info("drained: every task this node held has finished")
+			close(n.drained)
+		}()
+	})
 }
 
 // Running returns how many tasks the node holds in queue q (claimed or

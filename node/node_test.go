@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -477,7 +478,7 @@ func TestShutdownHandsBackClaimedAndKillsRunning(t *testing.T) {
 		// Hold the task of queue "held" between claim and start until the node stops.
 		if task.ID == heldID {
 			claimedHeld <- task.ID
-			for !n.runner.isStopping() {
+			for n.runner.handBack() == "" {
 				time.Sleep(2 * time.Millisecond)
 			}
 		}
@@ -625,4 +626,137 @@ func TestStopLeavesNoGoroutines(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	n.Stop()
 	goleak.VerifyNone(t, opts...)
+}
+
+func TestDeadNodeTasksAreRecoveredOnce(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	q := b.queue("q", "test", 4, schema.SortFIFO)
+	ids := b.tasks(q, 3, nil)
+	// "ghost" held two tasks and stopped writing heartbeats a minute ago.
+	_, err := b.db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "ghost"}, {Key: "timestamp", Value: time.Now().Add(-time.Minute)}})
+	require.NoError(t, err)
+	for i, status := range []int{-1, 0} {
+		_, err := b.db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[i]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: "ghost"}, {Key: "status", Value: status}}}})
+		require.NoError(t, err)
+	}
+	cfg := b.config("n1")
+	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, time.Second, 3*time.Second
+	cfg2 := b.config("n2")
+	cfg2.Heartbeat, cfg2.FenceAfter, cfg2.DeadAfter = 100*time.Millisecond, time.Second, 3*time.Second
+	b.start(cfg)
+	b.start(cfg2)
+	b.waitStatus(ids[0], schema.StatusSucceeded, 5*time.Second) // claimed, never started: back to the queue and run
+	b.waitStatus(ids[1], schema.StatusOrphaned, 5*time.Second)  // was running: orphaned, never re-run
+	b.waitStatus(ids[2], schema.StatusSucceeded, 5*time.Second)
+	b.rec.mu.Lock()
+	require.Len(t, b.rec.runs[ids[0]], 1)
+	require.Empty(t, b.rec.runs[ids[1]])
+	b.rec.mu.Unlock()
+	n, err := b.store.NodeGet(ctx, "ghost")
+	require.NoError(t, err)
+	require.True(t, n.Dead)
+	require.Contains(t, []string{"n1", "n2"}, n.DeadBy)
+	require.Equal(t, 1, b.logs.count("declared a node dead"), "one live node recovers it:\n%s", b.logs)
+	for _, live := range []string{"n1", "n2"} {
+		n, err := b.store.NodeGet(ctx, live)
+		require.NoError(t, err)
+		require.False(t, n.Dead, "live nodes keep beating")
+	}
+}
+
+func TestFencedNodeKillsItsTasksStopsClaimingAndRejoins(t *testing.T) {
+	b := setup(t)
+	blk := &blocker{started: make(chan bson.ObjectID, 10), release: make(chan struct{})}
+	b.reg.Register("block", blk)
+	q := b.queue("q", "block", 2, schema.SortFIFO)
+	first := b.tasks(q, 1, nil)[0]
+	var cut atomic.Bool
+	cfg := b.config("n1")
+	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, 500*time.Millisecond, 3*time.Second
+	cfg.beatFault = func() error {
+		if cut.Load() {
+			return errors.New("test: heartbeat cut")
+		}
+		return nil
+	}
+	n := b.start(cfg)
+	require.Equal(t, first, recv(t, blk.started))
+	cut.Store(true)
+	cutAt := time.Now()
+	b.waitStatus(first, schema.StatusFailed, 5*time.Second)
+	killedAfter := time.Since(cutAt)
+	require.True(t, n.Fenced())
+	require.Less(t, killedAfter, 2*time.Second, "killed soon after fence-after")
+	require.Contains(t, b.task(first).Lookup("stderr").StringValue(), "node fenced")
+	require.Contains(t, b.logs.String(), "fenced: no heartbeat acknowledged")
+
+	// While fenced, nothing is claimed.
+	second := b.tasks(q, 1, nil)[0]
+	time.Sleep(600 * time.Millisecond)
+	require.Equal(t, int64(-2), b.task(second).Lookup("status").AsInt64(), "a fenced node claims nothing")
+
+	// MongoDB answers again: it rejoins.
+	cut.Store(false)
+	require.Equal(t, second, recv(t, blk.started))
+	require.False(t, n.Fenced())
+	require.Contains(t, b.logs.String(), "rejoining")
+	close(blk.release)
+	b.waitStatus(second, schema.StatusSucceeded, 5*time.Second)
+}
+
+func TestDrainStopsClaimingAndSignalsWhenIdle(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	blk := &blocker{started: make(chan bson.ObjectID, 10), release: make(chan struct{})}
+	b.reg.Register("block", blk)
+	q := b.queue("q", "block", 1, schema.SortFIFO)
+	ids := b.tasks(q, 2, nil)
+	// A drain request left from a previous run is not for this one.
+	_, err := b.db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "n1"}, {Key: "drain", Value: true}})
+	require.NoError(t, err)
+	cfg := b.config("n1")
+	cfg.Heartbeat = 50 * time.Millisecond
+	n := b.start(cfg)
+	require.Equal(t, ids[0], recv(t, blk.started))
+	nd, err := b.store.NodeGet(ctx, "n1")
+	require.NoError(t, err)
+	require.False(t, nd.Drain, "cleared at start")
+	require.Equal(t, schema.NodeStateRunning, nd.State)
+
+	_, err = b.store.NodeDrain(ctx, store.NodeDrainParams{Node: "n1"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		nd, err := b.store.NodeGet(ctx, "n1")
+		return err == nil && nd.State == schema.NodeStateDraining
+	}, 3*time.Second, 20*time.Millisecond, "the node document shows it draining")
+	select {
+	case <-n.Drained():
+		t.Fatal("drained while a task still runs")
+	default:
+	}
+	blk.release <- struct{}{}
+	select {
+	case <-n.Drained():
+	case <-time.After(3 * time.Second):
+		t.Fatal("not drained after its last task finished")
+	}
+	b.waitStatus(ids[0], schema.StatusSucceeded, 3*time.Second)
+	require.Equal(t, int64(-2), b.task(ids[1]).Lookup("status").AsInt64(), "nothing claimed after the request")
+	n.Stop()
+	nd, err = b.store.NodeGet(ctx, "n1")
+	require.NoError(t, err)
+	require.Equal(t, schema.NodeStateStopped, nd.State)
+	close(blk.release)
+}
+
+func TestFenceTimingIsValidated(t *testing.T) {
+	b := setup(t)
+	cfg := b.config("n1")
+	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = time.Second, 1500*time.Millisecond, 30*time.Second
+	_, err := New(cfg)
+	require.ErrorContains(t, err, "fence-after (1.5s) must be at least two heartbeats")
+	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = time.Second, 10*time.Second, 11*time.Second
+	_, err = New(cfg)
+	require.ErrorContains(t, err, "dead-after (11s) must exceed fence-after (10s) by at least 2s")
 }

@@ -29,12 +29,13 @@ var errGraceExpired = errors.New("node shutting down: grace period expired")
 type runner struct {
 	n *Node
 
-	// killCtx is cancelled (with a cause) to kill running plugins.
-	killCtx context.Context
-	kill    context.CancelCauseFunc
-
-	mu       sync.Mutex
+	mu sync.Mutex
+	// killCtx is cancelled (with a cause) to kill the plugins running
+	// now; killRunning replaces it for the tasks that start later.
+	killCtx  context.Context
+	kill     context.CancelCauseFunc
 	stopping bool
+	fenced   bool // no task may start: the node fenced itself
 	wg       sync.WaitGroup
 }
 
@@ -79,10 +80,50 @@ func (r *runner) done(q claimer.Queue) {
 	r.n.claimer.SlotFreed(q.ID)
 }
 
-func (r *runner) isStopping() bool {
+// handBack reports why a claimed task must not start now, or "".
+func (r *runner) handBack() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.stopping
+	switch {
+	case r.stopping:
+		return "the node is stopping"
+	case r.fenced:
+		return "the node is fenced"
+	}
+	return ""
+}
+
+// runContext is the context a plugin starting now runs under, or an error
+// saying why it must not start.
+func (r *runner) runContext() (context.Context, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fenced {
+		return nil, errors.New("disbatchd: the node fenced itself (no heartbeat acknowledged) just after marking this task running, so it did not start it")
+	}
+	return r.killCtx, nil
+}
+
+// killRunning kills every plugin running now with cause; with fence, no
+// task starts until unfence.
+func (r *runner) killRunning(cause error, fence bool) {
+	r.mu.Lock()
+	kill := r.kill
+	r.killCtx, r.kill = context.WithCancelCause(context.Background())
+	if fence {
+		r.fenced = true
+	}
+	r.mu.Unlock()
+	kill(cause)
+}
+
+// unfence lets tasks start again; it reports whether the runner was fenced.
+func (r *runner) unfence() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	was := r.fenced
+	r.fenced = false
+	return was
 }
 
 // run takes a claimed task through start, plugin and finish, tracing it:
@@ -124,9 +165,9 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 		cfg.beforeStart(t)
 	}
 	tr := store.TaskTransitionParams{ID: t.ID, Node: cfg.Name}
-	if r.isStopping() {
-		log.Info("handing back a claimed task: the node is stopping")
-		claimSpan.AddEvent("handed back: the node is stopping")
+	if why := r.handBack(); why != "" {
+		log.Info("handing back a claimed task: " + why)
+		claimSpan.AddEvent("handed back: " + why)
 		claimSpan.End()
 		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
 		return
@@ -146,11 +187,15 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 	_, runSpan := tracer.Start(ctx, "disbatch.run", trace.WithAttributes(attribute.String("disbatch.constructor", q.Constructor)))
 	p, ok := cfg.Plugins.Lookup(q.Constructor)
 	var res plugin.Result
-	if !ok {
+	runCtx, notNow := r.runContext()
+	switch {
+	case !ok:
 		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
-	} else {
+	case notNow != nil:
+		res = plugin.Result{Status: schema.StatusFailed, Stderr: notNow.Error()}
+	default:
 		log.Debug("task running")
-		res = plugin.Run(r.killCtx, p, plugin.Task{
+		res = plugin.Run(runCtx, p, plugin.Task{
 			ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,
 			Parameters: t.Parameters, Document: t.Raw,
 		}, cfg.PluginTimeout)
@@ -241,6 +286,6 @@ func (r *runner) drain(grace time.Duration) {
 	case <-time.After(grace):
 	}
 	r.n.log.Warn("grace period expired: killing running tasks", "grace", grace, "running", r.n.slots.Total())
-	r.kill(fmt.Errorf("%w (%s)", errGraceExpired, grace))
+	r.killRunning(fmt.Errorf("%w (%s)", errGraceExpired, grace), false)
 	<-finished
 }

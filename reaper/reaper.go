@@ -14,20 +14,28 @@ import (
 type Store interface {
 	TaskOrphanNode(ctx context.Context, p store.TaskOrphanNodeParams) (int64, error)
 	TaskOrphanStale(ctx context.Context, p store.TaskOrphanStaleParams) (int64, error)
+	NodesDeadRecover(ctx context.Context, p store.NodesDeadRecoverParams) ([]store.DeadNode, error)
 }
 
 // DefaultOrphanAfter is seed 000's recommendation.
 const DefaultOrphanAfter = 5 * time.Minute
+
+// DefaultDeadAfter is how old a node's heartbeat must be for the node to be
+// declared dead and its tasks recovered.
+const DefaultDeadAfter = 30 * time.Second
 
 // Config configures a Reaper.
 type Config struct {
 	Node        string
 	Store       Store
 	OrphanAfter time.Duration // default DefaultOrphanAfter
-	Every       time.Duration // default 1 s
-	Now         func() time.Time
-	Logger      *slog.Logger
-	// Reaped, when set, is called after every sweep (a test signal).
+	// DeadAfter: default DefaultDeadAfter; negative turns dead-node
+	// detection off.
+	DeadAfter time.Duration
+	Every     time.Duration // default 1 s
+	Logger    *slog.Logger
+	// Reaped, when set, is called after every sweep with the tasks it
+	// orphaned or requeued (a test signal).
 	Reaped func(n int64)
 }
 
@@ -48,8 +56,8 @@ func New(cfg Config) *Reaper {
 	if cfg.Every <= 0 {
 		cfg.Every = time.Second
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.DeadAfter == 0 {
+		cfg.DeadAfter = DefaultDeadAfter
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -101,15 +109,27 @@ func (r *Reaper) loop(ctx context.Context) {
 	}
 }
 
-// Sweep orphans stale claims once.
+// Sweep orphans stale claims and recovers the tasks of dead nodes once; it
+// returns how many tasks it orphaned or requeued. Both judge age by the
+// server's clock, so the nodes' clocks do not matter.
 func (r *Reaper) Sweep(ctx context.Context) int64 {
-	before := r.cfg.Now().Add(-r.cfg.OrphanAfter)
-	n, err := r.cfg.Store.TaskOrphanStale(ctx, store.TaskOrphanStaleParams{ClaimedBefore: before})
+	n, err := r.cfg.Store.TaskOrphanStale(ctx, store.TaskOrphanStaleParams{OlderThan: r.cfg.OrphanAfter})
 	switch {
 	case err != nil && ctx.Err() == nil:
 		r.log.Warn("sweep stale claims", "error", err)
 	case n > 0:
-		r.log.Warn("orphaned stale claimed tasks", "tasks", n, "claimed_before", before)
+		r.log.Warn("orphaned stale claimed tasks", "tasks", n, "claimed_longer_than", r.cfg.OrphanAfter)
+	}
+	if r.cfg.DeadAfter > 0 {
+		dead, err := r.cfg.Store.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: r.cfg.DeadAfter, By: r.cfg.Node})
+		for _, d := range dead {
+			r.log.Warn("declared a node dead: its heartbeat is too old; its claimed tasks went back to the queue and its running tasks were orphaned",
+				"dead_node", d.Node, "last_heartbeat", d.Since, "dead_after", r.cfg.DeadAfter, "requeued", d.Requeued, "orphaned", d.Orphaned)
+			n += d.Requeued + d.Orphaned
+		}
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("recover dead nodes", "error", err)
+		}
 	}
 	if r.cfg.Reaped != nil {
 		r.cfg.Reaped(n)

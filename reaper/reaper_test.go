@@ -16,7 +16,8 @@ import (
 type fakeStore struct {
 	mu     sync.Mutex
 	nodes  []string
-	before []time.Time
+	ages   []time.Duration
+	dead   []store.NodesDeadRecoverParams
 	err    error
 }
 
@@ -30,22 +31,29 @@ func (f *fakeStore) TaskOrphanNode(_ context.Context, p store.TaskOrphanNodePara
 func (f *fakeStore) TaskOrphanStale(_ context.Context, p store.TaskOrphanStaleParams) (int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.before = append(f.before, p.ClaimedBefore)
+	f.ages = append(f.ages, p.OlderThan)
 	return 0, nil
 }
 
-func TestStartOrphansOwnTasksFirstThenSweepsWithTheClock(t *testing.T) {
+func (f *fakeStore) NodesDeadRecover(_ context.Context, p store.NodesDeadRecoverParams) ([]store.DeadNode, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dead = append(f.dead, p)
+	return []store.DeadNode{{Node: "gone", Requeued: 2, Orphaned: 3}}, nil
+}
+
+func TestStartOrphansOwnTasksFirstThenSweepsStaleClaimsAndDeadNodes(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	f := &fakeStore{}
-	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	swept := make(chan int64, 10)
-	r := New(Config{Node: "n1", Store: f, OrphanAfter: 5 * time.Minute, Every: 10 * time.Millisecond, Now: func() time.Time { return now }, Reaped: func(n int64) { swept <- n }})
+	r := New(Config{Node: "n1", Store: f, OrphanAfter: 5 * time.Minute, DeadAfter: 7 * time.Second, Every: 10 * time.Millisecond, Reaped: func(n int64) { swept <- n }})
 	require.NoError(t, r.Start(context.Background()))
 	f.mu.Lock()
 	require.Equal(t, []string{"n1"}, f.nodes, "own leftovers are orphaned synchronously in Start")
 	f.mu.Unlock()
 	select {
-	case <-swept:
+	case n := <-swept:
+		require.Equal(t, int64(5), n, "a sweep counts the dead node's requeued and orphaned tasks")
 	case <-time.After(5 * time.Second):
 		t.Fatal("no sweep")
 	}
@@ -53,8 +61,10 @@ func TestStartOrphansOwnTasksFirstThenSweepsWithTheClock(t *testing.T) {
 	r.Stop()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	require.NotEmpty(t, f.before)
-	require.Equal(t, now.Add(-5*time.Minute), f.before[0], "stale means claimed before now - OrphanAfter, by the injected clock")
+	require.NotEmpty(t, f.ages)
+	require.Equal(t, 5*time.Minute, f.ages[0], "stale means claimed longer ago than OrphanAfter (by the server's clock)")
+	require.NotEmpty(t, f.dead)
+	require.Equal(t, store.NodesDeadRecoverParams{DeadAfter: 7 * time.Second, By: "n1"}, f.dead[0])
 }
 
 func TestStartFailsWhenOwnOrphansCannotBeWritten(t *testing.T) {
@@ -63,4 +73,12 @@ func TestStartFailsWhenOwnOrphansCannotBeWritten(t *testing.T) {
 	err := r.Start(context.Background())
 	require.ErrorContains(t, err, "no primary")
 	r.Stop() // nothing started: no-op
+}
+
+func TestNegativeDeadAfterTurnsDetectionOff(t *testing.T) {
+	f := &fakeStore{}
+	r := New(Config{Node: "n1", Store: f, DeadAfter: -1})
+	require.Equal(t, int64(0), r.Sweep(context.Background()))
+	require.Empty(t, f.dead)
+	require.Len(t, f.ages, 1)
 }

@@ -179,6 +179,23 @@ func (r *reader) strings(name string) []string {
 	return out
 }
 
+// flag reads a boolean; an operator typing in the mongo shell may write
+// 1 or 0 instead, so integers are accepted as well.
+func (r *reader) flag(name string) bool {
+	_, v, ok := r.lookup(name)
+	if !ok {
+		return false
+	}
+	if b, ok := v.BooleanOK(); ok {
+		return b
+	}
+	if i, err := asInt(v, false); err == nil {
+		return i != 0
+	}
+	r.fail(name, wantGot("true or false", v))
+	return false
+}
+
 // timeOf reads a date. Old Disbatch documents may hold epoch seconds.
 func (r *reader) timeOf(name string) time.Time {
 	_, v, ok := r.lookup(name)

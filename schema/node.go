@@ -12,6 +12,28 @@ const (
 	NodeTimestamp  = "timestamp"
 	NodeQueues     = "queues"
 	NodeMaxThreads = "maxthreads"
+
+	// Fields this project adds (other implementations ignore them).
+
+	// NodeState is what the node says it is doing: NodeStateRunning,
+	// NodeStateDraining or NodeStateStopped.
+	NodeState = "state"
+	// NodeDrain is set to true by an operator (disbatch node drain) to ask
+	// the node to stop claiming and exit once its running tasks finish.
+	NodeDrain = "drain"
+	// NodeDead, NodeDeadAt and NodeDeadBy are set by the live node that
+	// found this node's heartbeat older than its dead-after and recovered
+	// its tasks; the node clears them when it writes a heartbeat again.
+	NodeDead   = "dead"
+	NodeDeadAt = "dead_at"
+	NodeDeadBy = "dead_by"
+)
+
+// Node states (NodeState).
+const (
+	NodeStateRunning  = "running"
+	NodeStateDraining = "draining"
+	NodeStateStopped  = "stopped"
 )
 
 // Node is a document of the nodes collection. A node writes node, timestamp
@@ -24,6 +46,13 @@ type Node struct {
 	// MaxThreads caps the node's concurrent tasks across all queues; nil
 	// means no node-wide cap.
 	MaxThreads *int
+	// State, Drain, Dead, DeadAt and DeadBy: see NodeState, NodeDrain and
+	// NodeDead.
+	State  string
+	Drain  bool
+	Dead   bool
+	DeadAt time.Time
+	DeadBy string
 
 	Raw bson.Raw
 }
@@ -52,6 +81,11 @@ func DecodeNode(raw bson.Raw) (Node, error) {
 		Node:       r.str(true, NodeNode),
 		Timestamp:  r.timeOf(NodeTimestamp),
 		MaxThreads: r.maxThreads(NodeMaxThreads),
+		State:      r.str(false, NodeState),
+		Drain:      r.flag(NodeDrain),
+		Dead:       r.flag(NodeDead),
+		DeadAt:     r.timeOf(NodeDeadAt),
+		DeadBy:     r.str(false, NodeDeadBy),
 		Raw:        raw,
 	}
 	if _, v, ok := r.lookup(NodeQueues); ok {

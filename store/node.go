@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -16,11 +17,21 @@ import (
 type NodeUpsertParams struct {
 	Node   string
 	Queues []schema.NodeQueue
+	// State is schema.NodeStateRunning, NodeStateDraining or
+	// NodeStateStopped ("" leaves it as it is).
+	State string
+	// ClearDrain removes an operator's drain request: a node starting up
+	// is a new run, which the request was not for.
+	ClearDrain bool
 }
 
-// NodeUpsert writes node, timestamp and queues of this node's document,
-// creating it if needed, and returns the document as it now is (so one round
-// trip also reads the operator's maxthreads). It sets only those fields:
+// NodeUpsert writes node, timestamp, queues and state of this node's
+// document, creating it if needed, and returns the document as it was
+// before (zero for a new node), so one round trip also reads the operator's
+// maxthreads and drain request and tells the node whether another node
+// declared it dead. The timestamp is the server's clock ($$NOW), the only
+// clock dead-node detection compares it with. The write clears dead,
+// dead_at and dead_by: the node is alive again. Only those fields are set:
 // maxthreads and anything else an operator or another tool put there is
 // never overwritten.
 func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) (schema.Node, error) {
@@ -34,18 +45,213 @@ func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) (schema.Node
 	for i := range queues {
 		queues[i].Preemptive, queues[i].TasksBackfill = 1, 0
 	}
+	set := bson.D{
+		{Key: schema.NodeNode, Value: literal(p.Node)},
+		{Key: schema.NodeTimestamp, Value: "$$NOW"},
+		{Key: schema.NodeQueues, Value: literal(queues)},
+	}
+	if p.State != "" {
+		set = append(set, bson.E{Key: schema.NodeState, Value: literal(p.State)})
+	}
+	unset := bson.A{schema.NodeDead, schema.NodeDeadAt, schema.NodeDeadBy}
+	if p.ClearDrain {
+		unset = append(unset, schema.NodeDrain)
+	}
 	raw, err := s.nodes.FindOneAndUpdate(ctx,
 		bson.D{{Key: schema.NodeNode, Value: p.Node}},
-		bson.D{{Key: "$set", Value: bson.D{
-			{Key: schema.NodeNode, Value: p.Node},
-			{Key: schema.NodeTimestamp, Value: s.nowMS()},
-			{Key: schema.NodeQueues, Value: queues},
-		}}},
-		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Raw()
+		mongo.Pipeline{{{Key: "$set", Value: set}}, {{Key: "$unset", Value: unset}}},
+		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before)).Raw()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return schema.Node{Node: p.Node}, nil // created
+	}
 	if err != nil {
 		return schema.Node{}, fmt.Errorf("heartbeat of node %s: %w", p.Node, err)
 	}
 	return schema.DecodeNode(raw)
+}
+
+// literal keeps a value from being read as an expression inside an update
+// pipeline (a string starting with "$" would be a field path).
+func literal(v any) bson.D { return bson.D{{Key: "$literal", Value: v}} }
+
+// NodeDrainParams name the node an operator asks to drain.
+type NodeDrainParams struct {
+	Node string
+}
+
+// NodeDrain sets drain: true on the node's document: the node stops
+// claiming and exits once its running tasks finish. ErrNotFound when no
+// node of that name ever wrote a heartbeat.
+func (s *Store) NodeDrain(ctx context.Context, p NodeDrainParams) (schema.Node, error) {
+	raw, err := s.nodes.FindOneAndUpdate(ctx,
+		bson.D{{Key: schema.NodeNode, Value: p.Node}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: schema.NodeDrain, Value: true}}}},
+		options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return schema.Node{}, fmt.Errorf("node %q: %w", p.Node, ErrNotFound)
+	}
+	if err != nil {
+		return schema.Node{}, fmt.Errorf("drain node %q: %w", p.Node, err)
+	}
+	return schema.DecodeNode(raw)
+}
+
+// NodeListResult holds every node document that decodes, one error per
+// one that does not, and the server's clock when they were read (to judge
+// heartbeat ages without trusting the reader's clock).
+type NodeListResult struct {
+	Nodes     []schema.Node
+	Malformed []error
+	Now       time.Time
+}
+
+// NodeList reads every node document, sorted by name.
+func (s *Store) NodeList(ctx context.Context) (NodeListResult, error) {
+	cur, err := s.nodes.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$sort", Value: bson.D{{Key: schema.NodeNode, Value: 1}}}},
+		{{Key: "$addFields", Value: bson.D{{Key: "_now", Value: "$$NOW"}}}},
+	})
+	if err != nil {
+		return NodeListResult{}, fmt.Errorf("list nodes: %w", err)
+	}
+	defer cur.Close(ctx)
+	var res NodeListResult
+	for cur.Next(ctx) {
+		raw := append(bson.Raw(nil), cur.Current...)
+		if now, ok := raw.Lookup("_now").TimeOK(); ok {
+			res.Now = now.UTC()
+		}
+		n, err := schema.DecodeNode(raw)
+		if err != nil {
+			res.Malformed = append(res.Malformed, err)
+			continue
+		}
+		res.Nodes = append(res.Nodes, n)
+	}
+	if err := cur.Err(); err != nil {
+		return NodeListResult{}, fmt.Errorf("list nodes: %w", err)
+	}
+	return res, nil
+}
+
+// NodesDeadRecoverParams say when a node is dead and who is asking.
+type NodesDeadRecoverParams struct {
+	// DeadAfter: a node whose heartbeat timestamp is older than this, by
+	// the server's clock, is dead.
+	DeadAfter time.Duration
+	// By is the live node doing the recovery (written as dead_by).
+	By string
+}
+
+// DeadNode is one node declared dead, and what was done with its tasks.
+type DeadNode struct {
+	Node     string
+	Since    time.Time // its last heartbeat
+	Requeued int64     // claimed, not started (-1): back to the queue
+	Orphaned int64     // running (0): orphaned (-6)
+}
+
+// NodesDeadRecover finds nodes whose heartbeat is older than DeadAfter by
+// the server's clock ($$NOW) and, for each, in one transaction: marks its
+// document dead (guarded by the same staleness, so a node that wrote a
+// heartbeat meanwhile is left alone, and a node already marked is not
+// marked twice), hands its claimed tasks (-1) back to the queue and
+// orphans its running tasks (0). Because the transaction writes the node
+// document, a heartbeat of that node racing it makes one of the two wait
+// for or abort the other: either the node is alive and keeps its tasks, or
+// it is dead and every task it held is recovered exactly once, by exactly
+// one live node. Only nodes with a date timestamp (ours; Disbatch 4.103's)
+// are judged. Nodes that stopped cleanly (state stopped) are not.
+func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) ([]DeadNode, error) {
+	if p.DeadAfter <= 0 {
+		return nil, errors.New("recover dead nodes: dead-after must be positive")
+	}
+	stale := bson.D{
+		{Key: schema.NodeTimestamp, Value: bson.D{{Key: "$type", Value: "date"}}},
+		{Key: schema.NodeDead, Value: bson.D{{Key: "$ne", Value: true}}},
+		{Key: schema.NodeState, Value: bson.D{{Key: "$ne", Value: schema.NodeStateStopped}}},
+		{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{
+			"$" + schema.NodeTimestamp,
+			bson.D{{Key: "$subtract", Value: bson.A{"$$NOW", p.DeadAfter.Milliseconds()}}},
+		}}}},
+	}
+	cur, err := s.nodes.Find(ctx, stale, options.Find().SetProjection(bson.D{{Key: schema.NodeNode, Value: 1}, {Key: schema.NodeTimestamp, Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("find dead nodes: %w", err)
+	}
+	var cands []struct {
+		ID        bson.ObjectID `bson:"_id"`
+		Node      any           `bson:"node"`
+		Timestamp time.Time     `bson:"timestamp"`
+	}
+	if err := cur.All(ctx, &cands); err != nil {
+		return nil, fmt.Errorf("find dead nodes: %w", err)
+	}
+	var dead []DeadNode
+	for _, c := range cands {
+		name, ok := c.Node.(string)
+		if !ok || name == "" {
+			continue // no name, no tasks to recover
+		}
+		d, err := s.nodeDeadRecover(ctx, c.ID, name, stale, p.By)
+		if err != nil {
+			return dead, err
+		}
+		if d != nil {
+			d.Since = c.Timestamp.UTC()
+			dead = append(dead, *d)
+		}
+	}
+	return dead, nil
+}
+
+func (s *Store) nodeDeadRecover(ctx context.Context, id bson.ObjectID, name string, stale bson.D, by string) (*DeadNode, error) {
+	sess, err := s.db.Client().StartSession()
+	if err != nil {
+		return nil, fmt.Errorf("recover dead node %q: %w", name, err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	var d *DeadNode
+	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+		d = nil
+		res, err := s.nodes.UpdateOne(ctx, append(bson.D{{Key: "_id", Value: id}}, stale...), mongo.Pipeline{{{Key: "$set", Value: bson.D{
+			{Key: schema.NodeDead, Value: true},
+			{Key: schema.NodeDeadAt, Value: "$$NOW"},
+			{Key: schema.NodeDeadBy, Value: literal(by)},
+		}}}})
+		if err != nil {
+			return nil, err
+		}
+		if res.MatchedCount == 0 {
+			return nil, nil // alive again, or another node got there first
+		}
+		now := s.nowMS()
+		requeued, err := s.tasks.UpdateMany(ctx,
+			bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
+			bson.D{{Key: "$set", Value: bson.D{
+				{Key: schema.TaskNode, Value: schema.Unclaimed},
+				{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+				{Key: schema.TaskMTime, Value: now},
+			}}})
+		if err != nil {
+			return nil, err
+		}
+		orphaned, err := s.tasks.UpdateMany(ctx,
+			bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}},
+			bson.D{{Key: "$set", Value: bson.D{
+				{Key: schema.TaskStatus, Value: int32(schema.StatusOrphaned)},
+				{Key: schema.TaskMTime, Value: now},
+			}}})
+		if err != nil {
+			return nil, err
+		}
+		d = &DeadNode{Node: name, Requeued: requeued.ModifiedCount, Orphaned: orphaned.ModifiedCount}
+		return nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recover dead node %q: %w", name, err)
+	}
+	return d, nil
 }
 
 // NodeGet returns one node's document.

@@ -327,16 +327,27 @@ func (s *Store) TaskOrphanNode(ctx context.Context, p TaskOrphanNodeParams) (int
 
 // TaskOrphanStaleParams select claimed tasks whose claim is too old.
 type TaskOrphanStaleParams struct {
-	ClaimedBefore time.Time
+	// OlderThan is the age of the claim (its mtime, by the server's clock).
+	OlderThan time.Duration
 }
 
-// TaskOrphanStale sets status -6 on tasks claimed (-1) with an mtime before
-// ClaimedBefore: a claim is turned into a run within milliseconds, so an old
-// one means its node died between the two (seed 000's 5-minute rule).
+// TaskOrphanStale sets status -6 on tasks claimed (-1) whose mtime is older
+// than OlderThan by the server's clock ($$NOW): a claim is turned into a run
+// within milliseconds, so an old one means its node died between the two
+// (seed 000's 5-minute rule). The mtime was written by the claiming node's
+// clock; minutes of margin make seconds of skew irrelevant. Tasks whose
+// mtime is not a date (epoch seconds from old writers) are left alone.
 func (s *Store) TaskOrphanStale(ctx context.Context, p TaskOrphanStaleParams) (int64, error) {
+	if p.OlderThan <= 0 {
+		return 0, errors.New("orphan stale claims: the age must be positive")
+	}
 	return s.orphan(ctx, bson.D{
 		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
-		{Key: schema.TaskMTime, Value: bson.D{{Key: "$lt", Value: p.ClaimedBefore}}},
+		{Key: schema.TaskMTime, Value: bson.D{{Key: "$type", Value: "date"}}},
+		{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{
+			"$" + schema.TaskMTime,
+			bson.D{{Key: "$subtract", Value: bson.A{"$$NOW", p.OlderThan.Milliseconds()}}},
+		}}}},
 	})
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -51,6 +52,9 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
 		{"TaskListFiltersAndMalformed", testTaskList},
 		{"NodeUpsertKeepsOperatorFields", testNodeUpsert},
+		{"NodeDrainAndList", testNodeDrainList},
+		{"NodesDeadRecover", testNodesDeadRecover},
+		{"NodesDeadRecoverConcurrentOnce", testNodesDeadRecoverConcurrent},
 		{"ConfigGet", testConfigGet},
 		{"TaskFail", testTaskFail},
 		{"TaskOrphanNodeAndStale", testTaskOrphan},
@@ -590,7 +594,7 @@ func testNodeUpsert(t *testing.T, newStore Factory) {
 	raw := rawDoc(t, db, "nodes", bson.D{{Key: "node", Value: "n1"}})
 	require.Equal(t, int64(5), raw.Lookup("maxthreads").AsInt64())
 	require.Equal(t, "rack 4", raw.Lookup("note").StringValue())
-	require.Equal(t, clock, raw.Lookup("timestamp").Time().UTC())
+	require.WithinDuration(t, time.Now(), raw.Lookup("timestamp").Time(), 5*time.Second, "the timestamp is the server's clock, not the store's")
 	entry := raw.Lookup("queues", "0").Document()
 	for field, want := range map[string]int64{"tasks_todo": 3, "tasks_doing": 1, "tasks_done": 4, "preemptive": 1, "tasks_backfill": 0, "maxthreads": 2} {
 		require.Equal(t, want, entry.Lookup(field).AsInt64(), field)
@@ -671,12 +675,19 @@ func testTaskOrphan(t *testing.T, newStore Factory) {
 	set(ids[3], "other", 0, old) // another node running: leave (dead-node detection is elsewhere)
 	set(ids[4], "other", -1, old)
 	// ids[5] queued: leave
+	perl := insertTasks(t, s, q.ID, 1)[0] // claimed by an old writer, epoch-seconds mtime: leave
+	set(perl, "perl", -1, time.Time{})
+	_, err := db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: perl}}, bson.D{{Key: "$set", Value: bson.D{{Key: "mtime", Value: 1700000000}}}})
+	require.NoError(t, err)
 	n, err := s.TaskOrphanNode(ctx, store.TaskOrphanNodeParams{Node: "me"})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n)
-	n, err = s.TaskOrphanStale(ctx, store.TaskOrphanStaleParams{ClaimedBefore: now.Add(-5 * time.Minute)})
+	n, err = s.TaskOrphanStale(ctx, store.TaskOrphanStaleParams{OlderThan: 5 * time.Minute})
 	require.NoError(t, err)
-	require.Equal(t, int64(1), n)
+	require.Equal(t, int64(1), n, "only the claim older than 5 minutes by the server's clock")
+	_, err = s.TaskOrphanStale(ctx, store.TaskOrphanStaleParams{})
+	require.Error(t, err)
+	require.Equal(t, int32(-1), rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: perl}}).Lookup("status").Int32())
 	want := []int32{-6, -6, 1, 0, -6, -2}
 	for i, id := range ids {
 		require.Equal(t, want[i], rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}}).Lookup("status").Int32(), "task %d", i)
@@ -697,4 +708,159 @@ func testStreamToken(t *testing.T, newStore Factory) {
 	got, err := s.StreamTokenGet(ctx, "n1")
 	require.NoError(t, err)
 	require.Equal(t, bson.Raw(tok2), got)
+}
+
+func testNodeDrainList(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	_, err := s.NodeDrain(ctx, store.NodeDrainParams{Node: "nobody"})
+	require.ErrorIs(t, err, store.ErrNotFound)
+	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", State: schema.NodeStateRunning})
+	require.NoError(t, err)
+	n, err := s.NodeDrain(ctx, store.NodeDrainParams{Node: "n1"})
+	require.NoError(t, err)
+	require.True(t, n.Drain)
+	before, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", State: schema.NodeStateDraining})
+	require.NoError(t, err)
+	require.True(t, before.Drain, "the heartbeat reads the drain request")
+	require.Equal(t, schema.NodeStateRunning, before.State)
+	_, err = db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "bad"}, {Key: "drain", Value: "yes"}})
+	require.NoError(t, err)
+	list, err := s.NodeList(ctx)
+	require.NoError(t, err)
+	require.Len(t, list.Nodes, 1)
+	require.Equal(t, schema.NodeStateDraining, list.Nodes[0].State)
+	require.True(t, list.Nodes[0].Drain, "a heartbeat keeps the request")
+	require.Len(t, list.Malformed, 1)
+	require.ErrorContains(t, list.Malformed[0], `"drain"`)
+	require.WithinDuration(t, time.Now(), list.Now, 5*time.Second)
+	// A new run clears the request.
+	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", State: schema.NodeStateRunning, ClearDrain: true})
+	require.NoError(t, err)
+	n, err = s.NodeGet(ctx, "n1")
+	require.NoError(t, err)
+	require.False(t, n.Drain)
+}
+
+// setNodeAge moves a node's heartbeat into the past.
+func setNodeAge(t *testing.T, db *mongo.Database, node string, age time.Duration) {
+	_, err := db.Collection("nodes").UpdateOne(ctxT(t), bson.D{{Key: "node", Value: node}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "timestamp", Value: time.Now().Add(-age)}}}})
+	require.NoError(t, err)
+}
+
+func testNodesDeadRecover(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 6)
+	for _, n := range []string{"dead", "alive", "stopped"} {
+		_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: n, State: schema.NodeStateRunning})
+		require.NoError(t, err)
+	}
+	_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "stopped", State: schema.NodeStateStopped})
+	require.NoError(t, err)
+	_, err = db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "perl-epoch"}, {Key: "timestamp", Value: 1700000000}})
+	require.NoError(t, err)
+	set := func(id bson.ObjectID, node string, status int) {
+		_, err := db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: node}, {Key: "status", Value: status}}}})
+		require.NoError(t, err)
+	}
+	set(ids[0], "dead", -1)
+	set(ids[1], "dead", 0)
+	set(ids[2], "dead", 1)
+	set(ids[3], "alive", 0)
+	set(ids[4], "perl-epoch", 0)
+	set(ids[5], "stopped", 0)
+	setNodeAge(t, db, "dead", time.Minute)
+	setNodeAge(t, db, "alive", 2*time.Second)
+	setNodeAge(t, db, "stopped", time.Minute)
+
+	dead, err := s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: 30 * time.Second, By: "alive"})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, "dead", dead[0].Node)
+	require.Equal(t, int64(1), dead[0].Requeued)
+	require.Equal(t, int64(1), dead[0].Orphaned)
+	require.WithinDuration(t, time.Now().Add(-time.Minute), dead[0].Since, 5*time.Second)
+
+	status := func(id bson.ObjectID) (any, int32) {
+		raw := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}})
+		node := raw.Lookup("node")
+		var n any
+		if v, ok := node.StringValueOK(); ok {
+			n = v
+		} else {
+			n = node.AsInt64()
+		}
+		return n, raw.Lookup("status").Int32()
+	}
+	for i, want := range []struct {
+		node   any
+		status int32
+	}{{int64(-1), -2}, {"dead", -6}, {"dead", 1}, {"alive", 0}, {"perl-epoch", 0}, {"stopped", 0}} {
+		node, st := status(ids[i])
+		require.Equal(t, want.node, node, "task %d", i)
+		require.Equal(t, want.status, st, "task %d", i)
+	}
+	d, err := s.NodeGet(ctx, "dead")
+	require.NoError(t, err)
+	require.True(t, d.Dead)
+	require.Equal(t, "alive", d.DeadBy)
+	require.WithinDuration(t, time.Now(), d.DeadAt, 5*time.Second)
+
+	// Already dead: not again.
+	again, err := s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: 30 * time.Second, By: "alive"})
+	require.NoError(t, err)
+	require.Empty(t, again)
+
+	// The node comes back: its heartbeat says it was declared dead and
+	// clears the mark.
+	before, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "dead", State: schema.NodeStateRunning})
+	require.NoError(t, err)
+	require.True(t, before.Dead)
+	require.Equal(t, "alive", before.DeadBy)
+	d, err = s.NodeGet(ctx, "dead")
+	require.NoError(t, err)
+	require.False(t, d.Dead)
+	require.True(t, d.DeadAt.IsZero())
+
+	_, err = s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{})
+	require.Error(t, err)
+}
+
+func testNodesDeadRecoverConcurrent(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 40)
+	_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "gone"})
+	require.NoError(t, err)
+	for i, id := range ids {
+		_, err := db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: "gone"}, {Key: "status", Value: -(i % 2)}}}})
+		require.NoError(t, err)
+	}
+	setNodeAge(t, db, "gone", time.Minute)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var requeued, orphaned, declared int64
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dead, err := s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: 10 * time.Second, By: fmt.Sprintf("live%d", i)})
+			assert.NoError(t, err)
+			mu.Lock()
+			defer mu.Unlock()
+			for _, d := range dead {
+				declared++
+				requeued += d.Requeued
+				orphaned += d.Orphaned
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int64(1), declared, "one live node declares it dead")
+	require.Equal(t, int64(20), requeued)
+	require.Equal(t, int64(20), orphaned)
 }
