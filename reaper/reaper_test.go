@@ -14,11 +14,11 @@ import (
 )
 
 type fakeStore struct {
-	mu     sync.Mutex
-	nodes  []string
-	ages   []time.Duration
-	dead   []store.NodesDeadRecoverParams
-	err    error
+	mu    sync.Mutex
+	nodes []string
+	ages  []time.Duration
+	dead  []store.NodesDeadRecoverParams
+	err   error
 }
 
 func (f *fakeStore) TaskOrphanNode(_ context.Context, p store.TaskOrphanNodeParams) (int64, error) {
