@@ -111,10 +111,10 @@ func newRoot(io IO) *cobra.Command {
 	g := &globals{io: io}
 	root := &cobra.Command{
 		Use:   "disbatch",
-		Short: "Operate a Disbatch 4 database: queues and tasks",
+		Short: "Operate a Disbatch 4 database: queues, tasks and nodes",
 		Long: `disbatch manages the queues and tasks of a Disbatch 4 database in MongoDB.
 Execution nodes (disbatchd, or Disbatch 4 Perl nodes sharing the database)
-claim and run the tasks.
+claim and run the tasks; "disbatch node" lists them and drains them.
 
 MongoDB is reached with --mongo-uri (env ` + EnvMongoURI + `) and the database
 named by --database (env ` + EnvDatabase + `).`,
@@ -126,7 +126,7 @@ named by --database (env ` + EnvDatabase + `).`,
 	root.SetErr(io.Err)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{Err: err} })
 	AddConnectionFlags(root, &g.mongoURI, &g.database, io.Getenv)
-	root.AddCommand(newQueueCmd(g), newTaskCmd(g))
+	root.AddCommand(newQueueCmd(g), newTaskCmd(g), newNodeCmd(g))
 	// Unknown subcommands are usage errors too.
 	root.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 {

@@ -120,12 +120,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.FenceAfter > 0 && c.DeadAfter > 0 && c.Heartbeat > 0 {
-		if c.FenceAfter < 2*c.Heartbeat {
-			errs = append(errs, fmt.Errorf("fence-after (%s) must be at least two heartbeats (%s), or one late heartbeat would fence the node", c.FenceAfter, 2*c.Heartbeat))
-		}
-		if c.DeadAfter-c.FenceAfter < FenceMargin {
-			errs = append(errs, fmt.Errorf("dead-after (%s) must exceed fence-after (%s) by at least %s, so that a silent node has killed its tasks before another node recovers them", c.DeadAfter, c.FenceAfter, FenceMargin))
-		}
+		errs = append(errs, CheckTiming(c.Heartbeat, c.FenceAfter, c.DeadAfter))
 	}
 	if c.PluginTimeout < 0 || c.OrphanAfter < 0 {
 		errs = append(errs, errors.New("plugin timeout and orphan-after must not be negative"))
@@ -138,6 +133,21 @@ func (c *Config) Validate() error {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	return errors.Join(errs...)
+}
+
+// CheckTiming checks that heartbeat, fence-after and dead-after work
+// together: fence-after is at least two heartbeats (one late heartbeat must
+// not fence a node), and dead-after exceeds fence-after by FenceMargin (a
+// silent node has killed its tasks before another node recovers them).
+func CheckTiming(heartbeat, fenceAfter, deadAfter time.Duration) error {
+	var errs []error
+	if fenceAfter < 2*heartbeat {
+		errs = append(errs, fmt.Errorf("fence-after (%s) must be at least two heartbeats (%s), or one late heartbeat would fence the node", fenceAfter, 2*heartbeat))
+	}
+	if deadAfter-fenceAfter < FenceMargin {
+		errs = append(errs, fmt.Errorf("dead-after (%s) must exceed fence-after (%s) by at least %s, so that a silent node has killed its tasks before another node recovers them", deadAfter, fenceAfter, FenceMargin))
 	}
 	return errors.Join(errs...)
 }

@@ -51,6 +51,9 @@ type settings struct {
 	Grace           duration          `json:"grace"`
 	Tick            duration          `json:"tick"`
 	OrphanAfter     duration          `json:"orphan_after"`
+	Heartbeat       duration          `json:"heartbeat"`
+	FenceAfter      duration          `json:"fence_after"`
+	DeadAfter       duration          `json:"dead_after"`
 	PollOnly        bool              `json:"poll_only"`
 	NoProjector     bool              `json:"no_projector"`
 	OutputThreshold int               `json:"output_threshold"`
@@ -85,8 +88,9 @@ writes.
 
 Settings come from flags, then the environment, then --config FILE (JSON with
 the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
-plugins, plugin_timeout, grace, tick, orphan_after, poll_only, no_projector,
-output_threshold, log_format, log_level, metrics_addr), then the defaults.
+plugins, plugin_timeout, grace, tick, orphan_after, heartbeat, fence_after,
+dead_after, poll_only, no_projector, output_threshold, log_format, log_level,
+metrics_addr), then the defaults.
 
 --metrics-addr ADDR (env DISBATCH_METRICS_ADDR; off unless given) serves
 Prometheus metrics at /metrics, /healthz (200 while the process runs) and
@@ -110,6 +114,23 @@ and parameters.args, no shell) and shell (bash -c parameters.command) run
 arbitrary commands, so they are off unless --enable-plugin names them.
 --plugin NAME=PATH maps a constructor to an executable that reads the task as
 JSON on stdin and answers {"status": N, "stdout": "...", "stderr": "..."}.
+
+Dead nodes and fencing: the node writes its heartbeat (--heartbeat, 1 s) with
+the server's clock. A node whose heartbeat is older than --dead-after (30 s)
+is declared dead by one live node: its claimed tasks go back to the queue,
+its running tasks become orphaned (-6), and its document shows dead: true. A
+node that cannot get a heartbeat acknowledged for --fence-after (10 s) fences
+itself: it stops claiming and kills its running tasks (they fail), so that
+nothing it runs can overlap a re-run elsewhere; it rejoins when MongoDB
+answers. --dead-after must exceed --fence-after by at least 2 s.
+
+"disbatch node drain NAME" asks a node to stop claiming and exit (status 0)
+once its running tasks finish; "disbatch node list" shows every node.
+
+Writes that change a task's owner or status use write concern majority, so
+a failover cannot roll a claim back and let a second node run the task.
+TLS and authentication are set in the URI (e.g. ?tls=true&authSource=admin);
+the password is never printed.
 
 SIGTERM or SIGINT stops claiming at once, hands back claimed tasks, lets
 running tasks finish within --grace, then kills them and marks them failed.
@@ -156,6 +177,12 @@ func run(ctx context.Context, args []string, e env) int {
 	f.Var((*durationFlag)(&s.Tick), "tick", "fallback interval at which every queue is tried")
 	s.OrphanAfter = duration(reaper.DefaultOrphanAfter)
 	f.Var((*durationFlag)(&s.OrphanAfter), "orphan-after", "a task claimed (status -1) longer than this is orphaned (-6)")
+	s.Heartbeat = duration(node.DefaultHeartbeat)
+	f.Var((*durationFlag)(&s.Heartbeat), "heartbeat", "how often the node document is written")
+	s.FenceAfter = duration(node.DefaultFenceAfter)
+	f.Var((*durationFlag)(&s.FenceAfter), "fence-after", "with no heartbeat acknowledged this long, stop claiming and kill running tasks until MongoDB answers")
+	s.DeadAfter = duration(node.DefaultDeadAfter)
+	f.Var((*durationFlag)(&s.DeadAfter), "dead-after", "declare a node dead whose heartbeat is this old (server clock): requeue its claimed tasks, orphan its running ones")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
 	f.BoolVar(&s.NoProjector, "no-projector", false, "do not stand for election as the counter projector (count_todo/count_total); another node must")
 	f.IntVar(&s.OutputThreshold, "output-threshold", store.DefaultOutputThreshold, "stdout+stderr bytes above which output goes to GridFS")
@@ -196,6 +223,14 @@ func run(ctx context.Context, args []string, e env) int {
 		}
 		if s.Node == "" {
 			return &cli.UsageError{Err: errors.New("no node name: give --node or " + EnvNode)}
+		}
+		for flag, d := range map[string]duration{"--heartbeat": s.Heartbeat, "--fence-after": s.FenceAfter, "--dead-after": s.DeadAfter} {
+			if d <= 0 {
+				return &cli.UsageError{Err: fmt.Errorf("%s must be positive", flag)}
+			}
+		}
+		if err := node.CheckTiming(time.Duration(s.Heartbeat), time.Duration(s.FenceAfter), time.Duration(s.DeadAfter)); err != nil {
+			return &cli.UsageError{Err: fmt.Errorf("--heartbeat, --fence-after, --dead-after: %w", err)}
 		}
 		if _, err := metrics.ListenAddr(s.MetricsAddr); err != nil {
 			return &cli.UsageError{Err: err}
@@ -285,6 +320,8 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	for flag, pair := range map[string][2]*duration{
 		"plugin-timeout": {&s.PluginTimeout, &file.PluginTimeout}, "grace": {&s.Grace, &file.Grace},
 		"tick": {&s.Tick, &file.Tick}, "orphan-after": {&s.OrphanAfter, &file.OrphanAfter},
+		"heartbeat": {&s.Heartbeat, &file.Heartbeat}, "fence-after": {&s.FenceAfter, &file.FenceAfter},
+		"dead-after": {&s.DeadAfter, &file.DeadAfter},
 	} {
 		if *pair[1] != 0 && unset(flag, "") {
 			*pair[0] = *pair[1]
@@ -408,6 +445,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		Name: s.Node, Store: st, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
 		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
+		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),
 		Observer: obs,
 	})
 	if err != nil {
@@ -421,9 +459,13 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		return err
 	}
 	obs.SetReady(true)
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+		log.Info("signal received: stopping (a second signal exits at once)", "grace", time.Duration(s.Grace))
+	case <-n.Drained():
+		log.Info("drained on request: exiting")
+	}
 	obs.SetReady(false)
-	log.Info("signal received: stopping (a second signal exits at once)", "grace", time.Duration(s.Grace))
 	stopped := make(chan struct{})
 	go func() {
 		n.Stop()

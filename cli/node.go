@@ -1,0 +1,168 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+func newNodeCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "List execution nodes and drain them",
+		Args:  exactArgs(),
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(newNodeList(g), newNodeDrain(g))
+	return cmd
+}
+
+func newNodeList(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List nodes: state, heartbeat age, running tasks, dead or draining",
+		Long: `List every node document: its name, state (running, draining or stopped, as
+the node last wrote it), the age of its last heartbeat by the server's clock,
+the tasks it is running, its maxthreads cap, and whether another node declared
+it dead (its heartbeat was older than that node's --dead-after: its claimed
+tasks went back to the queue and its running ones were orphaned) or an
+operator asked it to drain. Disbatch 4.103 Perl nodes are listed too; they
+write no state.`,
+		Args: exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, done, err := g.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := s.NodeList(cmd.Context())
+			if err != nil {
+				return err
+			}
+			for _, m := range res.Malformed {
+				fmt.Fprintln(g.io.Err, "warning: skipping", m)
+			}
+			if asJSON {
+				out := make([]map[string]any, 0, len(res.Nodes))
+				for _, n := range res.Nodes {
+					out = append(out, nodeJSON(n, res.Now))
+				}
+				return writeJSON(g.io.Out, out)
+			}
+			tw := tabwriter.NewWriter(g.io.Out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NODE\tSTATE\tHEARTBEAT\tRUNNING\tMAXTHREADS\tNOTES")
+			for _, n := range res.Nodes {
+				state := n.State
+				if state == "" {
+					state = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", n.Node, state, heartbeatAge(n, res.Now), running(n), fmtMaxThreads(n.MaxThreads), nodeNotes(n))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return cmd
+}
+
+func heartbeatAge(n schema.Node, now time.Time) string {
+	if n.Timestamp.IsZero() || now.IsZero() {
+		return "never"
+	}
+	age := now.Sub(n.Timestamp)
+	if age < 0 {
+		age = 0
+	}
+	return age.Round(100*time.Millisecond).String() + " ago"
+}
+
+func running(n schema.Node) int64 {
+	var sum int64
+	for _, q := range n.Queues {
+		sum += q.TasksDoing
+	}
+	return sum
+}
+
+func nodeNotes(n schema.Node) string {
+	var notes string
+	if n.Dead {
+		notes = "DEAD (declared by " + n.DeadBy + " at " + n.DeadAt.Format(time.RFC3339) + ")"
+	}
+	if n.Drain {
+		if notes != "" {
+			notes += "; "
+		}
+		notes += "drain requested"
+	}
+	return notes
+}
+
+func nodeJSON(n schema.Node, now time.Time) map[string]any {
+	m := map[string]any{
+		"node":       n.Node,
+		"state":      n.State,
+		"timestamp":  n.Timestamp,
+		"running":    running(n),
+		"maxthreads": n.MaxThreads,
+		"dead":       n.Dead,
+		"drain":      n.Drain,
+	}
+	if !n.Timestamp.IsZero() && !now.IsZero() {
+		m["heartbeat_age_seconds"] = now.Sub(n.Timestamp).Seconds()
+	}
+	if n.Dead {
+		m["dead_at"], m["dead_by"] = n.DeadAt, n.DeadBy
+	}
+	return m
+}
+
+func newNodeDrain(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "drain NAME",
+		Short: "Ask a node to stop claiming and exit when its running tasks finish",
+		Long: `Ask the node NAME to drain: it stops claiming new tasks at its next
+heartbeat (within a second), lets the tasks it runs finish, then exits with
+status 0. Its node document shows state "draining" meanwhile and "stopped"
+after. Nothing it runs is killed or handed back. A node started again later
+is not drained: the request is for the run that sees it.
+
+The request is drain: true on the node's document in the nodes collection.`,
+		Example: `  disbatch node drain worker-3
+  disbatch node list`,
+		Args: exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] == "" {
+				return usagef("node name is empty")
+			}
+			s, done, err := g.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			n, err := s.NodeDrain(cmd.Context(), store.NodeDrainParams{Node: args[0]})
+			if errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("no node named %q has ever written a heartbeat to this database (see disbatch node list)", args[0])
+			}
+			if err != nil {
+				return err
+			}
+			switch {
+			case n.State == schema.NodeStateStopped:
+				fmt.Fprintf(g.io.Out, "node %s says it has stopped; there is nothing to drain (a later start of it is not drained)\n", n.Node)
+			case n.Dead:
+				fmt.Fprintf(g.io.Out, "node %s was declared dead; the drain request applies if it comes back\n", n.Node)
+			default:
+				fmt.Fprintf(g.io.Out, "asked node %s to drain: it stops claiming within a heartbeat and exits when its %d running task(s) finish\n", n.Node, running(n))
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,56 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+func TestNodeListAndDrain(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	s := store.New(e.db, store.Options{})
+	_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "alive", State: schema.NodeStateRunning, Queues: []schema.NodeQueue{{Name: "q", TasksDoing: 3}}})
+	require.NoError(t, err)
+	_, err = e.db.Collection("nodes").InsertOne(ctx, bson.D{
+		{Key: "node", Value: "gone"}, {Key: "timestamp", Value: time.Now().Add(-time.Hour)},
+		{Key: "dead", Value: true}, {Key: "dead_by", Value: "alive"}, {Key: "dead_at", Value: time.Now()},
+	})
+	require.NoError(t, err)
+	_, err = e.db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "perl"}, {Key: "timestamp", Value: time.Now()}})
+	require.NoError(t, err)
+
+	out := e.ok("", "node", "list")
+	require.Regexp(t, `(?m)^NODE\s+STATE\s+HEARTBEAT\s+RUNNING\s+MAXTHREADS\s+NOTES$`, out)
+	require.Regexp(t, `(?m)^alive\s+running\s+[0-9.]+m?s ago\s+3\s+null\s*$`, out)
+	require.Regexp(t, `(?m)^gone\s+-\s+1h0m0s ago\s+0\s+null\s+DEAD \(declared by alive at `, out)
+	require.Regexp(t, `(?m)^perl\s+-\s+`, out)
+
+	out = e.ok("", "node", "drain", "alive")
+	require.Contains(t, out, "asked node alive to drain")
+	n, err := s.NodeGet(ctx, "alive")
+	require.NoError(t, err)
+	require.True(t, n.Drain)
+	require.Contains(t, e.ok("", "node", "list"), "drain requested")
+
+	var nodes []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(e.ok("", "node", "list", "--json")), &nodes))
+	require.Len(t, nodes, 3)
+	require.Equal(t, "alive", nodes[0]["node"])
+	require.Equal(t, true, nodes[0]["drain"])
+	require.Equal(t, true, nodes[1]["dead"])
+
+	r := e.run("", "node", "drain", "nobody")
+	require.Equal(t, ExitRuntime, r.code)
+	require.Contains(t, r.err, `no node named "nobody"`)
+	r = e.run("", "node", "drain")
+	require.Equal(t, ExitUsage, r.code)
+	require.Equal(t, int64(0), e.count("nodes", bson.D{{Key: "node", Value: "nobody"}}), "nothing written")
+}
