@@ -48,6 +48,31 @@ func (f *fakeStore) TaskClaim(ctx context.Context, p store.TaskClaimParams) (sch
 	return claim(ctx, p)
 }
 
+// TaskClaimMany answers like that many TaskClaim calls, stopping at the
+// first that finds nothing.
+func (f *fakeStore) TaskClaimMany(ctx context.Context, p store.TaskClaimManyParams) (store.TaskClaimManyResult, error) {
+	var res store.TaskClaimManyResult
+	for range p.Limit {
+		t, err := f.TaskClaim(ctx, store.TaskClaimParams{Queue: p.Queue, Node: p.Node, Sort: p.Sort})
+		var de *schema.DecodeError
+		switch {
+		case errors.Is(err, store.ErrNoTask):
+			return res, nil
+		case errors.As(err, &de):
+			res.Malformed = append(res.Malformed, t)
+			res.Errors = append(res.Errors, err)
+		case err != nil:
+			if len(res.Tasks)+len(res.Malformed) > 0 {
+				return res, nil // what was won is reported; the error comes next time
+			}
+			return res, err
+		default:
+			res.Tasks = append(res.Tasks, t)
+		}
+	}
+	return res, nil
+}
+
 // set replaces the answer.
 func (f *fakeStore) set(claim func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error)) {
 	f.mu.Lock()
@@ -467,7 +492,7 @@ func TestLimits(t *testing.T) {
 		require.Equal(t, ids(q), h.st.take(), "exactly one claim for the one freed slot")
 		require.Equal(t, 4, h.claimedCount())
 		require.Equal(t, 3, h.slots.Running(q.ID))
-		require.Equal(t, claimer.Stats{Claims: 4, WakePasses: 2}, h.c.Stats())
+		require.Equal(t, claimer.Stats{Claims: 4, WakePasses: 2, Batches: 1}, h.c.Stats(), "one claim, then a batch of 2 for the other free slots")
 	})
 	t.Run("node cap", func(t *testing.T) {
 		t.Parallel()
@@ -750,4 +775,50 @@ func TestStartWhileEventsArePublished(t *testing.T) {
 	}
 	close(stop)
 	<-published
+}
+
+// batchStore answers TaskClaim with one task and TaskClaimMany with what a
+// backlog of size left allows, recording the limits asked.
+type batchStore struct {
+	mu     sync.Mutex
+	left   int
+	single int
+	limits []int
+}
+
+func (b *batchStore) TaskClaim(_ context.Context, p store.TaskClaimParams) (schema.Task, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.single++
+	if b.left == 0 {
+		return schema.Task{}, store.ErrNoTask
+	}
+	b.left--
+	return schema.Task{ID: bson.NewObjectID(), Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed}, nil
+}
+
+func (b *batchStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParams) (store.TaskClaimManyResult, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.limits = append(b.limits, p.Limit)
+	var res store.TaskClaimManyResult
+	for ; b.left > 0 && len(res.Tasks) < p.Limit; b.left-- {
+		res.Tasks = append(res.Tasks, schema.Task{ID: bson.NewObjectID(), Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed})
+	}
+	return res, nil
+}
+
+func TestBacklogIsClaimedInBatches(t *testing.T) {
+	t.Parallel()
+	bs := &batchStore{left: 150}
+	q := queue("q", 200)
+	h := newHarness(t, func(c *claimer.Config) { c.Store = bs; c.Batch = 64 }, q)
+	h.start()
+	h.pass()
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	require.Equal(t, 1, bs.single, "one findOneAndUpdate first: a lone new task needs no more")
+	require.Equal(t, []int{64, 64, 64, 50}, bs.limits, "then batches of 64 (at most the free slots) until one comes back empty")
+	require.Equal(t, 150, h.claimedCount())
+	require.Equal(t, 150, h.slots.Running(q.ID), "slots of unused batch places are given back")
 }

@@ -42,6 +42,9 @@ type Config struct {
 	PollOnly bool
 	// Tick is the claimer's fallback interval.
 	Tick time.Duration
+	// ClaimBatch is the most tasks one batched claim takes on a backlog
+	// (default claimer.DefaultBatch; 1 claims one task at a time).
+	ClaimBatch int
 	// Heartbeat is how often the node document is written.
 	Heartbeat time.Duration
 	// Grace is how long running tasks may finish at shutdown.

@@ -51,7 +51,7 @@ func New(cfg Config) (*Node, error) {
 	n.beat = &heartbeat{n: n}
 	n.reaper = reaper.New(reaper.Config{Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Logger: cfg.Logger})
 	ccfg := claimer.Config{
-		Node: cfg.Name, Store: cfg.Store, Slots: n.slots, Tick: cfg.Tick, Logger: cfg.Logger,
+		Node: cfg.Name, Store: cfg.Store, Slots: n.slots, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Logger: cfg.Logger,
 		Refresh: n.queues.refresh, Dispatch: n.runner.dispatch, Malformed: n.runner.malformed,
 	}
 	if !cfg.PollOnly {

@@ -23,6 +23,10 @@ const (
 	// join the submitter's trace. Optional; this project's own fields.
 	TaskTraceParent = "traceparent"
 	TaskTraceState  = "tracestate"
+	// TaskClaimToken marks the tasks one batched claim won (seed 004's
+	// update-then-find claim), so the claimer reads back exactly those. It
+	// is this project's own field and means nothing once read.
+	TaskClaimToken = "claim_token"
 )
 
 // Unclaimed is the node value of a task nobody has claimed (seed 000). The

@@ -186,6 +186,143 @@ func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, 
 	return t, nil
 }
 
+// TaskClaimManyParams ask for up to Limit tasks of one queue.
+type TaskClaimManyParams struct {
+	Queue bson.ObjectID
+	Node  string
+	Sort  schema.Sort
+	Limit int // 1..MaxClaimBatch
+}
+
+// MaxClaimBatch bounds one batched claim.
+const MaxClaimBatch = 256
+
+// TaskClaimManyResult are the tasks one batched claim won, in claim order,
+// and the won documents that did not decode: each such Task has only ID,
+// Queue, Node, Status and Raw set, it is claimed by this node and the
+// caller must deal with it (TaskFail), as with TaskClaim.
+type TaskClaimManyResult struct {
+	Tasks     []schema.Task
+	Malformed []schema.Task
+	Errors    []error // one per Malformed
+}
+
+// TaskClaimMany is seed 004's update-then-find claim, for a backlog: it
+// reads up to Limit queued ids in claim order, claims them with one
+// updateMany guarded like TaskClaim's filter ({_id in ids, node -1 or null,
+// status -2}, so a task another node took meanwhile is skipped) that also
+// sets a fresh claim token, and reads back the tasks carrying that token.
+// Three round trips for up to Limit tasks instead of one per task, and no
+// two claimers fight over a single head-of-queue document. It returns no
+// tasks and no error when nothing was queued or others won every id.
+func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskClaimManyResult, error) {
+	if p.Limit < 1 || p.Limit > MaxClaimBatch {
+		return TaskClaimManyResult{}, fmt.Errorf("claim tasks: limit %d is not within 1..%d", p.Limit, MaxClaimBatch)
+	}
+	filter := bson.D{
+		{Key: schema.TaskNode, Value: unclaimed},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+		{Key: schema.TaskQueue, Value: p.Queue},
+	}
+	var order bson.D
+	switch p.Sort {
+	case schema.SortFIFO:
+		order = bson.D{{Key: "_id", Value: 1}}
+	case schema.SortLIFO:
+		order = bson.D{{Key: "_id", Value: -1}}
+	}
+	fo := options.Find().SetLimit(int64(p.Limit)).SetProjection(bson.D{{Key: "_id", Value: 1}})
+	if order != nil {
+		fo.SetSort(order)
+	}
+	var ids bson.A
+	token := bson.NewObjectID()
+	var won int64
+	// Other claimers may win every candidate between the find and the
+	// update; then the queue may still hold tasks, so look again.
+	for attempt := 0; won == 0; attempt++ {
+		if attempt == 3 {
+			return TaskClaimManyResult{}, nil
+		}
+		cur, err := s.tasks.Find(ctx, filter, fo)
+		if err != nil {
+			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
+		}
+		var cands []struct {
+			ID any `bson:"_id"`
+		}
+		if err := cur.All(ctx, &cands); err != nil {
+			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
+		}
+		if len(cands) == 0 {
+			return TaskClaimManyResult{}, nil
+		}
+		ids = make(bson.A, len(cands))
+		for i, c := range cands {
+			ids[i] = c.ID
+		}
+		res, err := s.tasks.UpdateMany(ctx,
+			append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, filter...),
+			bson.D{{Key: "$set", Value: bson.D{
+				{Key: schema.TaskNode, Value: p.Node},
+				{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+				{Key: schema.TaskMTime, Value: s.nowMS()},
+				{Key: schema.TaskClaimToken, Value: token},
+			}}})
+		if err != nil {
+			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
+		}
+		won = res.ModifiedCount
+	}
+	// Read back what was won. The token, not node and status, says which:
+	// one of these ids could have been requeued and claimed by this node
+	// through another path in between.
+	ro := options.Find()
+	if order != nil {
+		ro.SetSort(order)
+	}
+	cur, err := s.tasks.Find(ctx, bson.D{
+		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
+		{Key: schema.TaskClaimToken, Value: token},
+		{Key: schema.TaskNode, Value: p.Node},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+	}, ro)
+	if err != nil {
+		return TaskClaimManyResult{}, fmt.Errorf("read back %d claimed tasks of queue %s: %w", won, p.Queue.Hex(), err)
+	}
+	defer cur.Close(ctx)
+	var out TaskClaimManyResult
+	for cur.Next(ctx) {
+		raw := append(bson.Raw(nil), cur.Current...)
+		t, err := schema.DecodeTask(raw)
+		if err != nil {
+			id, _ := raw.Lookup("_id").ObjectIDOK()
+			out.Malformed = append(out.Malformed, schema.Task{ID: id, Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed, Raw: raw})
+			out.Errors = append(out.Errors, err)
+			continue
+		}
+		out.Tasks = append(out.Tasks, t)
+	}
+	if err := cur.Err(); err != nil {
+		// Won but not all read: hand every one back (the caller dispatches
+		// none of them), or, if even that fails, the reaper orphans them.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, rerr := s.tasks.UpdateMany(cctx,
+			bson.D{{Key: schema.TaskClaimToken, Value: token}, {Key: schema.TaskNode, Value: p.Node}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
+			bson.D{{Key: "$set", Value: bson.D{
+				{Key: schema.TaskNode, Value: schema.Unclaimed},
+				{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+				{Key: schema.TaskMTime, Value: s.nowMS()},
+			}}})
+		if rerr != nil {
+			err = fmt.Errorf("%w; handing them back failed too, so they stay claimed until orphaned: %v", err, rerr)
+		}
+		return TaskClaimManyResult{}, fmt.Errorf("read back %d claimed tasks of queue %s: %w", won, p.Queue.Hex(), err)
+	}
+	return out, nil
+}
+
 // TaskTransitionParams name a task held by Node.
 type TaskTransitionParams struct {
 	ID   bson.ObjectID

@@ -46,6 +46,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimOrder", testTaskClaimOrder},
 		{"TaskClaimPerlUnclaimed", testTaskClaimPerl},
 		{"TaskClaimConcurrentOnce", testTaskClaimConcurrent},
+		{"TaskClaimManyOrderAndGuard", testTaskClaimMany},
+		{"TaskClaimManyConcurrentOnce", testTaskClaimManyConcurrent},
 		{"TaskGuardedTransitions", testTaskGuarded},
 		{"TaskFinishGridFS", testTaskFinishGridFS},
 		{"TaskFinishTooLargeFallsBackToGridFS", testTaskFinishTooLarge},
@@ -863,4 +865,105 @@ func testNodesDeadRecoverConcurrent(t *testing.T, newStore Factory) {
 	require.Equal(t, int64(1), declared, "one live node declares it dead")
 	require.Equal(t, int64(20), requeued)
 	require.Equal(t, int64(20), orphaned)
+}
+
+func testTaskClaimMany(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	for _, sort := range []schema.Sort{schema.SortFIFO, schema.SortLIFO} {
+		q := newQueue(t, s, "q-"+string(sort), sort)
+		ids := insertTasks(t, s, q.ID, 10)
+		// One is taken by another node, one is a Disbatch 4.103 task (node
+		// null), one is malformed.
+		_, err := db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: "other"}, {Key: "status", Value: -1}}}})
+		require.NoError(t, err)
+		_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[2]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: nil}}}})
+		require.NoError(t, err)
+		_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[3]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "parameters", Value: "not a document"}}}})
+		require.NoError(t, err)
+		want := append([]bson.ObjectID{ids[0]}, ids[2:]...)
+		if sort == schema.SortLIFO {
+			want = nil
+			for i := len(ids) - 1; i >= 0; i-- {
+				if i != 1 {
+					want = append(want, ids[i])
+				}
+			}
+		}
+		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: sort, Limit: 4})
+		require.NoError(t, err)
+		var got []bson.ObjectID
+		for _, task := range res.Tasks {
+			require.Equal(t, schema.StatusClaimed, task.Status)
+			require.Equal(t, "n1", task.Node)
+			got = append(got, task.ID)
+		}
+		for _, m := range res.Malformed {
+			got = append(got, m.ID)
+		}
+		require.ElementsMatch(t, want[:4], got, "the first 4 claimable in %s order", sort)
+		if sort == schema.SortFIFO {
+			require.Len(t, res.Malformed, 1)
+			require.Equal(t, ids[3], res.Malformed[0].ID)
+			require.ErrorContains(t, res.Errors[0], `"parameters"`)
+		}
+		rest, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n2", Sort: sort, Limit: 100})
+		require.NoError(t, err)
+		require.Len(t, rest.Tasks, len(want)-4-len(rest.Malformed))
+		for _, task := range rest.Tasks {
+			require.Equal(t, "n2", task.Node)
+		}
+		empty, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: sort, Limit: 4})
+		require.NoError(t, err)
+		require.Empty(t, empty.Tasks)
+		require.Equal(t, "other", rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: ids[1]}}).Lookup("node").StringValue(), "another node's claim is left alone")
+	}
+	_, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: bson.NewObjectID(), Node: "n1", Limit: 0})
+	require.ErrorContains(t, err, "limit 0")
+}
+
+func testTaskClaimManyConcurrent(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 1000)
+	var mu sync.Mutex
+	seen := map[bson.ObjectID]string{}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := fmt.Sprintf("n%d", w)
+			for {
+				res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO, Limit: 32})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(res.Tasks) == 0 {
+					// Empty, or others won every candidate three times.
+					if n, err := db.Collection("tasks").CountDocuments(ctx, bson.D{{Key: "status", Value: -2}}); err != nil || n == 0 {
+						return
+					}
+					continue
+				}
+				mu.Lock()
+				for _, task := range res.Tasks {
+					if prev, dup := seen[task.ID]; dup {
+						errs <- fmt.Errorf("task %s claimed by %s and %s", task.ID.Hex(), prev, node)
+					}
+					seen[task.ID] = node
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, seen, len(ids), "every task claimed exactly once")
 }
