@@ -37,13 +37,34 @@ type runner struct {
 	stopping bool
 	fenced   bool // no task may start: the node fenced itself
 	wg       sync.WaitGroup
+
+	// Concurrent tasks' start and finish writes share round trips.
+	starts   *coalescer[store.TaskTransitionParams]
+	finishes *coalescer[store.TaskFinishParams]
 }
+
+// writeBatch bounds how many tasks' writes go in one round trip.
+const writeBatch = 128
 
 func newRunner(n *Node) *runner {
 	r := &runner{n: n}
 	r.killCtx, r.kill = context.WithCancelCause(context.Background())
+	st := n.cfg.Store
+	r.starts = newCoalescer(writeBatch, func(ps []store.TaskTransitionParams) []error {
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+		defer cancel()
+		return st.TaskStartMany(ctx, ps)
+	})
+	r.finishes = newCoalescer(writeBatch, func(ps []store.TaskFinishParams) []error {
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+		defer cancel()
+		return st.TaskFinishMany(ctx, ps)
+	})
 	return r
 }
+
+// writeTimeout bounds one attempt of a task write.
+const writeTimeout = 15 * time.Second
 
 // dispatch is the claimer's Dispatch: the task is claimed (-1) by this node
 // and its slot taken.
@@ -172,7 +193,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
 		return
 	}
-	if err := r.write(log, "start", func(ctx context.Context) error { return cfg.Store.TaskStart(ctx, tr) }); err != nil {
+	if err := r.write(log, "start", func(ctx context.Context) error { return r.starts.do(ctx, tr) }); err != nil {
 		claimSpan.RecordError(err)
 		claimSpan.SetStatus(codes.Error, "could not mark the task running")
 		claimSpan.End()
@@ -208,7 +229,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 
 	_, complete := tracer.Start(ctx, "disbatch.complete")
 	err := r.write(log, "finish", func(ctx context.Context) error {
-		return cfg.Store.TaskFinish(ctx, store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr})
+		return r.finishes.do(ctx, store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr})
 	})
 	task.SetAttributes(attribute.Int("disbatch.status", int(res.Status)))
 	if err != nil {
@@ -248,7 +269,7 @@ func (r *runner) write(log *slog.Logger, what string, fn func(context.Context) e
 	b.MaxInterval = 5 * time.Second
 	b.MaxElapsedTime = time.Minute
 	op := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 		defer cancel()
 		err := fn(ctx)
 		if errors.Is(err, store.ErrLostTask) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -348,6 +349,13 @@ func (s *Store) TaskRelease(ctx context.Context, p TaskTransitionParams) error {
 	})
 }
 
+// guarded moves the task from status from (held by p.Node) by set. When
+// the guard fails it looks at the task: if it already is where set puts it
+// (this node, the status set writes), an earlier attempt of the same write
+// landed though its answer was lost (a timeout, a failover), and the write
+// counts as done; otherwise ErrLostTask. Without this, a retried start whose
+// first attempt landed would leave the task running on a live node for
+// ever.
 func (s *Store) guarded(ctx context.Context, what string, p TaskTransitionParams, from schema.Status, set bson.D) error {
 	res, err := s.tasks.UpdateOne(ctx,
 		bson.D{{Key: "_id", Value: p.ID}, {Key: schema.TaskNode, Value: p.Node}, {Key: schema.TaskStatus, Value: int32(from)}},
@@ -356,9 +364,153 @@ func (s *Store) guarded(ctx context.Context, what string, p TaskTransitionParams
 		return fmt.Errorf("%s task %s: %w", what, p.ID.Hex(), err)
 	}
 	if res.MatchedCount == 0 {
+		if to, ok := setStatus(set); ok && s.taskIs(ctx, p.ID, p.Node, to) {
+			return nil
+		}
 		return fmt.Errorf("%s task %s on node %s: %w", what, p.ID.Hex(), p.Node, ErrLostTask)
 	}
 	return nil
+}
+
+// setStatus is the status a $set writes, when it keeps the node.
+func setStatus(set bson.D) (int32, bool) {
+	var status int32
+	found := false
+	for _, e := range set {
+		switch e.Key {
+		case schema.TaskNode:
+			return 0, false // the task changes hands: its end state says nothing
+		case schema.TaskStatus:
+			status, found = e.Value.(int32)
+		}
+	}
+	return status, found
+}
+
+// taskIs reports whether the task is held by node in status (false when it
+// cannot tell).
+func (s *Store) taskIs(ctx context.Context, id bson.ObjectID, node string, status int32) bool {
+	n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: "_id", Value: id}, {Key: schema.TaskNode, Value: node}, {Key: schema.TaskStatus, Value: status}})
+	return err == nil && n == 1
+}
+
+// TaskStartMany is TaskStart for many tasks in one round trip (an
+// unordered bulk write of the same guarded updates): one error per task,
+// nil for those now running. A task whose guard failed gets ErrLostTask
+// (unless it already runs on its node: see guarded); when the bulk write
+// itself fails every task gets that error, and retrying is safe.
+func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []error {
+	if len(ps) == 1 {
+		return []error{s.TaskStart(ctx, ps[0])}
+	}
+	ws := make([]guardedWrite, len(ps))
+	now := s.nowMS()
+	for i, p := range ps {
+		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, set: bson.D{
+			{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
+			{Key: schema.TaskMTime, Value: now},
+		}}
+	}
+	return s.guardedMany(ctx, "start", ws)
+}
+
+// TaskFinishMany is TaskFinish for many tasks: results small enough for the
+// task document go in one bulk write (see TaskStartMany for the errors);
+// larger ones go through TaskFinish one by one (GridFS).
+func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []error {
+	errs := make([]error, len(ps))
+	var ws []guardedWrite
+	var at []int
+	now := s.nowMS()
+	for i, p := range ps {
+		switch {
+		case !p.Status.Finished():
+			errs[i] = fmt.Errorf("finish task %s: status %d is not a finished status (> 0)", p.ID.Hex(), p.Status)
+		case len(ps) == 1 || len(p.Stdout)+len(p.Stderr) > s.threshold/16:
+			errs[i] = s.TaskFinish(ctx, p)
+		default:
+			at = append(at, i)
+			ws = append(ws, guardedWrite{p: TaskTransitionParams{ID: p.ID, Node: p.Node}, from: schema.StatusRunning, to: p.Status, set: bson.D{
+				{Key: schema.TaskStatus, Value: int32(p.Status)},
+				{Key: schema.TaskStdout, Value: validUTF8(p.Stdout)},
+				{Key: schema.TaskStderr, Value: validUTF8(p.Stderr)},
+				{Key: schema.TaskMTime, Value: now},
+			}})
+		}
+	}
+	if len(ws) > 0 {
+		for j, err := range s.guardedMany(ctx, "finish", ws) {
+			errs[at[j]] = err
+		}
+	}
+	return errs
+}
+
+type guardedWrite struct {
+	p        TaskTransitionParams
+	from, to schema.Status
+	set      bson.D
+}
+
+func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite) []error {
+	errs := make([]error, len(ws))
+	models := make([]mongo.WriteModel, len(ws))
+	ids := make(bson.A, len(ws))
+	for i, w := range ws {
+		ids[i] = w.p.ID
+		models[i] = mongo.NewUpdateOneModel().
+			SetFilter(bson.D{{Key: "_id", Value: w.p.ID}, {Key: schema.TaskNode, Value: w.p.Node}, {Key: schema.TaskStatus, Value: int32(w.from)}}).
+			SetUpdate(bson.D{{Key: "$set", Value: w.set}})
+	}
+	res, err := s.tasks.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	if err != nil {
+		for i, w := range ws {
+			errs[i] = fmt.Errorf("%s task %s (one of %d written together): %w", what, w.p.ID.Hex(), len(ws), err)
+		}
+		return errs
+	}
+	if res.MatchedCount == int64(len(ws)) {
+		return errs
+	}
+	// Some guards failed: the tasks' states say which.
+	cur, err := s.tasks.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}},
+		options.Find().SetProjection(bson.D{{Key: schema.TaskNode, Value: 1}, {Key: schema.TaskStatus, Value: 1}}))
+	var docs []struct {
+		ID     bson.ObjectID `bson:"_id"`
+		Node   any           `bson:"node"`
+		Status any           `bson:"status"`
+	}
+	if err == nil {
+		err = cur.All(ctx, &docs)
+	}
+	if err != nil {
+		for i, w := range ws {
+			errs[i] = fmt.Errorf("%s task %s: %d of %d guards failed and reading which failed: %w", what, w.p.ID.Hex(), int64(len(ws))-res.MatchedCount, len(ws), err)
+		}
+		return errs
+	}
+	type state struct {
+		node   string
+		status int64
+	}
+	now := make(map[bson.ObjectID]state, len(docs))
+	for _, d := range docs {
+		st := state{status: math.MinInt64}
+		st.node, _ = d.Node.(string)
+		switch v := d.Status.(type) {
+		case int32:
+			st.status = int64(v)
+		case int64:
+			st.status = v
+		}
+		now[d.ID] = st
+	}
+	for i, w := range ws {
+		if st, ok := now[w.p.ID]; !ok || st.node != w.p.Node || st.status != int64(w.to) {
+			errs[i] = fmt.Errorf("%s task %s on node %s: %w", what, w.p.ID.Hex(), w.p.Node, ErrLostTask)
+		}
+	}
+	return errs
 }
 
 // TaskFinishParams are a task's result.

@@ -49,6 +49,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimManyOrderAndGuard", testTaskClaimMany},
 		{"TaskClaimManyConcurrentOnce", testTaskClaimManyConcurrent},
 		{"TaskGuardedTransitions", testTaskGuarded},
+		{"TaskStartFinishManyGuardEach", testTaskStartFinishMany},
 		{"TaskFinishGridFS", testTaskFinishGridFS},
 		{"TaskFinishTooLargeFallsBackToGridFS", testTaskFinishTooLarge},
 		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
@@ -446,9 +447,11 @@ func testTaskGuarded(t *testing.T, newStore Factory) {
 	require.ErrorIs(t, s.TaskStart(ctx, other), store.ErrLostTask, "only the claimer starts it")
 	require.ErrorIs(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: 1}), store.ErrLostTask, "not running yet")
 	require.NoError(t, s.TaskStart(ctx, me))
-	require.ErrorIs(t, s.TaskStart(ctx, me), store.ErrLostTask, "already running")
+	require.NoError(t, s.TaskStart(ctx, me), "a retried start whose first attempt landed is done, not lost")
 	require.ErrorIs(t, s.TaskRelease(ctx, me), store.ErrLostTask, "running tasks are not released")
 	require.ErrorContains(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: 0}), "not a finished status")
+
+	require.ErrorIs(t, s.TaskStart(ctx, other), store.ErrLostTask, "still not n2's")
 
 	// The reaper (or an operator) takes the task away: n1's result must not land.
 	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: task.ID}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -6}}}})
@@ -966,4 +969,58 @@ func testTaskClaimManyConcurrent(t *testing.T, newStore Factory) {
 		require.NoError(t, err)
 	}
 	require.Len(t, seen, len(ids), "every task claimed exactly once")
+}
+
+func testTaskStartFinishMany(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{OutputThreshold: 1 << 20})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 5)
+	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 5})
+	require.NoError(t, err)
+	require.Len(t, res.Tasks, 5)
+	var ps []store.TaskTransitionParams
+	for _, task := range res.Tasks {
+		ps = append(ps, store.TaskTransitionParams{ID: task.ID, Node: "n1"})
+	}
+	// Task 1 is taken away before it starts; task 2 already started (an
+	// earlier attempt landed).
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ps[1].ID}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -6}}}})
+	require.NoError(t, err)
+	require.NoError(t, s.TaskStart(ctx, ps[2]))
+	errs := s.TaskStartMany(ctx, ps)
+	require.Len(t, errs, 5)
+	for i, err := range errs {
+		if i == 1 {
+			require.ErrorIs(t, err, store.ErrLostTask)
+			continue
+		}
+		require.NoError(t, err, "task %d", i)
+	}
+	big := strings.Repeat("x", 200<<10) // over threshold/16: written alone
+	fs := []store.TaskFinishParams{
+		{ID: ps[0].ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: "zero"},
+		{ID: ps[1].ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: "lost"},
+		{ID: ps[2].ID, Node: "n1", Status: schema.StatusFailed, Stderr: "two"},
+		{ID: ps[3].ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: big},
+		{ID: ps[4].ID, Node: "n2", Status: schema.StatusSucceeded, Stdout: "not n2's"},
+	}
+	errs = s.TaskFinishMany(ctx, fs)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], store.ErrLostTask)
+	require.NoError(t, errs[2])
+	require.NoError(t, errs[3])
+	require.ErrorIs(t, errs[4], store.ErrLostTask)
+	for i, want := range []struct {
+		status int32
+		stdout string
+	}{{1, "zero"}, {-6, ""}, {2, ""}, {1, big}, {0, ""}} {
+		got, err := s.TaskGet(ctx, fs[i].ID)
+		require.NoError(t, err)
+		require.Equal(t, want.status, int32(got.Status), "task %d", i)
+		if want.stdout != "" {
+			require.Equal(t, want.stdout, got.Stdout.Text, "task %d", i)
+		}
+	}
+	require.Equal(t, "two", rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: fs[2].ID}}).Lookup("stderr").StringValue())
 }
