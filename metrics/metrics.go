@@ -25,6 +25,9 @@ type Source interface {
 	ClaimerStats() claimer.Stats
 	StreamStats() events.Stats
 	ProjectorStats() projections.Stats
+	// Fenced and Draining: see node.Node.
+	Fenced() bool
+	Draining() bool
 }
 
 var _ Source = (*node.Node)(nil)
@@ -134,13 +137,17 @@ var (
 		"Projection lag (event to counters committed) over recent events.", []string{"quantile"}, nil)
 	descProjEvents = prometheus.NewDesc("disbatch_projection_events_total",
 		"Task events this node applied to the counters as projector.", nil, nil)
+	descNodeState = prometheus.NewDesc("disbatch_node_state",
+		"1 for the state the node is in: serving, fenced (no heartbeat acknowledged for --fence-after: not claiming, tasks killed) or draining (asked to exit when idle).", []string{"state"}, nil)
+	descBatches = prometheus.NewDesc("disbatch_claim_batches_total",
+		"Batched claims (update-then-find, on a backlog) that won tasks.", nil, nil)
 	descDrift = prometheus.NewDesc("disbatch_projection_drift_queues_total",
 		"Queues whose counters differed from a recount (should stay 0).", nil, nil)
 )
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift} {
+		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches} {
 		ch <- d
 	}
 }
@@ -196,6 +203,18 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descClaims, cs.Claims)
 	counter(descPasses, cs.WakePasses, "wakeup")
 	counter(descPasses, cs.TickPasses, "tick")
+	counter(descBatches, cs.Batches)
+
+	fenced, draining := src.Fenced(), src.Draining()
+	flag := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	gauge(descNodeState, flag(!fenced && !draining), "serving")
+	gauge(descNodeState, flag(fenced), "fenced")
+	gauge(descNodeState, flag(draining), "draining")
 
 	ss := src.StreamStats()
 	counter(descStreamEvents, ss.Events)

@@ -153,6 +153,8 @@ type fakeSource struct {
 	claimer   claimer.Stats
 	stream    events.Stats
 	projector projections.Stats
+	fenced    bool
+	draining  bool
 }
 
 func (f *fakeSource) Queues() []schema.Queue            { return f.queues }
@@ -160,6 +162,8 @@ func (f *fakeSource) Running(q bson.ObjectID) int       { return f.running[q] }
 func (f *fakeSource) ClaimerStats() claimer.Stats       { return f.claimer }
 func (f *fakeSource) StreamStats() events.Stats         { return f.stream }
 func (f *fakeSource) ProjectorStats() projections.Stats { return f.projector }
+func (f *fakeSource) Fenced() bool                      { return f.fenced }
+func (f *fakeSource) Draining() bool                    { return f.draining }
 
 func ptr[T any](v T) *T { return &v }
 
@@ -175,7 +179,7 @@ func TestCollector(t *testing.T) {
 			{ID: d2, Name: "twin", CountTodo: ptr[int64](4), CountTotal: ptr[int64](8)},
 		},
 		running:   map[bson.ObjectID]int{a: 2, b: 1, d1: 1, d2: 1},
-		claimer:   claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9},
+		claimer:   claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3},
 		stream:    events.Stats{Events: 100, Resumes: 2, Rescans: 1},
 		projector: projections.Stats{Leader: true, Events: 77, DriftQueues: 0, LagP50: 40 * time.Millisecond, LagP99: 75 * time.Millisecond},
 	}
@@ -211,8 +215,15 @@ func TestCollector(t *testing.T) {
 	require.Equal(t, dto.MetricType_GAUGE, mfs["disbatch_projection_lag_seconds"].GetType())
 	require.Equal(t, 77.0, value(t, mfs, "disbatch_projection_events_total"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_projection_drift_queues_total"))
+	require.Equal(t, 3.0, value(t, mfs, "disbatch_claim_batches_total"))
+	require.Equal(t, 1.0, value(t, mfs, "disbatch_node_state", "state", "serving"))
+	require.Equal(t, 0.0, value(t, mfs, "disbatch_node_state", "state", "fenced"))
 
 	// Read at scrape time: a change shows at the next gather.
+	src.fenced = true
+	mfs = gather(t, m)
+	require.Equal(t, 0.0, value(t, mfs, "disbatch_node_state", "state", "serving"))
+	require.Equal(t, 1.0, value(t, mfs, "disbatch_node_state", "state", "fenced"))
 	src.projector = projections.Stats{}
 	src.queues = src.queues[:1]
 	src.queues[0].CountTodo = ptr[int64](0)
