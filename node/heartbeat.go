@@ -29,6 +29,18 @@ type heartbeat struct {
 
 	mu     sync.Mutex
 	lastOK time.Time // when the last acknowledged heartbeat was sent
+	// servingSince is when the node last started serving: its first
+	// heartbeat, or the one that ended a fence.
+	servingSince time.Time
+}
+
+// mayJudge reports whether the node has been serving for DeadAfter, long
+// enough to call another node's old heartbeat a death rather than an
+// outage everybody shared (see reaper.Config.MayJudge).
+func (h *heartbeat) mayJudge() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.servingSince.IsZero() && time.Since(h.servingSince) >= h.n.cfg.DeadAfter
 }
 
 // first is the heartbeat at start-up: it clears an old drain request (it
@@ -66,9 +78,13 @@ func (h *heartbeat) write(ctx context.Context, state string, first bool) error {
 	if err != nil {
 		return err
 	}
+	fenced := h.n.Fenced()
 	h.mu.Lock()
 	if sent.After(h.lastOK) {
 		h.lastOK = sent
+	}
+	if first || fenced {
+		h.servingSince = time.Now()
 	}
 	h.mu.Unlock()
 	if before.Dead {

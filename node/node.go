@@ -49,7 +49,10 @@ func New(cfg Config) (*Node, error) {
 	n.queues = &queueSet{n: n}
 	n.runner = newRunner(n)
 	n.beat = &heartbeat{n: n}
-	n.reaper = reaper.New(reaper.Config{Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Logger: cfg.Logger})
+	n.reaper = reaper.New(reaper.Config{
+		Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Logger: cfg.Logger,
+		MayJudge: n.beat.mayJudge,
+	})
 	ccfg := claimer.Config{
 		Node: cfg.Name, Store: cfg.Store, Slots: n.slots, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Logger: cfg.Logger,
 		Refresh: n.queues.refresh, Dispatch: n.runner.dispatch, Malformed: n.runner.malformed,

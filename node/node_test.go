@@ -644,10 +644,12 @@ func TestDeadNodeTasksAreRecoveredOnce(t *testing.T) {
 	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, time.Second, 3*time.Second
 	cfg2 := b.config("n2")
 	cfg2.Heartbeat, cfg2.FenceAfter, cfg2.DeadAfter = 100*time.Millisecond, time.Second, 3*time.Second
+	started := time.Now()
 	b.start(cfg)
 	b.start(cfg2)
-	b.waitStatus(ids[0], schema.StatusSucceeded, 5*time.Second) // claimed, never started: back to the queue and run
-	b.waitStatus(ids[1], schema.StatusOrphaned, 5*time.Second)  // was running: orphaned, never re-run
+	b.waitStatus(ids[0], schema.StatusSucceeded, 10*time.Second) // claimed, never started: back to the queue and run
+	b.waitStatus(ids[1], schema.StatusOrphaned, 5*time.Second)   // was running: orphaned, never re-run
+	require.GreaterOrEqual(t, time.Since(started), 3*time.Second, "a node judges others only after serving dead-after itself")
 	b.waitStatus(ids[2], schema.StatusSucceeded, 5*time.Second)
 	b.rec.mu.Lock()
 	require.Len(t, b.rec.runs[ids[0]], 1)

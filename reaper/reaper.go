@@ -33,6 +33,13 @@ type Config struct {
 	// detection off.
 	DeadAfter time.Duration
 	Every     time.Duration // default 1 s
+	// MayJudge, when set, says whether this node may declare others dead
+	// now. The node answers no until its own heartbeats have been
+	// acknowledged for DeadAfter without a break: right after an outage
+	// that silenced everybody (a long failover, all mongods restarting),
+	// the others' heartbeats are old because nobody could write, not
+	// because they died, and each gets a moment to write again.
+	MayJudge func() bool
 	Logger    *slog.Logger
 	// Reaped, when set, is called after every sweep with the tasks it
 	// orphaned or requeued (a test signal).
@@ -120,7 +127,7 @@ func (r *Reaper) Sweep(ctx context.Context) int64 {
 	case n > 0:
 		r.log.Warn("orphaned stale claimed tasks", "tasks", n, "claimed_longer_than", r.cfg.OrphanAfter)
 	}
-	if r.cfg.DeadAfter > 0 {
+	if r.cfg.DeadAfter > 0 && (r.cfg.MayJudge == nil || r.cfg.MayJudge()) {
 		dead, err := r.cfg.Store.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: r.cfg.DeadAfter, By: r.cfg.Node})
 		for _, d := range dead {
 			r.log.Warn("declared a node dead: its heartbeat is too old; its claimed tasks went back to the queue and its running tasks were orphaned",

@@ -75,6 +75,18 @@ func TestStartFailsWhenOwnOrphansCannotBeWritten(t *testing.T) {
 	r.Stop() // nothing started: no-op
 }
 
+func TestNoJudgingUntilAllowed(t *testing.T) {
+	f := &fakeStore{}
+	may := false
+	r := New(Config{Node: "n1", Store: f, MayJudge: func() bool { return may }})
+	require.Equal(t, int64(0), r.Sweep(context.Background()))
+	require.Empty(t, f.dead, "not yet allowed")
+	require.Len(t, f.ages, 1, "stale claims are still swept")
+	may = true
+	require.Equal(t, int64(5), r.Sweep(context.Background()))
+	require.Len(t, f.dead, 1)
+}
+
 func TestNegativeDeadAfterTurnsDetectionOff(t *testing.T) {
 	f := &fakeStore{}
 	r := New(Config{Node: "n1", Store: f, DeadAfter: -1})
