@@ -40,7 +40,7 @@ type Config struct {
 	// the others' heartbeats are old because nobody could write, not
 	// because they died, and each gets a moment to write again.
 	MayJudge func() bool
-	Logger    *slog.Logger
+	Logger   *slog.Logger
 	// Reaped, when set, is called after every sweep with the tasks it
 	// orphaned or requeued (a test signal).
 	Reaped func(n int64)
