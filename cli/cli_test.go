@@ -95,6 +95,7 @@ func TestQueueCommands(t *testing.T) {
 		{"queue", "set", "demo", "color=blue"},
 		{"queue", "set", "demo", "maxthreads=-1"},
 		{"queue", "set", "demo", "maxthreads=lots"},
+		{"queue", "set", "demo", "maxthreads=3000000000"}, // past what readers take
 		{"queue", "set", "demo", "sort=random"},
 		{"queue", "set", "demo", "maxthreads"},
 		{"queue", "set", "demo"},
@@ -102,6 +103,9 @@ func TestQueueCommands(t *testing.T) {
 		{"queue", "create", "x", "--constructor", "C", "--maxthreads", "-3"},
 		{"queue", "create", "x", "--constructor", "C", "--sort", "up"},
 		{"queue", "create", "--constructor", "C"},
+		{"queue", "create", "x", "--constructor", "C", "--maxthreads", "2147483648"},
+		{"queue", "frobnicate"},
+		{"task", "frobnicate"},
 	} {
 		r := e.run("", bad...)
 		require.Equal(t, ExitUsage, r.code, "%v: %s", bad, r.err)

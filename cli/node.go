@@ -16,7 +16,7 @@ func newNodeCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
 		Short: "List execution nodes and drain them",
-		Args:  exactArgs(),
+		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(newNodeList(g), newNodeDrain(g))

@@ -18,21 +18,31 @@ func newQueueCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "queue",
 		Short: "Create, list, change and delete queues",
-		Args:  exactArgs(),
+		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(newQueueCreate(g), newQueueList(g), newQueueSet(g), newQueueDelete(g))
 	return cmd
 }
 
-// parseMaxThreads accepts a non-negative integer or "null".
+// groupArgs is the Args of a command that only groups subcommands: any
+// argument is a subcommand it does not have.
+func groupArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+	return nil
+}
+
+// parseMaxThreads accepts an integer from 0 to schema.MaxThreadsLimit, or
+// "null".
 func parseMaxThreads(s string) (*int, error) {
 	if s == "null" {
 		return nil, nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return nil, fmt.Errorf("maxthreads must be a non-negative integer or null, got %q", s)
+	if err != nil || n < 0 || n > schema.MaxThreadsLimit {
+		return nil, fmt.Errorf("maxthreads must be a non-negative integer (at most %d) or null, got %q", schema.MaxThreadsLimit, s)
 	}
 	return &n, nil
 }

@@ -17,7 +17,7 @@ func newTaskCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "task",
 		Short: "Submit, list and show tasks",
-		Args:  exactArgs(),
+		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(newTaskSubmit(g), newTaskList(g), newTaskShow(g))

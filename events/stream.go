@@ -102,6 +102,7 @@ func pipeline() mongo.Pipeline {
 			{Key: "wallTime", Value: 1},
 			{Key: "fullDocument.queue", Value: 1},
 			{Key: "fullDocument.status", Value: 1},
+			{Key: "fullDocument.node", Value: 1},
 			{Key: "updateDescription.updatedFields.status", Value: 1},
 			{Key: "updateDescription.updatedFields.queue", Value: 1},
 		}}},
@@ -269,17 +270,29 @@ func (s *Stream) handle(ctx context.Context, ev bson.Raw) (invalidated bool) {
 			fields = ev.Lookup("updateDescription", "updatedFields")
 		}
 		if doc, ok := fields.DocumentOK(); ok {
+			// An insert or a replace carries the whole task (as projected):
+			// a field missing there is missing from the task.
+			whole := op != "update"
 			if q, err := doc.LookupErr(schema.TaskQueue); err == nil {
 				if tc.Queue, ok = q.ObjectIDOK(); !ok {
-					s.warnOnce(coll, id.Hex(), schema.TaskQueue, "want an ObjectId, got "+q.Type.String()+"; the task belongs to no queue and will never run")
+					s.warnOnce(coll, id.Hex(), schema.TaskQueue, "want an ObjectId, got "+schema.Describe(q)+"; the task belongs to no queue and will never run")
 				}
+			} else if whole {
+				s.warnOnce(coll, id.Hex(), schema.TaskQueue, "missing; the task belongs to no queue and will never run")
 			}
 			if st, err := doc.LookupErr(schema.TaskStatus); err == nil {
-				if n, ok := integer(st); ok {
+				if n, ok := integer(st); ok && n == int64(int32(n)) {
 					status := schema.Status(n)
 					tc.Status = &status
 				} else {
-					s.warnOnce(coll, id.Hex(), schema.TaskStatus, "want an integer status, got "+st.String())
+					s.warnOnce(coll, id.Hex(), schema.TaskStatus, "want a 32-bit integer status, got "+schema.Describe(st)+"; no node will claim the task")
+				}
+			} else if whole {
+				s.warnOnce(coll, id.Hex(), schema.TaskStatus, "missing; no node will claim the task")
+			}
+			if nd, err := doc.LookupErr(schema.TaskNode); err == nil && whole {
+				if n, isInt := integer(nd); nd.Type != bson.TypeString && nd.Type != bson.TypeNull && (!isInt || n != schema.Unclaimed) {
+					s.warnOnce(coll, id.Hex(), schema.TaskNode, "want a node name, -1 or null, got "+schema.Describe(nd)+"; no node will claim the task")
 				}
 			}
 		}

@@ -135,7 +135,7 @@ func (r *reader) maxThreads(names ...string) *int {
 		return nil
 	}
 	i, err := asInt(v, true)
-	if err == nil && (i < 0 || i > math.MaxInt32) {
+	if err == nil && (i < 0 || i > MaxThreadsLimit) {
 		err = fmt.Errorf("%d is out of range: want a non-negative integer or null", i)
 	}
 	if err != nil {
@@ -251,6 +251,10 @@ func wantGot(want string, v bson.RawValue) error {
 	return fmt.Errorf("want %s, got %s", want, describe(v))
 }
 
+// Describe renders a value for an error message or a log line, short: its
+// type and value ("string \"x\"", "32-bit integer 7", "array").
+func Describe(v bson.RawValue) string { return describe(v) }
+
 // describe renders a value for an error message, short.
 func describe(v bson.RawValue) string {
 	var s string
@@ -265,6 +269,12 @@ func describe(v bson.RawValue) string {
 		s = "array"
 	case bson.TypeNull:
 		s = "null"
+	case bson.TypeInt32: // plain numbers, not extended JSON
+		s = v.Type.String() + " " + strconv.FormatInt(int64(v.Int32()), 10)
+	case bson.TypeInt64:
+		s = v.Type.String() + " " + strconv.FormatInt(v.Int64(), 10)
+	case bson.TypeDouble:
+		s = v.Type.String() + " " + strconv.FormatFloat(v.Double(), 'g', -1, 64)
 	default:
 		s = v.Type.String() + " " + v.String()
 	}

@@ -2,6 +2,7 @@ package schema
 
 import (
 	"fmt"
+	"math"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -98,6 +99,10 @@ func DecodeQueue(raw bson.Raw) (Queue, error) {
 	q.Warnings = r.warnings
 	return q, nil
 }
+
+// MaxThreadsLimit is the largest maxthreads a queue or node document may
+// hold: readers take it as a 32-bit integer.
+const MaxThreadsLimit = math.MaxInt32
 
 // Threads returns the per-node limit, with nil counted as 0.
 func (q Queue) Threads() int {

@@ -33,11 +33,20 @@ func (p QueueCreateParams) Validate() error {
 	if strings.TrimSpace(p.Constructor) == "" {
 		return errors.New("constructor is required (the plugin name, e.g. Disbatch::Plugin::Demo)")
 	}
-	if p.MaxThreads != nil && *p.MaxThreads < 0 {
-		return fmt.Errorf("maxthreads must be a non-negative integer or null, got %d", *p.MaxThreads)
+	if err := validateMaxThreads(p.MaxThreads); err != nil {
+		return err
 	}
 	if !p.Sort.Valid() {
 		return fmt.Errorf("sort must be fifo, lifo or default, got %q", p.Sort)
+	}
+	return nil
+}
+
+// validateMaxThreads accepts what DecodeQueue reads back: null or an
+// integer from 0 to schema.MaxThreadsLimit.
+func validateMaxThreads(m *int) error {
+	if m != nil && (*m < 0 || *m > schema.MaxThreadsLimit) {
+		return fmt.Errorf("maxthreads must be a non-negative integer (at most %d) or null, got %d", schema.MaxThreadsLimit, *m)
 	}
 	return nil
 }
@@ -184,8 +193,8 @@ func (s *Store) QueueUpdate(ctx context.Context, p QueueUpdateParams) error {
 		set = append(set, bson.E{Key: schema.QueueConstructor, Value: *p.Constructor}, bson.E{Key: schema.QueuePlugin, Value: *p.Constructor})
 	}
 	if p.SetMaxThreads {
-		if p.MaxThreads != nil && *p.MaxThreads < 0 {
-			return fmt.Errorf("maxthreads must be a non-negative integer or null, got %d", *p.MaxThreads)
+		if err := validateMaxThreads(p.MaxThreads); err != nil {
+			return err
 		}
 		set = append(set, bson.E{Key: schema.QueueMaxThreads, Value: p.MaxThreads}, bson.E{Key: schema.QueueThreads, Value: p.MaxThreads})
 	}
