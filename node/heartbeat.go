@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -32,6 +33,7 @@ type heartbeat struct {
 	// servingSince is when the node last started serving: its first
 	// heartbeat, or the one that ended a fence.
 	servingSince time.Time
+	badDoc       bool // the document could not be read back
 }
 
 // mayJudge reports whether the node has been serving for DeadAfter, long
@@ -75,6 +77,16 @@ func (h *heartbeat) write(ctx context.Context, state string, first bool) error {
 	before, err := h.n.cfg.Store.NodeUpsert(ctx, store.NodeUpsertParams{
 		Node: h.n.cfg.Name, Queues: h.n.queues.stats(h.n.slots), State: state, ClearDrain: first,
 	})
+	var de *schema.DecodeError
+	if errors.As(err, &de) {
+		// Written, but what an operator put on the document cannot be
+		// read: the heartbeat counts (no fencing over a typo), its cap and
+		// drain request do not.
+		h.unreadable(err)
+		before, err = schema.Node{Node: h.n.cfg.Name}, nil
+	} else if err == nil {
+		h.unreadable(nil)
+	}
 	if err != nil {
 		return err
 	}
@@ -108,6 +120,21 @@ func (h *heartbeat) write(ctx context.Context, state string, first bool) error {
 		h.n.drain(before.Drain)
 	}
 	return nil
+}
+
+// unreadable logs, once per change, whether the node document could be read
+// back.
+func (h *heartbeat) unreadable(err error) {
+	h.mu.Lock()
+	was := h.badDoc
+	h.badDoc = err != nil
+	h.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		h.n.log.Warn("heartbeat written, but the node document cannot be read back: its maxthreads and drain request are ignored until it is fixed", "error", err)
+	case err == nil && was:
+		h.n.log.Info("node document readable again")
+	}
 }
 
 // silence is how long ago the last acknowledged heartbeat was sent.

@@ -31,12 +31,13 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 	if err != nil {
 		return nil, err
 	}
+	seen := map[string]bool{}
 	cfg, err := qs.n.cfg.Store.ConfigGet(ctx, qs.n.cfg.Label)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		seen["config"] = true
 		qs.sayOnce("config", "config", err.Error())
 		cfg = schema.Config{}
 	}
-	seen := map[string]bool{}
 	for _, m := range res.Malformed {
 		key := m.Error()
 		var de *schema.DecodeError
@@ -51,6 +52,7 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		key := q.ID.Hex()
 		seen[key] = true
 		for _, w := range q.Warnings {
+			seen[key+"/"+w] = true
 			qs.sayOnce(key+"/"+w, "queue", w, "queue", q.Name)
 		}
 		if why := qs.n.ignoreReason(q, cfg); why != "" {
@@ -67,8 +69,8 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		qs.served[q.ID] = q
 	}
 	for k := range qs.said {
-		if !seen[k] && k != "config" {
-			delete(qs.said, k) // deleted queues may come back
+		if !seen[k] {
+			delete(qs.said, k) // deleted queues, fixed documents may come back
 		}
 	}
 	qs.mu.Unlock()

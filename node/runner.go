@@ -85,14 +85,26 @@ func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
 		defer r.wg.Done()
 		defer r.done(q)
 		log := r.n.log.With("queue", q.Name, "task_id", t.ID.Hex())
+		p := store.TaskFailParams{ID: t.ID, Node: r.n.cfg.Name, From: schema.StatusClaimed, Reason: "disbatchd: malformed task document: " + derr.Error()}
 		if t.ID.IsZero() {
-			log.Error("claimed a task whose _id is not an ObjectId; it stays claimed until the reaper orphans it", "error", derr)
-			return
+			// Its _id is not an ObjectId: fail it by the _id it has.
+			v, err := t.Raw.LookupErr("_id")
+			if err != nil {
+				log.Error("claimed a task without a readable _id; it stays claimed until the reaper orphans it", "error", derr)
+				return
+			}
+			var id any
+			if err := v.Unmarshal(&id); err != nil {
+				log.Error("claimed a task whose _id cannot be read back; it stays claimed until the reaper orphans it", "error", derr)
+				return
+			}
+			p.DocID = id
+			log = r.n.log.With("queue", q.Name, "task_id", schema.Describe(v))
+			log.Warn("claimed a task whose _id is not an ObjectId; failing it", "error", derr)
+		} else {
+			log.Warn("claimed a malformed task; failing it", "error", derr)
 		}
-		log.Warn("claimed a malformed task; failing it", "error", derr)
-		r.write(log, "fail", func(ctx context.Context) error {
-			return r.n.cfg.Store.TaskFail(ctx, store.TaskFailParams{ID: t.ID, Node: r.n.cfg.Name, From: schema.StatusClaimed, Reason: "disbatchd: malformed task document: " + derr.Error()})
-		})
+		r.write(log, "fail", func(ctx context.Context) error { return r.n.cfg.Store.TaskFail(ctx, p) })
 	}()
 }
 

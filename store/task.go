@@ -582,7 +582,10 @@ func (s *Store) finish(ctx context.Context, p TaskFinishParams, stdoutGFS, stder
 // TaskFailParams fail a task this node holds in status From, e.g. a claimed
 // task whose document cannot be understood.
 type TaskFailParams struct {
-	ID     bson.ObjectID
+	ID bson.ObjectID
+	// DocID, when set, is the task's _id as stored, for a document whose
+	// _id is not an ObjectId (ID is then ignored).
+	DocID  any
 	Node   string
 	From   schema.Status
 	Reason string
@@ -591,6 +594,22 @@ type TaskFailParams struct {
 // TaskFail sets status 2 (failed) and stderr to the reason, guarded by
 // {_id, node, status: From}.
 func (s *Store) TaskFail(ctx context.Context, p TaskFailParams) error {
+	if p.DocID != nil {
+		res, err := s.tasks.UpdateOne(ctx,
+			bson.D{{Key: "_id", Value: p.DocID}, {Key: schema.TaskNode, Value: p.Node}, {Key: schema.TaskStatus, Value: int32(p.From)}},
+			bson.D{{Key: "$set", Value: bson.D{
+				{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
+				{Key: schema.TaskStderr, Value: validUTF8(p.Reason)},
+				{Key: schema.TaskMTime, Value: s.nowMS()},
+			}}})
+		switch {
+		case err != nil:
+			return fmt.Errorf("fail task %v: %w", p.DocID, err)
+		case res.MatchedCount == 0:
+			return fmt.Errorf("fail task %v on node %s: %w", p.DocID, p.Node, ErrLostTask)
+		}
+		return nil
+	}
 	return s.guarded(ctx, "fail", TaskTransitionParams{ID: p.ID, Node: p.Node}, p.From, bson.D{
 		{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
 		{Key: schema.TaskStderr, Value: validUTF8(p.Reason)},

@@ -224,10 +224,8 @@ func run(ctx context.Context, args []string, e env) int {
 		if s.Node == "" {
 			return &cli.UsageError{Err: errors.New("no node name: give --node or " + EnvNode)}
 		}
-		for flag, d := range map[string]duration{"--heartbeat": s.Heartbeat, "--fence-after": s.FenceAfter, "--dead-after": s.DeadAfter} {
-			if d <= 0 {
-				return &cli.UsageError{Err: fmt.Errorf("%s must be positive", flag)}
-			}
+		if err := checkSettings(s); err != nil {
+			return &cli.UsageError{Err: err}
 		}
 		if err := node.CheckTiming(time.Duration(s.Heartbeat), time.Duration(s.FenceAfter), time.Duration(s.DeadAfter)); err != nil {
 			return &cli.UsageError{Err: fmt.Errorf("--heartbeat, --fence-after, --dead-after: %w", err)}
@@ -248,6 +246,32 @@ func run(ctx context.Context, args []string, e env) int {
 		return 2
 	}
 	return 1
+}
+
+// checkSettings rejects values that flags refuse but a config file could
+// carry, before anything connects.
+func checkSettings(s settings) error {
+	for _, d := range []struct {
+		name     string
+		v        duration
+		positive bool
+	}{
+		{"heartbeat", s.Heartbeat, true}, {"fence-after", s.FenceAfter, true}, {"dead-after", s.DeadAfter, true},
+		{"tick", s.Tick, true}, {"grace", s.Grace, false}, {"orphan-after", s.OrphanAfter, true},
+		{"plugin-timeout", s.PluginTimeout, false},
+	} {
+		if d.v < 0 || (d.positive && d.v == 0) {
+			want := "must not be negative"
+			if d.positive {
+				want = "must be positive"
+			}
+			return fmt.Errorf("--%s (config key %s) %s, got %s", d.name, strings.ReplaceAll(d.name, "-", "_"), want, time.Duration(d.v))
+		}
+	}
+	if s.OutputThreshold <= 0 {
+		return fmt.Errorf("--output-threshold (config key output_threshold) must be a positive number of bytes, got %d", s.OutputThreshold)
+	}
+	return nil
 }
 
 type durationFlag time.Duration
@@ -333,7 +357,7 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	if file.NoProjector && unset("no-projector", "") {
 		s.NoProjector = true
 	}
-	if file.OutputThreshold > 0 && unset("output-threshold", "") {
+	if file.OutputThreshold != 0 && unset("output-threshold", "") {
 		s.OutputThreshold = file.OutputThreshold
 	}
 	if file.LogFormat != "" && unset("log-format", "") {
