@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -74,8 +76,12 @@ func Encode(ev any) (*message.Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	return message.NewMessage(watermill.NewShortUUID(), b), nil
+	return message.NewMessage(strconv.FormatUint(msgSeq.Add(1), 36), b), nil
 }
+
+// msgSeq numbers messages: the bus is in-process, so a counter is as
+// unique as a UUID, without a tenth of the node's CPU spent making them.
+var msgSeq atomic.Uint64
 
 // Decode reads the event of a message published on topic into a
 // TaskChanged, QueueChanged or Rescan.

@@ -83,14 +83,17 @@ func (s *Stream) Stats() Stats {
 }
 
 // pipeline filters on the server to what the node needs and keeps the
-// events small (a task's parameters never travel).
+// events small (a task's parameters never travel). Of task updates only
+// those that make a task queued (-2, a requeue) or move it to another queue
+// are work for the claimer: the claim, start and finish updates, two thirds
+// of all task events, never leave the server.
 func pipeline() mongo.Pipeline {
 	return mongo.Pipeline{
 		{{Key: "$match", Value: bson.D{{Key: "$or", Value: bson.A{
 			bson.D{{Key: "ns.coll", Value: schema.CollQueues}},
 			bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"insert", "replace", "delete", "drop", "rename"}}}}},
 			bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
-				bson.D{{Key: "updateDescription.updatedFields.status", Value: bson.D{{Key: "$exists", Value: true}}}},
+				bson.D{{Key: "updateDescription.updatedFields.status", Value: int32(schema.StatusQueued)}},
 				bson.D{{Key: "updateDescription.updatedFields.queue", Value: bson.D{{Key: "$exists", Value: true}}}},
 			}}},
 			bson.D{{Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"dropDatabase", "invalidate"}}}}},

@@ -33,6 +33,9 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 	}
 	seen := map[string]bool{}
 	cfg, err := qs.n.cfg.Store.ConfigGet(ctx, qs.n.cfg.Label)
+	if ctx.Err() != nil {
+		return nil, ctx.Err() // stopping: not a config problem
+	}
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		seen["config"] = true
 		qs.sayOnce("config", "config", err.Error())
