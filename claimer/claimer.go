@@ -395,14 +395,14 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 	}
 }
 
-// claimTimeout bounds one claim. A claim is not cancelled by Stop: one the
+// ClaimTimeout bounds one claim. A claim is not cancelled by Stop: one the
 // server applied must reach Dispatch, or its tasks would stay claimed by a
 // node that never runs them.
-const claimTimeout = 10 * time.Second
+const ClaimTimeout = 10 * time.Second
 
 // claimOne claims one task into a slot already taken.
 func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
 	start := time.Now()
 	t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort})
@@ -425,7 +425,7 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 
 // claimMany claims up to limit tasks into slots already taken.
 func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (int, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
 	start := time.Now()
 	res, err := c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit})

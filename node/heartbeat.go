@@ -177,6 +177,22 @@ func (h *heartbeat) start(ctx context.Context) {
 			}
 		}
 	}()
+	// Strays: claims the server applied but whose answer never reached
+	// the node.
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		t := time.NewTicker(strayEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			h.n.releaseStrays(ctx)
+		}
+	}()
 	// The watchdog runs apart from the writes, which may hang for their
 	// whole timeout.
 	go func() {

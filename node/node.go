@@ -17,6 +17,7 @@ import (
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
 )
 
 // Node is one execution node.
@@ -230,6 +231,46 @@ func (n *Node) drain(requested bool) {
 			close(n.drained)
 		}()
 	})
+}
+
+// strayAge is how old a claim must be before the node may decide it never
+// received it: older than any claim whose answer could still arrive.
+const (
+	strayAge   = claimer.ClaimTimeout + 5*time.Second
+	strayEvery = 5 * time.Second
+)
+
+// releaseStrays hands back tasks claimed (-1) by this node that it never
+// received: the server applied the claim, but its answer was lost (a
+// failover interrupted it, the connection broke), so the claimer counted
+// it as failed. Without this they would wait for the 5-minute orphan rule
+// and then never run. They never started, so the queue gets them back.
+func (n *Node) releaseStrays(ctx context.Context) {
+	if n.Fenced() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ids, err := n.cfg.Store.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: n.cfg.Name, ClaimedBefore: n.cfg.Now().Add(-strayAge), Limit: 1000})
+	if err != nil {
+		if ctx.Err() == nil {
+			n.log.Debug("look for stray claims", "error", err)
+		}
+		return
+	}
+	for _, id := range ids {
+		if n.runner.holds(id) {
+			continue
+		}
+		err := n.cfg.Store.TaskRelease(ctx, store.TaskTransitionParams{ID: id, Node: n.cfg.Name})
+		switch {
+		case err == nil:
+			n.log.Warn("handed back a task this node had claimed without knowing (the claim's answer was lost, e.g. in a failover)", "task_id", id.Hex())
+		case errors.Is(err, store.ErrLostTask):
+		default:
+			n.log.Debug("hand back a stray claim", "task_id", id.Hex(), "error", err)
+		}
+	}
 }
 
 // Running returns how many tasks the node holds in queue q (claimed or

@@ -762,3 +762,20 @@ func TestFenceTimingIsValidated(t *testing.T) {
 	_, err = New(cfg)
 	require.ErrorContains(t, err, "dead-after (11s) must exceed fence-after (10s) by at least 2s")
 }
+
+func TestStrayClaimIsHandedBackAndRun(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	q := b.queue("q", "test", 2, schema.SortFIFO)
+	b.start(b.config("n1"))
+	ids := b.tasks(q, 2, nil)
+	b.waitStatus(ids[0], schema.StatusSucceeded, 5*time.Second)
+	// A claim the server applied whose answer never reached the node (a
+	// failover): claimed by n1, long ago, unknown to it.
+	res, err := b.db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: q}, {Key: "node", Value: "n1"}, {Key: "status", Value: -1},
+		{Key: "parameters", Value: bson.D{}}, {Key: "ctime", Value: time.Now()}, {Key: "mtime", Value: time.Now().Add(-time.Minute)}})
+	require.NoError(t, err)
+	id := res.InsertedID.(bson.ObjectID)
+	b.waitStatus(id, schema.StatusSucceeded, 15*time.Second)
+	require.Contains(t, b.logs.String(), "handed back a task this node had claimed without knowing")
+}

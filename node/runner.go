@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -36,6 +37,7 @@ type runner struct {
 	kill     context.CancelCauseFunc
 	stopping bool
 	fenced   bool // no task may start: the node fenced itself
+	held     map[bson.ObjectID]struct{}
 	wg       sync.WaitGroup
 
 	// Concurrent tasks' start and finish writes share round trips.
@@ -47,7 +49,7 @@ type runner struct {
 const writeBatch = 128
 
 func newRunner(n *Node) *runner {
-	r := &runner{n: n}
+	r := &runner{n: n, held: map[bson.ObjectID]struct{}{}}
 	r.killCtx, r.kill = context.WithCancelCause(context.Background())
 	st := n.cfg.Store
 	r.starts = newCoalescer(writeBatch, func(ps []store.TaskTransitionParams) []error {
@@ -70,20 +72,44 @@ const writeTimeout = 15 * time.Second
 // and its slot taken.
 func (r *runner) dispatch(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 	r.n.cfg.Observer.TaskClaimed(q.Name)
+	r.hold(t.ID, true)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		defer r.done(q)
+		defer r.hold(t.ID, false)
 		r.run(q, t, claim)
 	}()
 }
 
+// hold records (or forgets) a task this node received from a claim.
+func (r *runner) hold(id bson.ObjectID, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if on {
+		r.held[id] = struct{}{}
+	} else {
+		delete(r.held, id)
+	}
+}
+
+// holds reports whether the node received the task from a claim and has
+// not let go of it.
+func (r *runner) holds(id bson.ObjectID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.held[id]
+	return ok
+}
+
 // malformed is the claimer's Malformed: fail the task with the reason.
 func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
+	r.hold(t.ID, true)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		defer r.done(q)
+		defer r.hold(t.ID, false)
 		log := r.n.log.With("queue", q.Name, "task_id", t.ID.Hex())
 		p := store.TaskFailParams{ID: t.ID, Node: r.n.cfg.Name, From: schema.StatusClaimed, Reason: "disbatchd: malformed task document: " + derr.Error()}
 		if t.ID.IsZero() {
@@ -132,7 +158,7 @@ func (r *runner) runContext() (context.Context, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.fenced {
-		return nil, errors.New("disbatchd: the node fenced itself (no heartbeat acknowledged) just after marking this task running, so it did not start it")
+		return nil, errors.New("the node fenced itself (no heartbeat acknowledged) just after marking it running, so it did not start it")
 	}
 	return r.killCtx, nil
 }
@@ -221,11 +247,22 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 	p, ok := cfg.Plugins.Lookup(q.Constructor)
 	var res plugin.Result
 	runCtx, notNow := r.runContext()
+	if notNow != nil {
+		// Marked running, but the node fenced itself before the plugin
+		// started: nothing ran, so the task goes back to the queue.
+		log.Info("handing back a task marked running: " + notNow.Error())
+		runSpan.AddEvent("handed back: the node fenced itself before the plugin started")
+		runSpan.End()
+		if err := r.write(log, "hand back", func(ctx context.Context) error { return cfg.Store.TaskUnstart(ctx, tr) }); err == nil {
+			outcome = "released"
+		} else {
+			outcome = "lost"
+		}
+		return
+	}
 	switch {
 	case !ok:
 		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
-	case notNow != nil:
-		res = plugin.Result{Status: schema.StatusFailed, Stderr: notNow.Error()}
 	default:
 		log.Debug("task running")
 		res = plugin.Run(runCtx, p, plugin.Task{

@@ -617,6 +617,57 @@ func (s *Store) TaskFail(ctx context.Context, p TaskFailParams) error {
 	})
 }
 
+// TaskListClaimedParams select one node's claimed (-1) tasks.
+type TaskListClaimedParams struct {
+	Node string
+	// ClaimedBefore: only claims whose mtime (written by that node's
+	// clock) is earlier.
+	ClaimedBefore time.Time
+	Limit         int64
+}
+
+// TaskListClaimed returns the ids of Node's tasks in status -1 claimed
+// before ClaimedBefore, for a node to find claims it does not know it made
+// (the server applied a claim whose answer was lost).
+func (s *Store) TaskListClaimed(ctx context.Context, p TaskListClaimedParams) ([]bson.ObjectID, error) {
+	o := options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}})
+	if p.Limit > 0 {
+		o.SetLimit(p.Limit)
+	}
+	cur, err := s.tasks.Find(ctx, bson.D{
+		{Key: schema.TaskNode, Value: p.Node},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+		{Key: schema.TaskMTime, Value: bson.D{{Key: "$lt", Value: p.ClaimedBefore}}},
+	}, o)
+	if err != nil {
+		return nil, fmt.Errorf("list tasks claimed by %s: %w", p.Node, err)
+	}
+	var docs []struct {
+		ID any `bson:"_id"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("list tasks claimed by %s: %w", p.Node, err)
+	}
+	ids := make([]bson.ObjectID, 0, len(docs))
+	for _, d := range docs {
+		if id, ok := d.ID.(bson.ObjectID); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// TaskUnstart hands a task this node marked running (0) but never started
+// back to the queue: {_id, node, status: 0} to node -1, status -2. Only for
+// a task whose plugin certainly did not run.
+func (s *Store) TaskUnstart(ctx context.Context, p TaskTransitionParams) error {
+	return s.guarded(ctx, "hand back", p, schema.StatusRunning, bson.D{
+		{Key: schema.TaskNode, Value: schema.Unclaimed},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+		{Key: schema.TaskMTime, Value: s.nowMS()},
+	})
+}
+
 // TaskOrphanNodeParams name a node whose unfinished tasks are orphans.
 type TaskOrphanNodeParams struct {
 	Node string

@@ -50,6 +50,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimManyConcurrentOnce", testTaskClaimManyConcurrent},
 		{"TaskGuardedTransitions", testTaskGuarded},
 		{"TaskStartFinishManyGuardEach", testTaskStartFinishMany},
+		{"TaskListClaimedAndUnstart", testTaskListClaimedUnstart},
 		{"TaskFinishGridFS", testTaskFinishGridFS},
 		{"TaskFinishTooLargeFallsBackToGridFS", testTaskFinishTooLarge},
 		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
@@ -1023,4 +1024,31 @@ func testTaskStartFinishMany(t *testing.T, newStore Factory) {
 		}
 	}
 	require.Equal(t, "two", rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: fs[2].ID}}).Lookup("stderr").StringValue())
+}
+
+func testTaskListClaimedUnstart(t *testing.T, newStore Factory) {
+	now := time.Now()
+	s, _ := newStore(t, store.Options{Now: func() time.Time { return now }})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 3)
+	old, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	now = now.Add(time.Minute)
+	recent, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	_, err = s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n2", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	ids, err := s.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: "n1", ClaimedBefore: now.Add(-30 * time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{old.ID}, ids, "only n1's claims older than the cut")
+
+	me := store.TaskTransitionParams{ID: recent.ID, Node: "n1"}
+	require.ErrorIs(t, s.TaskUnstart(ctx, me), store.ErrLostTask, "not running")
+	require.NoError(t, s.TaskStart(ctx, me))
+	require.NoError(t, s.TaskUnstart(ctx, me))
+	got, err := s.TaskGet(ctx, recent.ID)
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusQueued, got.Status)
+	require.Equal(t, "", got.Node, "node -1: unclaimed")
 }
