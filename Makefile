@@ -38,8 +38,11 @@ mongod:
 jaeger:
 	@bash $(JAEGER_SH)
 
+# The benchmark program (cmd/disbatch-bench): a table of every figure and
+# its conditions, on its own replica set. `make bench ARGS=--quick` takes a
+# minute; `make bench ARGS=--help` lists the options.
 bench: mongod
-	$(GO) test -run '^$$' -bench . -benchtime 2x ./...
+	$(GO) run ./cmd/disbatch-bench $(ARGS)
 
 clean:
 	rm -rf $(BIN)

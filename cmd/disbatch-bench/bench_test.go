@@ -1,0 +1,254 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestPercentileNearestRank(t *testing.T) {
+	t.Parallel()
+	var d []time.Duration
+	for i := 100; i >= 1; i-- { // unsorted on purpose
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	l := summarize(d)
+	require.Equal(t, Latency{N: 100, P50: 50, P95: 95, P99: 99, Max: 100}, l)
+	require.Equal(t, 100*time.Millisecond, d[0], "summarize must not sort its input")
+
+	require.Equal(t, Latency{N: 1, P50: 7, P95: 7, P99: 7, Max: 7}, summarize([]time.Duration{7 * time.Millisecond}))
+	require.Equal(t, Latency{}, summarize(nil))
+
+	three := []time.Duration{1, 2, 3}
+	require.Equal(t, time.Duration(2), percentile(three, 50))
+	require.Equal(t, time.Duration(3), percentile(three, 99))
+	require.Equal(t, time.Duration(1), percentile(three, 0))
+}
+
+func TestRatioAndRate(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 2.0, ratio(4, 2))
+	require.Equal(t, 0.0, ratio(1, 0))
+	require.Equal(t, 0.0, ratio(0, 0))
+	require.Equal(t, 0.0, ratio(math.NaN(), 1))
+	require.Equal(t, 50.0, rate(100, 2*time.Second))
+	require.Equal(t, 0.0, rate(100, 0))
+}
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	c, _, err := parseFlags(nil)
+	require.NoError(t, err)
+	require.Equal(t, defaults.Tasks, c.Tasks)
+	require.Equal(t, defaults.Backlogs, c.Backlogs)
+	require.Equal(t, allGroups, c.Only)
+
+	c, _, err = parseFlags([]string{"--quick", "--tasks", "777", "--only", "scale, pickup,scale"})
+	require.NoError(t, err)
+	require.Equal(t, 777, c.Tasks, "an explicit flag wins over --quick")
+	require.Equal(t, quickDefaults.PickupDuration, c.PickupDuration)
+	require.Equal(t, quickDefaults.Backlogs, c.Backlogs)
+	require.Equal(t, []string{groupScale, groupPickup}, c.Only)
+	require.True(t, c.runs(groupScale))
+	require.False(t, c.runs(groupLag))
+
+	c, _, err = parseFlags([]string{"--backlogs", "1_000_000,1000,1000"})
+	require.NoError(t, err)
+	require.Equal(t, []int{1000, 1_000_000}, c.Backlogs)
+
+	for _, bad := range [][]string{
+		{"--only", "pickup,speed"}, {"--tasks", "0"}, {"--backlogs", "10,x"}, {"--nope"}, {"extra"}, {"--pickup-rate", "5000"},
+	} {
+		_, _, err := parseFlags(bad)
+		require.Error(t, err, "%v", bad)
+	}
+
+	_, help, err := parseFlags([]string{"--help"})
+	require.True(t, errors.Is(err, flag.ErrHelp))
+	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
+		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "verbose", "cpuprofile"} {
+		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)
+	}
+}
+
+// goodReport is a complete, consistent report of every group.
+func goodReport() *Report {
+	lat := func(base float64) Latency {
+		return Latency{N: 100, P50: base, P95: base * 2, P99: base * 3, Max: base * 4}
+	}
+	rows := []PickupRow{
+		{Mode: modeFloor, SubmitWC: wcMajority, Rate: 50, InsertAckP50: 1.5, Pickup: lat(5)},
+		{Mode: modeChangeStream, SubmitWC: wcMajority, Rate: 50, InsertAckP50: 1.5, Pickup: lat(6)},
+		{Mode: modeChangeStream, SubmitWC: wcW1, Rate: 50, InsertAckP50: 0.5, Pickup: lat(70)},
+		{Mode: modePollOnly, SubmitWC: wcMajority, Rate: 50, InsertAckP50: 1.5, Pickup: lat(500)},
+		{Mode: modePollOnly, SubmitWC: wcW1, Rate: 50, InsertAckP50: 0.5, Pickup: lat(480)},
+	}
+	steps := make([]FloorStep, 5)
+	for i := range steps {
+		steps[i] = FloorStep{Step: "step", P50: 1, P99: 2}
+	}
+	drains := []DrainRow{
+		{What: whatNode, Concurrency: nodesConcurrency(1), Queued: 1000, Finished: 1000, Seconds: 2, Rate: 500, Complete: true},
+		{What: whatNode, Concurrency: nodesConcurrency(3), Queued: 1000, Finished: 900, Seconds: 1, Rate: 900},
+		{What: whatPerTask, Concurrency: "64 goroutines", Queued: 500, Finished: 500, Seconds: 1, Rate: 500, Complete: true},
+		{What: whatBatched, Concurrency: batchedConcurrency(1), Queued: 500, Finished: 500, Seconds: 0.2, Rate: 2500, Complete: true},
+		{What: whatBatched, Concurrency: batchedConcurrency(3), Queued: 500, Finished: 500, Seconds: 0.1, Rate: 5000, Complete: true},
+	}
+	return &Report{
+		Conditions: Conditions{Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Seconds: 42, Mode: "quick", MongoDBVersion: "6.0.5", Members: 1,
+			GoVersion: "go1.26", NumCPU: 2, GOMAXPROCS: 2, MaxThreads: 64, Counts: []Count{{Group: groupPickup, What: "rate", Value: 50}}},
+		Pickup:     &PickupReport{Rows: rows, FloorSteps: steps, Ratios: pickupRatios(rows)},
+		Throughput: &ThroughputReport{Rows: drains, Ratios: throughputRatios(drains)},
+		Lag:        []LagRow{{Run: "drain, 1 node", Events: 3000, Batches: 10, P50: 20, P99: 80}, {Run: "drain, 3 nodes", Events: 2700, Batches: 9, P50: 25, P99: 90}},
+		Scale: &ScaleReport{
+			Rows: []ScaleRow{
+				{Backlog: 1000, Claim: lat(1), ClaimMany: lat(4), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400},
+				{Backlog: 20000, Claim: lat(1.2), ClaimMany: lat(4.5), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400},
+			},
+			RSS:        &RSSRow{Backlog: 20000, Seconds: 2, Samples: 40, ReadyMiB: 20, MaxMiB: 36, Finished: 1000},
+			InsertRate: 20000,
+		},
+	}
+}
+
+func quickConfig(t *testing.T) config {
+	c, _, err := parseFlags([]string{"--quick"})
+	require.NoError(t, err)
+	return c
+}
+
+func TestSanityAcceptsAGoodReport(t *testing.T) {
+	t.Parallel()
+	r := goodReport()
+	require.Len(t, r.Pickup.Ratios, 4)
+	require.Len(t, r.Throughput.Ratios, 4)
+	require.Empty(t, sanity(r, quickConfig(t)))
+}
+
+func TestSanityFindsProblems(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		spoil func(r *Report)
+		want  string
+	}{
+		"p50 over p99":         {func(r *Report) { r.Pickup.Rows[1].Pickup.P50 = 1000 }, "percentiles out of order"},
+		"NaN latency":          {func(r *Report) { r.Scale.Rows[0].Claim.P95 = math.NaN() }, "positive finite"},
+		"zero throughput":      {func(r *Report) { r.Throughput.Rows[0].Rate = 0 }, "tasks/s is 0"},
+		"nothing finished":     {func(r *Report) { r.Throughput.Rows[2].Finished = 0 }, "nothing finished"},
+		"missing poll-only w1": {func(r *Report) { r.Pickup.Rows = r.Pickup.Rows[:4] }, "no row for node, poll only, w:1"},
+		"missing group":        {func(r *Report) { r.Throughput = nil }, "throughput: missing"},
+		"no lag events":        {func(r *Report) { r.Lag[1].Events = 0 }, "applied no events"},
+		"lag p50 over p99":     {func(r *Report) { r.Lag[0].P50 = 100 }, "p50 100 > p99 80"},
+		"missing backlog":      {func(r *Report) { r.Scale.Rows = r.Scale.Rows[:1] }, "1 backlogs measured, want 2"},
+		"missing RSS":          {func(r *Report) { r.Scale.RSS = nil }, "RSS missing"},
+		"no MongoDB version":   {func(r *Report) { r.Conditions.MongoDBVersion = "" }, "MongoDB version"},
+		"zero ratio":           {func(r *Report) { r.Throughput.Ratios[0].Value = 0 }, "throughput ratio"},
+		"no samples":           {func(r *Report) { r.Pickup.Rows[0].Pickup = Latency{} }, "no samples"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := goodReport()
+			tc.spoil(r)
+			problems := sanity(r, quickConfig(t))
+			require.NotEmpty(t, problems)
+			require.Contains(t, strings.Join(problems, "\n"), tc.want)
+		})
+	}
+}
+
+func TestSanityOnlyChecksSelectedGroups(t *testing.T) {
+	t.Parallel()
+	c, _, err := parseFlags([]string{"--quick", "--only", "pickup"})
+	require.NoError(t, err)
+	r := goodReport()
+	r.Throughput, r.Scale, r.Lag = nil, nil, nil
+	require.Empty(t, sanity(r, c))
+}
+
+func TestRenderTable(t *testing.T) {
+	t.Parallel()
+	r := goodReport()
+	out := renderTable(r)
+	for _, want := range []string{
+		"disbatch-bench (quick run, 2026-01-02T03:04:05Z, took 42 s)",
+		"6.0.5, replica set of 1 member(s)",
+		"2 cores (runtime.NumCPU)",
+		"PICKUP LATENCY", "PICKUP FLOOR", "PICKUP RATIOS", "node (change streams, majority) / floor",
+		"THROUGHPUT", "no: drain timeout", "THROUGHPUT RATIOS", "1 node / ceiling: raw batched loop, 1 claimer x 64",
+		"PROJECTION LAG", "SCALE", "NODE PROCESS MEMORY",
+		"SANITY: every figure present",
+	} {
+		require.Contains(t, out, want)
+	}
+	// Numbers are right-aligned under their header.
+	lines := strings.Split(out, "\n")
+	var header, floor string
+	for i, l := range lines {
+		if strings.Contains(l, "insert ack p50") {
+			header, floor = l, lines[i+1]
+		}
+	}
+	require.NotEmpty(t, header)
+	require.Equal(t, strings.Index(header, "p95")+len("p95"), strings.Index(floor, "10.0")+len("10.0"), "%q\n%q", header, floor)
+
+	r.Problems = []string{"pickup: missing"}
+	require.Contains(t, renderTable(r), "SANITY: PROBLEMS\n  - pickup: missing\n")
+}
+
+func TestTableAlignment(t *testing.T) {
+	t.Parallel()
+	tb := table{title: "T", header: []string{"name", "n", "note"}}
+	tb.add("a", "1", "x")
+	tb.add("bbb", "22.5", "yy")
+	var b strings.Builder
+	tb.render(&b)
+	require.Equal(t, "T\n  name     n  note\n  a        1  x\n  bbb   22.5  yy\n\n", b.String())
+}
+
+func TestWriteJSON(t *testing.T) {
+	t.Parallel()
+	r := goodReport()
+	r.Problems = sanity(r, quickConfig(t))
+	file := filepath.Join(t.TempDir(), "bench.json")
+	require.NoError(t, writeJSON(file, r))
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	var back map[string]any
+	require.NoError(t, json.Unmarshal(b, &back))
+	for _, key := range []string{"conditions", "pickup", "throughput", "lag", "scale", "problems"} {
+		require.Contains(t, back, key)
+	}
+	pickup := back["pickup"].(map[string]any)
+	first := pickup["rows"].([]any)[0].(map[string]any)
+	require.Equal(t, 5.0, first["pickup"].(map[string]any)["p50_ms"])
+	require.Equal(t, "6.0.5", back["conditions"].(map[string]any)["mongodb_version"])
+}
+
+func TestParseStatusKB(t *testing.T) {
+	t.Parallel()
+	status := "Name:\tdisbatch-bench\nVmPeak:\t  900 kB\nVmHWM:\t   40000 kB\nVmRSS:\t   36000 kB\n"
+	kb, err := parseStatusKB(status, "VmRSS")
+	require.NoError(t, err)
+	require.Equal(t, int64(36000), kb)
+	kb, err = parseStatusKB(status, "VmHWM")
+	require.NoError(t, err)
+	require.Equal(t, int64(40000), kb)
+	_, err = parseStatusKB(status, "VmSwap")
+	require.Error(t, err)
+	_, err = parseStatusKB("VmRSS: lots\n", "VmRSS")
+	require.Error(t, err)
+}
+
+func TestRedact(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "mongodb://u:xxxxx@h:1/?replicaSet=rs0", redact("mongodb://u:secret@h:1/?replicaSet=rs0"))
+	require.Equal(t, "mongodb://127.0.0.1:27017/?replicaSet=rs0", redact("mongodb://127.0.0.1:27017/?replicaSet=rs0"))
+}

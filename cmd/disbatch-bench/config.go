@@ -1,0 +1,275 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The figure groups, in the order they run.
+const (
+	groupPickup     = "pickup"
+	groupThroughput = "throughput"
+	groupScale      = "scale"
+	groupLag        = "lag"
+)
+
+var allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag}
+
+// config is what a run measures and how much. Zero values are filled from
+// defaults or, with Quick, from quickDefaults.
+type config struct {
+	MongoURI string
+	JSONFile string
+	Quick    bool
+	Only     []string
+	Verbose  bool
+	CPUProf  string
+
+	MaxThreads int
+
+	PickupRate     int
+	PickupDuration time.Duration
+
+	Tasks        int
+	CeilingTasks int
+	DrainTimeout time.Duration
+
+	Backlogs    []int
+	Claims      int
+	ScaleDrain  int
+	RSSDuration time.Duration
+
+	CacheGB  float64
+	OplogMiB int
+}
+
+// defaults: a run that fits in 10 minutes on a 2-core machine.
+var defaults = config{
+	MaxThreads:     64,
+	PickupRate:     50,
+	PickupDuration: 20 * time.Second,
+	Tasks:          100_000,
+	CeilingTasks:   20_000,
+	DrainTimeout:   60 * time.Second,
+	Backlogs:       []int{1_000, 100_000, 1_000_000},
+	Claims:         300,
+	ScaleDrain:     500,
+	RSSDuration:    5 * time.Second,
+	CacheGB:        1,
+	OplogMiB:       2048,
+}
+
+// quickDefaults: a run that fits in 1 minute (CI's sanity run).
+var quickDefaults = config{
+	MaxThreads:     64,
+	PickupRate:     50,
+	PickupDuration: 3 * time.Second,
+	Tasks:          5_000,
+	CeilingTasks:   2_000,
+	DrainTimeout:   4 * time.Second,
+	Backlogs:       []int{1_000, 20_000},
+	Claims:         100,
+	ScaleDrain:     200,
+	RSSDuration:    2 * time.Second,
+	CacheGB:        1,
+	OplogMiB:       2048,
+}
+
+const usageHead = `disbatch-bench measures a disbatch node against real MongoDB and prints
+every figure with the conditions it was measured under, beside the floor
+and ceilings of the performance notes (PERFORMANCE.md) measured in the same
+run: compare ratios, not absolute figures, across runs and machines.
+
+Usage:
+  disbatch-bench [flags]
+
+It starts its own single-member replica set from the mongod that
+'make mongod' caches (or DISBATCH_MONGOD), unless --mongo-uri is given; every
+measurement uses a fresh database, dropped afterwards.
+
+Figure groups (--only):
+  pickup      insert -> plugin start, one task at a time at --pickup-rate for
+              --pickup-duration, one in-process node in change-stream and in
+              poll-only mode, submitter write concern majority and w:1; and
+              the floor: a bare driver loop insert -> change event ->
+              findOneAndUpdate claim -> guarded updateOne to running.
+  throughput  --tasks no-op tasks queued beforehand, drained by 1 and by 3
+              in-process nodes; beside them the ceilings: a raw per-task loop
+              (--maxthreads goroutines) and the batched raw loop (64 per
+              batch, 1 and 3 claimers), over --ceiling-tasks tasks each. Every
+              drain stops at --drain-timeout; rates are from first claim to
+              last finish.
+  scale       claim latency (store TaskClaim --claims times, TaskClaimMany of
+              64 a tenth as often, the backlog kept constant) and an
+              in-process node's drain rate (--scale-drain tasks) at each of
+              --backlogs queued tasks; and the RSS of a node run as a separate
+              process for --rss-duration against the largest backlog.
+  lag         the counter projector's lag p50/p99 during throughput's node
+              runs (--only lag runs those without the ceilings).
+
+The run exits non-zero when a figure is missing, zero, NaN or nonsensical
+(p50 > p99, throughput 0); it never judges speed.
+
+Flags:
+`
+
+// parseFlags reads the command line into a config. On --help it returns
+// flag.ErrHelp and the help text.
+func parseFlags(args []string) (config, string, error) {
+	fs := flag.NewFlagSet("disbatch-bench", flag.ContinueOnError)
+	var c config
+	var only, backlogs string
+	fs.StringVar(&c.MongoURI, "mongo-uri", "", "use this replica set (`URI`) instead of starting one; the run creates and drops databases named disbatch_bench_*")
+	fs.StringVar(&c.JSONFile, "json", "", "also write every figure and condition as JSON to `FILE`")
+	fs.BoolVar(&c.Quick, "quick", false, "small counts and durations (about 1 minute): the (quick: ...) values below")
+	fs.StringVar(&only, "only", strings.Join(allGroups, ","), "comma-separated figure `groups` to run: "+strings.Join(allGroups, ", "))
+	fs.BoolVar(&c.Verbose, "verbose", false, "show the nodes' and the replica set's own info logs")
+	fs.StringVar(&c.CPUProf, "cpuprofile", "", "write a CPU profile of this process (in-process nodes included) to `FILE`")
+	fs.IntVar(&c.MaxThreads, "maxthreads", defaults.MaxThreads, "queue and node maxthreads in throughput and scale; goroutines of the raw per-task loop")
+	fs.IntVar(&c.PickupRate, "pickup-rate", defaults.PickupRate, "pickup: tasks inserted per second, one at a time")
+	fs.DurationVar(&c.PickupDuration, "pickup-duration", defaults.PickupDuration, "pickup: how long each of the five pickup runs submits (quick: "+quickDefaults.PickupDuration.String()+")")
+	fs.IntVar(&c.Tasks, "tasks", defaults.Tasks, "throughput: tasks queued for each node run (quick: "+strconv.Itoa(quickDefaults.Tasks)+")")
+	fs.IntVar(&c.CeilingTasks, "ceiling-tasks", defaults.CeilingTasks, "throughput: tasks queued for each raw-loop ceiling run (quick: "+strconv.Itoa(quickDefaults.CeilingTasks)+")")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", defaults.DrainTimeout, "throughput and scale: longest a drain may run; the rate is of what finished by then (quick: "+quickDefaults.DrainTimeout.String()+")")
+	fs.StringVar(&backlogs, "backlogs", joinInts(defaults.Backlogs), "scale: comma-separated `counts` of queued tasks to measure claims at (quick: "+joinInts(quickDefaults.Backlogs)+")")
+	fs.IntVar(&c.Claims, "claims", defaults.Claims, "scale: timed TaskClaim calls per backlog (quick: "+strconv.Itoa(quickDefaults.Claims)+")")
+	fs.IntVar(&c.ScaleDrain, "scale-drain", defaults.ScaleDrain, "scale: tasks an in-process node drains per backlog (quick: "+strconv.Itoa(quickDefaults.ScaleDrain)+")")
+	fs.DurationVar(&c.RSSDuration, "rss-duration", defaults.RSSDuration, "scale: how long the node process runs while its RSS is sampled (quick: "+quickDefaults.RSSDuration.String()+")")
+	fs.Float64Var(&c.CacheGB, "cache-gb", defaults.CacheGB, "the started mongod's --wiredTigerCacheSizeGB")
+	fs.IntVar(&c.OplogMiB, "oplog-mib", defaults.OplogMiB, "the started mongod's --oplogSize in MiB")
+	fs.Usage = func() {}
+	fs.SetOutput(discard{})
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			var b strings.Builder
+			b.WriteString(usageHead)
+			fs.SetOutput(&b)
+			fs.PrintDefaults()
+			return config{}, b.String(), err
+		}
+		return config{}, "", fmt.Errorf("%w (see --help)", err)
+	}
+	if fs.NArg() > 0 {
+		return config{}, "", fmt.Errorf("unexpected arguments %q (see --help)", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	if c.Backlogs, err = parseInts(backlogs); err != nil {
+		return config{}, "", fmt.Errorf("--backlogs: %w", err)
+	}
+	if c.Only, err = parseGroups(only); err != nil {
+		return config{}, "", fmt.Errorf("--only: %w", err)
+	}
+	if c.Quick {
+		c.applyQuick(set)
+	}
+	return c, "", c.validate()
+}
+
+// applyQuick replaces the values of flags not given by the quick ones.
+func (c *config) applyQuick(set map[string]bool) {
+	q := quickDefaults
+	for name, apply := range map[string]func(){
+		"pickup-duration": func() { c.PickupDuration = q.PickupDuration },
+		"tasks":           func() { c.Tasks = q.Tasks },
+		"ceiling-tasks":   func() { c.CeilingTasks = q.CeilingTasks },
+		"drain-timeout":   func() { c.DrainTimeout = q.DrainTimeout },
+		"backlogs":        func() { c.Backlogs = q.Backlogs },
+		"claims":          func() { c.Claims = q.Claims },
+		"scale-drain":     func() { c.ScaleDrain = q.ScaleDrain },
+		"rss-duration":    func() { c.RSSDuration = q.RSSDuration },
+	} {
+		if !set[name] {
+			apply()
+		}
+	}
+}
+
+func (c *config) validate() error {
+	var errs []error
+	positive := func(name string, v int) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("--%s must be positive, got %d", name, v))
+		}
+	}
+	positive("maxthreads", c.MaxThreads)
+	positive("pickup-rate", c.PickupRate)
+	positive("tasks", c.Tasks)
+	positive("ceiling-tasks", c.CeilingTasks)
+	positive("claims", c.Claims)
+	positive("scale-drain", c.ScaleDrain)
+	positive("oplog-mib", c.OplogMiB)
+	for name, d := range map[string]time.Duration{"pickup-duration": c.PickupDuration, "drain-timeout": c.DrainTimeout, "rss-duration": c.RSSDuration} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("--%s must be positive, got %s", name, d))
+		}
+	}
+	if c.PickupRate > 1000 {
+		errs = append(errs, fmt.Errorf("--pickup-rate %d is over 1000/s: pickup inserts one task at a time", c.PickupRate))
+	}
+	if c.CacheGB < 0.25 {
+		errs = append(errs, fmt.Errorf("--cache-gb must be at least 0.25, got %g", c.CacheGB))
+	}
+	if len(c.Backlogs) == 0 && c.runs(groupScale) {
+		errs = append(errs, errors.New("--backlogs is empty"))
+	}
+	return errors.Join(errs...)
+}
+
+// runs reports whether group g was selected.
+func (c *config) runs(g string) bool { return slices.Contains(c.Only, g) }
+
+func parseGroups(s string) ([]string, error) {
+	var out []string
+	for _, g := range strings.Split(s, ",") {
+		g = strings.TrimSpace(g)
+		if g == "" {
+			continue
+		}
+		if !slices.Contains(allGroups, g) {
+			return nil, fmt.Errorf("unknown group %q (want some of %s)", g, strings.Join(allGroups, ", "))
+		}
+		if !slices.Contains(out, g) {
+			out = append(out, g)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no group selected")
+	}
+	return out, nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(strings.ReplaceAll(f, "_", ""))
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

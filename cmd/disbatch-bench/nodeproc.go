@@ -1,0 +1,241 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/node"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// nodeCommand is the hidden subcommand that runs one node in a process of
+// its own, so that its memory can be measured alone.
+const nodeCommand = "node"
+
+// envURI passes the URI to the node process (not on its command line,
+// where ps would show a password).
+const envURI = "DISBATCH_BENCH_MONGO_URI"
+
+// nodeMessage is a line the node process writes to stdout.
+type nodeMessage struct {
+	Ready    bool    `json:"ready,omitempty"`
+	Finished int     `json:"finished"`
+	Seconds  float64 `json:"seconds,omitempty"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// runNodeProcess is `disbatch-bench node --db DB [--maxthreads N] [--name
+// NAME]`: it runs a node with the no-op plugin on DB (URI in
+// DISBATCH_BENCH_MONGO_URI), writes {"ready":true} once it claims, and stops
+// when stdin closes or on SIGTERM/SIGINT, writing what it finished.
+func runNodeProcess(args []string) int {
+	fs := flag.NewFlagSet("disbatch-bench node", flag.ContinueOnError)
+	dbName := fs.String("db", "", "database")
+	maxThreads := fs.Int("maxthreads", 64, "node maxthreads")
+	name := fs.String("name", "bench-rss", "node name")
+	verbose := fs.Bool("verbose", false, "info logs")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	uri := os.Getenv(envURI)
+	if *dbName == "" || uri == "" {
+		fmt.Fprintln(os.Stderr, "disbatch-bench node: --db and "+envURI+" are required")
+		return 2
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("process", "node")
+	out := json.NewEncoder(os.Stdout)
+	fail := func(err error) int {
+		_ = out.Encode(nodeMessage{Error: err.Error()})
+		return 1
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	stdinClosed := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stdinClosed)
+	}()
+
+	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	if err != nil {
+		return fail(err)
+	}
+	defer disconnect(client)
+	obs := newDrainObserver(math.MaxInt32)
+	n, err := node.New(node.Config{
+		Name: *name, Store: store.New(client.Database(*dbName), store.Options{}), Plugins: noopRegistry(nil),
+		MaxThreads: maxThreads, Observer: obs, Logger: log,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	if err := n.Start(ctx); err != nil {
+		return fail(err)
+	}
+	_ = out.Encode(nodeMessage{Ready: true})
+	select {
+	case <-ctx.Done():
+	case <-stdinClosed:
+	}
+	n.Stop()
+	finished, span := obs.result()
+	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds()})
+	return 0
+}
+
+// nodeRSS runs this program's node subcommand against db for
+// --rss-duration after it is ready, sampling its resident memory.
+func (e *env) nodeRSS(ctx context.Context, db string, backlog int) (RSSRow, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return RSSRow{}, err
+	}
+	args := []string{nodeCommand, "--db", db, "--maxthreads", strconv.Itoa(e.cfg.MaxThreads)}
+	if e.cfg.Verbose {
+		args = append(args, "--verbose")
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(os.Environ(), envURI+"="+e.uri)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = childSysProcAttr()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return RSSRow{}, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return RSSRow{}, err
+	}
+	if err := cmd.Start(); err != nil {
+		return RSSRow{}, fmt.Errorf("start %s: %w", exe, err)
+	}
+	exited := make(chan error, 1)
+	msgs := make(chan nodeMessage, 4)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var m nodeMessage
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				msgs <- m
+			}
+		}
+		close(msgs)
+		exited <- cmd.Wait()
+	}()
+	defer func() {
+		_ = stdin.Close()
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+		}
+	}()
+
+	pid := cmd.Process.Pid
+	row := RSSRow{Backlog: backlog}
+	sample := func() {
+		if kb, err := procStatusKB(pid, "VmRSS"); err == nil {
+			row.Samples++
+			row.MaxMiB = max(row.MaxMiB, float64(kb)/1024)
+		}
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var readyAt time.Time
+	var deadline <-chan time.Time
+sampling:
+	for {
+		select {
+		case m, ok := <-msgs:
+			switch {
+			case !ok:
+				return row, errors.New("the node process ended before it was asked to")
+			case m.Error != "":
+				return row, fmt.Errorf("node process: %s", m.Error)
+			case m.Ready:
+				readyAt = time.Now()
+				if kb, err := procStatusKB(pid, "VmRSS"); err == nil {
+					row.ReadyMiB = float64(kb) / 1024
+				}
+				deadline = time.After(e.cfg.RSSDuration)
+			}
+		case <-tick.C:
+			sample()
+		case <-ctx.Done():
+			return row, ctx.Err()
+		case <-deadline:
+			break sampling
+		}
+	}
+	sample()
+	if kb, err := procStatusKB(pid, "VmHWM"); err == nil {
+		row.MaxMiB = max(row.MaxMiB, float64(kb)/1024)
+	} else if row.Samples == 0 {
+		return row, fmt.Errorf("read the node process's memory: %w", err)
+	}
+	row.Seconds = time.Since(readyAt).Seconds()
+	_ = stdin.Close() // asks the node to stop
+	timeout := time.After(time.Minute)
+	for {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return row, nil
+			}
+			if m.Error != "" {
+				return row, fmt.Errorf("node process: %s", m.Error)
+			}
+			row.Finished = m.Finished
+		case <-timeout:
+			return row, errors.New("the node process did not stop within a minute")
+		case <-ctx.Done():
+			return row, ctx.Err()
+		}
+	}
+}
+
+// procStatusKB reads a "Name:   123 kB" field of /proc/PID/status.
+func procStatusKB(pid int, field string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatusKB(string(b), field)
+}
+
+func parseStatusKB(status, field string) (int64, error) {
+	for line := range strings.SplitSeq(status, "\n") {
+		rest, ok := strings.CutPrefix(line, field+":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("%s: unexpected %q", field, line)
+		}
+		return strconv.ParseInt(f[0], 10, 64)
+	}
+	return 0, fmt.Errorf("no %s in /proc/PID/status", field)
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Report is everything a run measured, as printed and as written to --json.
+type Report struct {
+	Conditions Conditions        `json:"conditions"`
+	Pickup     *PickupReport     `json:"pickup,omitempty"`
+	Throughput *ThroughputReport `json:"throughput,omitempty"`
+	Lag        []LagRow          `json:"lag,omitempty"`
+	Scale      *ScaleReport      `json:"scale,omitempty"`
+	// Problems are the sanity check's findings (none on a good run).
+	Problems []string `json:"problems"`
+}
+
+// Conditions are what the figures were measured under.
+type Conditions struct {
+	Started        time.Time `json:"started"`
+	Seconds        float64   `json:"seconds"`
+	Mode           string    `json:"mode"`
+	Groups         []string  `json:"groups"`
+	MongoDBVersion string    `json:"mongodb_version"`
+	Members        int       `json:"replica_set_members"`
+	Deployment     string    `json:"deployment"`
+	GoVersion      string    `json:"go_version"`
+	Driver         string    `json:"mongo_driver"`
+	OSArch         string    `json:"os_arch"`
+	NumCPU         int       `json:"num_cpu"`
+	GOMAXPROCS     int       `json:"gomaxprocs"`
+	MaxThreads     int       `json:"maxthreads"`
+	WriteConcerns  string    `json:"write_concerns"`
+	Counts         []Count   `json:"counts"`
+}
+
+// Count is one task count or duration a group used.
+type Count struct {
+	Group string `json:"group"`
+	What  string `json:"what"`
+	Value any    `json:"value"`
+}
+
+// writeJSON writes r, indented, to file.
+func writeJSON(file string, r *Report) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, append(b, '\n'), 0o644)
+}
+
+// renderTable renders r as plain-text tables.
+func renderTable(r *Report) string {
+	var b strings.Builder
+	c := r.Conditions
+	fmt.Fprintf(&b, "disbatch-bench (%s run, %s, took %.0f s)\n\n", c.Mode, c.Started.Format(time.RFC3339), c.Seconds)
+
+	cond := table{title: "CONDITIONS", header: []string{"", ""}}
+	cond.add("MongoDB", fmt.Sprintf("%s, replica set of %d member(s)", c.MongoDBVersion, c.Members))
+	cond.add("deployment", c.Deployment)
+	cond.add("Go", fmt.Sprintf("%s %s, mongo driver %s", c.GoVersion, c.OSArch, c.Driver))
+	cond.add("machine", fmt.Sprintf("%d cores (runtime.NumCPU), GOMAXPROCS %d; other load on the machine is not controlled", c.NumCPU, c.GOMAXPROCS))
+	cond.add("write concerns", c.WriteConcerns)
+	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.MaxThreads, ceilingBatch))
+	cond.add("tasks", "fifo queues of a no-op plugin; in-process nodes with their own client each; fresh database per measurement")
+	for _, n := range c.Counts {
+		cond.add(n.Group+": "+n.What, fmt.Sprint(n.Value))
+	}
+	cond.noHeader = true
+	cond.render(&b)
+
+	if p := r.Pickup; p != nil {
+		t := table{title: "PICKUP LATENCY, ms: insert start -> plugin start (floor: -> status 0 acknowledged)",
+			header: []string{"mode", "submit wc", "rate/s", "tasks", "insert ack p50", "p50", "p95", "p99", "max"}}
+		for _, row := range p.Rows {
+			t.add(row.Mode, row.SubmitWC, strconv.Itoa(row.Rate), strconv.Itoa(row.Pickup.N), fms(row.InsertAckP50),
+				fms(row.Pickup.P50), fms(row.Pickup.P95), fms(row.Pickup.P99), fms(row.Pickup.Max))
+		}
+		t.render(&b)
+		t = table{title: "PICKUP FLOOR, steps, ms", header: []string{"step", "p50", "p99"}}
+		for _, s := range p.FloorSteps {
+			t.add(s.Step, fms(s.P50), fms(s.P99))
+		}
+		t.render(&b)
+		t = table{title: "PICKUP RATIOS", header: []string{"ratio", "p50", "p99", "goal"}}
+		for _, x := range p.Ratios {
+			t.add(x.What, fx(x.P50), fx(x.P99), x.Goal)
+		}
+		t.render(&b)
+	}
+
+	if tp := r.Throughput; tp != nil {
+		t := table{title: "THROUGHPUT, no-op tasks, first claim to last finish (ceilings: bare collection, no pre-images, no projector; fewer tasks: rates compare)",
+			header: []string{"what", "concurrency", "queued", "finished", "seconds", "tasks/s", "all drained"}}
+		for _, row := range tp.Rows {
+			all := "yes"
+			if !row.Complete {
+				all = "no: drain timeout"
+			}
+			t.add(row.What, row.Concurrency, strconv.Itoa(row.Queued), strconv.Itoa(row.Finished), fmt.Sprintf("%.1f", row.Seconds), frate(row.Rate), all)
+		}
+		t.render(&b)
+		t = table{title: "THROUGHPUT RATIOS", header: []string{"ratio", "value", "goal"}}
+		for _, x := range tp.Ratios {
+			t.add(x.What, fx(x.Value), x.Goal)
+		}
+		t.render(&b)
+	}
+
+	if len(r.Lag) > 0 {
+		t := table{title: "PROJECTION LAG, ms: change event to the commit of its batch, during the node drains",
+			header: []string{"run", "projector", "events", "batches", "p50", "p99"}}
+		for _, l := range r.Lag {
+			t.add(l.Run, l.Leader, strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Batches, 10), fms(l.P50), fms(l.P99))
+		}
+		t.render(&b)
+	}
+
+	if s := r.Scale; s != nil {
+		t := table{title: fmt.Sprintf("SCALE: claim latency, ms, one call at a time with the backlog kept, and one node's drain (backlog inserted at %s tasks/s)", frate(s.InsertRate)),
+			header: []string{"backlog", "TaskClaim n", "p50", "p95", "p99", "max", fmt.Sprintf("TaskClaimMany(%d) n", scaleBatch), "p50", "p99", "node drained", "seconds", "tasks/s"}}
+		for _, row := range s.Rows {
+			t.add(strconv.Itoa(row.Backlog), strconv.Itoa(row.Claim.N), fms(row.Claim.P50), fms(row.Claim.P95), fms(row.Claim.P99), fms(row.Claim.Max),
+				strconv.Itoa(row.ClaimMany.N), fms(row.ClaimMany.P50), fms(row.ClaimMany.P99),
+				strconv.Itoa(row.DrainTasks), fmt.Sprintf("%.1f", row.DrainSeconds), frate(row.DrainRate))
+		}
+		t.render(&b)
+		if x := s.RSS; x != nil {
+			t = table{title: "NODE PROCESS MEMORY (a separate process, maxthreads as above)",
+				header: []string{"backlog", "seconds", "samples", "RSS when ready, MiB", "max RSS, MiB", "tasks finished"}}
+			t.add(strconv.Itoa(x.Backlog), fmt.Sprintf("%.1f", x.Seconds), strconv.Itoa(x.Samples), fmt.Sprintf("%.1f", x.ReadyMiB), fmt.Sprintf("%.1f", x.MaxMiB), strconv.Itoa(x.Finished))
+			t.render(&b)
+		}
+	}
+
+	if len(r.Problems) == 0 {
+		b.WriteString("SANITY: every figure present, finite and consistent\n")
+	} else {
+		b.WriteString("SANITY: PROBLEMS\n")
+		for _, p := range r.Problems {
+			b.WriteString("  - " + p + "\n")
+		}
+	}
+	return b.String()
+}
+
+// fms formats milliseconds.
+func fms(v float64) string {
+	switch {
+	case v < 10:
+		return fmt.Sprintf("%.2f", v)
+	case v < 1000:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// frate formats a rate.
+func frate(v float64) string { return fmt.Sprintf("%.0f", v) }
+
+// fx formats a ratio.
+func fx(v float64) string { return fmt.Sprintf("%.2fx", v) }
+
+// table is a titled text table: first column left-aligned, the others
+// right-aligned.
+type table struct {
+	title    string
+	header   []string
+	rows     [][]string
+	noHeader bool
+}
+
+func (t *table) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *table) render(b *strings.Builder) {
+	b.WriteString(t.title + "\n")
+	all := t.rows
+	if !t.noHeader {
+		all = append([][]string{t.header}, t.rows...)
+	}
+	var width []int
+	for _, row := range all {
+		for i, cell := range row {
+			if i >= len(width) {
+				width = append(width, 0)
+			}
+			width[i] = max(width[i], utf8.RuneCountInString(cell))
+		}
+	}
+	// A column whose cells (but the header) are all numbers is right-aligned.
+	right := make([]bool, len(width))
+	for i := range right {
+		right[i] = i > 0 && !t.noHeader && len(t.rows) > 0
+		for _, row := range t.rows {
+			if i < len(row) && !numeric(row[i]) {
+				right[i] = false
+			}
+		}
+	}
+	for _, row := range all {
+		line := ""
+		for i, cell := range row {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(cell))
+			if right[i] {
+				line += "  " + pad + cell
+			} else {
+				line += "  " + cell + pad
+			}
+		}
+		b.WriteString(strings.TrimRight(line, " ") + "\n")
+	}
+	b.WriteString("\n")
+}
+
+// numeric reports whether a cell is a number (a ratio may end in x).
+func numeric(cell string) bool {
+	_, err := strconv.ParseFloat(strings.TrimSuffix(cell, "x"), 64)
+	return err == nil
+}

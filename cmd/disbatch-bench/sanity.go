@@ -1,0 +1,181 @@
+package main
+
+import (
+	"fmt"
+	"math"
+)
+
+// sanity lists what is missing, zero, not finite or inconsistent in r for
+// the groups cfg selected. It never judges speed.
+func sanity(r *Report, cfg config) []string {
+	var k checker
+	c := r.Conditions
+	if c.MongoDBVersion == "" {
+		k.bad("conditions: MongoDB version missing")
+	}
+	if c.Members <= 0 {
+		k.bad("conditions: replica set members missing")
+	}
+	if c.NumCPU <= 0 || c.GoVersion == "" {
+		k.bad("conditions: machine cores or Go version missing")
+	}
+	if cfg.runs(groupPickup) {
+		k.pickup(r.Pickup)
+	}
+	if cfg.runs(groupThroughput) {
+		k.throughput(r.Throughput)
+	}
+	if cfg.runs(groupLag) {
+		k.lag(r.Lag)
+	}
+	if cfg.runs(groupScale) {
+		k.scale(r.Scale, cfg.Backlogs)
+	}
+	return k.problems
+}
+
+// checker collects problems.
+type checker struct{ problems []string }
+
+func (k *checker) bad(format string, args ...any) {
+	k.problems = append(k.problems, fmt.Sprintf(format, args...))
+}
+
+func (k *checker) positive(what string, v float64) {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+		k.bad("%s is %v, want a positive finite number", what, v)
+	}
+}
+
+func (k *checker) latency(what string, l Latency) {
+	if l.N == 0 {
+		k.bad("%s: no samples", what)
+		return
+	}
+	k.positive(what+" p50", l.P50)
+	k.positive(what+" p95", l.P95)
+	k.positive(what+" p99", l.P99)
+	k.positive(what+" max", l.Max)
+	if !(l.P50 <= l.P95 && l.P95 <= l.P99 && l.P99 <= l.Max) {
+		k.bad("%s: percentiles out of order (p50 %v, p95 %v, p99 %v, max %v)", what, l.P50, l.P95, l.P99, l.Max)
+	}
+}
+
+func (k *checker) pickup(p *PickupReport) {
+	if p == nil {
+		k.bad("pickup: missing")
+		return
+	}
+	for _, want := range []struct{ mode, wc string }{
+		{modeFloor, wcMajority}, {modeChangeStream, wcMajority}, {modeChangeStream, wcW1}, {modePollOnly, wcMajority}, {modePollOnly, wcW1},
+	} {
+		found := false
+		for _, row := range p.Rows {
+			if row.Mode == want.mode && row.SubmitWC == want.wc {
+				found = true
+				what := fmt.Sprintf("pickup, %s, %s", row.Mode, row.SubmitWC)
+				k.latency(what, row.Pickup)
+				k.positive(what+", insert ack p50", row.InsertAckP50)
+			}
+		}
+		if !found {
+			k.bad("pickup: no row for %s, %s", want.mode, want.wc)
+		}
+	}
+	if len(p.FloorSteps) != 5 {
+		k.bad("pickup: %d floor steps, want 5", len(p.FloorSteps))
+	}
+	for _, s := range p.FloorSteps {
+		k.positive("pickup floor step "+s.Step+" p50", s.P50)
+		k.positive("pickup floor step "+s.Step+" p99", s.P99)
+		if s.P50 > s.P99 {
+			k.bad("pickup floor step %s: p50 %v > p99 %v", s.Step, s.P50, s.P99)
+		}
+	}
+	if len(p.Ratios) != 4 {
+		k.bad("pickup: %d ratios, want 4", len(p.Ratios))
+	}
+	for _, x := range p.Ratios {
+		k.positive("pickup ratio "+x.What+" p50", x.P50)
+		k.positive("pickup ratio "+x.What+" p99", x.P99)
+	}
+}
+
+func (k *checker) throughput(t *ThroughputReport) {
+	if t == nil {
+		k.bad("throughput: missing")
+		return
+	}
+	want := []string{whatNode + ", " + nodesConcurrency(1), whatNode + ", " + nodesConcurrency(3), whatPerTask,
+		whatBatched + ", " + batchedConcurrency(1), whatBatched + ", " + batchedConcurrency(3)}
+	seen := map[string]bool{}
+	for _, row := range t.Rows {
+		what := row.What + ", " + row.Concurrency
+		seen[what], seen[row.What] = true, true
+		if row.Finished <= 0 {
+			k.bad("throughput, %s: nothing finished", what)
+		}
+		if row.Finished > row.Queued {
+			k.bad("throughput, %s: %d finished of %d queued", what, row.Finished, row.Queued)
+		}
+		k.positive("throughput, "+what+", seconds", row.Seconds)
+		k.positive("throughput, "+what+", tasks/s", row.Rate)
+	}
+	for _, w := range want {
+		if !seen[w] {
+			k.bad("throughput: no row for %s", w)
+		}
+	}
+	if len(t.Ratios) != 4 {
+		k.bad("throughput: %d ratios, want 4", len(t.Ratios))
+	}
+	for _, x := range t.Ratios {
+		k.positive("throughput ratio "+x.What, x.Value)
+	}
+}
+
+func (k *checker) lag(lags []LagRow) {
+	if len(lags) != 2 {
+		k.bad("lag: %d runs, want 2 (1 and 3 nodes)", len(lags))
+	}
+	for _, l := range lags {
+		if l.Events <= 0 {
+			k.bad("lag, %s: the projector applied no events", l.Run)
+		}
+		k.positive("lag, "+l.Run+", p50", l.P50)
+		k.positive("lag, "+l.Run+", p99", l.P99)
+		if l.P50 > l.P99 {
+			k.bad("lag, %s: p50 %v > p99 %v", l.Run, l.P50, l.P99)
+		}
+	}
+}
+
+func (k *checker) scale(s *ScaleReport, backlogs []int) {
+	if s == nil {
+		k.bad("scale: missing")
+		return
+	}
+	if len(s.Rows) != len(backlogs) {
+		k.bad("scale: %d backlogs measured, want %d", len(s.Rows), len(backlogs))
+	}
+	for _, row := range s.Rows {
+		what := fmt.Sprintf("scale, backlog %d", row.Backlog)
+		k.latency(what+", TaskClaim", row.Claim)
+		k.latency(what+", TaskClaimMany", row.ClaimMany)
+		if row.DrainTasks <= 0 {
+			k.bad("%s: the node drained nothing", what)
+		}
+		k.positive(what+", node drain tasks/s", row.DrainRate)
+	}
+	k.positive("scale: backlog insert rate", s.InsertRate)
+	if s.RSS == nil {
+		k.bad("scale: node process RSS missing")
+		return
+	}
+	k.positive("scale: node process RSS samples", float64(s.RSS.Samples))
+	k.positive("scale: node process RSS when ready", s.RSS.ReadyMiB)
+	k.positive("scale: node process max RSS", s.RSS.MaxMiB)
+	if s.RSS.ReadyMiB > s.RSS.MaxMiB {
+		k.bad("scale: node process RSS when ready %v > max %v", s.RSS.ReadyMiB, s.RSS.MaxMiB)
+	}
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// noopConstructor is the constructor of every benchmark queue.
+const noopConstructor = "bench-noop"
+
+// noopRegistry registers a plugin that succeeds at once, calling started
+// (if set) first with the task's id.
+func noopRegistry(started func(bson.ObjectID)) *plugin.Registry {
+	reg := plugin.NewRegistry()
+	reg.Register(noopConstructor, plugin.Func(func(_ context.Context, t plugin.Task) plugin.Result {
+		if started != nil {
+			started(t.ID)
+		}
+		return plugin.Result{Status: schema.StatusSucceeded}
+	}))
+	return reg
+}
+
+// newQueue creates a fifo queue of the no-op plugin.
+func newQueue(ctx context.Context, s *store.Store, name string, maxThreads int) (schema.Queue, error) {
+	q, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: name, Constructor: noopConstructor, MaxThreads: &maxThreads, Sort: schema.SortFIFO})
+	if err != nil {
+		return schema.Queue{}, fmt.Errorf("create queue %s: %w", name, err)
+	}
+	return q, nil
+}
+
+// taskDoc is a queued task exactly as store.TaskInsertMany writes it.
+func taskDoc(id, queue bson.ObjectID, now time.Time) bson.D {
+	now = now.UTC().Truncate(time.Millisecond)
+	return bson.D{
+		{Key: "_id", Value: id},
+		{Key: schema.TaskQueue, Value: queue},
+		{Key: schema.TaskCTime, Value: now},
+		{Key: schema.TaskMTime, Value: now},
+		{Key: schema.TaskNode, Value: schema.Unclaimed},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+		{Key: schema.TaskParameters, Value: bson.D{}},
+		{Key: schema.TaskStdout, Value: nil},
+		{Key: schema.TaskStderr, Value: nil},
+	}
+}
+
+// Insert parallelism for backlogs, as the CLI's submit does it.
+const (
+	insertBatch    = 1000
+	insertParallel = 8
+)
+
+// insertTasks queues n no-op tasks with store.TaskInsertMany, in batches of
+// insertBatch, insertParallel at once, logging progress for big counts.
+func insertTasks(ctx context.Context, log *slog.Logger, s *store.Store, queue bson.ObjectID, n int) error {
+	start := time.Now()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	batches := make(chan int)
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	for range insertParallel {
+		wg.Go(func() {
+			for size := range batches {
+				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: make([]bson.Raw, size)}); err != nil {
+					cancel(err)
+					continue
+				}
+				if d := done.Add(int64(size)); n >= 200_000 && d%100_000 < int64(size) {
+					log.Info("inserting", "done", d, "of", n, "elapsed", time.Since(start).Round(time.Millisecond))
+				}
+			}
+		})
+	}
+send:
+	for left := n; left > 0; left -= insertBatch {
+		select {
+		case batches <- min(left, insertBatch):
+		case <-ctx.Done():
+			break send
+		}
+	}
+	close(batches)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return fmt.Errorf("insert %d tasks (%d done): %w", n, done.Load(), err)
+	}
+	log.Debug("inserted", "tasks", n, "took", time.Since(start))
+	return nil
+}
+
+// countStatus counts a queue's tasks in status st (the {queue, status} index).
+func countStatus(ctx context.Context, db *mongo.Database, queue bson.ObjectID, st schema.Status) (int64, error) {
+	n, err := db.Collection(schema.CollTasks).CountDocuments(ctx, bson.D{{Key: schema.TaskQueue, Value: queue}, {Key: schema.TaskStatus, Value: int32(st)}})
+	if err != nil {
+		return 0, fmt.Errorf("count tasks in status %d: %w", st, err)
+	}
+	return n, nil
+}
+
+// leftover counts the tasks left claimed (-1) or running (0) in db after
+// every node stopped, and warns about them: a node's Stop should hand back
+// or finish everything it held.
+func (e *env) leftover(ctx context.Context, db *mongo.Database, what string) {
+	var claimed, running int64
+	for _, c := range []struct {
+		st schema.Status
+		n  *int64
+	}{{schema.StatusClaimed, &claimed}, {schema.StatusRunning, &running}} {
+		n, err := db.Collection(schema.CollTasks).CountDocuments(ctx, bson.D{{Key: schema.TaskStatus, Value: int32(c.st)}})
+		if err != nil {
+			e.log.Warn("count tasks left claimed or running", "error", err)
+			return
+		}
+		*c.n = n
+	}
+	if claimed+running > 0 {
+		e.log.Warn("tasks left claimed or running after the nodes stopped", "run", what, "claimed", claimed, "running", running)
+	}
+}

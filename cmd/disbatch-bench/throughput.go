@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// DrainRow is one drain of a backlog of no-op tasks.
+type DrainRow struct {
+	What        string  `json:"what"`
+	Concurrency string  `json:"concurrency"`
+	Queued      int     `json:"queued"`
+	Finished    int     `json:"finished"`
+	Seconds     float64 `json:"seconds"` // first claim to last finish
+	Rate        float64 `json:"tasks_per_s"`
+	// Complete: every queued task finished before the drain timeout.
+	Complete bool `json:"complete"`
+}
+
+// RateRatio compares two rates.
+type RateRatio struct {
+	What  string  `json:"what"`
+	Value float64 `json:"value"`
+	Goal  string  `json:"goal,omitempty"`
+}
+
+// ThroughputReport is the throughput group.
+type ThroughputReport struct {
+	Rows   []DrainRow  `json:"rows"`
+	Ratios []RateRatio `json:"ratios"`
+}
+
+// LagRow is the counter projector's lag during one node drain.
+type LagRow struct {
+	Run     string  `json:"run"`
+	Leader  string  `json:"leader"`
+	Events  int64   `json:"events"`
+	Batches int64   `json:"batches"`
+	P50     float64 `json:"p50_ms"`
+	P99     float64 `json:"p99_ms"`
+}
+
+const (
+	whatNode     = "node"
+	whatPerTask  = "ceiling: raw per-task loop"
+	whatBatched  = "ceiling: raw batched loop"
+	ceilingBatch = 64
+)
+
+// throughput drains with 1 and 3 nodes (recording the projector's lag) and,
+// when ceilings is set, runs the raw loops.
+func (e *env) throughput(ctx context.Context, ceilings bool) (*ThroughputReport, []LagRow, error) {
+	rep := &ThroughputReport{}
+	var lags []LagRow
+	for _, k := range []int{1, 3} {
+		e.log.Info("throughput: node drain", "nodes", k, "tasks", e.cfg.Tasks, "maxthreads", e.cfg.MaxThreads, "timeout", e.cfg.DrainTimeout)
+		row, lag, err := e.nodeDrain(ctx, k)
+		if err != nil {
+			return rep, lags, fmt.Errorf("drain with %s: %w", nodesConcurrency(k), err)
+		}
+		e.log.Info("throughput: node drain done", "nodes", k, "finished", row.Finished, "tasks_per_s", round(row.Rate))
+		rep.Rows, lags = append(rep.Rows, row), append(lags, lag)
+	}
+	if ceilings {
+		e.log.Info("throughput: raw per-task loop", "tasks", e.cfg.CeilingTasks, "goroutines", e.cfg.MaxThreads)
+		row, err := e.ceiling(ctx, whatPerTask, e.cfg.MaxThreads, e.perTaskLoop)
+		if err != nil {
+			return rep, lags, fmt.Errorf("raw per-task loop: %w", err)
+		}
+		rep.Rows = append(rep.Rows, row)
+		for _, k := range []int{1, 3} {
+			e.log.Info("throughput: raw batched loop", "tasks", e.cfg.CeilingTasks, "claimers", k, "batch", ceilingBatch)
+			row, err := e.ceiling(ctx, whatBatched, k, e.batchedLoop)
+			if err != nil {
+				return rep, lags, fmt.Errorf("raw batched loop: %w", err)
+			}
+			rep.Rows = append(rep.Rows, row)
+		}
+	}
+	rep.Ratios = throughputRatios(rep.Rows)
+	return rep, lags, nil
+}
+
+// throughputRatios compares each node run with each ceiling of matching
+// concurrency.
+func throughputRatios(rows []DrainRow) []RateRatio {
+	find := func(what, conc string) *DrainRow {
+		for i := range rows {
+			if rows[i].What == what && rows[i].Concurrency == conc {
+				return &rows[i]
+			}
+		}
+		return nil
+	}
+	var out []RateRatio
+	for _, k := range []int{1, 3} {
+		n := find(whatNode, nodesConcurrency(k))
+		if n == nil {
+			continue
+		}
+		for i := range rows {
+			r := &rows[i]
+			switch {
+			case r.What == whatPerTask:
+				out = append(out, RateRatio{What: fmt.Sprintf("%s / %s", n.Concurrency, whatPerTask), Value: ratio(n.Rate, r.Rate)})
+			case r.What == whatBatched && r.Concurrency == batchedConcurrency(k):
+				out = append(out, RateRatio{What: fmt.Sprintf("%s / %s, %s", n.Concurrency, whatBatched, r.Concurrency), Value: ratio(n.Rate, r.Rate), Goal: ">= 0.8 (PERFORMANCE.md)"})
+			}
+		}
+	}
+	return out
+}
+
+func nodesConcurrency(k int) string {
+	if k == 1 {
+		return "1 node"
+	}
+	return fmt.Sprintf("%d nodes", k)
+}
+
+func batchedConcurrency(k int) string {
+	s := "s"
+	if k == 1 {
+		s = ""
+	}
+	return fmt.Sprintf("%d claimer%s x %d", k, s, ceilingBatch)
+}
+
+// nodeDrain queues --tasks tasks and drains them with k in-process nodes.
+func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
+	db, drop := e.database("drain")
+	defer drop()
+	s := store.New(db, store.Options{})
+	if err := s.IndexesEnsure(ctx); err != nil {
+		return DrainRow{}, LagRow{}, err
+	}
+	q, err := newQueue(ctx, s, "drain", e.cfg.MaxThreads)
+	if err != nil {
+		return DrainRow{}, LagRow{}, err
+	}
+	start := time.Now()
+	if err := insertTasks(ctx, e.log, s, q.ID, e.cfg.Tasks); err != nil {
+		return DrainRow{}, LagRow{}, err
+	}
+	e.log.Info("throughput: queued", "tasks", e.cfg.Tasks, "took", time.Since(start).Round(time.Millisecond))
+	obs := newDrainObserver(e.cfg.Tasks)
+	ns, err := e.startNodes(ctx, nodeSpec{DB: db.Name(), Count: k, Name: "bench-drain", MaxThreads: e.cfg.MaxThreads, Plugins: noopRegistry(nil), Observer: obs})
+	if err != nil {
+		return DrainRow{}, LagRow{}, err
+	}
+	complete, err := obs.wait(ctx, e.cfg.DrainTimeout)
+	finished, span := obs.result()
+	proj, leader := ns.projector()
+	ns.stop()
+	if err != nil {
+		return DrainRow{}, LagRow{}, err
+	}
+	conc := nodesConcurrency(k)
+	e.leftover(ctx, db, "drain, "+conc)
+	row := DrainRow{What: whatNode, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete}
+	lag := LagRow{Run: "drain, " + conc, Leader: leader, Events: proj.Events, Batches: proj.Batches, P50: ms(proj.LagP50), P99: ms(proj.LagP99)}
+	return row, lag, nil
+}
+
+func round(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }
