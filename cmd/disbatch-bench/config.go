@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/disbatch-go/disbatch/claimer"
 )
 
 // The figure groups, in the order they run.
@@ -31,6 +33,9 @@ type config struct {
 	CPUProf  string
 
 	MaxThreads int
+	// ClaimBatch is the nodes' batched-claim size (1: one findOneAndUpdate
+	// per task, the way before batching).
+	ClaimBatch int
 
 	PickupRate     int
 	PickupDuration time.Duration
@@ -51,6 +56,7 @@ type config struct {
 // defaults: a run that fits in 10 minutes on a 2-core machine.
 var defaults = config{
 	MaxThreads:     64,
+	ClaimBatch:     claimer.DefaultBatch,
 	PickupRate:     50,
 	PickupDuration: 20 * time.Second,
 	Tasks:          100_000,
@@ -131,6 +137,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.BoolVar(&c.Verbose, "verbose", false, "show the nodes' and the replica set's own info logs")
 	fs.StringVar(&c.CPUProf, "cpuprofile", "", "write a CPU profile of this process (in-process nodes included) to `FILE`")
 	fs.IntVar(&c.MaxThreads, "maxthreads", defaults.MaxThreads, "queue and node maxthreads in throughput and scale; goroutines of the raw per-task loop")
+	fs.IntVar(&c.ClaimBatch, "claim-batch", defaults.ClaimBatch, "the nodes' batched-claim size on a backlog (1: one findOneAndUpdate per task, to compare)")
 	fs.IntVar(&c.PickupRate, "pickup-rate", defaults.PickupRate, "pickup: tasks inserted per second, one at a time")
 	fs.DurationVar(&c.PickupDuration, "pickup-duration", defaults.PickupDuration, "pickup: how long each of the five pickup runs submits (quick: "+quickDefaults.PickupDuration.String()+")")
 	fs.IntVar(&c.Tasks, "tasks", defaults.Tasks, "throughput: tasks queued for each node run (quick: "+strconv.Itoa(quickDefaults.Tasks)+")")
@@ -199,6 +206,7 @@ func (c *config) validate() error {
 		}
 	}
 	positive("maxthreads", c.MaxThreads)
+	positive("claim-batch", c.ClaimBatch)
 	positive("pickup-rate", c.PickupRate)
 	positive("tasks", c.Tasks)
 	positive("ceiling-tasks", c.CeilingTasks)

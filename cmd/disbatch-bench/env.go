@@ -139,6 +139,7 @@ func (e *env) conditions(ctx context.Context) Conditions {
 		GOMAXPROCS: runtime.GOMAXPROCS(0),
 		Driver:     driverVersion(),
 		MaxThreads: e.cfg.MaxThreads,
+		ClaimBatch: e.cfg.ClaimBatch,
 		WriteConcerns: "nodes, store and raw loops: majority; pickup submitter: majority and w:1 " +
 			"(rows); throughput and scale inserts: majority",
 		Deployment: "--mongo-uri " + redact(e.uri),

@@ -50,6 +50,7 @@ func (e *env) startNodes(ctx context.Context, spec nodeSpec) (*nodes, error) {
 			Store:      store.New(c.Database(spec.DB), store.Options{}),
 			Plugins:    spec.Plugins,
 			MaxThreads: &maxThreads,
+			ClaimBatch: e.cfg.ClaimBatch,
 			PollOnly:   spec.PollOnly,
 			Observer:   spec.Observer,
 			Logger:     e.nodeLog,

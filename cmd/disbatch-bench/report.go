@@ -36,6 +36,7 @@ type Conditions struct {
 	NumCPU         int       `json:"num_cpu"`
 	GOMAXPROCS     int       `json:"gomaxprocs"`
 	MaxThreads     int       `json:"maxthreads"`
+	ClaimBatch     int       `json:"claim_batch"`
 	WriteConcerns  string    `json:"write_concerns"`
 	Counts         []Count   `json:"counts"`
 }
@@ -68,7 +69,7 @@ func renderTable(r *Report) string {
 	cond.add("Go", fmt.Sprintf("%s %s, mongo driver %s", c.GoVersion, c.OSArch, c.Driver))
 	cond.add("machine", fmt.Sprintf("%d cores (runtime.NumCPU), GOMAXPROCS %d; other load on the machine is not controlled", c.NumCPU, c.GOMAXPROCS))
 	cond.add("write concerns", c.WriteConcerns)
-	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.MaxThreads, ceilingBatch))
+	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, c.MaxThreads, ceilingBatch))
 	cond.add("tasks", "fifo queues of a no-op plugin; in-process nodes with their own client each; fresh database per measurement")
 	for _, n := range c.Counts {
 		cond.add(n.Group+": "+n.What, fmt.Sprint(n.Value))
