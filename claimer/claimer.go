@@ -440,7 +440,9 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (int, error
 	timing := Timing{Start: start, End: time.Now()}
 	c.mu.Lock()
 	c.stats.Claims += int64(len(res.Tasks))
-	c.stats.Batches++
+	if len(res.Tasks)+len(res.Malformed) > 0 {
+		c.stats.Batches++
+	}
 	c.mu.Unlock()
 	for _, t := range res.Tasks {
 		c.cfg.Dispatch(q, t, timing)
