@@ -411,7 +411,7 @@ func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []
 			{Key: schema.TaskMTime, Value: now},
 		}}
 	}
-	return s.guardedMany(ctx, "start", ws)
+	return s.guardedMany(ctx, "start", ws, sameNode(ps))
 }
 
 // TaskFinishMany is TaskFinish for many tasks: results small enough for the
@@ -439,11 +439,21 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 		}
 	}
 	if len(ws) > 0 {
-		for j, err := range s.guardedMany(ctx, "finish", ws) {
+		for j, err := range s.guardedMany(ctx, "finish", ws, false) {
 			errs[at[j]] = err
 		}
 	}
 	return errs
+}
+
+// sameNode reports whether every task is held by the same node.
+func sameNode(ps []TaskTransitionParams) bool {
+	for _, p := range ps[1:] {
+		if p.Node != ps[0].Node {
+			return false
+		}
+	}
+	return true
 }
 
 type guardedWrite struct {
@@ -452,24 +462,47 @@ type guardedWrite struct {
 	set      bson.D
 }
 
-func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite) []error {
+
+// guardedMany writes ws together. With uniform (every write has the same
+// node, guard and update, as TaskStartMany's do) one updateMany does them
+// all, far less work for the server than as many statements in a bulk
+// write.
+func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite, uniform bool) []error {
 	errs := make([]error, len(ws))
-	models := make([]mongo.WriteModel, len(ws))
 	ids := make(bson.A, len(ws))
 	for i, w := range ws {
 		ids[i] = w.p.ID
-		models[i] = mongo.NewUpdateOneModel().
-			SetFilter(bson.D{{Key: "_id", Value: w.p.ID}, {Key: schema.TaskNode, Value: w.p.Node}, {Key: schema.TaskStatus, Value: int32(w.from)}}).
-			SetUpdate(bson.D{{Key: "$set", Value: w.set}})
 	}
-	res, err := s.tasks.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	var matched int64
+	var err error
+	if uniform {
+		var res *mongo.UpdateResult
+		res, err = s.tasks.UpdateMany(ctx,
+			bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: schema.TaskNode, Value: ws[0].p.Node}, {Key: schema.TaskStatus, Value: int32(ws[0].from)}},
+			bson.D{{Key: "$set", Value: ws[0].set}})
+		if err == nil {
+			matched = res.MatchedCount
+		}
+	} else {
+		models := make([]mongo.WriteModel, len(ws))
+		for i, w := range ws {
+			models[i] = mongo.NewUpdateOneModel().
+				SetFilter(bson.D{{Key: "_id", Value: w.p.ID}, {Key: schema.TaskNode, Value: w.p.Node}, {Key: schema.TaskStatus, Value: int32(w.from)}}).
+				SetUpdate(bson.D{{Key: "$set", Value: w.set}})
+		}
+		var res *mongo.BulkWriteResult
+		res, err = s.tasks.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+		if err == nil {
+			matched = res.MatchedCount
+		}
+	}
 	if err != nil {
 		for i, w := range ws {
 			errs[i] = fmt.Errorf("%s task %s (one of %d written together): %w", what, w.p.ID.Hex(), len(ws), err)
 		}
 		return errs
 	}
-	if res.MatchedCount == int64(len(ws)) {
+	if matched == int64(len(ws)) {
 		return errs
 	}
 	// Some guards failed: the tasks' states say which.
@@ -485,7 +518,7 @@ func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite)
 	}
 	if err != nil {
 		for i, w := range ws {
-			errs[i] = fmt.Errorf("%s task %s: %d of %d guards failed and reading which failed: %w", what, w.p.ID.Hex(), int64(len(ws))-res.MatchedCount, len(ws), err)
+			errs[i] = fmt.Errorf("%s task %s: %d of %d guards failed and reading which failed: %w", what, w.p.ID.Hex(), int64(len(ws))-matched, len(ws), err)
 		}
 		return errs
 	}
