@@ -92,6 +92,7 @@ The node keeps running. In another terminal:
   echo '{"commands":"ab"}' | go run ./cmd/disbatch task submit demo
   go run ./cmd/disbatch task list demo
   go run ./cmd/disbatch task show TASK_ID
+  go run ./cmd/disbatch node list
 Press Ctrl-C to stop the node and the replica set.
 `, cli.EnvMongoURI, uri)
 	<-ctx.Done()
