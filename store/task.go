@@ -462,7 +462,6 @@ type guardedWrite struct {
 	set      bson.D
 }
 
-
 // guardedMany writes ws together. With uniform (every write has the same
 // node, guard and update, as TaskStartMany's do) one updateMany does them
 // all, far less work for the server than as many statements in a bulk
