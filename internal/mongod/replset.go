@@ -776,10 +776,16 @@ func (rs *ReplicaSet) initiate(ctx context.Context) (initiated bool, _ error) {
 		return false, err
 	}
 	defer disconnect(c)
-	for {
+	for dropped := 0; ; {
 		err = c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetInitiate", Value: cfg}}).Err()
 		var se mongo.ServerError
 		switch {
+		case mongo.IsNetworkError(err) && dropped < 20:
+			// A member whose stored config does not name it closes its
+			// connections as it changes state on start-up; ask again (it
+			// then answers AlreadyInitialized, and checkConfig explains).
+			dropped++
+			rs.log.Debug("member 0 dropped the connection during replSetInitiate, retrying", "err", err)
 		case err == nil:
 			rs.log.Debug("replSetInitiate done")
 			return true, nil
