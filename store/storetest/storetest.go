@@ -399,30 +399,46 @@ func testTaskClaimConcurrent(t *testing.T, newStore Factory) {
 	s, _ := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "q", schema.SortFIFO)
-	ids := insertTasks(t, s, q.ID, 300)
+	insertTasks(t, s, q.ID, 300)
+	claimConcurrently(t, 8, 300, func(node string) ([]bson.ObjectID, bool, error) {
+		task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO})
+		if errors.Is(err, store.ErrNoTask) {
+			return nil, true, nil
+		}
+		return []bson.ObjectID{task.ID}, false, err
+	})
+}
+
+// claimConcurrently runs claim as node n0..n(workers-1) in parallel until
+// each says done, and checks that every one of want tasks was claimed by
+// exactly one node.
+func claimConcurrently(t *testing.T, workers, want int, claim func(node string) (ids []bson.ObjectID, done bool, err error)) {
+	t.Helper()
 	var mu sync.Mutex
 	seen := map[bson.ObjectID]string{}
 	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 8 {
+	errs := make(chan error, workers)
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			node := fmt.Sprintf("n%d", w)
 			for {
-				task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO})
-				if errors.Is(err, store.ErrNoTask) {
-					return
-				}
+				ids, done, err := claim(node)
 				if err != nil {
 					errs <- err
 					return
 				}
-				mu.Lock()
-				if prev, dup := seen[task.ID]; dup {
-					errs <- fmt.Errorf("task %s claimed by %s and %s", task.ID.Hex(), prev, node)
+				if done {
+					return
 				}
-				seen[task.ID] = node
+				mu.Lock()
+				for _, id := range ids {
+					if prev, dup := seen[id]; dup {
+						errs <- fmt.Errorf("task %s claimed by %s and %s", id.Hex(), prev, node)
+					}
+					seen[id] = node
+				}
 				mu.Unlock()
 			}
 		}()
@@ -432,7 +448,7 @@ func testTaskClaimConcurrent(t *testing.T, newStore Factory) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	require.Len(t, seen, len(ids))
+	require.Len(t, seen, want, "every task claimed exactly once")
 }
 
 func testTaskGuarded(t *testing.T, newStore Factory) {
@@ -930,46 +946,23 @@ func testTaskClaimManyConcurrent(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "q", schema.SortFIFO)
-	ids := insertTasks(t, s, q.ID, 1000)
-	var mu sync.Mutex
-	seen := map[bson.ObjectID]string{}
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			node := fmt.Sprintf("n%d", w)
-			for {
-				res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO, Limit: 32})
-				if err != nil {
-					errs <- err
-					return
-				}
-				if len(res.Tasks) == 0 {
-					// Empty, or others won every candidate three times.
-					if n, err := db.Collection("tasks").CountDocuments(ctx, bson.D{{Key: "status", Value: -2}}); err != nil || n == 0 {
-						return
-					}
-					continue
-				}
-				mu.Lock()
-				for _, task := range res.Tasks {
-					if prev, dup := seen[task.ID]; dup {
-						errs <- fmt.Errorf("task %s claimed by %s and %s", task.ID.Hex(), prev, node)
-					}
-					seen[task.ID] = node
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	require.Len(t, seen, len(ids), "every task claimed exactly once")
+	insertTasks(t, s, q.ID, 1000)
+	claimConcurrently(t, 4, 1000, func(node string) ([]bson.ObjectID, bool, error) {
+		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO, Limit: 32})
+		if err != nil {
+			return nil, false, err
+		}
+		if len(res.Tasks) == 0 {
+			// Empty, or others won every candidate three times.
+			n, err := db.Collection("tasks").CountDocuments(ctx, bson.D{{Key: "status", Value: -2}})
+			return nil, n == 0, err
+		}
+		ids := make([]bson.ObjectID, len(res.Tasks))
+		for i, task := range res.Tasks {
+			ids[i] = task.ID
+		}
+		return ids, false, nil
+	})
 }
 
 func testTaskStartFinishMany(t *testing.T, newStore Factory) {
