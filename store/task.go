@@ -357,19 +357,31 @@ func (s *Store) TaskRelease(ctx context.Context, p TaskTransitionParams) error {
 // first attempt landed would leave the task running on a live node for
 // ever.
 func (s *Store) guarded(ctx context.Context, what string, p TaskTransitionParams, from schema.Status, set bson.D) error {
+	return s.guardedID(ctx, what, p.ID, p.Node, from, set)
+}
+
+// guardedID is guarded for a task whose _id may be any value.
+func (s *Store) guardedID(ctx context.Context, what string, id any, node string, from schema.Status, set bson.D) error {
 	res, err := s.tasks.UpdateOne(ctx,
-		bson.D{{Key: "_id", Value: p.ID}, {Key: schema.TaskNode, Value: p.Node}, {Key: schema.TaskStatus, Value: int32(from)}},
+		bson.D{{Key: "_id", Value: id}, {Key: schema.TaskNode, Value: node}, {Key: schema.TaskStatus, Value: int32(from)}},
 		bson.D{{Key: "$set", Value: set}})
 	if err != nil {
-		return fmt.Errorf("%s task %s: %w", what, p.ID.Hex(), err)
+		return fmt.Errorf("%s task %s: %w", what, idText(id), err)
 	}
 	if res.MatchedCount == 0 {
-		if to, ok := setStatus(set); ok && s.taskIs(ctx, p.ID, p.Node, to) {
+		if to, ok := setStatus(set); ok && s.taskIs(ctx, id, node, to) {
 			return nil
 		}
-		return fmt.Errorf("%s task %s on node %s: %w", what, p.ID.Hex(), p.Node, ErrLostTask)
+		return fmt.Errorf("%s task %s on node %s: %w", what, idText(id), node, ErrLostTask)
 	}
 	return nil
+}
+
+func idText(id any) string {
+	if oid, ok := id.(bson.ObjectID); ok {
+		return oid.Hex()
+	}
+	return fmt.Sprint(id)
 }
 
 // setStatus is the status a $set writes, when it keeps the node.
@@ -389,7 +401,7 @@ func setStatus(set bson.D) (int32, bool) {
 
 // taskIs reports whether the task is held by node in status (false when it
 // cannot tell).
-func (s *Store) taskIs(ctx context.Context, id bson.ObjectID, node string, status int32) bool {
+func (s *Store) taskIs(ctx context.Context, id any, node string, status int32) bool {
 	n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: "_id", Value: id}, {Key: schema.TaskNode, Value: node}, {Key: schema.TaskStatus, Value: status}})
 	return err == nil && n == 1
 }
@@ -626,23 +638,11 @@ type TaskFailParams struct {
 // TaskFail sets status 2 (failed) and stderr to the reason, guarded by
 // {_id, node, status: From}.
 func (s *Store) TaskFail(ctx context.Context, p TaskFailParams) error {
+	var id any = p.ID
 	if p.DocID != nil {
-		res, err := s.tasks.UpdateOne(ctx,
-			bson.D{{Key: "_id", Value: p.DocID}, {Key: schema.TaskNode, Value: p.Node}, {Key: schema.TaskStatus, Value: int32(p.From)}},
-			bson.D{{Key: "$set", Value: bson.D{
-				{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
-				{Key: schema.TaskStderr, Value: validUTF8(p.Reason)},
-				{Key: schema.TaskMTime, Value: s.nowMS()},
-			}}})
-		switch {
-		case err != nil:
-			return fmt.Errorf("fail task %v: %w", p.DocID, err)
-		case res.MatchedCount == 0:
-			return fmt.Errorf("fail task %v on node %s: %w", p.DocID, p.Node, ErrLostTask)
-		}
-		return nil
+		id = p.DocID
 	}
-	return s.guarded(ctx, "fail", TaskTransitionParams{ID: p.ID, Node: p.Node}, p.From, bson.D{
+	return s.guardedID(ctx, "fail", id, p.Node, p.From, bson.D{
 		{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
 		{Key: schema.TaskStderr, Value: validUTF8(p.Reason)},
 		{Key: schema.TaskMTime, Value: s.nowMS()},
