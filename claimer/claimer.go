@@ -96,9 +96,6 @@ type Claimer struct {
 	queues map[bson.ObjectID]Queue
 	order  []bson.ObjectID
 	empty  map[bson.ObjectID]bool // last claim found nothing
-	// backlog: the last batched claim of the queue filled every place it
-	// asked for, so more may be waiting: start the next pass batched.
-	backlog map[bson.ObjectID]bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -126,7 +123,6 @@ func New(cfg Config) *Claimer {
 		refresh: true,
 		queues:  map[bson.ObjectID]Queue{},
 		empty:   map[bson.ObjectID]bool{},
-		backlog: map[bson.ObjectID]bool{},
 	}
 }
 
@@ -339,7 +335,7 @@ func (c *Claimer) pass(ctx context.Context) int {
 // the rest are taken in batches of up to Batch with one update-then-find
 // claim each (store.TaskClaimMany): three round trips per batch instead of
 // one per task, and no fight over the queue's head document with other
-// nodes. While batches come back full, the next pass starts batched.
+// nodes.
 func (c *Claimer) claim(ctx context.Context, q Queue) int {
 	n := 0
 	defer func() {
@@ -349,7 +345,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 			c.mu.Unlock()
 		}
 	}()
-	batched := c.backlog[q.ID]
+	batched := false
 	for {
 		want := 1
 		if batched {
@@ -377,7 +373,6 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 			won, err = c.claimOne(ctx, q)
 		} else {
 			won, err = c.claimMany(ctx, q, got)
-			c.backlog[q.ID] = err == nil && won == got
 		}
 		n += won
 		switch {
