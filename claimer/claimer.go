@@ -12,6 +12,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
@@ -35,13 +37,12 @@ type Queue struct {
 type Config struct {
 	Node  string
 	Store Store
-	Slots *Slots
 	// Refresh returns the queues this node serves now; it is called on
 	// every tick and when a queue changes.
 	Refresh func(ctx context.Context) ([]Queue, error)
 	// Dispatch receives each claimed task, with its slot taken, and when
 	// the claim was asked and answered; it must return quickly (start the
-	// work elsewhere) and release the slot when the task is done.
+	// work elsewhere) and call Finished when the task is done.
 	Dispatch func(q Queue, t schema.Task, claim Timing)
 	// Malformed receives a claimed task whose document could not be
 	// decoded (only t.ID and t.Raw are known; err is a *schema.DecodeError),
@@ -54,6 +55,7 @@ type Config struct {
 	// Batch is the most tasks one batched claim takes (default
 	// DefaultBatch; 1 turns batching off). See claim.
 	Batch  int
+	Clock  clock.Clock
 	Logger *slog.Logger
 	// Passed, when set, is called after every pass (a test signal).
 	Passed func()
@@ -75,10 +77,14 @@ type Stats struct {
 	Batches     int64 // batched claims that won tasks
 }
 
-// Claimer runs the claim loop. Start it, Stop it.
+// Claimer runs the claim loop, and counts the node's tasks (claimed or
+// running) against the limits. Start it, Stop it.
 type Claimer struct {
-	cfg Config
-	log *slog.Logger
+	lifecycle.Base
+	cfg   Config
+	log   *slog.Logger
+	clock clock.Clock
+	slots *slots
 
 	wake chan struct{}
 
@@ -96,10 +102,6 @@ type Claimer struct {
 	queues map[bson.ObjectID]Queue
 	order  []bson.ObjectID
 	empty  map[bson.ObjectID]bool // last claim found nothing
-
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
 }
 
 // New returns a claimer; nothing runs until Start.
@@ -115,54 +117,40 @@ func New(cfg Config) *Claimer {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Claimer{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "claimer", "node", cfg.Node),
-		wake:    make(chan struct{}, 1),
-		dirty:   map[bson.ObjectID]bool{},
-		all:     true,
-		refresh: true,
-		queues:  map[bson.ObjectID]Queue{},
-		empty:   map[bson.ObjectID]bool{},
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "claimer"),
+		clock:  clock.Or(cfg.Clock),
+		slots:  newSlots(),
+		wake:   make(chan struct{}, 1),
+		queues: map[bson.ObjectID]Queue{},
+		empty:  map[bson.ObjectID]bool{},
 	}
 }
 
 // Start subscribes to the events and starts the loop, whose first pass
-// reads the queues and tries them all.
+// reads the queues and tries them all. Stop ends the loop; no claim starts
+// after Stop returns.
 func (c *Claimer) Start(ctx context.Context) error {
-	if c.cancel != nil {
-		return nil
-	}
-	ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	if c.cfg.Events != nil {
-		// Each topic gets its listener as soon as it is subscribed: the bus
-		// blocks a publisher (holding its subscriber lock) until every
-		// subscriber acknowledged, so a subscription nobody reads yet would
-		// stall the next Subscribe for ever.
-		for _, topic := range []string{events.TopicTasks, events.TopicQueues, events.TopicRescan} {
-			ch, err := c.cfg.Events.Subscribe(ctx, topic)
-			if err != nil {
-				c.cancel()
-				c.wg.Wait()
-				return err
+	return c.Base.Start(ctx, func(_ context.Context, run *lifecycle.Run) error {
+		c.mu.Lock()
+		c.dirty, c.all, c.refresh = map[bson.ObjectID]bool{}, true, true
+		c.mu.Unlock()
+		if c.cfg.Events != nil {
+			// Each topic gets its listener as soon as it is subscribed: the
+			// bus blocks a publisher (holding its subscriber lock) until every
+			// subscriber acknowledged, so a subscription nobody reads yet
+			// would stall the next Subscribe for ever.
+			for _, topic := range []string{events.TopicTasks, events.TopicQueues, events.TopicRescan} {
+				ch, err := c.cfg.Events.Subscribe(run.Context(), topic)
+				if err != nil {
+					return err
+				}
+				run.Go(func(ctx context.Context) { c.listen(ctx, topic, ch) })
 			}
-			c.wg.Add(1)
-			go c.listen(ctx, topic, ch)
 		}
-	}
-	c.wg.Add(1)
-	go c.loop(ctx)
-	c.signal()
-	return nil
-}
-
-// Stop ends the loop; no claim starts after Stop returns.
-func (c *Claimer) Stop() {
-	if c.cancel == nil {
-		return
-	}
-	c.once.Do(func() {
-		c.cancel()
-		c.wg.Wait()
+		run.Go(c.loop)
+		c.signal()
+		return nil
 	})
 }
 
@@ -173,9 +161,35 @@ func (c *Claimer) Stats() Stats {
 	return c.stats
 }
 
-// SlotFreed tells the claimer that a task of q finished: q is tried again
-// unless its last claim found it empty.
-func (c *Claimer) SlotFreed(q bson.ObjectID) { c.mark(q, false) }
+// Finished tells the claimer that a task of q it dispatched (or handed to
+// Malformed) is done: its slot is free, and q is tried again unless its
+// last claim found it empty.
+func (c *Claimer) Finished(q bson.ObjectID) {
+	c.slots.release(q)
+	c.mark(q, false)
+}
+
+// Pause stops claiming until Resume(reason); tasks held stay. Several
+// reasons may hold at once. It reports whether the reason was new.
+func (c *Claimer) Pause(reason PauseReason) bool { return c.slots.pause(reason) }
+
+// Resume lifts one reason given to Pause; it reports whether it held.
+// The caller wakes the queues (WakeAll) when claims may resume.
+func (c *Claimer) Resume(reason PauseReason) bool { return c.slots.resume(reason) }
+
+// Paused reports whether reason holds.
+func (c *Claimer) Paused(reason PauseReason) bool { return c.slots.paused(reason) }
+
+// SetNodeMax sets the node-wide cap on tasks held (nil: none) and reports
+// whether it changed. The caller wakes the queues (WakeAll) when a raised
+// cap may allow claims now.
+func (c *Claimer) SetNodeMax(max *int) bool { return c.slots.setNodeMax(max) }
+
+// Running returns how many tasks of q the node holds (claimed or running).
+func (c *Claimer) Running(q bson.ObjectID) int { return c.slots.running(q) }
+
+// Total returns how many tasks the node holds.
+func (c *Claimer) Total() int { return c.slots.total() }
 
 // HasWork tells the claimer that q may have queued tasks.
 func (c *Claimer) HasWork(q bson.ObjectID) { c.mark(q, true) }
@@ -210,7 +224,6 @@ func (c *Claimer) signal() {
 }
 
 func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.Message) {
-	defer c.wg.Done()
 	for {
 		var msg *message.Message
 		select {
@@ -250,8 +263,7 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 }
 
 func (c *Claimer) loop(ctx context.Context) {
-	defer c.wg.Done()
-	timer := time.NewTimer(c.jittered())
+	timer := c.clock.NewTimer(c.jittered())
 	defer timer.Stop()
 	for {
 		byTick := false
@@ -259,7 +271,7 @@ func (c *Claimer) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-c.wake:
-		case <-timer.C:
+		case <-timer.C():
 			byTick = true
 			c.mu.Lock()
 			c.all, c.refresh = true, true
@@ -339,7 +351,7 @@ func (c *Claimer) pass(ctx context.Context) int {
 func (c *Claimer) claim(ctx context.Context, q Queue) int {
 	n := 0
 	defer func() {
-		if c.cfg.Slots.NodeFull() {
+		if c.slots.nodeFull() {
 			c.mu.Lock()
 			c.capped = true
 			c.mu.Unlock()
@@ -352,7 +364,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 			want = c.cfg.Batch
 		}
 		got := 0
-		for got < want && c.cfg.Slots.TryAcquire(q.ID, q.MaxThreads) {
+		for got < want && c.slots.tryAcquire(q.ID, q.MaxThreads) {
 			got++
 		}
 		if got == 0 {
@@ -360,7 +372,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 		}
 		release := func(k int) {
 			for range k {
-				c.cfg.Slots.Release(q.ID)
+				c.slots.release(q.ID)
 			}
 		}
 		if ctx.Err() != nil {
@@ -404,7 +416,7 @@ const ClaimTimeout = 10 * time.Second
 func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
-	start := time.Now()
+	start := c.clock.Now()
 	t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort})
 	var de *schema.DecodeError
 	switch {
@@ -412,7 +424,7 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 		c.mu.Lock()
 		c.stats.Claims++
 		c.mu.Unlock()
-		c.cfg.Dispatch(q, t, Timing{Start: start, End: time.Now()})
+		c.cfg.Dispatch(q, t, Timing{Start: start, End: c.clock.Now()})
 		return 1, nil
 	case errors.As(err, &de):
 		c.cfg.Malformed(q, t, err)
@@ -427,12 +439,12 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
-	start := time.Now()
+	start := c.clock.Now()
 	res, err := c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit})
 	if err != nil {
 		return 0, err
 	}
-	timing := Timing{Start: start, End: time.Now()}
+	timing := Timing{Start: start, End: c.clock.Now()}
 	c.mu.Lock()
 	c.stats.Claims += int64(len(res.Tasks))
 	if len(res.Tasks)+len(res.Malformed) > 0 {

@@ -19,6 +19,8 @@ import (
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
@@ -108,7 +110,6 @@ type harness struct {
 	t      *testing.T
 	c      *claimer.Claimer
 	st     *fakeStore
-	slots  *claimer.Slots
 	passes chan struct{}
 
 	refreshes atomic.Int64
@@ -119,11 +120,10 @@ type harness struct {
 }
 
 func newHarness(t *testing.T, edit func(*claimer.Config), queues ...claimer.Queue) *harness {
-	h := &harness{t: t, st: &fakeStore{}, slots: claimer.NewSlots(), passes: make(chan struct{}, 10000), queues: queues}
+	h := &harness{t: t, st: &fakeStore{}, passes: make(chan struct{}, 10000), queues: queues}
 	cfg := claimer.Config{
 		Node:  "n1",
 		Store: h.st,
-		Slots: h.slots,
 		Refresh: func(context.Context) ([]claimer.Queue, error) {
 			h.refreshes.Add(1)
 			h.mu.Lock()
@@ -228,114 +228,6 @@ func ids(qs ...claimer.Queue) []bson.ObjectID {
 	return out
 }
 
-func TestSlotsPause(t *testing.T) {
-	t.Parallel()
-	s := claimer.NewSlots()
-	q := bson.NewObjectID()
-	require.True(t, s.TryAcquire(q, 5))
-	require.True(t, s.Pause("fenced"))
-	require.False(t, s.Pause("fenced"), "already paused for that reason")
-	require.True(t, s.Pause("draining"))
-	require.False(t, s.TryAcquire(q, 5), "paused")
-	require.Equal(t, 1, s.Total(), "slots in use stay")
-	require.True(t, s.Resume("fenced"))
-	require.False(t, s.Resume("fenced"))
-	require.True(t, s.Paused("draining"))
-	require.False(t, s.TryAcquire(q, 5), "still draining")
-	require.True(t, s.Resume("draining"))
-	require.True(t, s.TryAcquire(q, 5))
-}
-
-func TestSlots(t *testing.T) {
-	t.Parallel()
-	s := claimer.NewSlots()
-	q1, q2, q3 := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
-
-	// Per-queue limits.
-	require.True(t, s.TryAcquire(q1, 2))
-	require.True(t, s.TryAcquire(q1, 2))
-	require.False(t, s.TryAcquire(q1, 2))
-	require.False(t, s.TryAcquire(q2, 0), "maxthreads 0 runs nothing")
-	require.True(t, s.TryAcquire(q2, 5))
-	require.Equal(t, 2, s.Running(q1))
-	require.Equal(t, 1, s.Running(q2))
-	require.Equal(t, 0, s.Running(q3))
-	require.Equal(t, 3, s.Total())
-
-	// The node-wide cap; SetNodeMax reports changes only.
-	two := 2
-	require.True(t, s.SetNodeMax(&two))
-	another := 2
-	require.False(t, s.SetNodeMax(&another), "same value")
-	require.False(t, s.TryAcquire(q3, 5), "node cap (3 in use, cap 2)")
-	s.Release(q1)
-	require.False(t, s.TryAcquire(q3, 5), "node cap (2 in use, cap 2)")
-	s.Release(q1)
-	require.True(t, s.TryAcquire(q3, 5))
-	require.Equal(t, 2, s.Total())
-	m := 3
-	require.True(t, s.SetNodeMax(&m))
-	m = 100 // SetNodeMax copied it
-	require.True(t, s.TryAcquire(q3, 5))
-	require.False(t, s.TryAcquire(q3, 5), "cap 3 even though the caller's variable changed")
-	require.True(t, s.SetNodeMax(nil))
-	require.False(t, s.SetNodeMax(nil))
-	require.True(t, s.TryAcquire(q3, 5))
-	require.Equal(t, 4, s.Total())
-	zero := 0
-	require.True(t, s.SetNodeMax(&zero))
-	require.False(t, s.TryAcquire(q1, 5), "cap 0")
-	require.True(t, s.SetNodeMax(nil))
-
-	// Release never goes below zero, per queue or in all.
-	s.Release(q1) // has none
-	s.Release(bson.NewObjectID())
-	require.Equal(t, 0, s.Running(q1))
-	require.Equal(t, 4, s.Total())
-	for range 10 {
-		s.Release(q3)
-	}
-	require.Equal(t, 0, s.Running(q3))
-	require.Equal(t, 1, s.Total())
-	s.Release(q2)
-	s.Release(q2)
-	require.Equal(t, 0, s.Total())
-	require.True(t, s.TryAcquire(q1, 1), "released slots are usable again")
-	require.Equal(t, 1, s.Total())
-
-	// Under concurrency the limits hold.
-	s = claimer.NewSlots()
-	five := 5
-	s.SetNodeMax(&five)
-	var wg sync.WaitGroup
-	var held, maxHeld atomic.Int64
-	for i := range 20 {
-		q := []bson.ObjectID{q1, q2}[i%2]
-		wg.Go(func() {
-			for range 200 {
-				if s.TryAcquire(q, 3) {
-					n := held.Add(1)
-					for {
-						old := maxHeld.Load()
-						if n <= old || maxHeld.CompareAndSwap(old, n) {
-							break
-						}
-					}
-					if r := s.Running(q); r > 3 {
-						t.Errorf("%d running in a queue of 3", r)
-					}
-					held.Add(-1)
-					s.Release(q)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	require.LessOrEqual(t, maxHeld.Load(), int64(5))
-	require.Equal(t, 0, s.Total())
-	require.Equal(t, 0, s.Running(q1))
-}
-
 func TestWakeUpsMerge(t *testing.T) {
 	t.Parallel()
 	q1, q2 := queue("a", 1), queue("b", 1)
@@ -355,7 +247,7 @@ func TestWakeUpsMerge(t *testing.T) {
 	for range 50 {
 		h.c.HasWork(q1.ID)
 		h.c.HasWork(q2.ID)
-		h.c.SlotFreed(q1.ID)
+		h.c.Finished(q1.ID)
 	}
 	close(release)
 	h.pass()
@@ -429,10 +321,10 @@ func TestEmptyQueueNotAskedOnSlotFreed(t *testing.T) {
 	require.Equal(t, ids(empty, busy), h.st.take())
 
 	// empty found nothing: a freed slot does not make it worth asking.
-	h.c.SlotFreed(empty.ID)
+	h.c.Finished(empty.ID)
 	h.pass()
 	require.Empty(t, h.st.take())
-	h.c.SlotFreed(empty.ID)
+	h.c.Finished(empty.ID)
 	h.pass()
 	require.Empty(t, h.st.take())
 	// New work does.
@@ -442,9 +334,8 @@ func TestEmptyQueueNotAskedOnSlotFreed(t *testing.T) {
 
 	// busy stopped because its slot was full, not because it was empty:
 	// when the slot is freed, it is asked again.
-	require.Equal(t, 1, h.slots.Running(busy.ID))
-	h.slots.Release(busy.ID)
-	h.c.SlotFreed(busy.ID)
+	require.Equal(t, 1, h.c.Running(busy.ID))
+	h.c.Finished(busy.ID)
 	h.pass()
 	require.Equal(t, ids(busy), h.st.take())
 	require.Equal(t, 2, h.claimedCount())
@@ -476,7 +367,7 @@ func TestLimits(t *testing.T) {
 		h.pass()
 		require.Equal(t, ids(q, q, q), h.st.take())
 		require.Equal(t, 3, h.claimedCount())
-		require.Equal(t, 3, h.slots.Running(q.ID))
+		require.Equal(t, 3, h.c.Running(q.ID))
 
 		// Full: more work waits for a slot.
 		h.c.HasWork(q.ID)
@@ -486,12 +377,11 @@ func TestLimits(t *testing.T) {
 		h.pass()
 		require.Empty(t, h.st.take())
 
-		h.slots.Release(q.ID)
-		h.c.SlotFreed(q.ID)
+		h.c.Finished(q.ID)
 		h.pass()
 		require.Equal(t, ids(q), h.st.take(), "exactly one claim for the one freed slot")
 		require.Equal(t, 4, h.claimedCount())
-		require.Equal(t, 3, h.slots.Running(q.ID))
+		require.Equal(t, 3, h.c.Running(q.ID))
 		require.Equal(t, claimer.Stats{Claims: 4, WakePasses: 2, Batches: 1}, h.c.Stats(), "one claim, then a batch of 2 for the other free slots")
 	})
 	t.Run("node cap", func(t *testing.T) {
@@ -500,26 +390,26 @@ func TestLimits(t *testing.T) {
 		h := newHarness(t, nil, a, b)
 		h.st.set(alwaysTask)
 		two := 2
-		require.True(t, h.slots.SetNodeMax(&two))
+		require.True(t, h.c.SetNodeMax(&two))
 		h.start()
 		h.pass()
 		require.Equal(t, ids(a, a), h.st.take())
-		require.Equal(t, 2, h.slots.Total())
+		require.Equal(t, 2, h.c.Total())
 
 		four := 4
-		require.True(t, h.slots.SetNodeMax(&four))
+		require.True(t, h.c.SetNodeMax(&four))
 		h.c.WakeAll()
 		h.pass()
 		require.Equal(t, ids(a, b), h.st.take())
-		require.Equal(t, 4, h.slots.Total())
-		require.Equal(t, 3, h.slots.Running(a.ID))
-		require.Equal(t, 1, h.slots.Running(b.ID))
+		require.Equal(t, 4, h.c.Total())
+		require.Equal(t, 3, h.c.Running(a.ID))
+		require.Equal(t, 1, h.c.Running(b.ID))
 
-		require.True(t, h.slots.SetNodeMax(nil))
+		require.True(t, h.c.SetNodeMax(nil))
 		h.c.HasWork(b.ID)
 		h.pass()
 		require.Equal(t, ids(b, b), h.st.take())
-		require.Equal(t, 6, h.slots.Total())
+		require.Equal(t, 6, h.c.Total())
 		require.Equal(t, 6, h.claimedCount())
 	})
 }
@@ -533,7 +423,7 @@ func TestSlotFreedUnderTheNodeCapServesOtherQueues(t *testing.T) {
 	h := newHarness(t, nil, a, b)
 	h.st.set(alwaysTask)
 	two := 2
-	require.True(t, h.slots.SetNodeMax(&two))
+	require.True(t, h.c.SetNodeMax(&two))
 	h.start()
 	h.pass()
 	require.Equal(t, ids(a, a), h.st.take())
@@ -544,11 +434,10 @@ func TestSlotFreedUnderTheNodeCapServesOtherQueues(t *testing.T) {
 		}
 		return alwaysTask(ctx, p)
 	})
-	h.slots.Release(a.ID)
-	h.c.SlotFreed(a.ID)
+	h.c.Finished(a.ID)
 	h.pass()
 	require.Equal(t, ids(a, b), h.st.take(), "a is asked (it may have more), then b gets the slot")
-	require.Equal(t, 1, h.slots.Running(b.ID))
+	require.Equal(t, 1, h.c.Running(b.ID))
 }
 
 func TestTick(t *testing.T) {
@@ -692,16 +581,16 @@ func TestClaimErrors(t *testing.T) {
 	require.Len(t, h.claimed, 1)
 	require.Equal(t, good.ID, h.claimed[0].Queue)
 	h.mu.Unlock()
-	require.Equal(t, 1, h.slots.Running(bad.ID), "the malformed task keeps its slot")
-	require.Equal(t, 0, h.slots.Running(failing.ID), "the failed claim gave its slot back")
-	require.Equal(t, 1, h.slots.Running(good.ID))
-	require.Equal(t, 2, h.slots.Total())
+	require.Equal(t, 1, h.c.Running(bad.ID), "the malformed task keeps its slot")
+	require.Equal(t, 0, h.c.Running(failing.ID), "the failed claim gave its slot back")
+	require.Equal(t, 1, h.c.Running(good.ID))
+	require.Equal(t, 2, h.c.Total())
 
 	// The failed queue is not taken for empty: a freed slot retries it.
-	h.c.SlotFreed(failing.ID)
+	h.c.Finished(failing.ID)
 	h.pass()
 	require.Equal(t, ids(failing, failing), h.st.take())
-	require.Equal(t, 2, h.slots.Running(failing.ID))
+	require.Equal(t, 2, h.c.Running(failing.ID))
 	require.Equal(t, claimer.Stats{Claims: 3, WakePasses: 2, EmptyClaims: 1}, h.c.Stats())
 }
 
@@ -820,5 +709,17 @@ func TestBacklogIsClaimedInBatches(t *testing.T) {
 	require.Equal(t, 1, bs.single, "one findOneAndUpdate first: a lone new task needs no more")
 	require.Equal(t, []int{64, 64, 64, 50}, bs.limits, "then batches of 64 (at most the free slots) until one comes back empty")
 	require.Equal(t, 150, h.claimedCount())
-	require.Equal(t, 150, h.slots.Running(q.ID), "slots of unused batch places are given back")
+	require.Equal(t, 150, h.c.Running(q.ID), "slots of unused batch places are given back")
+}
+
+func TestClaimerLifecycle(t *testing.T) {
+	// Not parallel: goleak.
+	lifecycletest.Check(t, func(t *testing.T) lifecycle.Service {
+		bus := newBus(t)
+		return claimer.New(claimer.Config{
+			Node: "n1", Store: &fakeStore{}, Events: bus, Tick: time.Millisecond,
+			Refresh:  func(context.Context) ([]claimer.Queue, error) { return []claimer.Queue{queue("q", 1)}, nil },
+			Dispatch: func(claimer.Queue, schema.Task, claimer.Timing) {},
+		})
+	}, lifecycletest.Options{})
 }

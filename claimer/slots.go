@@ -6,77 +6,87 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// Slots counts this node's tasks (claimed or running) per queue and in all,
-// against the per-queue limits and the node-wide cap.
-type Slots struct {
+// PauseReason is why a node stops claiming; several may hold at once.
+type PauseReason string
+
+// The reasons a node pauses its claims.
+const (
+	// PauseFenced: no heartbeat was acknowledged for fence-after.
+	PauseFenced PauseReason = "fenced"
+	// PauseDraining: an operator asked the node to drain.
+	PauseDraining PauseReason = "draining"
+)
+
+// slots counts this node's tasks (claimed or running) per queue and in all,
+// against the per-queue limits and the node-wide cap. The claimer owns it:
+// it takes a slot for every claim and gives it back in Finished.
+type slots struct {
 	mu       sync.Mutex
 	perQueue map[bson.ObjectID]int
-	total    int
+	all      int
 	nodeMax  *int
-	paused   map[string]bool // reasons no slot may be taken
+	pauses   map[PauseReason]bool // reasons no slot may be taken
 }
 
-// NewSlots returns empty slots with no node-wide cap.
-func NewSlots() *Slots { return &Slots{perQueue: map[bson.ObjectID]int{}} }
+func newSlots() *slots { return &slots{perQueue: map[bson.ObjectID]int{}} }
 
-// TryAcquire takes a slot for queue q if both limits allow.
-func (s *Slots) TryAcquire(q bson.ObjectID, queueMax int) bool {
+// tryAcquire takes a slot for queue q if both limits allow.
+func (s *slots) tryAcquire(q bson.ObjectID, queueMax int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.paused) > 0 || s.perQueue[q] >= queueMax || (s.nodeMax != nil && s.total >= *s.nodeMax) {
+	if len(s.pauses) > 0 || s.perQueue[q] >= queueMax || (s.nodeMax != nil && s.all >= *s.nodeMax) {
 		return false
 	}
 	s.perQueue[q]++
-	s.total++
+	s.all++
 	return true
 }
 
-// Pause stops new slots from being taken until Resume(reason); slots in
-// use are not affected. Several reasons may hold at once (e.g. "fenced"
-// and "draining"). It reports whether the reason was new.
-func (s *Slots) Pause(reason string) bool {
+// pause stops new slots from being taken until resume(reason); slots in
+// use are not affected. It reports whether the reason was new.
+func (s *slots) pause(reason PauseReason) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.paused == nil {
-		s.paused = map[string]bool{}
+	if s.pauses == nil {
+		s.pauses = map[PauseReason]bool{}
 	}
-	was := s.paused[reason]
-	s.paused[reason] = true
+	was := s.pauses[reason]
+	s.pauses[reason] = true
 	return !was
 }
 
-// Resume lifts one reason given to Pause; it reports whether it held.
-func (s *Slots) Resume(reason string) bool {
+// resume lifts one reason given to pause; it reports whether it held.
+func (s *slots) resume(reason PauseReason) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	was := s.paused[reason]
-	delete(s.paused, reason)
+	was := s.pauses[reason]
+	delete(s.pauses, reason)
 	return was
 }
 
-// Paused reports whether reason holds.
-func (s *Slots) Paused(reason string) bool {
+// paused reports whether reason holds.
+func (s *slots) paused(reason PauseReason) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.paused[reason]
+	return s.pauses[reason]
 }
 
-// Release gives back a slot of queue q.
-func (s *Slots) Release(q bson.ObjectID) {
+// release gives back a slot of queue q (never below zero).
+func (s *slots) release(q bson.ObjectID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.perQueue[q] > 0 {
 		s.perQueue[q]--
-		s.total--
+		s.all--
 	}
 	if s.perQueue[q] == 0 {
 		delete(s.perQueue, q)
 	}
 }
 
-// SetNodeMax sets the node-wide cap (nil: none). It reports whether it
-// changed.
-func (s *Slots) SetNodeMax(max *int) bool {
+// setNodeMax sets the node-wide cap (nil: none), keeping a copy. It reports
+// whether it changed.
+func (s *slots) setNodeMax(max *int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	changed := (s.nodeMax == nil) != (max == nil) || (max != nil && *s.nodeMax != *max)
@@ -88,23 +98,23 @@ func (s *Slots) SetNodeMax(max *int) bool {
 	return changed
 }
 
-// NodeFull reports whether the node-wide cap is reached.
-func (s *Slots) NodeFull() bool {
+// nodeFull reports whether the node-wide cap is reached.
+func (s *slots) nodeFull() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.nodeMax != nil && s.total >= *s.nodeMax
+	return s.nodeMax != nil && s.all >= *s.nodeMax
 }
 
-// Running returns the slots in use for q.
-func (s *Slots) Running(q bson.ObjectID) int {
+// running returns the slots in use for q.
+func (s *slots) running(q bson.ObjectID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.perQueue[q]
 }
 
-// Total returns all slots in use.
-func (s *Slots) Total() int {
+// total returns all slots in use.
+func (s *slots) total() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.total
+	return s.all
 }

@@ -79,15 +79,3 @@ func TestParseTasksRejectsParametersOverTheDocumentLimit(t *testing.T) {
 	require.Contains(t, problems[0].String(), "line 1: parameters are 17825808 bytes as BSON")
 	require.Contains(t, problems[0].String(), "16 MiB")
 }
-
-func TestRedactURI(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]string{
-		"mongodb://alice:s3cret@h1,h2/?replicaSet=rs0": "mongodb://alice:xxxxx@h1,h2/?replicaSet=rs0",
-		"mongodb+srv://bob:p%40ss@cluster/db":          "mongodb+srv://bob:xxxxx@cluster/db",
-		"mongodb://127.0.0.1:27017/?replicaSet=rs0":    "mongodb://127.0.0.1:27017/?replicaSet=rs0",
-		"mongodb://onlyuser@h/":                        "mongodb://onlyuser@h/",
-	} {
-		require.Equal(t, want, RedactURI(in))
-	}
-}

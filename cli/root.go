@@ -4,20 +4,15 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 
+	"github.com/disbatch-go/disbatch/internal/cmdline"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/tracing"
@@ -25,31 +20,23 @@ import (
 
 // Defaults shared by disbatch and disbatchd.
 const (
-	DefaultMongoURI = "mongodb://127.0.0.1:27017/?replicaSet=rs0"
-	DefaultDatabase = "disbatch"
-	EnvMongoURI     = "DISBATCH_MONGO_URI"
-	EnvDatabase     = "DISBATCH_DATABASE"
-	// connectTimeout bounds how long a command waits for MongoDB before it
-	// says it cannot reach it (instead of the driver's 30 s).
-	connectTimeout = 5 * time.Second
+	DefaultMongoURI = cmdline.DefaultMongoURI
+	DefaultDatabase = cmdline.DefaultDatabase
+	EnvMongoURI     = cmdline.EnvMongoURI
+	EnvDatabase     = cmdline.EnvDatabase
 )
 
 // Exit codes.
 const (
-	ExitOK      = 0
-	ExitRuntime = 1
-	ExitUsage   = 2
+	ExitOK      = cmdline.ExitOK
+	ExitRuntime = cmdline.ExitRuntime
+	ExitUsage   = cmdline.ExitUsage
 )
 
 // UsageError is a mistake in how the command was called (exit code 2).
-type UsageError struct{ Err error }
+type UsageError = cmdline.UsageError
 
-func (e *UsageError) Error() string { return e.Err.Error() }
-func (e *UsageError) Unwrap() error { return e.Err }
-
-func usagef(format string, args ...any) error {
-	return &UsageError{Err: fmt.Errorf(format, args...)}
-}
+var usagef = cmdline.Usagef
 
 // IO are the streams a command uses; tests replace them.
 type IO struct {
@@ -89,12 +76,11 @@ func Run(ctx context.Context, args []string, io IO) int {
 		return ExitOK
 	}
 	fmt.Fprintln(io.Err, "disbatch:", err)
-	var ue *UsageError
-	if errors.As(err, &ue) {
+	code := cmdline.ExitCode(err)
+	if code == ExitUsage {
 		fmt.Fprintln(io.Err, "Run 'disbatch --help' for usage.")
-		return ExitUsage
 	}
-	return ExitRuntime
+	return code
 }
 
 // globals are the flags every command shares.
@@ -125,7 +111,7 @@ named by --database (env ` + EnvDatabase + `).`,
 	root.SetOut(io.Out)
 	root.SetErr(io.Err)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{Err: err} })
-	AddConnectionFlags(root, &g.mongoURI, &g.database, io.Getenv)
+	cmdline.AddConnectionFlags(root, &g.mongoURI, &g.database, io.Getenv)
 	root.AddCommand(newQueueCmd(g), newTaskCmd(g), newNodeCmd(g))
 	// Unknown subcommands are usage errors too.
 	root.RunE = func(cmd *cobra.Command, args []string) error {
@@ -138,96 +124,13 @@ named by --database (env ` + EnvDatabase + `).`,
 	return root
 }
 
-// AddConnectionFlags adds --mongo-uri and --database with their environment
-// variables as defaults. disbatchd uses the same flags.
-func AddConnectionFlags(cmd *cobra.Command, uri, db *string, getenv func(string) string) {
-	defURI, defDB := DefaultMongoURI, DefaultDatabase
-	if v := getenv(EnvMongoURI); v != "" {
-		defURI = v
-	}
-	if v := getenv(EnvDatabase); v != "" {
-		defDB = v
-	}
-	cmd.PersistentFlags().StringVar(uri, "mongo-uri", defURI, "MongoDB connection string; a replica set is needed for change streams (env "+EnvMongoURI+")")
-	cmd.PersistentFlags().StringVar(db, "database", defDB, "database holding the Disbatch collections (env "+EnvDatabase+")")
-	// Never show a password in --help.
-	if f := cmd.PersistentFlags().Lookup("mongo-uri"); f != nil {
-		f.DefValue = RedactURI(defURI)
-	}
-}
-
-var userinfo = regexp.MustCompile(`^(mongodb(?:\+srv)?://)([^@/]*)@`)
-
-// RedactURI hides the password of a MongoDB URI, for logs and errors.
-func RedactURI(uri string) string {
-	return userinfo.ReplaceAllStringFunc(uri, func(m string) string {
-		parts := userinfo.FindStringSubmatch(m)
-		user, _, hasPass := strings.Cut(parts[2], ":")
-		if !hasPass {
-			return m
-		}
-		return parts[1] + user + ":xxxxx@"
-	})
-}
-
-// Connect opens a client, checks that MongoDB answers within a few seconds,
-// and returns a Store over database db. The error says which URI failed and
-// what to try, without the password.
-func Connect(ctx context.Context, uri, db string) (*store.Store, func(), error) {
-	cs, err := connstring.ParseAndValidate(uri)
-	if err != nil {
-		return nil, nil, &UsageError{Err: fmt.Errorf("--mongo-uri %q is not a valid MongoDB connection string: %v", RedactURI(uri), scrub(err, uri))}
-	}
-	opts := options.Client().ApplyURI(uri)
-	if !cs.ServerSelectionTimeoutSet {
-		opts.SetServerSelectionTimeout(connectTimeout)
-	}
-	if !cs.ConnectTimeoutSet {
-		opts.SetConnectTimeout(connectTimeout)
-	}
-	client, err := mongo.Connect(opts)
-	if err != nil {
-		return nil, nil, unreachable(uri, err)
-	}
-	closeFn := func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = client.Disconnect(cctx)
-	}
-	pctx, cancel := context.WithTimeout(ctx, connectTimeout+time.Second)
-	defer cancel()
-	if err := client.Ping(pctx, readpref.Primary()); err != nil {
-		closeFn()
-		return nil, nil, unreachable(uri, err)
-	}
-	return store.New(client.Database(db), store.Options{}), closeFn, nil
-}
-
-func unreachable(uri string, err error) error {
-	cause := scrub(err, uri)
-	// The driver's server-selection errors are long; keep the gist.
-	if i := strings.Index(cause, ", current topology:"); i > 0 {
-		cause = cause[:i]
-	}
-	return fmt.Errorf("cannot reach MongoDB at %s: %s\n"+
-		"Is mongod running as a replica set there? Start a local one with `make run`, or point --mongo-uri (env %s) at yours.",
-		RedactURI(uri), cause, EnvMongoURI)
-}
-
-// scrub removes the URI's password from an error text.
-func scrub(err error, uri string) string {
-	s := err.Error()
-	if m := userinfo.FindStringSubmatch(uri); m != nil {
-		if _, pass, ok := strings.Cut(m[2], ":"); ok && pass != "" {
-			s = strings.ReplaceAll(s, pass, "xxxxx")
-		}
-	}
-	return s
-}
-
 // open connects for a command.
 func (g *globals) open(cmd *cobra.Command) (*store.Store, func(), error) {
-	return Connect(cmd.Context(), g.mongoURI, g.database)
+	conn, err := cmdline.Connect(cmd.Context(), store.ConnectParams{URI: g.mongoURI, Database: g.database})
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn.Store, conn.Close, nil
 }
 
 // openQueue connects and looks up the queue named by ref (a name or an id).

@@ -9,34 +9,32 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/cenkalti/backoff/v4"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
-// TokenStore keeps resume tokens (the store implements it).
-type TokenStore interface {
-	StreamTokenGet(ctx context.Context, name string) (bson.Raw, error)
-	StreamTokenSave(ctx context.Context, name string, token bson.Raw) error
+// Streams opens change streams (the store does).
+type Streams interface {
+	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
 }
 
 // Config configures a Stream.
 type Config struct {
-	DB        *mongo.Database
+	Store     Streams
 	Publisher message.Publisher
-	Tokens    TokenStore
-	// Name keys the saved resume token; one per node.
+	// Name keys the saved position; one per node.
 	Name   string
 	Logger *slog.Logger
-	// SaveEvery bounds how often the resume token is written (default 1 s).
+	// SaveEvery bounds how often the position is written (default 1 s).
 	SaveEvery time.Duration
 	// MaxAwait is how long the server holds an empty getMore (default 1 s);
-	// it bounds how stale the saved post-batch token may be.
+	// it bounds how stale the saved post-batch position may be.
 	MaxAwait time.Duration
+	Clock    clock.Clock
 }
 
 // Stats are counters for metrics.
@@ -46,31 +44,24 @@ type Stats struct {
 	Rescans int64 // rescans published
 }
 
-// Stream follows the change stream and publishes events. Start it, Stop it.
+// Stream follows the node's wake-up change stream (store.StreamWakeups)
+// and publishes its events. Start it, Stop it.
 type Stream struct {
-	cfg    Config
-	log    *slog.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
-	once   sync.Once
+	lifecycle.Base
+	cfg Config
+	log *slog.Logger
 
-	token     bson.Raw // last token seen (owned by the loop goroutine)
-	savedTok  bson.Raw
-	savedAt   time.Time
-	events    atomic.Int64
-	resumes   atomic.Int64
-	rescans   atomic.Int64
+	reader      atomic.Pointer[store.StreamReader]
+	pastResumes atomic.Int64 // of readers of earlier runs
+	events      atomic.Int64
+	rescans     atomic.Int64
+
+	warnMu    sync.Mutex
 	warnedIDs map[string]bool
 }
 
 // New returns a stream; nothing runs until Start.
 func New(cfg Config) *Stream {
-	if cfg.SaveEvery <= 0 {
-		cfg.SaveEvery = time.Second
-	}
-	if cfg.MaxAwait <= 0 {
-		cfg.MaxAwait = time.Second
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -79,240 +70,137 @@ func New(cfg Config) *Stream {
 
 // Stats returns the counters.
 func (s *Stream) Stats() Stats {
-	return Stats{Events: s.events.Load(), Resumes: s.resumes.Load(), Rescans: s.rescans.Load()}
-}
-
-// pipeline filters on the server to what the node needs and keeps the
-// events small (a task's parameters never travel). Of task updates only
-// those that make a task queued (-2, a requeue) or move it to another queue
-// are work for the claimer: the claim, start and finish updates, two thirds
-// of all task events, never leave the server.
-func pipeline() mongo.Pipeline {
-	return mongo.Pipeline{
-		{{Key: "$match", Value: bson.D{{Key: "$or", Value: bson.A{
-			bson.D{{Key: "ns.coll", Value: schema.CollQueues}},
-			bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"insert", "replace", "delete", "drop", "rename"}}}}},
-			bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
-				bson.D{{Key: "updateDescription.updatedFields.status", Value: int32(schema.StatusQueued)}},
-				bson.D{{Key: "updateDescription.updatedFields.queue", Value: bson.D{{Key: "$exists", Value: true}}}},
-			}}},
-			bson.D{{Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"dropDatabase", "invalidate"}}}}},
-		}}}}},
-		{{Key: "$project", Value: bson.D{
-			{Key: "operationType", Value: 1},
-			{Key: "ns", Value: 1},
-			{Key: "documentKey", Value: 1},
-			{Key: "wallTime", Value: 1},
-			{Key: "fullDocument.queue", Value: 1},
-			{Key: "fullDocument.status", Value: 1},
-			{Key: "fullDocument.node", Value: 1},
-			{Key: "updateDescription.updatedFields.status", Value: 1},
-			{Key: "updateDescription.updatedFields.queue", Value: 1},
-		}}},
+	resumes := s.pastResumes.Load()
+	if r := s.reader.Load(); r != nil {
+		resumes += r.Stats().Resumes
 	}
+	return Stats{Events: s.events.Load(), Resumes: resumes, Rescans: s.rescans.Load()}
 }
 
 // Start opens the change stream before returning, so that every change
-// after Start is seen, and follows it in a goroutine until Stop. It fails
-// when the deployment has no change streams (a standalone mongod).
+// after Start is seen, and follows it until Stop, which saves its position
+// and closes its server cursor. It fails when the deployment has no change
+// streams (a standalone mongod).
 func (s *Stream) Start(ctx context.Context) error {
-	if s.done != nil {
+	return s.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
+		r, err := s.cfg.Store.StreamOpen(ctx, store.StreamParams{
+			Profile: store.StreamWakeups, Name: s.cfg.Name, Checkpoint: true, SaveEvery: s.cfg.SaveEvery,
+			MaxAwait: s.cfg.MaxAwait, Clock: s.cfg.Clock, Logger: s.log,
+		})
+		if err != nil {
+			return err
+		}
+		if why := r.TakeLost(); why != "" {
+			s.lost(ctx, why)
+		}
+		s.reader.Store(r)
+		run.Go(func(ctx context.Context) { s.follow(ctx, r) })
 		return nil
-	}
-	if tok, err := s.cfg.Tokens.StreamTokenGet(ctx, s.cfg.Name); err == nil {
-		s.token, s.savedTok = tok, tok
-	}
-	cs, err := s.open(ctx)
-	if err != nil {
-		return err
-	}
-	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.done = make(chan struct{})
-	go s.run(ctx, cs)
-	return nil
-}
-
-// Stop ends the stream and saves its last resume token.
-func (s *Stream) Stop() {
-	if s.done == nil {
-		return
-	}
-	s.once.Do(func() {
-		s.cancel()
-		<-s.done
 	})
 }
 
-// open opens the stream after the known token, or from now. A token the
-// server no longer has means lost history: start from now and Rescan.
-func (s *Stream) open(ctx context.Context) (*mongo.ChangeStream, error) {
-	o := options.ChangeStream().SetMaxAwaitTime(s.cfg.MaxAwait)
-	if s.token != nil {
-		o.SetStartAfter(s.token)
-	}
-	cs, err := s.cfg.DB.Watch(ctx, pipeline(), o)
-	if err != nil && s.token != nil && store.StreamPositionLost(err) {
-		s.log.Warn("change stream history lost; starting from now and rescanning", "stream", s.cfg.Name, "error", err)
-		s.token = nil
-		cs, err = s.cfg.DB.Watch(ctx, pipeline(), options.ChangeStream().SetMaxAwaitTime(s.cfg.MaxAwait))
-		if err == nil {
-			s.publish(ctx, TopicRescan, Rescan{Reason: "change stream history lost"})
-			s.rescans.Add(1)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open change stream on %s: %w", s.cfg.DB.Name(), err)
-	}
-	return cs, nil
-}
-
-func (s *Stream) run(ctx context.Context, cs *mongo.ChangeStream) {
-	defer close(s.done)
+func (s *Stream) follow(ctx context.Context, r *store.StreamReader) {
 	defer func() {
-		s.saveToken(true)
-		if cs != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = cs.Close(cctx)
-			cancel()
-		}
+		r.Close()
+		s.pastResumes.Add(r.Stats().Resumes)
+		s.reader.Store(nil)
 	}()
 	for {
-		for cs.TryNext(ctx) {
-			s.token = cs.ResumeToken()
-			if s.handle(ctx, cs.Current) {
-				// invalidate: the cursor is closed; reopen after it.
-				break
-			}
+		b, err := r.Next(ctx)
+		if err != nil {
+			return // stopped
 		}
-		if ctx.Err() != nil {
-			return
+		if b.Lost != "" {
+			s.lost(ctx, b.Lost)
 		}
-		if err := cs.Err(); err != nil || cs.ID() == 0 {
-			_ = cs.Close(context.Background())
-			cs = s.reopen(ctx, err)
-			if cs == nil {
-				return
-			}
-			continue
-		}
-		if t := cs.ResumeToken(); t != nil {
-			s.token = t // the post-batch token of an empty batch
-		}
-		s.saveToken(false)
-	}
-}
-
-// reopen retries with backoff until the stream is open again or ctx ends.
-func (s *Stream) reopen(ctx context.Context, cause error) *mongo.ChangeStream {
-	lost := false
-	if cause != nil {
-		s.log.Warn("change stream interrupted; resuming", "stream", s.cfg.Name, "error", cause)
-		if store.StreamPositionLost(cause) {
-			s.token = nil
-			lost = true
-		}
-	}
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 50 * time.Millisecond
-	b.MaxInterval = 5 * time.Second
-	b.MaxElapsedTime = 0
-	for {
-		cs, err := s.open(ctx)
-		if err == nil {
-			s.resumes.Add(1)
-			if lost {
-				// Only once the stream is open again, as in open: a
-				// subscriber that re-reads the database on the Rescan must
-				// not miss a change made before the stream was back.
-				s.publish(ctx, TopicRescan, Rescan{Reason: "change stream history lost: " + cause.Error()})
-				s.rescans.Add(1)
-			}
-			s.log.Info("change stream resumed", "stream", s.cfg.Name)
-			return cs
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		wait := b.NextBackOff()
-		s.log.Warn("change stream: cannot reopen; retrying", "stream", s.cfg.Name, "in", wait, "error", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
+		for _, ev := range b.Events {
+			s.handle(ctx, ev)
 		}
 	}
 }
 
-// handle publishes one change event. It reports whether the stream was
-// invalidated.
-func (s *Stream) handle(ctx context.Context, ev bson.Raw) (invalidated bool) {
-	op, _ := ev.Lookup("operationType").StringValueOK()
-	coll, _ := ev.Lookup("ns", "coll").StringValueOK()
-	switch op {
+// lost publishes a Rescan for a lost position. The reader follows the
+// present again by then: a subscriber that re-reads the database on the
+// Rescan cannot miss a change made before the stream was back.
+func (s *Stream) lost(ctx context.Context, why string) {
+	s.publish(ctx, TopicRescan, Rescan{Reason: "change stream history lost: " + why})
+	s.rescans.Add(1)
+}
+
+// handle publishes one change event.
+func (s *Stream) handle(ctx context.Context, ev store.ChangeEvent) {
+	switch ev.Op {
 	case "invalidate", "dropDatabase", "drop", "rename":
-		s.publish(ctx, TopicRescan, Rescan{Reason: fmt.Sprintf("change stream: %s of %s", op, coll)})
+		s.publish(ctx, TopicRescan, Rescan{Reason: fmt.Sprintf("change stream: %s of %s", ev.Op, ev.Coll)})
 		s.rescans.Add(1)
-		return op == "invalidate"
+		return
 	}
-	idVal := ev.Lookup("documentKey", "_id")
-	id, ok := idVal.ObjectIDOK()
+	id, ok := ev.ID.ObjectIDOK()
 	if !ok {
-		s.warnOnce(coll, idVal.String(), "_id", "want an ObjectId, got "+idVal.Type.String())
-		return false
+		s.warnOnce(ev.Coll, ev.ID.String(), "_id", "want an ObjectId, got "+ev.ID.Type.String())
+		return
 	}
-	switch coll {
+	switch ev.Coll {
 	case schema.CollQueues:
-		s.publish(ctx, TopicQueues, QueueChanged{Op: Op(op), ID: id})
+		s.publish(ctx, TopicQueues, QueueChanged{Op: Op(ev.Op), ID: id})
 	case schema.CollTasks:
-		tc := TaskChanged{Op: Op(op), ID: id}
-		if wt, ok := ev.Lookup("wallTime").TimeOK(); ok {
-			tc.At = wt
-		}
-		fields := ev.Lookup("fullDocument")
-		if op == "update" {
-			fields = ev.Lookup("updateDescription", "updatedFields")
-		}
-		if doc, ok := fields.DocumentOK(); ok {
-			// An insert or a replace carries the whole task (as projected):
-			// a field missing there is missing from the task.
-			whole := op != "update"
-			if q, err := doc.LookupErr(schema.TaskQueue); err == nil {
-				if tc.Queue, ok = q.ObjectIDOK(); !ok {
-					s.warnOnce(coll, id.Hex(), schema.TaskQueue, "want an ObjectId, got "+schema.Describe(q)+"; the task belongs to no queue and will never run")
-				}
-			} else if whole {
-				s.warnOnce(coll, id.Hex(), schema.TaskQueue, "missing; the task belongs to no queue and will never run")
-			}
-			if st, err := doc.LookupErr(schema.TaskStatus); err == nil {
-				if n, ok := integer(st); ok && n == int64(int32(n)) {
-					status := schema.Status(n)
-					tc.Status = &status
-				} else {
-					s.warnOnce(coll, id.Hex(), schema.TaskStatus, "want a 32-bit integer status, got "+schema.Describe(st)+"; no node will claim the task")
-				}
-			} else if whole {
-				s.warnOnce(coll, id.Hex(), schema.TaskStatus, "missing; no node will claim the task")
-			}
-			if nd, err := doc.LookupErr(schema.TaskNode); err == nil && whole {
-				if n, isInt := integer(nd); nd.Type != bson.TypeString && nd.Type != bson.TypeNull && (!isInt || n != schema.Unclaimed) {
-					s.warnOnce(coll, id.Hex(), schema.TaskNode, "want a node name, -1 or null, got "+schema.Describe(nd)+"; no node will claim the task")
-				}
-			}
-		}
-		s.publish(ctx, TopicTasks, tc)
+		s.publish(ctx, TopicTasks, s.taskChanged(ev, id))
 	}
-	return false
+}
+
+// taskChanged reads what a task event says, warning (once per task and
+// field) about a task no node can run.
+func (s *Stream) taskChanged(ev store.ChangeEvent, id bson.ObjectID) TaskChanged {
+	tc := TaskChanged{Op: Op(ev.Op), ID: id, At: ev.WallTime}
+	doc := ev.Doc
+	if ev.Op == "update" {
+		doc = ev.Updated
+	}
+	if doc == nil {
+		return tc
+	}
+	coll := ev.Coll
+	// An insert or a replace carries the whole task (as projected): a field
+	// missing there is missing from the task.
+	whole := ev.Op != "update"
+	if q, err := doc.LookupErr(schema.TaskQueue); err == nil {
+		var ok bool
+		if tc.Queue, ok = q.ObjectIDOK(); !ok {
+			s.warnOnce(coll, id.Hex(), schema.TaskQueue, "want an ObjectId, got "+schema.Describe(q)+"; the task belongs to no queue and will never run")
+		}
+	} else if whole {
+		s.warnOnce(coll, id.Hex(), schema.TaskQueue, "missing; the task belongs to no queue and will never run")
+	}
+	if st, err := doc.LookupErr(schema.TaskStatus); err == nil {
+		if n, ok := integer(st); ok && n == int64(int32(n)) {
+			status := schema.Status(n)
+			tc.Status = &status
+		} else {
+			s.warnOnce(coll, id.Hex(), schema.TaskStatus, "want a 32-bit integer status, got "+schema.Describe(st)+"; no node will claim the task")
+		}
+	} else if whole {
+		s.warnOnce(coll, id.Hex(), schema.TaskStatus, "missing; no node will claim the task")
+	}
+	if nd, err := doc.LookupErr(schema.TaskNode); err == nil && whole {
+		if n, isInt := integer(nd); nd.Type != bson.TypeString && nd.Type != bson.TypeNull && (!isInt || n != schema.Unclaimed) {
+			s.warnOnce(coll, id.Hex(), schema.TaskNode, "want a node name, -1 or null, got "+schema.Describe(nd)+"; no node will claim the task")
+		}
+	}
+	return tc
 }
 
 func (s *Stream) warnOnce(coll, id, field, msg string) {
 	key := coll + "/" + id + "/" + field
+	s.warnMu.Lock()
 	if s.warnedIDs[key] {
+		s.warnMu.Unlock()
 		return
 	}
 	if len(s.warnedIDs) > 100000 {
 		s.warnedIDs = map[string]bool{}
 	}
 	s.warnedIDs[key] = true
+	s.warnMu.Unlock()
 	s.log.Warn("malformed document", "collection", coll, "_id", id, "field", field, "problem", msg)
 }
 
@@ -321,30 +209,13 @@ func (s *Stream) publish(ctx context.Context, topic string, ev any) {
 	if err == nil {
 		err = s.cfg.Publisher.Publish(topic, msg)
 	}
-	if err != nil && ctx.Err() == nil {
-		s.log.Error("publish event", "topic", topic, "error", err)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("publish event", "topic", topic, "error", err)
+		}
 		return
 	}
 	s.events.Add(1)
-}
-
-// saveToken writes the last token when it changed and SaveEvery has passed
-// (or always, with force).
-func (s *Stream) saveToken(force bool) {
-	if s.token == nil || string(s.token) == string(s.savedTok) {
-		return
-	}
-	if !force && time.Since(s.savedAt) < s.cfg.SaveEvery {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.cfg.Tokens.StreamTokenSave(ctx, s.cfg.Name, s.token); err != nil {
-		s.log.Warn("save resume token", "stream", s.cfg.Name, "error", err)
-		return
-	}
-	s.savedTok = append(bson.Raw(nil), s.token...)
-	s.savedAt = time.Now()
 }
 
 // integer reads an int32, int64 or integral double.

@@ -19,6 +19,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
 	"github.com/disbatch-go/disbatch/internal/mongod"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/schema"
@@ -39,7 +41,7 @@ func TestEventsOfEachChange(t *testing.T) {
 	st := store.New(db, store.Options{})
 	bus := newBus(t)
 	c := collect(t, bus)
-	s := startStream(t, events.Config{DB: db, Publisher: bus, Tokens: st, Name: "n1"})
+	s := startStream(t, events.Config{Store: st, Publisher: bus, Name: "n1"})
 	tasks, queues := db.Collection(schema.CollTasks, majority), db.Collection(schema.CollQueues, majority)
 
 	// Queue insert, update.
@@ -136,7 +138,7 @@ func TestResumeAfterRestart(t *testing.T) {
 
 	bus1 := newBus(t)
 	c1 := collect(t, bus1)
-	s1 := startStream(t, events.Config{DB: db, Publisher: bus1, Tokens: st, Name: "n1", SaveEvery: time.Hour})
+	s1 := startStream(t, events.Config{Store: st, Publisher: bus1, Name: "n1", SaveEvery: time.Hour})
 	before := insertTasks(t, st, q, 1)[0]
 	requireTask(t, c1.next(t, wait), events.OpInsert, before, q, statusPtr(schema.StatusQueued))
 	s1.Stop()
@@ -152,7 +154,7 @@ func TestResumeAfterRestart(t *testing.T) {
 
 	bus2 := newBus(t)
 	c2 := collect(t, bus2)
-	s2 := startStream(t, events.Config{DB: db, Publisher: bus2, Tokens: st, Name: "n1"})
+	s2 := startStream(t, events.Config{Store: st, Publisher: bus2, Name: "n1"})
 	for _, id := range missed {
 		requireTask(t, c2.next(t, wait), events.OpInsert, id, q, statusPtr(schema.StatusQueued))
 	}
@@ -171,7 +173,7 @@ func TestPostBatchTokenSaved(t *testing.T) {
 	bus := newBus(t)
 	c := collect(t, bus)
 	const saveEvery, maxAwait = 100 * time.Millisecond, 200 * time.Millisecond
-	s := startStream(t, events.Config{DB: db, Publisher: bus, Tokens: st, Name: "n1", SaveEvery: saveEvery, MaxAwait: maxAwait})
+	s := startStream(t, events.Config{Store: st, Publisher: bus, Name: "n1", SaveEvery: saveEvery, MaxAwait: maxAwait})
 	other := db.Collection("other", majority)
 
 	// token waits for a saved token other than prev, writing to an
@@ -202,7 +204,7 @@ func TestPostBatchTokenSaved(t *testing.T) {
 	last, err := st.StreamTokenGet(ctx, "n1")
 	require.NoError(t, err)
 	id := insertTasks(t, st, bson.NewObjectID(), 1)[0]
-	s2 := startStream(t, events.Config{DB: db, Publisher: bus, Tokens: st, Name: "n1"})
+	s2 := startStream(t, events.Config{Store: st, Publisher: bus, Name: "n1"})
 	_, skipped := c.until(t, wait, taskEvent(events.OpInsert, id))
 	require.Empty(t, skipped)
 	require.Zero(t, s2.Stats().Rescans)
@@ -277,7 +279,7 @@ func TestLostHistoryRescans(t *testing.T) {
 				onRescan.Store(ids[0])
 			})
 			log := &logs{}
-			s := startStream(t, events.Config{DB: db, Publisher: bus, Tokens: st, Name: "n1", Logger: slog.New(log), MaxAwait: 200 * time.Millisecond})
+			s := startStream(t, events.Config{Store: st, Publisher: bus, Name: "n1", Logger: slog.New(log), MaxAwait: 200 * time.Millisecond})
 
 			// The server may refuse the token when the stream opens, or only
 			// when it reaches a later event: write until the Rescan comes.
@@ -324,7 +326,7 @@ func TestLostHistoryRescans(t *testing.T) {
 			require.NoError(t, err)
 			require.NotEqual(t, tc.token, saved)
 			id = insertTasks(t, st, q, 1)[0]
-			s2 := startStream(t, events.Config{DB: db, Publisher: bus, Tokens: st, Name: "n1"})
+			s2 := startStream(t, events.Config{Store: st, Publisher: bus, Name: "n1"})
 			_, skipped = c.until(t, wait, taskEvent(events.OpInsert, id))
 			require.Empty(t, skipped)
 			require.Zero(t, s2.Stats().Rescans)
@@ -351,7 +353,7 @@ func TestDropRescans(t *testing.T) {
 			st := store.New(db, store.Options{})
 			bus := newBus(t)
 			c := collect(t, bus)
-			s := startStream(t, events.Config{DB: db, Publisher: bus, Tokens: st, Name: "n1", SaveEvery: 50 * time.Millisecond})
+			s := startStream(t, events.Config{Store: st, Publisher: bus, Name: "n1", SaveEvery: 50 * time.Millisecond})
 			q := bson.NewObjectID()
 			id := insertTasks(t, st, q, 1)[0]
 			requireTask(t, c.next(t, wait), events.OpInsert, id, q, statusPtr(schema.StatusQueued))
@@ -430,7 +432,7 @@ func TestStepDown(t *testing.T) {
 	bus := newBus(t)
 	c := collect(t, bus)
 	log := &logs{}
-	s := startStream(t, events.Config{DB: streamClient.Database("stepdown"), Publisher: bus, Tokens: st, Name: "n1", Logger: slog.New(log), MaxAwait: 200 * time.Millisecond})
+	s := startStream(t, events.Config{Store: store.New(streamClient.Database("stepdown"), store.Options{}), Publisher: bus, Name: "n1", Logger: slog.New(log), MaxAwait: 200 * time.Millisecond})
 	q := bson.NewObjectID()
 	id := insertTasks(t, st, q, 1)[0]
 	requireTask(t, c.next(t, wait), events.OpInsert, id, q, statusPtr(schema.StatusQueued))
@@ -514,7 +516,7 @@ func TestStopLeavesNoGoroutines(t *testing.T) {
 	require.NoError(t, db.Client().Ping(ctx, nil))
 	opts := []goleak.Option{goleak.IgnoreCurrent()}
 
-	s := events.New(events.Config{DB: db, Publisher: bus, Tokens: st, Name: "n1", SaveEvery: 10 * time.Millisecond, MaxAwait: 100 * time.Millisecond})
+	s := events.New(events.Config{Store: st, Publisher: bus, Name: "n1", SaveEvery: 10 * time.Millisecond, MaxAwait: 100 * time.Millisecond})
 	require.NoError(t, s.Start(ctx))
 	q := bson.NewObjectID()
 	id := insertTasks(t, st, q, 1)[0]
@@ -525,4 +527,13 @@ func TestStopLeavesNoGoroutines(t *testing.T) {
 	goleak.VerifyNone(t, opts...)
 	_, err := st.StreamTokenGet(ctx, "n1")
 	require.NoError(t, err)
+}
+
+func TestStreamLifecycle(t *testing.T) {
+	// Not parallel: goleak.
+	db := mongotest.Database(t)
+	st := store.New(db, store.Options{})
+	lifecycletest.Check(t, func(t *testing.T) lifecycle.Service {
+		return events.New(events.Config{Store: st, Publisher: newBus(t), Name: "life", MaxAwait: 100 * time.Millisecond})
+	}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()})
 }

@@ -107,6 +107,15 @@ func TestNodeRunsTasksSubmittedWithTheCLI(t *testing.T) {
 	n.signal(syscall.SIGTERM)
 	require.Zero(t, n.wait(15*time.Second))
 	require.Contains(t, n.log.String(), "node stopped")
+
+	// A clean stop leaves none of the node's change streams open on the
+	// server (they would stay there for ten minutes).
+	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 0 }, 3*time.Second, 20*time.Millisecond,
+		"change stream cursors left open: %v", mongotest.ChangeStreamCursors(t, db))
+	// Every line names the node once.
+	for _, line := range strings.Split(strings.TrimSpace(n.log.String()), "\n") {
+		require.Equal(t, 1, strings.Count(line, " node=n1"), "%s", line)
+	}
 }
 
 // sleepers creates a shell queue "sleepers" with maxthreads 2 and count

@@ -179,6 +179,7 @@ func TestMetricsOfARealNode(t *testing.T) {
 	value("disbatch_change_stream_resumes_total")
 	value("disbatch_change_stream_rescans_total")
 	require.Equal(t, 1.0, value("disbatch_projector_leader"), "the only node is the projector")
+	require.Equal(t, 1.0, value("disbatch_cluster_leader"), "the only node leads the cluster-wide duties")
 	require.Positive(t, value("disbatch_projection_events_total"))
 	require.Zero(t, value("disbatch_projection_drift_queues_total"))
 	value("disbatch_projection_lag_seconds", "quantile", "0.5")

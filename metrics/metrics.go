@@ -11,6 +11,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/leadership"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/schema"
@@ -28,6 +29,8 @@ type Source interface {
 	// Fenced and Draining: see node.Node.
 	Fenced() bool
 	Draining() bool
+	// LeaderStatus: whether the node leads the cluster-wide duties.
+	LeaderStatus() leadership.Status
 }
 
 var _ Source = (*node.Node)(nil)
@@ -141,13 +144,15 @@ var (
 		"1 for the state the node is in: serving, fenced (no heartbeat acknowledged for --fence-after: not claiming, tasks killed) or draining (asked to exit when idle).", []string{"state"}, nil)
 	descBatches = prometheus.NewDesc("disbatch_claim_batches_total",
 		"Batched claims (update-then-find, on a backlog) that won tasks.", nil, nil)
+	descClusterLeader = prometheus.NewDesc("disbatch_cluster_leader",
+		"1 while this node holds the \"leader\" lease and runs the cluster-wide duties (stale-claim sweep, dead-node recovery), else 0.", nil, nil)
 	descDrift = prometheus.NewDesc("disbatch_projection_drift_queues_total",
 		"Queues whose counters differed from a recount (should stay 0).", nil, nil)
 )
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches} {
+		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descClusterLeader} {
 		ch <- d
 	}
 }
@@ -215,6 +220,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descNodeState, flag(!fenced && !draining), "serving")
 	gauge(descNodeState, flag(fenced), "fenced")
 	gauge(descNodeState, flag(draining), "draining")
+	gauge(descClusterLeader, flag(src.LeaderStatus().Leader))
 
 	ss := src.StreamStats()
 	counter(descStreamEvents, ss.Events)

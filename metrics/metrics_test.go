@@ -20,6 +20,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/leadership"
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/schema"
 )
@@ -155,6 +156,7 @@ type fakeSource struct {
 	projector projections.Stats
 	fenced    bool
 	draining  bool
+	leader    leadership.Status
 }
 
 func (f *fakeSource) Queues() []schema.Queue            { return f.queues }
@@ -164,6 +166,7 @@ func (f *fakeSource) StreamStats() events.Stats         { return f.stream }
 func (f *fakeSource) ProjectorStats() projections.Stats { return f.projector }
 func (f *fakeSource) Fenced() bool                      { return f.fenced }
 func (f *fakeSource) Draining() bool                    { return f.draining }
+func (f *fakeSource) LeaderStatus() leadership.Status   { return f.leader }
 
 func ptr[T any](v T) *T { return &v }
 
@@ -218,12 +221,15 @@ func TestCollector(t *testing.T) {
 	require.Equal(t, 3.0, value(t, mfs, "disbatch_claim_batches_total"))
 	require.Equal(t, 1.0, value(t, mfs, "disbatch_node_state", "state", "serving"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_node_state", "state", "fenced"))
+	require.Equal(t, 0.0, value(t, mfs, "disbatch_cluster_leader"))
 
 	// Read at scrape time: a change shows at the next gather.
 	src.fenced = true
+	src.leader = leadership.Status{Leader: true, Epoch: 3}
 	mfs = gather(t, m)
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_node_state", "state", "serving"))
 	require.Equal(t, 1.0, value(t, mfs, "disbatch_node_state", "state", "fenced"))
+	require.Equal(t, 1.0, value(t, mfs, "disbatch_cluster_leader"))
 	src.projector = projections.Stats{}
 	src.queues = src.queues[:1]
 	src.queues[0].CountTodo = ptr[int64](0)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
@@ -67,11 +68,16 @@ type Config struct {
 	// projector (package projections); some node must run it.
 	NoProjector bool
 	Logger      *slog.Logger
-	Now         func() time.Time
+	// Clock is the time source of the node's time-based logic (ticks,
+	// heartbeats, fencing, leases); default the real clock.
+	Clock clock.Clock
 
 	// Test signals (nil in production).
 	beforeStart func(schema.Task)
 	beatFault   func() error // a heartbeat fails with this error when non-nil
+	beaten      func()       // a heartbeat was acknowledged
+	passed      func()       // the claimer ended a pass
+	reaped      func(int64)  // the leader swept (tasks recovered)
 }
 
 // Observer receives task lifecycle events, e.g. to count them. Its methods
@@ -134,9 +140,7 @@ func (c *Config) Validate() error {
 	if c.Observer == nil {
 		c.Observer = noObserver{}
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	c.Clock = clock.Or(c.Clock)
 	return errors.Join(errs...)
 }
 

@@ -6,151 +6,155 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/leadership"
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
-	"github.com/disbatch-go/disbatch/store"
 )
 
-// Node is one execution node.
+// LeaderLease is the lease of the node's cluster-wide duties.
+const LeaderLease = "leader"
+
+// Node is one execution node: the parts below, started and stopped in
+// order (see the package doc).
 type Node struct {
-	cfg     Config
-	log     *slog.Logger
-	slots   *claimer.Slots
-	claimer *claimer.Claimer
-	queues  *queueSet
-	runner  *runner
-	reaper  *reaper.Reaper
-	beat    *heartbeat
-	bus     *gochannel.GoChannel
-	stream  *events.Stream
-	proj    *projections.Service
+	lifecycle.Base
+	cfg   Config
+	log   *slog.Logger
+	clock clock.Clock
 
-	startOnce, stopOnce sync.Once
-	started             bool
-
-	drainOnce sync.Once
-	drained   chan struct{} // closed when a drain request has been carried out
+	claimer *claimer.Claimer     // claims, and counts what the node holds
+	queues  *queueSet            // which queues the node serves
+	runner  *runner              // runs claimed tasks
+	live    *liveness            // heartbeat, fencing, drain, node maxthreads
+	strays  *strays              // hands back claims whose answer was lost
+	reaper  *reaper.Reaper       // own leftovers; the leader's sweeps
+	leader  *leadership.Elector  // the cluster-wide duties
+	bus     *bus                 // change events to the claimer
+	stream  *events.Stream       // nil when polling only
+	proj    *projections.Service // nil without the projector
 }
 
-// New builds a node from a validated config.
+// New builds a node from a config; it validates it first.
 func New(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), slots: claimer.NewSlots(), drained: make(chan struct{})}
-	n.queues = &queueSet{n: n}
-	n.runner = newRunner(n)
-	n.beat = &heartbeat{n: n}
-	n.reaper = reaper.New(reaper.Config{
-		Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Logger: cfg.Logger,
-		MayJudge: n.beat.mayJudge,
-	})
+	log := cfg.Logger.With("node", cfg.Name)
+	n := &Node{cfg: cfg, log: log, clock: clock.Or(cfg.Clock)}
+	n.queues = &queueSet{node: cfg.Name, label: cfg.Label, store: cfg.Store, plugins: cfg.Plugins, log: log}
 	ccfg := claimer.Config{
-		Node: cfg.Name, Store: cfg.Store, Slots: n.slots, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Logger: cfg.Logger,
-		Refresh: n.queues.refresh, Dispatch: n.runner.dispatch, Malformed: n.runner.malformed,
+		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Clock: cfg.Clock, Logger: log,
+		Refresh: n.queues.refresh, Passed: cfg.passed,
 	}
 	if !cfg.PollOnly {
-		n.bus = events.NewBus(cfg.Logger)
+		n.bus = newBus(log)
 		ccfg.Events = n.bus
-		n.stream = events.New(events.Config{DB: cfg.Store.Database(), Publisher: n.bus, Tokens: cfg.Store, Name: "node:" + cfg.Name, Logger: cfg.Logger})
+		n.stream = events.New(events.Config{Store: cfg.Store, Publisher: n.bus, Name: "node:" + cfg.Name, Clock: cfg.Clock, Logger: log})
 	}
+	// The runner gives its tasks' slots back to the claimer that took them.
+	n.runner = newRunner(runnerConfig{
+		Name: cfg.Name, Store: cfg.Store, Plugins: cfg.Plugins, PluginTimeout: cfg.PluginTimeout, Observer: cfg.Observer, beforeStart: cfg.beforeStart,
+	}, nil, cfg.Clock, log)
+	ccfg.Dispatch, ccfg.Malformed = n.runner.dispatch, n.runner.malformed
 	n.claimer = claimer.New(ccfg)
+	n.runner.finished = n.claimer.Finished
+	n.live = newLiveness(livenessConfig{
+		Name: cfg.Name, Store: cfg.Store, MaxThreads: cfg.MaxThreads,
+		Heartbeat: cfg.Heartbeat, FenceAfter: cfg.FenceAfter, DeadAfter: cfg.DeadAfter, beatFault: cfg.beatFault, beaten: cfg.beaten,
+	}, (*nodeTarget)(n), cfg.Clock, log)
+	n.strays = &strays{node: cfg.Name, store: cfg.Store, holds: n.runner.holds, fenced: n.live.isFenced, clock: n.clock, log: log}
+	n.reaper = reaper.New(reaper.Config{
+		Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Clock: cfg.Clock, Logger: log,
+		MayJudge: n.live.mayJudge, Reaped: cfg.reaped,
+	})
+	// The leader's lease lasts fence-after: a node silent that long fences
+	// itself, and by then it has stepped back as leader too.
+	n.leader = leadership.New(leadership.Config{Lease: LeaderLease, Owner: cfg.Name, Store: cfg.Store, TTL: cfg.FenceAfter, Clock: cfg.Clock, Logger: log},
+		n.reaper.Lead)
 	if !cfg.NoProjector {
-		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, Logger: cfg.Logger})
+		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, Clock: cfg.Clock, Logger: log})
 	}
 	return n, nil
 }
 
 // Start brings the node up (see the package doc for the order) and returns
-// once it is claiming.
+// once it is claiming. The ctx bounds the start-up only.
 func (n *Node) Start(ctx context.Context) error {
-	err := errors.New("node already started")
-	n.startOnce.Do(func() { err = n.start(ctx) })
-	return err
-}
-
-func (n *Node) start(ctx context.Context) error {
-	if err := n.cfg.Store.IndexesEnsure(ctx); err != nil {
-		return err
-	}
-	if err := n.reaper.Start(ctx); err != nil {
-		return err
-	}
-	if n.stream != nil {
-		if err := n.stream.Start(ctx); err != nil {
-			n.reaper.Stop()
+	return n.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
+		var stopping time.Time // when Stop began; the last cleanup says how long it took
+		run.Cleanup(func() {
+			if !stopping.IsZero() {
+				n.log.Info("node stopped", "took", n.clock.Since(stopping).Round(time.Millisecond))
+			}
+		})
+		if err := n.cfg.Store.IndexesEnsure(ctx); err != nil {
 			return err
 		}
-	}
-	if n.proj != nil {
-		if err := n.proj.Start(ctx); err != nil {
-			n.stopServices()
+		if err := n.reaper.OrphanOwn(ctx); err != nil {
 			return err
 		}
-	}
-	if _, err := n.queues.refresh(ctx); err != nil {
-		n.stopServices()
-		return fmt.Errorf("read queues: %w", err)
-	}
-	if err := n.beat.first(ctx); err != nil {
-		n.stopServices()
-		return fmt.Errorf("first heartbeat: %w", err)
-	}
-	n.beat.start(ctx)
-	if err := n.claimer.Start(ctx); err != nil {
-		n.stopServices()
-		return err
-	}
-	n.started = true
-	mode := "change streams"
-	if n.cfg.PollOnly {
-		mode = "poll only"
-	}
-	n.log.Info("node started", "wake_ups", mode, "tick", n.cfg.Tick, "plugins", n.cfg.Plugins.Names(),
-		"heartbeat", n.cfg.Heartbeat, "fence_after", n.cfg.FenceAfter, "dead_after", n.cfg.DeadAfter)
-	return nil
-}
-
-// Stop shuts the node down (see the package doc) and returns when every
-// task it held is finished, handed back or failed.
-func (n *Node) Stop() {
-	n.stopOnce.Do(func() {
-		if !n.started {
-			return
+		if n.stream != nil {
+			n.bus.open()
+			run.Cleanup(func() { _ = n.bus.close() })
+			if err := n.stream.Start(ctx); err != nil {
+				return err
+			}
+			run.Cleanup(n.stream.Stop)
 		}
-		start := time.Now()
-		n.claimer.Stop()
-		n.runner.drain(n.cfg.Grace)
-		n.stopServices()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := n.beat.last(ctx); err != nil {
-			n.log.Warn("last heartbeat", "error", err)
+		if n.proj != nil {
+			if err := n.proj.Start(ctx); err != nil {
+				return err
+			}
+			run.Cleanup(n.proj.Stop)
 		}
-		n.log.Info("node stopped", "took", time.Since(start).Round(time.Millisecond))
+		if _, err := n.queues.refresh(ctx); err != nil {
+			return fmt.Errorf("read queues: %w", err)
+		}
+		n.runner.open()
+		if err := n.live.Start(ctx); err != nil {
+			return fmt.Errorf("first heartbeat: %w", err)
+		}
+		run.Cleanup(func() {
+			n.live.Stop()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := n.live.last(ctx); err != nil {
+				n.log.Warn("last heartbeat", "error", err)
+			}
+		})
+		for _, s := range []lifecycle.Service{n.strays, n.leader} {
+			if err := s.Start(ctx); err != nil {
+				return err
+			}
+			run.Cleanup(s.Stop)
+		}
+		if err := n.claimer.Start(ctx); err != nil {
+			return err
+		}
+		// Stop: no claim after this, claimed tasks handed back, running
+		// ones given Grace to finish.
+		run.Cleanup(func() {
+			stopping = n.clock.Now()
+			n.claimer.Stop()
+			n.runner.drain(n.cfg.Grace)
+		})
+		mode := "change streams"
+		if n.cfg.PollOnly {
+			mode = "poll only"
+		}
+		n.log.Info("node started", "wake_ups", mode, "tick", n.cfg.Tick, "plugins", n.cfg.Plugins.Names(),
+			"heartbeat", n.cfg.Heartbeat, "fence_after", n.cfg.FenceAfter, "dead_after", n.cfg.DeadAfter)
+		return nil
 	})
-}
-
-func (n *Node) stopServices() {
-	n.claimer.Stop()
-	n.beat.stop()
-	n.reaper.Stop()
-	if n.proj != nil {
-		n.proj.Stop()
-	}
-	if n.stream != nil {
-		n.stream.Stop()
-		_ = n.bus.Close()
-	}
 }
 
 // Kill kills the running tasks' plugins (whole process groups) at once,
@@ -159,13 +163,13 @@ func (n *Node) stopServices() {
 // server until the transaction lifetime limit. It waits at most half a
 // second. It is for a second signal: the caller exits next.
 func (n *Node) Kill() {
-	n.runner.killRunning(errors.New("node killed by a second signal"), false)
+	n.runner.killAll(errors.New("node killed by a second signal"), false)
 	done := make(chan struct{})
 	go func() {
 		if n.proj != nil {
 			n.proj.Stop()
 		}
-		n.runner.wg.Wait()
+		n.runner.wait(time.Hour)
 		close(done)
 	}()
 	select {
@@ -174,112 +178,32 @@ func (n *Node) Kill() {
 	}
 }
 
+// KillTask kills one running task's plugin (its whole process group); the
+// task finishes as failed with reason in its stderr. It reports whether the
+// task's plugin was running on this node.
+func (n *Node) KillTask(id bson.ObjectID, reason string) bool {
+	return n.runner.kill(id, errors.New(reason))
+}
+
 // Drained is closed when the node has carried out an operator's drain
 // request (disbatch node drain): it stopped claiming and every task it held
 // has finished. The caller should Stop the node and exit.
-func (n *Node) Drained() <-chan struct{} { return n.drained }
+func (n *Node) Drained() <-chan struct{} { return n.live.Drained() }
 
 // Fenced reports whether the node has fenced itself (no heartbeat
 // acknowledged for FenceAfter).
-func (n *Node) Fenced() bool { return n.slots.Paused(pauseFenced) }
+func (n *Node) Fenced() bool { return n.live.isFenced() }
 
 // Draining reports whether the node is carrying out a drain request.
-func (n *Node) Draining() bool { return n.slots.Paused(pauseDraining) }
-
-// Reasons the node stops taking slots.
-const (
-	pauseFenced   = "fenced"
-	pauseDraining = "draining"
-)
-
-// fence stops claiming and kills the running tasks: nothing this node runs
-// may overlap a re-run elsewhere once the others declare it dead.
-func (n *Node) fence(silence time.Duration) {
-	if !n.slots.Pause(pauseFenced) {
-		return
-	}
-	n.log.Error("fenced: no heartbeat acknowledged; stopped claiming and killing running tasks so that none can overlap a re-run elsewhere (the node rejoins when MongoDB answers)",
-		"silent_for", silence.Round(time.Millisecond), "fence_after", n.cfg.FenceAfter, "dead_after", n.cfg.DeadAfter, "running", n.slots.Total())
-	n.runner.killRunning(fmt.Errorf("node fenced: no heartbeat acknowledged for %s", silence.Round(time.Millisecond)), true)
-}
-
-// unfence rejoins after a heartbeat was acknowledged again.
-func (n *Node) unfence() {
-	if !n.runner.unfence() {
-		return
-	}
-	n.slots.Resume(pauseFenced)
-	n.log.Info("heartbeat acknowledged again: rejoining and claiming")
-	n.claimer.WakeAll()
-}
-
-// drain carries out an operator's drain request, once.
-func (n *Node) drain(requested bool) {
-	if !requested {
-		return
-	}
-	n.drainOnce.Do(func() {
-		n.slots.Pause(pauseDraining)
-		n.log.Info("drain requested: no more claims; exiting when the running tasks finish", "running", n.slots.Total())
-		go func() {
-			t := time.NewTicker(50 * time.Millisecond)
-			defer t.Stop()
-			for n.slots.Total() > 0 {
-				<-t.C
-			}
-			n.log.Info("drained: every task this node held has finished")
-			close(n.drained)
-		}()
-	})
-}
-
-// strayAge is how old a claim must be before the node may decide it never
-// received it: older than any claim whose answer could still arrive.
-const (
-	strayAge   = claimer.ClaimTimeout + 5*time.Second
-	strayEvery = 5 * time.Second
-)
-
-// releaseStrays hands back tasks claimed (-1) by this node that it never
-// received: the server applied the claim, but its answer was lost (a
-// failover interrupted it, the connection broke), so the claimer counted
-// it as failed. Without this they would wait for the 5-minute orphan rule
-// and then never run. They never started, so the queue gets them back.
-func (n *Node) releaseStrays(ctx context.Context) {
-	if n.Fenced() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	ids, err := n.cfg.Store.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: n.cfg.Name, ClaimedBefore: n.cfg.Now().Add(-strayAge), Limit: 1000})
-	if err != nil {
-		if ctx.Err() == nil {
-			n.log.Debug("look for stray claims", "error", err)
-		}
-		return
-	}
-	for _, id := range ids {
-		if n.runner.holds(id) {
-			continue
-		}
-		err := n.cfg.Store.TaskRelease(ctx, store.TaskTransitionParams{ID: id, Node: n.cfg.Name})
-		switch {
-		case err == nil:
-			n.log.Warn("handed back a task this node had claimed without knowing (the claim's answer was lost, e.g. in a failover)", "task_id", id.Hex())
-		case errors.Is(err, store.ErrLostTask):
-		default:
-			n.log.Debug("hand back a stray claim", "task_id", id.Hex(), "error", err)
-		}
-	}
-}
+func (n *Node) Draining() bool { return n.live.isDraining() }
 
 // Running returns how many tasks the node holds in queue q (claimed or
 // running), or in all queues for the zero id.
 func (n *Node) Running(q bson.ObjectID) int {
 	if q.IsZero() {
-		return n.slots.Total()
+		return n.claimer.Total()
 	}
-	return n.slots.Running(q)
+	return n.claimer.Running(q)
 }
 
 // Queues returns the queues as last read (for per-queue metrics); their
@@ -308,4 +232,40 @@ func (n *Node) StreamStats() events.Stats {
 		return events.Stats{}
 	}
 	return n.stream.Stats()
+}
+
+// LeaderStatus says whether this node leads the cluster-wide duties.
+func (n *Node) LeaderStatus() leadership.Status { return n.leader.Status() }
+
+// nodeTarget is the node as liveness sees it (livenessTarget): what
+// fencing, rejoining, draining and the node-wide cap mean here.
+type nodeTarget Node
+
+func (t *nodeTarget) heartbeatQueues() []schema.NodeQueue { return t.queues.stats(t.claimer.Running) }
+
+func (t *nodeTarget) fence(silence time.Duration) {
+	t.claimer.Pause(claimer.PauseFenced)
+	t.runner.killAll(fmt.Errorf("node fenced: no heartbeat acknowledged for %s", silence.Round(time.Millisecond)), true)
+}
+
+func (t *nodeTarget) rejoin() {
+	t.runner.unfence()
+	t.claimer.Resume(claimer.PauseFenced)
+	t.claimer.WakeAll()
+}
+
+func (t *nodeTarget) drain() { t.claimer.Pause(claimer.PauseDraining) }
+
+func (t *nodeTarget) held() int { return t.claimer.Total() }
+
+func (t *nodeTarget) setMaxThreads(limit *int) {
+	if !t.claimer.SetNodeMax(limit) {
+		return
+	}
+	if limit == nil {
+		t.log.Info("node maxthreads: no cap")
+	} else {
+		t.log.Info("node maxthreads", "maxthreads", *limit)
+	}
+	t.claimer.WakeAll() // a raised cap may allow more claims now
 }

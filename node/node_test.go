@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.uber.org/goleak"
 
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
@@ -628,6 +632,47 @@ func TestStopLeavesNoGoroutines(t *testing.T) {
 	goleak.VerifyNone(t, opts...)
 }
 
+// signals counts a test signal and lets a test wait for the next ones.
+type signals struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (s *signals) add(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == nil {
+		s.n = map[string]int{}
+	}
+	s.n[key]++
+}
+
+func (s *signals) count(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n[key]
+}
+
+// advance moves the fake clock by d and waits until each key has signalled
+// once more.
+func (s *signals) advance(t *testing.T, fake *clock.Fake, d time.Duration, keys ...string) {
+	t.Helper()
+	before := map[string]int{}
+	for _, k := range keys {
+		before[k] = s.count(k)
+	}
+	fake.Advance(d)
+	// Generous: on a loaded machine a heartbeat write may take seconds.
+	require.Eventually(t, func() bool {
+		for _, k := range keys {
+			if s.count(k) <= before[k] {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 2*time.Millisecond, "no signal from every one of %v after advancing %v (counts before: %v)", keys, d, before)
+}
+
 func TestDeadNodeTasksAreRecoveredOnce(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
@@ -640,16 +685,33 @@ func TestDeadNodeTasksAreRecoveredOnce(t *testing.T) {
 		_, err := b.db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[i]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: "ghost"}, {Key: "status", Value: status}}}})
 		require.NoError(t, err)
 	}
-	cfg := b.config("n1")
-	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, time.Second, 3*time.Second
-	cfg2 := b.config("n2")
-	cfg2.Heartbeat, cfg2.FenceAfter, cfg2.DeadAfter = 100*time.Millisecond, time.Second, 3*time.Second
-	started := time.Now()
-	b.start(cfg)
-	b.start(cfg2)
+	// Two nodes on one fake clock, with the default timing: the ghost's
+	// heartbeat is older than dead-after by the server's clock, but a node
+	// judges only once it has served dead-after itself, by its own clock.
+	fake := clock.NewFake(time.Now())
+	var sig signals
+	var leaders []*Node
+	for _, name := range []string{"n1", "n2"} {
+		cfg := b.config(name)
+		cfg.Clock = fake
+		cfg.beaten = func() { sig.add(name + "/beat") }
+		cfg.reaped = func(int64) { sig.add("swept") }
+		leaders = append(leaders, b.start(cfg))
+	}
+	require.Eventually(t, func() bool {
+		return leaders[0].LeaderStatus().Leader != leaders[1].LeaderStatus().Leader
+	}, 10*time.Second, time.Millisecond, "one of the two nodes leads")
+	// Every second of (fake) time: both nodes beat, the leader sweeps.
+	for elapsed := time.Second; elapsed < DefaultDeadAfter; elapsed += time.Second {
+		sig.advance(t, fake, time.Second, "n1/beat", "n2/beat", "swept")
+	}
+	require.Equal(t, int64(-1), b.task(ids[0]).Lookup("status").AsInt64(), "judged before serving dead-after")
+	require.Equal(t, int64(0), b.task(ids[1]).Lookup("status").AsInt64())
+	require.Equal(t, 0, b.logs.count("declared a node dead"))
+
+	sig.advance(t, fake, time.Second, "n1/beat", "n2/beat", "swept")
 	b.waitStatus(ids[0], schema.StatusSucceeded, 10*time.Second) // claimed, never started: back to the queue and run
 	b.waitStatus(ids[1], schema.StatusOrphaned, 5*time.Second)   // was running: orphaned, never re-run
-	require.GreaterOrEqual(t, time.Since(started), 3*time.Second, "a node judges others only after serving dead-after itself")
 	b.waitStatus(ids[2], schema.StatusSucceeded, 5*time.Second)
 	b.rec.mu.Lock()
 	require.Len(t, b.rec.runs[ids[0]], 1)
@@ -660,6 +722,7 @@ func TestDeadNodeTasksAreRecoveredOnce(t *testing.T) {
 	require.True(t, n.Dead)
 	require.Contains(t, []string{"n1", "n2"}, n.DeadBy)
 	require.Equal(t, 1, b.logs.count("declared a node dead"), "one live node recovers it:\n%s", b.logs)
+	require.Equal(t, 1, b.logs.count("leading: sweeping stale claims and dead nodes"), "only the leader sweeps")
 	for _, live := range []string{"n1", "n2"} {
 		n, err := b.store.NodeGet(ctx, live)
 		require.NoError(t, err)
@@ -674,32 +737,48 @@ func TestFencedNodeKillsItsTasksStopsClaimingAndRejoins(t *testing.T) {
 	q := b.queue("q", "block", 2, schema.SortFIFO)
 	first := b.tasks(q, 1, nil)[0]
 	var cut atomic.Bool
+	var sig signals
+	fake := clock.NewFake(time.Now())
 	cfg := b.config("n1")
+	cfg.Clock = fake
 	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, 500*time.Millisecond, 3*time.Second
 	cfg.beatFault = func() error {
+		sig.add("beat")
 		if cut.Load() {
 			return errors.New("test: heartbeat cut")
 		}
 		return nil
 	}
+	cfg.passed = func() { sig.add("pass") }
 	n := b.start(cfg)
 	require.Equal(t, first, recv(t, blk.started))
+
+	// Silent for less than fence-after: nothing happens.
 	cut.Store(true)
-	cutAt := time.Now()
+	for range 4 {
+		sig.advance(t, fake, 100*time.Millisecond, "beat")
+	}
+	time.Sleep(50 * time.Millisecond) // the watchdog looks every 50 ms of the clock; it saw 400 ms
+	require.False(t, n.Fenced(), "fenced after 400 ms of silence, with fence-after 500 ms")
+	require.Equal(t, int64(0), b.task(first).Lookup("status").AsInt64(), "the task still runs")
+
+	// Past fence-after: fenced, the task killed at once.
+	sig.advance(t, fake, 150*time.Millisecond, "beat")
 	b.waitStatus(first, schema.StatusFailed, 5*time.Second)
-	killedAfter := time.Since(cutAt)
 	require.True(t, n.Fenced())
-	require.Less(t, killedAfter, 2*time.Second, "killed soon after fence-after")
 	require.Contains(t, b.task(first).Lookup("stderr").StringValue(), "node fenced")
 	require.Contains(t, b.logs.String(), "fenced: no heartbeat acknowledged")
 
-	// While fenced, nothing is claimed.
+	// While fenced, nothing is claimed: the task's wake-up makes a pass
+	// that takes nothing.
+	passes := sig.count("pass")
 	second := b.tasks(q, 1, nil)[0]
-	time.Sleep(600 * time.Millisecond)
+	require.Eventually(t, func() bool { return sig.count("pass") > passes }, 5*time.Second, time.Millisecond)
 	require.Equal(t, int64(-2), b.task(second).Lookup("status").AsInt64(), "a fenced node claims nothing")
 
-	// MongoDB answers again: it rejoins.
+	// MongoDB answers again: at the next heartbeat it rejoins.
 	cut.Store(false)
+	sig.advance(t, fake, 100*time.Millisecond, "beat")
 	require.Equal(t, second, recv(t, blk.started))
 	require.False(t, n.Fenced())
 	require.Contains(t, b.logs.String(), "rejoining")
@@ -778,4 +857,96 @@ func TestStrayClaimIsHandedBackAndRun(t *testing.T) {
 	id := res.InsertedID.(bson.ObjectID)
 	b.waitStatus(id, schema.StatusSucceeded, 15*time.Second)
 	require.Contains(t, b.logs.String(), "handed back a task this node had claimed without knowing")
+}
+
+func TestStopLeavesNoChangeStreamCursorOnTheServer(t *testing.T) {
+	b := setup(t)
+	q := b.queue("q", "test", 2, schema.SortFIFO)
+	n := b.start(b.config("n1")) // the wake-up stream, and the projector's
+	id := b.tasks(q, 1, nil)[0]
+	b.waitStatus(id, schema.StatusSucceeded, 5*time.Second)
+	require.Eventually(t, func() bool { return n.ProjectorStats().Leader }, 10*time.Second, 10*time.Millisecond)
+	require.NotEmpty(t, mongotest.ChangeStreamCursors(t, b.db), "the running node's streams are open")
+	stopped := time.Now()
+	n.Stop()
+	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, b.db)) == 0 }, 2*time.Second, 10*time.Millisecond,
+		"a change stream of the stopped node is still open on the server")
+	// Past the longest time the server holds a getMore (1 s): none is
+	// left idle either (as one would for ten minutes).
+	time.Sleep(time.Until(stopped.Add(1500 * time.Millisecond)))
+	require.Empty(t, mongotest.ChangeStreamCursors(t, b.db))
+}
+
+func TestKillTaskKillsOneTaskOnly(t *testing.T) {
+	b := setup(t)
+	blk := &blocker{started: make(chan bson.ObjectID, 10), release: make(chan struct{})}
+	b.reg.Register("block", blk)
+	q := b.queue("q", "block", 2, schema.SortFIFO)
+	ids := b.tasks(q, 2, nil)
+	n := b.start(b.config("n1"))
+	started := []bson.ObjectID{recv(t, blk.started), recv(t, blk.started)}
+	require.ElementsMatch(t, ids, started)
+	require.False(t, n.KillTask(bson.NewObjectID(), "no such task"), "a task the node does not run")
+	require.True(t, n.KillTask(ids[0], "killed by the test"))
+	b.waitStatus(ids[0], schema.StatusFailed, 5*time.Second)
+	require.Contains(t, b.task(ids[0]).Lookup("stderr").StringValue(), "killed")
+	require.Equal(t, int64(0), b.task(ids[1]).Lookup("status").AsInt64(), "the other task runs on")
+	require.False(t, n.KillTask(ids[0], "again"), "it no longer runs")
+	close(blk.release)
+	b.waitStatus(ids[1], schema.StatusSucceeded, 5*time.Second)
+}
+
+func TestEveryLogLineNamesTheNodeOnce(t *testing.T) {
+	b := setup(t)
+	q := b.queue("q", "test", 2, schema.SortFIFO)
+	cfg := b.config("n1")
+	cfg.Logger = slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	n := b.start(cfg)
+	id := b.tasks(q, 1, nil)[0]
+	b.waitStatus(id, schema.StatusSucceeded, 5*time.Second)
+	require.Eventually(t, func() bool { return n.ProjectorStats().Leader }, 10*time.Second, 10*time.Millisecond)
+	n.Stop()
+	lines := strings.Split(strings.TrimSpace(b.logs.String()), "\n")
+	require.Greater(t, len(lines), 5)
+	for _, line := range lines {
+		keys := jsonKeys(t, line)
+		require.Equal(t, 1, keys["node"], "the node is named once: %s", line)
+		for k, c := range keys {
+			require.Equal(t, 1, c, "attribute %q given %d times: %s", k, c, line)
+		}
+	}
+}
+
+// jsonKeys counts the top-level keys of a JSON object, duplicates included.
+func jsonKeys(t *testing.T, line string) map[string]int {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(line))
+	tok, err := dec.Token()
+	require.NoError(t, err, line)
+	require.Equal(t, json.Delim('{'), tok, line)
+	keys := map[string]int{}
+	for dec.More() {
+		k, err := dec.Token()
+		require.NoError(t, err, line)
+		keys[k.(string)]++
+		var v json.RawMessage
+		require.NoError(t, dec.Decode(&v), line)
+	}
+	return keys
+}
+
+func TestPartsKeepTheLifecycle(t *testing.T) {
+	// Not parallel: goleak.
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	ignore := lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()}
+	reg := plugin.NewRegistry()
+	reg.Register("test", newRecorder())
+	i := 0
+	lifecycletest.Check(t, func(t *testing.T) lifecycle.Service {
+		i++
+		n, err := New(Config{Name: fmt.Sprintf("life%d", i), Store: s, Plugins: reg, Tick: 50 * time.Millisecond, Grace: time.Second})
+		require.NoError(t, err)
+		return n
+	}, ignore)
 }

@@ -3,21 +3,33 @@ package node
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
+
+// queueStore reads the queues and the node's config document.
+type queueStore interface {
+	QueueList(ctx context.Context) (store.QueueListResult, error)
+	ConfigGet(ctx context.Context, label string) (schema.Config, error)
+}
 
 // queueSet reads the queues and decides which this node serves. It logs a
 // queue's reason for being ignored (or a malformed document) once, and again
 // only when the reason changes.
 type queueSet struct {
-	n *Node
+	node    string
+	label   string
+	store   queueStore
+	plugins *plugin.Registry
+	log     *slog.Logger
 
 	mu     sync.Mutex
 	all    []schema.Queue // every readable queue, for the heartbeat
@@ -27,12 +39,12 @@ type queueSet struct {
 
 // refresh is the claimer's Refresh.
 func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
-	res, err := qs.n.cfg.Store.QueueList(ctx)
+	res, err := qs.store.QueueList(ctx)
 	if err != nil {
 		return nil, err
 	}
 	seen := map[string]bool{}
-	cfg, err := qs.n.cfg.Store.ConfigGet(ctx, qs.n.cfg.Label)
+	cfg, err := qs.store.ConfigGet(ctx, qs.label)
 	if ctx.Err() != nil {
 		return nil, ctx.Err() // stopping: not a config problem
 	}
@@ -58,7 +70,7 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 			seen[key+"/"+w] = true
 			qs.sayOnce(key+"/"+w, "queue", w, "queue", q.Name)
 		}
-		if why := qs.n.ignoreReason(q, cfg); why != "" {
+		if why := qs.ignoreReason(q, cfg); why != "" {
 			qs.sayOnce(key, "queue ignored", why, "queue", q.Name)
 			continue
 		}
@@ -94,15 +106,15 @@ func (qs *queueSet) sayOnce(key, msg, reason string, attrs ...any) {
 		return
 	}
 	if reason == "" {
-		qs.n.log.Info(msg, attrs...)
+		qs.log.Info(msg, attrs...)
 		return
 	}
-	qs.n.log.Warn(msg, append(attrs, "reason", reason)...)
+	qs.log.Warn(msg, append(attrs, "reason", reason)...)
 }
 
 // ignoreReason says why this node does not serve q, or "".
-func (n *Node) ignoreReason(q schema.Queue, cfg schema.Config) string {
-	name := n.cfg.Name
+func (qs *queueSet) ignoreReason(q schema.Queue, cfg schema.Config) string {
+	name := qs.node
 	switch {
 	case len(q.NodesPin) > 0 && !slices.Contains(q.NodesPin, name):
 		return "pinned to other nodes (nodes_pin)"
@@ -113,7 +125,7 @@ func (n *Node) ignoreReason(q schema.Queue, cfg schema.Config) string {
 	case len(cfg.ActiveQueues) == 0 && (slices.Contains(cfg.IgnoreQueues, q.ID.Hex()) || slices.Contains(cfg.IgnoreQueues, q.Name)):
 		return "in the config's ignorequeues"
 	}
-	if _, ok := n.cfg.Plugins.Lookup(q.Constructor); !ok {
+	if _, ok := qs.plugins.Lookup(q.Constructor); !ok {
 		return "no plugin for constructor " + q.Constructor + " on this node"
 	}
 	if q.Threads() == 0 {
@@ -123,14 +135,15 @@ func (n *Node) ignoreReason(q schema.Queue, cfg schema.Config) string {
 }
 
 // stats returns the heartbeat's queues[] entries. tasks_doing is this
-// node's tasks of the queue in -1 or 0; tasks_todo and tasks_done come from
-// the queue's counters (count_todo, count_total) when it has them.
-func (qs *queueSet) stats(slots *claimer.Slots) []schema.NodeQueue {
+// node's tasks of the queue in -1 or 0 (running(q)); tasks_todo and
+// tasks_done come from the queue's counters (count_todo, count_total) when
+// it has them.
+func (qs *queueSet) stats(running func(q bson.ObjectID) int) []schema.NodeQueue {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	out := make([]schema.NodeQueue, 0, len(qs.all))
 	for _, q := range qs.all {
-		doing := int64(slots.Running(q.ID))
+		doing := int64(running(q.ID))
 		e := schema.NodeQueue{Name: q.Name, ID: q.ID.Hex(), Constructor: q.Constructor, MaxThreads: q.MaxThreads, TasksDoing: doing}
 		if q.CountTodo != nil {
 			e.TasksTodo = max(0, *q.CountTodo-doing)

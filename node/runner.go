@@ -5,39 +5,56 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
-	"github.com/disbatch-go/disbatch/tracing"
 )
 
 // errGraceExpired is the cause given to plugins killed at shutdown.
 var errGraceExpired = errors.New("node shutting down: grace period expired")
 
-// runner executes claimed tasks: start (status 0), plugin, finish, each
-// write guarded. One goroutine per task.
-type runner struct {
-	n *Node
+// runnerStore is what the runner writes.
+type runnerStore interface {
+	TaskStartMany(ctx context.Context, ps []store.TaskTransitionParams) []error
+	TaskFinishMany(ctx context.Context, ps []store.TaskFinishParams) []error
+	TaskRelease(ctx context.Context, p store.TaskTransitionParams) error
+	TaskUnstart(ctx context.Context, p store.TaskTransitionParams) error
+	TaskFail(ctx context.Context, p store.TaskFailParams) error
+}
 
-	mu sync.Mutex
-	// killCtx is cancelled (with a cause) to kill the plugins running
-	// now; killRunning replaces it for the tasks that start later.
-	killCtx  context.Context
-	kill     context.CancelCauseFunc
-	stopping bool
-	fenced   bool // no task may start: the node fenced itself
-	held     map[bson.ObjectID]struct{}
+// runnerConfig is what the runner needs of the node's config.
+type runnerConfig struct {
+	Name          string
+	Store         runnerStore
+	Plugins       *plugin.Registry
+	PluginTimeout time.Duration
+	Observer      Observer
+	beforeStart   func(schema.Task) // test signal
+}
+
+// runner executes claimed tasks: start (status 0), plugin, finish, each
+// write guarded. One goroutine per task. It keeps a kill switch for every
+// task whose plugin runs, so that one task, or all, can be killed.
+type runner struct {
+	cfg runnerConfig
+	// finished gives a task's slot back (the claimer's Finished).
+	finished func(q bson.ObjectID)
+	clock    clock.Clock
+	log      *slog.Logger
+
+	mu       sync.Mutex
+	stopping bool                                      // no task may start: the node is stopping
+	fenced   bool                                      // no task may start: the node fenced itself
+	held     map[bson.ObjectID]struct{}                // received from a claim and not let go
+	running  map[bson.ObjectID]context.CancelCauseFunc // plugins running, and their kill
 	wg       sync.WaitGroup
 
 	// Concurrent tasks' start and finish writes share round trips.
@@ -48,10 +65,10 @@ type runner struct {
 // writeBatch bounds how many tasks' writes go in one round trip.
 const writeBatch = 128
 
-func newRunner(n *Node) *runner {
-	r := &runner{n: n, held: map[bson.ObjectID]struct{}{}}
-	r.killCtx, r.kill = context.WithCancelCause(context.Background())
-	st := n.cfg.Store
+func newRunner(cfg runnerConfig, finished func(bson.ObjectID), c clock.Clock, log *slog.Logger) *runner {
+	r := &runner{cfg: cfg, finished: finished, clock: clock.Or(c), log: log,
+		held: map[bson.ObjectID]struct{}{}, running: map[bson.ObjectID]context.CancelCauseFunc{}}
+	st := cfg.Store
 	r.starts = newCoalescer(writeBatch, func(ps []store.TaskTransitionParams) []error {
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 		defer cancel()
@@ -68,17 +85,30 @@ func newRunner(n *Node) *runner {
 // writeTimeout bounds one attempt of a task write.
 const writeTimeout = 15 * time.Second
 
+// open lets tasks start again: a new run of the node.
+func (r *runner) open() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopping, r.fenced = false, false
+}
+
 // dispatch is the claimer's Dispatch: the task is claimed (-1) by this node
 // and its slot taken.
 func (r *runner) dispatch(q claimer.Queue, t schema.Task, claim claimer.Timing) {
-	r.n.cfg.Observer.TaskClaimed(q.Name)
+	steps := observeTask(r.cfg.Name, r.cfg.Observer, r.clock, q, t, claim)
+	r.handle(q, t, func() { steps.end(r.run(q, t, steps)) })
+}
+
+// handle works on a task received from a claim in a goroutine of its own,
+// holding it meanwhile, and gives its slot back when done.
+func (r *runner) handle(q claimer.Queue, t schema.Task, work func()) {
 	r.hold(t.ID, true)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		defer r.done(q)
+		defer r.finished(q.ID)
 		defer r.hold(t.ID, false)
-		r.run(q, t, claim)
+		work()
 	}()
 }
 
@@ -104,14 +134,9 @@ func (r *runner) holds(id bson.ObjectID) bool {
 
 // malformed is the claimer's Malformed: fail the task with the reason.
 func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
-	r.hold(t.ID, true)
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		defer r.done(q)
-		defer r.hold(t.ID, false)
-		log := r.n.log.With("queue", q.Name, "task_id", t.ID.Hex())
-		p := store.TaskFailParams{ID: t.ID, Node: r.n.cfg.Name, From: schema.StatusClaimed, Reason: "disbatchd: malformed task document: " + derr.Error()}
+	r.handle(q, t, func() {
+		log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
+		p := store.TaskFailParams{ID: t.ID, Node: r.cfg.Name, From: schema.StatusClaimed, Reason: "disbatchd: malformed task document: " + derr.Error()}
 		if t.ID.IsZero() {
 			// Its _id is not an ObjectId: fail it by the _id it has.
 			v, err := t.Raw.LookupErr("_id")
@@ -125,18 +150,13 @@ func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
 				return
 			}
 			p.DocID = id
-			log = r.n.log.With("queue", q.Name, "task_id", schema.Describe(v))
+			log = r.log.With("queue", q.Name, "task_id", schema.Describe(v))
 			log.Warn("claimed a task whose _id is not an ObjectId; failing it", "error", derr)
 		} else {
 			log.Warn("claimed a malformed task; failing it", "error", derr)
 		}
-		r.write(log, "fail", func(ctx context.Context) error { return r.n.cfg.Store.TaskFail(ctx, p) })
-	}()
-}
-
-func (r *runner) done(q claimer.Queue) {
-	r.n.slots.Release(q.ID)
-	r.n.claimer.SlotFreed(q.ID)
+		r.write(log, "fail", func(ctx context.Context) error { return r.cfg.Store.TaskFail(ctx, p) })
+	})
 }
 
 // handBack reports why a claimed task must not start now, or "".
@@ -152,161 +172,121 @@ func (r *runner) handBack() string {
 	return ""
 }
 
-// runContext is the context a plugin starting now runs under, or an error
+// runContext registers a task whose plugin starts now and returns the
+// context it runs under (cancelled by kill and killAll), or an error
 // saying why it must not start.
-func (r *runner) runContext() (context.Context, error) {
+func (r *runner) runContext(id bson.ObjectID) (context.Context, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.fenced {
 		return nil, errors.New("the node fenced itself (no heartbeat acknowledged) just after marking it running, so it did not start it")
 	}
-	return r.killCtx, nil
+	ctx, cancel := context.WithCancelCause(context.Background())
+	r.running[id] = cancel
+	return ctx, nil
 }
 
-// killRunning kills every plugin running now with cause; with fence, no
-// task starts until unfence.
-func (r *runner) killRunning(cause error, fence bool) {
+// ran forgets a task whose plugin ended.
+func (r *runner) ran(id bson.ObjectID) {
 	r.mu.Lock()
-	kill := r.kill
-	r.killCtx, r.kill = context.WithCancelCause(context.Background())
+	cancel := r.running[id]
+	delete(r.running, id)
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel(nil)
+	}
+}
+
+// kill kills one task's plugin (its whole process group) with cause; the
+// task then finishes as failed with the cause in stderr. It reports whether
+// the task's plugin was running on this node.
+func (r *runner) kill(id bson.ObjectID, cause error) bool {
+	r.mu.Lock()
+	cancel, ok := r.running[id]
+	r.mu.Unlock()
+	if ok {
+		cancel(cause)
+	}
+	return ok
+}
+
+// killAll kills every plugin running now with cause; with fence, no task
+// starts until unfence.
+func (r *runner) killAll(cause error, fence bool) {
+	r.mu.Lock()
 	if fence {
 		r.fenced = true
 	}
+	kills := make([]context.CancelCauseFunc, 0, len(r.running))
+	for _, cancel := range r.running {
+		kills = append(kills, cancel)
+	}
 	r.mu.Unlock()
-	kill(cause)
+	for _, kill := range kills {
+		kill(cause)
+	}
 }
 
-// unfence lets tasks start again; it reports whether the runner was fenced.
-func (r *runner) unfence() bool {
+// unfence lets tasks start again after a fence.
+func (r *runner) unfence() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	was := r.fenced
 	r.fenced = false
-	return was
 }
 
-// run takes a claimed task through start, plugin and finish, tracing it:
-// one trace per task, joined to the submitter's when the task carries its
-// trace context. The task span starts at the task's ctime, so the time it
-// waited in the queue is visible, with children queued, claim (both writes:
-// claimed and running), run (the plugin) and complete.
-func (r *runner) run(q claimer.Queue, t schema.Task, claim claimer.Timing) {
-	cfg := r.n.cfg
-	log := r.n.log.With("queue", q.Name, "task_id", t.ID.Hex())
-	tracer := tracing.Tracer()
-	begin := claim.Start
-	if !t.CTime.IsZero() && t.CTime.Before(begin) {
-		begin = t.CTime
-	}
-	ctx, task := tracer.Start(tracing.Extract(context.Background(), t.TraceParent, t.TraceState), "disbatch.task",
-		trace.WithTimestamp(begin), trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("disbatch.task.id", t.ID.Hex()),
-			attribute.String("disbatch.queue", q.Name),
-			attribute.String("disbatch.queue.id", q.ID.Hex()),
-			attribute.String("disbatch.constructor", q.Constructor),
-			attribute.String("disbatch.node", cfg.Name),
-		))
-	outcome := "released"
-	defer func() {
-		task.SetAttributes(attribute.String("disbatch.outcome", outcome))
-		task.End()
-	}()
-	if !t.CTime.IsZero() {
-		wait := claim.Start.Sub(t.CTime)
-		task.SetAttributes(attribute.Float64("disbatch.queue.wait_ms", float64(wait.Microseconds())/1000))
-		_, queued := tracer.Start(ctx, "disbatch.queued", trace.WithTimestamp(t.CTime))
-		queued.End(trace.WithTimestamp(claim.Start))
-	}
-	_, claimSpan := tracer.Start(ctx, "disbatch.claim", trace.WithTimestamp(claim.Start))
-
+// run takes a claimed task through start, plugin and finish, telling steps
+// about each, and returns the outcome.
+func (r *runner) run(q claimer.Queue, t schema.Task, steps taskSteps) string {
+	cfg := r.cfg
+	log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
 	if cfg.beforeStart != nil {
 		cfg.beforeStart(t)
 	}
 	tr := store.TaskTransitionParams{ID: t.ID, Node: cfg.Name}
 	if why := r.handBack(); why != "" {
 		log.Info("handing back a claimed task: " + why)
-		claimSpan.AddEvent("handed back: " + why)
-		claimSpan.End()
+		steps.handedBack(why)
 		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
-		return
+		return "released"
 	}
 	if err := r.write(log, "start", func(ctx context.Context) error { return r.starts.do(ctx, tr) }); err != nil {
-		claimSpan.RecordError(err)
-		claimSpan.SetStatus(codes.Error, "could not mark the task running")
-		claimSpan.End()
-		outcome = "lost"
-		return
+		steps.startFailed(err)
+		return "lost"
 	}
-	claimSpan.End()
-	started := time.Now()
-	if !t.CTime.IsZero() {
-		cfg.Observer.TaskStarted(q.Name, started.Sub(t.CTime))
-	}
-	_, runSpan := tracer.Start(ctx, "disbatch.run", trace.WithAttributes(attribute.String("disbatch.constructor", q.Constructor)))
-	p, ok := cfg.Plugins.Lookup(q.Constructor)
-	var res plugin.Result
-	runCtx, notNow := r.runContext()
+	steps.started()
+	runCtx, notNow := r.runContext(t.ID)
 	if notNow != nil {
 		// Marked running, but the node fenced itself before the plugin
 		// started: nothing ran, so the task goes back to the queue.
 		log.Info("handing back a task marked running: " + notNow.Error())
-		runSpan.AddEvent("handed back: the node fenced itself before the plugin started")
-		runSpan.End()
-		if err := r.write(log, "hand back", func(ctx context.Context) error { return cfg.Store.TaskUnstart(ctx, tr) }); err == nil {
-			outcome = "released"
-		} else {
-			outcome = "lost"
+		err := r.write(log, "hand back", func(ctx context.Context) error { return cfg.Store.TaskUnstart(ctx, tr) })
+		steps.unstarted("the node fenced itself before the plugin started", err)
+		if err != nil {
+			return "lost"
 		}
-		return
+		return "released"
 	}
-	switch {
-	case !ok:
-		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
-	default:
+	var res plugin.Result
+	if p, ok := cfg.Plugins.Lookup(q.Constructor); ok {
 		log.Debug("task running")
 		res = plugin.Run(runCtx, p, plugin.Task{
 			ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,
 			Parameters: t.Parameters, Document: t.Raw,
 		}, cfg.PluginTimeout)
+	} else {
+		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
 	}
-	runSpan.SetAttributes(attribute.Int("disbatch.status", int(res.Status)))
-	if res.Status != schema.StatusSucceeded {
-		runSpan.SetStatus(codes.Error, "task "+res.Status.String()+": "+lastLine(res.Stderr))
-	}
-	runSpan.End()
-
-	_, complete := tracer.Start(ctx, "disbatch.complete")
+	r.ran(t.ID)
+	steps.ran(res)
 	err := r.write(log, "finish", func(ctx context.Context) error {
 		return r.finishes.do(ctx, store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr})
 	})
-	task.SetAttributes(attribute.Int("disbatch.status", int(res.Status)))
+	steps.finished(res, err)
 	if err != nil {
-		complete.RecordError(err)
-		complete.SetStatus(codes.Error, "result not recorded")
-		complete.End()
-		outcome = "lost"
-		return
+		return "lost"
 	}
-	complete.End()
-	outcome = res.Status.String()
-	if res.Status != schema.StatusSucceeded {
-		task.SetStatus(codes.Error, "task "+res.Status.String())
-	}
-	cfg.Observer.TaskFinished(q.Name, res.Status, time.Since(started))
 	log.Debug("task finished", "status", int(res.Status))
-}
-
-// lastLine is the last non-empty line of s, at most 200 bytes.
-func lastLine(s string) string {
-	s = strings.TrimRight(s, "\n")
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
-	}
-	if len(s) > 200 {
-		s = s[:200]
-	}
-	return s
+	return res.Status.String()
 }
 
 // write performs a guarded write, retrying transient errors with backoff
@@ -345,17 +325,29 @@ func (r *runner) drain(grace time.Duration) {
 	r.mu.Lock()
 	r.stopping = true
 	r.mu.Unlock()
-	finished := make(chan struct{})
+	if r.wait(grace) {
+		return
+	}
+	r.mu.Lock()
+	running := len(r.running)
+	r.mu.Unlock()
+	r.log.Warn("grace period expired: killing running tasks", "grace", grace, "running", running)
+	r.killAll(fmt.Errorf("%w (%s)", errGraceExpired, grace), false)
+	r.wg.Wait()
+}
+
+// wait waits for every task goroutine, at most d; it reports whether they
+// all ended.
+func (r *runner) wait(d time.Duration) bool {
+	done := make(chan struct{})
 	go func() {
 		r.wg.Wait()
-		close(finished)
+		close(done)
 	}()
 	select {
-	case <-finished:
-		return
-	case <-time.After(grace):
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
 	}
-	r.n.log.Warn("grace period expired: killing running tasks", "grace", grace, "running", r.n.slots.Total())
-	r.killRunning(fmt.Errorf("%w (%s)", errGraceExpired, grace), false)
-	<-finished
 }

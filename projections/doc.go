@@ -18,11 +18,12 @@
 // # Applied once, with N nodes
 //
 // Every node runs a Service, but only one applies: the holder of the lease
-// document "projector" in disbatch_leases. The lease expires by the
-// server's clock ($$NOW), is renewed every LeaseTTL/4, and carries an
-// epoch that goes up whenever the owner changes. The leader follows its
-// own change stream over tasks and queues and applies events in order, in
-// batches: each batch is one multi-document transaction that (1) updates
+// document "projector" in disbatch_leases, elected by package leadership.
+// The lease expires by the server's clock ($$NOW), is renewed every
+// LeaseTTL/4, and carries an epoch that goes up whenever the owner changes.
+// The leader follows its own change stream over tasks and queues (the
+// store's reader, profile store.StreamCounters) and applies events in
+// order, in batches: each batch is one multi-document transaction that (1) updates
 // the lease document only if it is still held at the leader's epoch —
 // the fence — writing the batch's resume token and cluster time there as
 // the checkpoint, and (2) adds one $inc per queue touched. A deposed

@@ -2,8 +2,6 @@ package projections
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,11 +9,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/leadership"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
@@ -25,14 +23,13 @@ const LeaseName = "projector"
 
 // Store is what the projector needs.
 type Store interface {
-	LeaseAcquire(ctx context.Context, p store.LeaseAcquireParams) (store.Lease, error)
-	LeaseRenew(ctx context.Context, ref store.LeaseRef, ttl time.Duration) error
-	LeaseRelease(ctx context.Context, ref store.LeaseRef) error
+	leadership.Store
 	CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error)
 	QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error)
 	QueueCounters(ctx context.Context) (map[bson.ObjectID][2]*int64, error)
 	TasksPreImagesEnable(ctx context.Context) error
-	Database() *mongo.Database
+	LeaseSessionStart(ctx context.Context, ref store.LeaseRef) (*store.LeaseSession, error)
+	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
 }
 
 // Config configures a Service.
@@ -47,6 +44,7 @@ type Config struct {
 	// MaxBatch and MaxBatchWait bound a batch (default 1000 events, 50 ms).
 	MaxBatch     int
 	MaxBatchWait time.Duration
+	Clock        clock.Clock
 	Logger       *slog.Logger
 }
 
@@ -64,27 +62,25 @@ type Stats struct {
 	LagP99      time.Duration
 }
 
-// Service elects a projector among the nodes and, while this node holds
-// the lease, applies the projection. Start it, Stop it.
+// Service stands for the projector's lease among the nodes and, while this
+// node holds it, applies the projection. Start it, Stop it.
 type Service struct {
-	cfg    Config
-	log    *slog.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
-	once   sync.Once
+	lifecycle.Base
+	cfg     Config
+	log     *slog.Logger
+	clock   clock.Clock
+	elector *leadership.Elector
 
 	mu    sync.Mutex
 	stats Stats
 	lags  []time.Duration // ring of recent lags
 	lagI  int
-	// hard makes Stop return without releasing the lease (tests: a crash).
-	hard bool
 }
 
 // New returns a service; nothing runs until Start.
 func New(cfg Config) *Service {
 	if cfg.LeaseTTL <= 0 {
-		cfg.LeaseTTL = 10 * time.Second
+		cfg.LeaseTTL = leadership.DefaultTTL
 	}
 	if cfg.ReconcileEvery <= 0 {
 		cfg.ReconcileEvery = 10 * time.Minute
@@ -98,32 +94,25 @@ func New(cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, log: cfg.Logger.With("component", "projector", "node", cfg.Node), lags: make([]time.Duration, 0, 8192)}
+	s := &Service{cfg: cfg, log: cfg.Logger.With("component", "projector"), clock: clock.Or(cfg.Clock), lags: make([]time.Duration, 0, 8192)}
+	s.elector = leadership.New(leadership.Config{
+		Lease: LeaseName, Owner: cfg.Node, Store: cfg.Store, TTL: cfg.LeaseTTL, Clock: cfg.Clock, Logger: cfg.Logger,
+	}, s.lead)
+	return s
 }
 
-// Start enables pre-images on tasks and starts competing for the lease.
+// Start enables pre-images on tasks and starts standing for the lease.
 func (s *Service) Start(ctx context.Context) error {
-	if s.done != nil {
+	return s.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
+		if err := s.cfg.Store.TasksPreImagesEnable(ctx); err != nil {
+			return err
+		}
+		if err := s.elector.Start(ctx); err != nil {
+			return err
+		}
+		// Stop releases the lease, so that another node takes over at once.
+		run.Cleanup(s.elector.Stop)
 		return nil
-	}
-	if err := s.cfg.Store.TasksPreImagesEnable(ctx); err != nil {
-		return err
-	}
-	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.done = make(chan struct{})
-	go s.run(ctx)
-	return nil
-}
-
-// Stop ends the service, releasing the lease if it holds it so that
-// another node takes over at once.
-func (s *Service) Stop() {
-	if s.done == nil {
-		return
-	}
-	s.once.Do(func() {
-		s.cancel()
-		<-s.done
 	})
 }
 
@@ -132,6 +121,8 @@ func (s *Service) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
+	status := s.elector.Status()
+	st.Leader, st.Epoch = status.Leader, status.Epoch
 	if n := len(s.lags); n > 0 {
 		sorted := slices.Clone(s.lags)
 		slices.Sort(sorted)
@@ -141,95 +132,21 @@ func (s *Service) Stats() Stats {
 	return st
 }
 
-func (s *Service) run(ctx context.Context) {
-	defer close(s.done)
-	every := s.cfg.LeaseTTL / 4
-	for {
-		lease, err := s.cfg.Store.LeaseAcquire(ctx, store.LeaseAcquireParams{Name: LeaseName, Owner: s.cfg.Node, TTL: s.cfg.LeaseTTL})
-		switch {
-		case err == nil:
-			s.log.Info("projector lease acquired: applying counter projections", "epoch", lease.Epoch)
-			s.setLeader(true, lease.Epoch)
-			err = s.lead(ctx, lease)
-			s.setLeader(false, lease.Epoch)
-			if ctx.Err() != nil {
-				s.release(lease)
-				return
-			}
-			s.log.Warn("projector lease lost", "epoch", lease.Epoch, "error", err)
-		case errors.Is(err, store.ErrLeaseHeld):
-		case ctx.Err() == nil:
-			s.log.Warn("projector lease: cannot acquire", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(every):
-		}
+// lead is the projector's duty: one term of leadership.
+func (s *Service) lead(ctx context.Context, term leadership.Term) error {
+	s.log.Info("projector lease acquired: applying counter projections", "epoch", term.Lease.Epoch)
+	// The term's transactions run in one session recorded in the lease: a
+	// successor ends one this node leaves open if it dies mid-commit.
+	sess, err := s.cfg.Store.LeaseSessionStart(ctx, term.Ref())
+	if err != nil {
+		return err
 	}
-}
-
-func (s *Service) release(lease store.Lease) {
-	s.mu.Lock()
-	hard := s.hard
-	s.mu.Unlock()
-	if hard {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.cfg.Store.LeaseRelease(ctx, store.LeaseRef{Name: LeaseName, Owner: s.cfg.Node, Epoch: lease.Epoch}); err != nil {
-		s.log.Warn("release projector lease", "error", err)
-	}
-}
-
-func (s *Service) setLeader(on bool, epoch int64) {
-	s.mu.Lock()
-	s.stats.Leader, s.stats.Epoch = on, epoch
-	s.mu.Unlock()
-}
-
-// lead renews the lease in the background and applies the projection until
-// the lease is lost or ctx ends.
-func (s *Service) lead(ctx context.Context, lease store.Lease) error {
-	ref := store.LeaseRef{Name: LeaseName, Owner: s.cfg.Node, Epoch: lease.Epoch}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		last := time.Now()
-		t := time.NewTicker(s.cfg.LeaseTTL / 4)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			rctx, rcancel := context.WithTimeout(ctx, s.cfg.LeaseTTL/4)
-			err := s.cfg.Store.LeaseRenew(rctx, ref, s.cfg.LeaseTTL)
-			rcancel()
-			switch {
-			case err == nil:
-				last = time.Now()
-			case errors.Is(err, store.ErrLeaseLost):
-				cancel(err)
-				return
-			case time.Since(last) > s.cfg.LeaseTTL*3/4:
-				// The lease may expire before a renewal lands: step back.
-				cancel(fmt.Errorf("cannot renew the lease: %w", err))
-				return
-			}
-		}
-	}()
-	p := &projector{s: s, ref: ref, token: lease.Checkpoint, at: lease.CheckpointTime, skip: map[bson.ObjectID]bson.Timestamp{}, recount: map[bson.ObjectID]bool{}}
-	err := p.run(ctx)
-	cancel(nil)
-	wg.Wait()
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-		return cause
+	defer sess.End(context.Background())
+	p := &projector{s: s, ref: term.Ref(), sess: sess, token: term.Lease.Checkpoint, at: term.Lease.CheckpointTime,
+		skip: map[bson.ObjectID]bson.Timestamp{}, recount: map[bson.ObjectID]bool{}}
+	err = p.run(ctx)
+	if errors.Is(err, store.ErrLeaseLost) {
+		s.log.Warn("projector lease lost", "epoch", term.Lease.Epoch, "error", err)
 	}
 	return err
 }
@@ -262,8 +179,9 @@ func (s *Service) recordLags(lags []time.Duration, events int) {
 
 // projector is one term of leadership.
 type projector struct {
-	s   *Service
-	ref store.LeaseRef
+	s    *Service
+	ref  store.LeaseRef
+	sess *store.LeaseSession
 
 	token bson.Raw       // resume token of the last applied position
 	at    bson.Timestamp // cluster time of the last applied event
@@ -281,64 +199,44 @@ type projector struct {
 
 func tsAfter(a, b bson.Timestamp) bool { return a.T > b.T || (a.T == b.T && a.I > b.I) }
 
-// run opens the stream at the checkpoint (or recounts and starts now) and
-// applies batches until ctx ends.
+// run follows the stream from the checkpoint (or recounts and starts now)
+// and applies batches until ctx ends.
 func (p *projector) run(ctx context.Context) error {
+	clk := p.s.clock
+	p.lastCommit, p.lastReconcile = clk.Now(), clk.Now()
 	caughtUp := false
 	reconcileOnCatchUp := true
-	cs, err := p.open(ctx)
+	r, err := p.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = cs.Close(context.Background()) }()
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 50*time.Millisecond, 5*time.Second, 0
+	defer func() { r.Close() }()
 	for ctx.Err() == nil {
-		batch, token, exhausted := p.collect(ctx, cs)
-		if len(batch) > 0 || (token != nil && time.Since(p.lastCommit) > 10*time.Second && string(token) != string(p.token)) {
-			if err := p.apply(ctx, batch, token); err != nil {
+		b, err := r.Next(ctx)
+		if err != nil {
+			return nil // ctx ended
+		}
+		if b.Lost != "" {
+			p.s.log.Warn("projector position lost (no longer in the oplog, or cannot be from this deployment): recounting", "why", b.Lost)
+			r.Close()
+			if r, err = p.restart(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(b.Events) > 0 || (b.Token != nil && clk.Since(p.lastCommit) > 10*time.Second && string(b.Token) != string(p.token)) {
+			if err := p.apply(ctx, b.Events, b.Token); err != nil {
 				if errors.Is(err, store.ErrLeaseLost) || ctx.Err() != nil {
 					return err
 				}
 				return fmt.Errorf("apply a batch: %w", err) // the next term resumes from the checkpoint
 			}
 		}
-		if err := cs.Err(); err != nil || cs.ID() == 0 {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if err != nil {
-				p.s.log.Warn("projector stream interrupted; resuming", "error", err)
-				if store.StreamPositionLost(err) {
-					p.token, p.full = nil, true
-				}
-			} else {
-				p.full = true // invalidated
-			}
-			_ = cs.Close(context.Background())
-			for {
-				cs, err = p.open(ctx)
-				if err == nil || ctx.Err() != nil {
-					break
-				}
-				wait := b.NextBackOff()
-				p.s.log.Warn("projector stream: cannot reopen; retrying", "in", wait, "error", err)
-				select {
-				case <-ctx.Done():
-				case <-time.After(wait):
-				}
-			}
-			if ctx.Err() != nil {
-				return nil
-			}
-			b.Reset()
-			continue
-		}
-		if exhausted {
+		if b.CaughtUp {
 			caughtUp = true
 		}
 		onCatchUp := caughtUp && reconcileOnCatchUp
-		if onCatchUp || p.full || len(p.recount) > 0 || time.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery {
+		if onCatchUp || p.full || len(p.recount) > 0 || clk.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery {
 			if onCatchUp {
 				p.full, reconcileOnCatchUp = true, false
 			}
@@ -347,53 +245,43 @@ func (p *projector) run(ctx context.Context) error {
 			case errors.Is(err, errReposition):
 				// Counters now describe a later moment than the stream:
 				// restart the stream just after it.
-				_ = cs.Close(context.Background())
-				if cs, err = p.open(ctx); err != nil {
+				r.Close()
+				if r, err = p.open(ctx); err != nil {
 					return err
 				}
 			case errors.Is(err, store.ErrLeaseLost) || ctx.Err() != nil:
 				return err
 			case err != nil:
 				p.s.log.Warn("reconcile failed; retrying later", "error", err)
-				p.lastReconcile = time.Now()
+				p.lastReconcile = clk.Now()
 			}
 		}
 	}
 	return nil
 }
 
-// open starts the stream at the checkpoint: after its token, or just after
-// its time. Without either, or when the server no longer has that part of
-// the oplog, it recounts every queue at the present, sets the counters, and
-// starts just after that moment.
-func (p *projector) open(ctx context.Context) (*mongo.ChangeStream, error) {
-	db := p.s.cfg.Store.Database()
-	o := func() *options.ChangeStreamOptionsBuilder {
-		return options.ChangeStream().SetFullDocumentBeforeChange(options.WhenAvailable).SetMaxAwaitTime(500 * time.Millisecond)
+// open follows the stream from the checkpoint: after its token, or just
+// after its time. Without either it recounts every queue at the present,
+// sets the counters, and starts just after that moment (as it does when
+// the first batch says the checkpoint is lost).
+func (p *projector) open(ctx context.Context) (*store.StreamReader, error) {
+	if p.token == nil && p.at.IsZero() {
+		return p.restart(ctx)
 	}
-	if p.token != nil {
-		if why := p.implausible(ctx, p.token); why != "" {
-			p.s.log.Warn("projector checkpoint cannot be from this deployment's history: recounting", "why", why)
-			p.token, p.at = nil, bson.Timestamp{}
-		}
-	}
-	if p.token != nil || !p.at.IsZero() {
-		opts := o()
-		if p.token != nil {
-			opts.SetStartAfter(p.token)
-		} else {
-			next := bson.Timestamp{T: p.at.T, I: p.at.I + 1}
-			opts.SetStartAtOperationTime(&next)
-		}
-		cs, err := db.Watch(ctx, pipeline(), opts)
-		if err == nil {
-			return cs, nil
-		}
-		if !store.StreamPositionLost(err) {
-			return nil, err
-		}
-		p.s.log.Warn("projector checkpoint is no longer in the oplog: recounting", "error", err)
-	}
+	return p.reader(ctx, store.Position{Token: p.token, Time: p.at})
+}
+
+func (p *projector) reader(ctx context.Context, from store.Position) (*store.StreamReader, error) {
+	return p.s.cfg.Store.StreamOpen(ctx, store.StreamParams{
+		Profile: store.StreamCounters, Name: "projector", From: from,
+		MaxAwait: 500 * time.Millisecond, MaxBatch: p.s.cfg.MaxBatch, BatchWait: p.s.cfg.MaxBatchWait,
+		Clock: p.s.clock, Logger: p.s.log,
+	})
+}
+
+// restart recounts every queue at the present, sets the counters, and
+// opens the stream just after that moment.
+func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 	rc, err := p.s.cfg.Store.QueueRecount(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -402,107 +290,26 @@ func (p *projector) open(ctx context.Context) (*mongo.ChangeStream, error) {
 	if err := p.repair(ctx, rc, nil, false); err != nil {
 		return nil, err
 	}
-	next := bson.Timestamp{T: rc.At.T, I: rc.At.I + 1}
-	cs, err := db.Watch(ctx, pipeline(), o().SetStartAtOperationTime(&next))
+	r, err := p.reader(ctx, store.Position{Time: rc.At})
 	if err != nil {
 		return nil, err
 	}
 	p.full, p.unknown, p.recount = false, false, map[bson.ObjectID]bool{}
-	return cs, nil
-}
-
-// implausible says why a checkpoint token cannot be a position in this
-// deployment's history, or "". The server rejects a token it cannot find
-// in its oplog, but one whose time lies after everything it has (from
-// another deployment) it would wait for, skipping what happened meanwhile.
-// A resume token's _data starts with 0x82 and the 8-byte cluster time.
-func (p *projector) implausible(ctx context.Context, token bson.Raw) string {
-	tt, ok := tokenTime(token)
-	if !ok {
-		return ""
-	}
-	if !p.at.IsZero() && tsAfter(p.at, tt) {
-		return "its time is before the checkpoint's own time"
-	}
-	var hello bson.Raw
-	hello, err := p.s.cfg.Store.Database().RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Raw()
-	if err != nil {
-		return ""
-	}
-	t, i, ok := hello.Lookup("operationTime").TimestampOK()
-	if ok && tsAfter(tt, bson.Timestamp{T: t, I: i}) {
-		return "its time is after the server's present"
-	}
-	return ""
-}
-
-func tokenTime(token bson.Raw) (bson.Timestamp, bool) {
-	data, ok := token.Lookup("_data").StringValueOK()
-	if !ok || len(data) < 18 || data[:2] != "82" {
-		return bson.Timestamp{}, false
-	}
-	b, err := hex.DecodeString(data[2:18])
-	if err != nil {
-		return bson.Timestamp{}, false
-	}
-	return bson.Timestamp{T: binary.BigEndian.Uint32(b[:4]), I: binary.BigEndian.Uint32(b[4:])}, true
-}
-
-func pipeline() mongo.Pipeline {
-	return mongo.Pipeline{
-		{{Key: "$match", Value: bson.D{{Key: "$or", Value: bson.A{
-			bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"insert", "replace", "delete", "drop", "rename"}}}}},
-			bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
-				bson.D{{Key: "updateDescription.updatedFields.status", Value: bson.D{{Key: "$exists", Value: true}}}},
-				bson.D{{Key: "updateDescription.updatedFields.queue", Value: bson.D{{Key: "$exists", Value: true}}}},
-				bson.D{{Key: "updateDescription.removedFields", Value: bson.D{{Key: "$in", Value: bson.A{schema.TaskStatus, schema.TaskQueue}}}}},
-			}}},
-			bson.D{{Key: "ns.coll", Value: schema.CollQueues}, {Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"insert", "replace", "drop", "rename"}}}}},
-			bson.D{{Key: "operationType", Value: bson.D{{Key: "$in", Value: bson.A{"dropDatabase", "invalidate"}}}}},
-		}}}}},
-		{{Key: "$project", Value: bson.D{
-			{Key: "operationType", Value: 1}, {Key: "ns", Value: 1}, {Key: "documentKey", Value: 1},
-			{Key: "clusterTime", Value: 1}, {Key: "wallTime", Value: 1},
-			{Key: "fullDocument.queue", Value: 1}, {Key: "fullDocument.status", Value: 1},
-			{Key: "fullDocumentBeforeChange.queue", Value: 1}, {Key: "fullDocumentBeforeChange.status", Value: 1},
-			{Key: "updateDescription.updatedFields.status", Value: 1}, {Key: "updateDescription.updatedFields.queue", Value: 1},
-			{Key: "updateDescription.removedFields", Value: 1},
-		}}},
-	}
-}
-
-// collect reads up to MaxBatch events, stopping early when the stream has
-// nothing more right now (exhausted) or MaxBatchWait passed since the
-// first. token is the position after the batch.
-func (p *projector) collect(ctx context.Context, cs *mongo.ChangeStream) (batch []bson.Raw, token bson.Raw, exhausted bool) {
-	var first time.Time
-	for len(batch) < p.s.cfg.MaxBatch {
-		if !cs.TryNext(ctx) {
-			exhausted = true
-			break
-		}
-		batch = append(batch, slices.Clone(cs.Current))
-		if first.IsZero() {
-			first = time.Now()
-		} else if time.Since(first) > p.s.cfg.MaxBatchWait {
-			break
-		}
-	}
-	return batch, cs.ResumeToken(), exhausted
+	return r, nil
 }
 
 // apply folds a batch into per-queue deltas and commits them with the
 // checkpoint in one fenced transaction.
-func (p *projector) apply(ctx context.Context, batch []bson.Raw, token bson.Raw) error {
+func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token bson.Raw) error {
 	deltas := map[bson.ObjectID]*store.CounterDelta{}
 	at := p.at
 	var walls []time.Time
 	for _, ev := range batch {
-		if t, i, ok := ev.Lookup("clusterTime").TimestampOK(); ok {
-			at = bson.Timestamp{T: t, I: i}
+		if !ev.ClusterTime.IsZero() {
+			at = ev.ClusterTime
 		}
-		if wt, ok := ev.Lookup("wallTime").TimeOK(); ok {
-			walls = append(walls, wt)
+		if !ev.WallTime.IsZero() {
+			walls = append(walls, ev.WallTime)
 		}
 		p.fold(ev, at, deltas)
 	}
@@ -510,11 +317,11 @@ func (p *projector) apply(ctx context.Context, batch []bson.Raw, token bson.Raw)
 	for _, d := range deltas {
 		list = append(list, *d)
 	}
-	missing, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Deltas: list, Checkpoint: token, CheckpointTime: at})
+	missing, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Session: p.sess, Deltas: list, Checkpoint: token, CheckpointTime: at})
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	now := p.s.clock.Now()
 	lags := make([]time.Duration, len(walls))
 	for i, w := range walls {
 		lags[i] = now.Sub(w)
@@ -534,15 +341,14 @@ func (p *projector) apply(ctx context.Context, batch []bson.Raw, token bson.Raw)
 }
 
 // fold adds one event's effect to deltas.
-func (p *projector) fold(ev bson.Raw, at bson.Timestamp, deltas map[bson.ObjectID]*store.CounterDelta) {
-	op, _ := ev.Lookup("operationType").StringValueOK()
-	coll, _ := ev.Lookup("ns", "coll").StringValueOK()
-	if op == "dropDatabase" || op == "invalidate" || op == "drop" || op == "rename" {
+func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bson.ObjectID]*store.CounterDelta) {
+	switch ev.Op {
+	case "dropDatabase", "invalidate", "drop", "rename":
 		p.full = true
 		return
 	}
-	if coll == schema.CollQueues {
-		if id, ok := ev.Lookup("documentKey", "_id").ObjectIDOK(); ok {
+	if ev.Coll == schema.CollQueues {
+		if id, ok := ev.ID.ObjectIDOK(); ok {
 			p.recount[id] = true // a new queue gets its counters by a recount
 		}
 		return
@@ -565,42 +371,34 @@ func (p *projector) fold(ev bson.Raw, at bson.Timestamp, deltas map[bson.ObjectI
 			d.Todo += sign
 		}
 	}
-	after := ev.Lookup("fullDocument")
-	before := ev.Lookup("fullDocumentBeforeChange")
-	if op != "insert" {
-		if _, ok := before.DocumentOK(); !ok {
-			p.full, p.unknown = true, true // no pre-image: the old state is unknown
-			return
-		}
+	after, before := ev.Doc, ev.Before
+	if ev.Op != "insert" && before == nil {
+		p.full, p.unknown = true, true // no pre-image: the old state is unknown
+		return
 	}
-	switch op {
+	switch ev.Op {
 	case "insert":
-		add(after.Document().Lookup(schema.TaskQueue), isTodo(after.Document().Lookup(schema.TaskStatus)), +1)
+		add(after.Lookup(schema.TaskQueue), isTodo(after.Lookup(schema.TaskStatus)), +1)
 	case "replace":
-		add(before.Document().Lookup(schema.TaskQueue), isTodo(before.Document().Lookup(schema.TaskStatus)), -1)
-		add(after.Document().Lookup(schema.TaskQueue), isTodo(after.Document().Lookup(schema.TaskStatus)), +1)
+		add(before.Lookup(schema.TaskQueue), isTodo(before.Lookup(schema.TaskStatus)), -1)
+		add(after.Lookup(schema.TaskQueue), isTodo(after.Lookup(schema.TaskStatus)), +1)
 	case "delete":
-		add(before.Document().Lookup(schema.TaskQueue), isTodo(before.Document().Lookup(schema.TaskStatus)), -1)
+		add(before.Lookup(schema.TaskQueue), isTodo(before.Lookup(schema.TaskStatus)), -1)
 	case "update":
-		old := before.Document()
-		oldQ, oldS := old.Lookup(schema.TaskQueue), old.Lookup(schema.TaskStatus)
+		oldQ, oldS := before.Lookup(schema.TaskQueue), before.Lookup(schema.TaskStatus)
 		newQ, newS := oldQ, oldS
-		upd := ev.Lookup("updateDescription")
-		if v, err := upd.Document().LookupErr("updatedFields", schema.TaskQueue); err == nil {
+		if v, err := ev.Updated.LookupErr(schema.TaskQueue); err == nil {
 			newQ = v
 		}
-		if v, err := upd.Document().LookupErr("updatedFields", schema.TaskStatus); err == nil {
+		if v, err := ev.Updated.LookupErr(schema.TaskStatus); err == nil {
 			newS = v
 		}
-		if removed, ok := upd.Document().Lookup("removedFields").ArrayOK(); ok {
-			vals, _ := removed.Values()
-			for _, r := range vals {
-				switch r.StringValue() {
-				case schema.TaskQueue:
-					newQ = bson.RawValue{}
-				case schema.TaskStatus:
-					newS = bson.RawValue{}
-				}
+		for _, r := range ev.Removed {
+			switch r {
+			case schema.TaskQueue:
+				newQ = bson.RawValue{}
+			case schema.TaskStatus:
+				newS = bson.RawValue{}
 			}
 		}
 		if oldQ.Equal(newQ) && isTodo(oldS) == isTodo(newS) {
@@ -643,7 +441,7 @@ func (p *projector) reconcile(ctx context.Context) error {
 	}
 	at := p.at
 	rc, err := p.s.cfg.Store.QueueRecount(ctx, &at)
-	if err != nil && snapshotTooOld(err) {
+	if errors.Is(err, store.ErrSnapshotTooOld) {
 		p.s.log.Warn("the projector is too far behind for an exact recount: recounting at the present", "error", err)
 		p.token, p.at = nil, bson.Timestamp{}
 		return errReposition
@@ -658,13 +456,8 @@ func (p *projector) reconcile(ctx context.Context) error {
 	if err := p.repair(ctx, rc, only, !p.unknown); err != nil {
 		return err
 	}
-	p.full, p.unknown, p.recount, p.lastReconcile = false, false, map[bson.ObjectID]bool{}, time.Now()
+	p.full, p.unknown, p.recount, p.lastReconcile = false, false, map[bson.ObjectID]bool{}, p.s.clock.Now()
 	return nil
-}
-
-func snapshotTooOld(err error) bool {
-	var se mongo.ServerError
-	return errors.As(err, &se) && (se.HasErrorCode(239) || se.HasErrorCode(246))
 }
 
 // repair compares a recount with the stored counters and sets those that
@@ -705,7 +498,7 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		}
 	}
 	if len(sets) > 0 {
-		if _, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
+		if _, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Session: p.sess, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
 			return err
 		}
 	}

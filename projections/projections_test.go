@@ -16,6 +16,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
 	"github.com/disbatch-go/disbatch/internal/mongod"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/node"
@@ -374,4 +376,12 @@ func TestCorruptCheckpointTokenIsRepairedByRecount(t *testing.T) {
 	requireExact(t, s, 10*time.Second)
 	insertBurst(t, db, q, 10, 5, func(int) any { return -2 })
 	requireExact(t, s, 10*time.Second)
+}
+
+func TestServiceLifecycle(t *testing.T) {
+	// Not parallel: goleak.
+	s := store.New(mongotest.Database(t), store.Options{})
+	lifecycletest.Check(t, func(t *testing.T) lifecycle.Service {
+		return projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: time.Second})
+	}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()})
 }

@@ -3,7 +3,9 @@
 //
 // At start-up, before the node claims anything, the node's own tasks in -1
 // (claimed) or 0 (running) were left by a previous run of the same node and
-// become orphaned (-6). Then, every interval:
+// become orphaned (-6) (OrphanOwn). The cluster-wide sweeps run on one node,
+// the holder of the "leader" lease (package leadership; Lead is the duty),
+// every interval:
 //
 //   - any task claimed (-1) whose mtime is older than OrphanAfter (default
 //     5 minutes) becomes orphaned: a claim is turned into a run within
@@ -13,7 +15,8 @@
 //     to the queue (they never started) and its running tasks become
 //     orphaned (they may have had effects; seed 000 leaves re-running them
 //     to the operator). See store.NodesDeadRecover for why this happens
-//     exactly once even when every live node sweeps.
+//     exactly once even when two nodes sweep at once (a deposed leader
+//     that has not noticed yet).
 //
 // Ages are judged by the server's clock ($$NOW), never the node's. Every
 // update is guarded by the status it expects, so a task that moved on

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/leadership"
 	"github.com/disbatch-go/disbatch/store"
 )
 
@@ -40,22 +42,23 @@ type Config struct {
 	// the others' heartbeats are old because nobody could write, not
 	// because they died, and each gets a moment to write again.
 	MayJudge func() bool
+	Clock    clock.Clock
 	Logger   *slog.Logger
 	// Reaped, when set, is called after every sweep with the tasks it
 	// orphaned or requeued (a test signal).
 	Reaped func(n int64)
 }
 
-// Reaper is the orphan service. Start it, Stop it.
+// Reaper recovers tasks whose node went away: its own leftovers at
+// start-up (OrphanOwn), and the cluster's stale claims and dead nodes on
+// the leader (Lead, a leadership duty).
 type Reaper struct {
-	cfg    Config
-	log    *slog.Logger
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	cfg   Config
+	log   *slog.Logger
+	clock clock.Clock
 }
 
-// New returns a reaper; nothing runs until Start.
+// New returns a reaper.
 func New(cfg Config) *Reaper {
 	if cfg.OrphanAfter <= 0 {
 		cfg.OrphanAfter = DefaultOrphanAfter
@@ -69,15 +72,12 @@ func New(cfg Config) *Reaper {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{cfg: cfg, log: cfg.Logger.With("component", "reaper", "node", cfg.Node)}
+	return &Reaper{cfg: cfg, log: cfg.Logger.With("component", "reaper"), clock: clock.Or(cfg.Clock)}
 }
 
-// Start orphans this node's leftovers from a previous run (synchronously:
-// the node must not claim before), then sweeps stale claims periodically.
-func (r *Reaper) Start(ctx context.Context) error {
-	if r.cancel != nil {
-		return nil
-	}
+// OrphanOwn orphans this node's unfinished tasks from a previous run. The
+// node calls it at start-up, before it claims anything.
+func (r *Reaper) OrphanOwn(ctx context.Context) error {
 	n, err := r.cfg.Store.TaskOrphanNode(ctx, store.TaskOrphanNodeParams{Node: r.cfg.Node})
 	if err != nil {
 		return fmt.Errorf("orphan this node's unfinished tasks from a previous run: %w", err)
@@ -85,35 +85,15 @@ func (r *Reaper) Start(ctx context.Context) error {
 	if n > 0 {
 		r.log.Warn("orphaned this node's unfinished tasks from a previous run", "tasks", n)
 	}
-	ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	r.wg.Add(1)
-	go r.loop(ctx)
 	return nil
 }
 
-// Stop ends the sweeps.
-func (r *Reaper) Stop() {
-	if r.cancel == nil {
-		return
-	}
-	r.once.Do(func() {
-		r.cancel()
-		r.wg.Wait()
-	})
-}
-
-func (r *Reaper) loop(ctx context.Context) {
-	defer r.wg.Done()
-	t := time.NewTicker(r.cfg.Every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		r.Sweep(ctx)
-	}
+// Lead is the reaper's leadership duty: it sweeps every Every until the
+// term ends, so that one node of the cluster sweeps, not all.
+func (r *Reaper) Lead(ctx context.Context, _ leadership.Term) error {
+	r.log.Info("leading: sweeping stale claims and dead nodes for the cluster", "every", r.cfg.Every)
+	lifecycle.Every(ctx, r.clock, r.cfg.Every, func(ctx context.Context) { r.Sweep(ctx) })
+	return nil
 }
 
 // Sweep orphans stale claims and recovers the tasks of dead nodes once; it

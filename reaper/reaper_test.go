@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/leadership"
 	"github.com/disbatch-go/disbatch/store"
 )
 
@@ -42,23 +44,38 @@ func (f *fakeStore) NodesDeadRecover(_ context.Context, p store.NodesDeadRecover
 	return []store.DeadNode{{Node: "gone", Requeued: 2, Orphaned: 3}}, nil
 }
 
-func TestStartOrphansOwnTasksFirstThenSweepsStaleClaimsAndDeadNodes(t *testing.T) {
+func TestOrphanOwnThenTheLeaderSweepsStaleClaimsAndDeadNodesEveryInterval(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	f := &fakeStore{}
 	swept := make(chan int64, 10)
-	r := New(Config{Node: "n1", Store: f, OrphanAfter: 5 * time.Minute, DeadAfter: 7 * time.Second, Every: 10 * time.Millisecond, Reaped: func(n int64) { swept <- n }})
-	require.NoError(t, r.Start(context.Background()))
+	fake := clock.NewFake(time.Now())
+	r := New(Config{Node: "n1", Store: f, OrphanAfter: 5 * time.Minute, DeadAfter: 7 * time.Second, Every: time.Second, Clock: fake, Reaped: func(n int64) { swept <- n }})
+	require.NoError(t, r.OrphanOwn(context.Background()))
 	f.mu.Lock()
-	require.Equal(t, []string{"n1"}, f.nodes, "own leftovers are orphaned synchronously in Start")
+	require.Equal(t, []string{"n1"}, f.nodes, "own leftovers are orphaned")
 	f.mu.Unlock()
+
+	// The duty runs while the term lasts, one sweep per interval.
+	ctx, endTerm := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Lead(ctx, leadership.Term{}) }()
+	require.NoError(t, fake.BlockUntil(ctx, 1))
 	select {
-	case n := <-swept:
-		require.Equal(t, int64(5), n, "a sweep counts the dead node's requeued and orphaned tasks")
-	case <-time.After(5 * time.Second):
-		t.Fatal("no sweep")
+	case <-swept:
+		t.Fatal("swept before an interval passed")
+	case <-time.After(20 * time.Millisecond):
 	}
-	r.Stop()
-	r.Stop()
+	for range 3 {
+		fake.Advance(time.Second)
+		select {
+		case n := <-swept:
+			require.Equal(t, int64(5), n, "a sweep counts the dead node's requeued and orphaned tasks")
+		case <-time.After(5 * time.Second):
+			t.Fatal("no sweep")
+		}
+	}
+	endTerm()
+	require.NoError(t, <-done)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	require.NotEmpty(t, f.ages)
@@ -67,12 +84,10 @@ func TestStartOrphansOwnTasksFirstThenSweepsStaleClaimsAndDeadNodes(t *testing.T
 	require.Equal(t, store.NodesDeadRecoverParams{DeadAfter: 7 * time.Second, By: "n1"}, f.dead[0])
 }
 
-func TestStartFailsWhenOwnOrphansCannotBeWritten(t *testing.T) {
+func TestOrphanOwnFailsWhenItCannotBeWritten(t *testing.T) {
 	f := &fakeStore{err: errors.New("no primary")}
 	r := New(Config{Node: "n1", Store: f})
-	err := r.Start(context.Background())
-	require.ErrorContains(t, err, "no primary")
-	r.Stop() // nothing started: no-op
+	require.ErrorContains(t, r.OrphanOwn(context.Background()), "no primary")
 }
 
 func TestNoJudgingUntilAllowed(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 	"github.com/disbatch-go/disbatch/schema"
 )
 
-// CollLeases holds leases: {_id: name, owner, epoch, expires, checkpoint,
-// checkpoint_time}. It is this project's own collection.
+// CollLeases holds leases: {_id: name, owner, epoch, expires, session,
+// checkpoint, checkpoint_time}. It is this project's own collection.
 const CollLeases = "disbatch_leases"
 
 // ErrLeaseHeld means another owner holds an unexpired lease; ErrLeaseLost
@@ -37,6 +37,9 @@ type Lease struct {
 	// CheckpointTime the cluster time of its last event.
 	Checkpoint     bson.Raw
 	CheckpointTime bson.Timestamp
+	// Session is the id of the session the holder runs its transactions in
+	// (LeaseSessionStart), if it does.
+	Session bson.Raw
 }
 
 // LeaseRef names a lease as held by Owner at Epoch: the fence.
@@ -57,7 +60,18 @@ type LeaseAcquireParams struct {
 // Owner's, and returns it; the epoch goes up whenever the owner changes. Expiry
 // uses the server's clock ($$NOW), so node clocks may disagree. Otherwise
 // it returns ErrLeaseHeld.
+//
+// A transaction a previous holder left open (its process died between the
+// transaction's first write and its commit) holds the locks of what it
+// wrote, the lease document included, until the server gives up on it
+// (transactionLifetimeLimitSeconds, 60 s by default); every write to them
+// waits meanwhile. So when the lease is expired, or is Owner's own from an
+// earlier term, the session recorded in it (LeaseSessionStart) is killed
+// first, which aborts such a transaction at once.
 func (s *Store) LeaseAcquire(ctx context.Context, p LeaseAcquireParams) (Lease, error) {
+	if err := s.leaseEndAbandoned(ctx, p); err != nil {
+		return Lease{}, err
+	}
 	// One pipeline update: take it when it is ours, expired or new (a
 	// missing expires is not after $$NOW), and leave it alone otherwise.
 	take := bson.D{{Key: "$or", Value: bson.A{
@@ -91,6 +105,66 @@ func (s *Store) LeaseAcquire(ctx context.Context, p LeaseAcquireParams) (Lease, 
 	return l, nil
 }
 
+// leaseEndAbandoned kills the session recorded in an expired lease, or in
+// Owner's own: no holder's term can still be using it. Reading the lease
+// never waits for a lock.
+func (s *Store) leaseEndAbandoned(ctx context.Context, p LeaseAcquireParams) error {
+	cur, err := s.db.Collection(CollLeases).Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "_id", Value: p.Name}, {Key: "session", Value: bson.D{{Key: "$type", Value: "object"}}}}}},
+		{{Key: "$project", Value: bson.D{{Key: "session", Value: 1}, {Key: "free", Value: bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: "$eq", Value: bson.A{"$owner", p.Owner}}},
+			bson.D{{Key: "$not", Value: bson.A{bson.D{{Key: "$gt", Value: bson.A{"$expires", "$$NOW"}}}}}},
+		}}}}}}},
+	})
+	if err != nil {
+		return fmt.Errorf("read lease %s: %w", p.Name, err)
+	}
+	var docs []struct {
+		Session bson.Raw `bson:"session"`
+		Free    bool     `bson:"free"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return fmt.Errorf("read lease %s: %w", p.Name, err)
+	}
+	if len(docs) == 0 || !docs[0].Free {
+		return nil
+	}
+	// Killing a session that no longer exists is not an error. One this
+	// user may not kill (another user's, without killAnySession) is left
+	// to the server's transaction timeout, as before sessions were recorded.
+	_ = s.db.Client().Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: bson.A{docs[0].Session}}}).Err()
+	return ctx.Err()
+}
+
+// LeaseSession is the session a lease holder runs its transactions in, for
+// one term. Its id is recorded in the lease, so that a successor can end a
+// transaction the holder left open (see LeaseAcquire). It is for one
+// goroutine at a time.
+type LeaseSession struct {
+	sess *mongo.Session
+}
+
+// LeaseSessionStart starts the session of ref's term and records its id in
+// the lease (ErrLeaseLost when ref no longer holds it).
+func (s *Store) LeaseSessionStart(ctx context.Context, ref LeaseRef) (*LeaseSession, error) {
+	sess, err := s.db.Client().StartSession()
+	if err != nil {
+		return nil, fmt.Errorf("lease %s: start a session: %w", ref.Name, err)
+	}
+	res, err := s.db.Collection(CollLeases).UpdateOne(ctx, leaseFilter(ref), bson.D{{Key: "$set", Value: bson.D{{Key: "session", Value: sess.ID()}}}})
+	if err == nil && res.MatchedCount == 0 {
+		err = fmt.Errorf("lease %s at epoch %d: %w", ref.Name, ref.Epoch, ErrLeaseLost)
+	}
+	if err != nil {
+		sess.EndSession(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &LeaseSession{sess: sess}, nil
+}
+
+// End ends the session, aborting a transaction left open in it.
+func (ls *LeaseSession) End(ctx context.Context) { ls.sess.EndSession(ctx) }
+
 func decodeLease(raw bson.Raw) Lease {
 	l := Lease{}
 	l.Name, _ = raw.Lookup("_id").StringValueOK()
@@ -101,6 +175,7 @@ func decodeLease(raw bson.Raw) Lease {
 	if t, i, ok := raw.Lookup("checkpoint_time").TimestampOK(); ok {
 		l.CheckpointTime = bson.Timestamp{T: t, I: i}
 	}
+	l.Session, _ = raw.Lookup("session").DocumentOK()
 	return l
 }
 
@@ -155,7 +230,10 @@ type CounterDelta struct {
 // counters to: Checkpoint (a resume token), or when it is nil, the position
 // just after CheckpointTime.
 type CountersApplyParams struct {
-	Lease          LeaseRef
+	Lease LeaseRef
+	// Session, when set, is the lease term's session the transaction runs
+	// in (see LeaseSessionStart); otherwise a session of its own.
+	Session        *LeaseSession
 	Deltas         []CounterDelta
 	Sets           map[bson.ObjectID]QueueCounts
 	Checkpoint     bson.Raw
@@ -170,11 +248,15 @@ type CountersApplyParams struct {
 // queues are written in ascending _id order so concurrent transactions
 // cannot deadlock.
 func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missing []bson.ObjectID, err error) {
-	sess, err := s.db.Client().StartSession()
-	if err != nil {
-		return nil, fmt.Errorf("apply counters: %w", err)
+	var sess *mongo.Session
+	if p.Session != nil {
+		sess = p.Session.sess
+	} else {
+		if sess, err = s.db.Client().StartSession(); err != nil {
+			return nil, fmt.Errorf("apply counters: %w", err)
+		}
+		defer sess.EndSession(context.WithoutCancel(ctx))
 	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
 	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
 		missing = missing[:0]
 		// The checkpoint is the token, or (without one) "just after
@@ -235,6 +317,10 @@ func sortDeltas(ds []CounterDelta) []CounterDelta {
 	return out
 }
 
+// ErrSnapshotTooOld means a recount asked for a moment the server no longer
+// keeps a snapshot of (SnapshotTooOld, or earlier than its history).
+var ErrSnapshotTooOld = errors.New("the snapshot asked for is no longer available")
+
 // Recount is the exact task counts of every queue at one cluster time.
 type Recount struct {
 	At     bson.Timestamp
@@ -260,7 +346,7 @@ func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, 
 	out := Recount{Counts: map[bson.ObjectID]QueueCounts{}}
 	cur, err := s.db.Collection(schema.CollQueues, snap).Find(sctx, bson.D{}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
-		return Recount{}, fmt.Errorf("recount: list queues: %w", err)
+		return Recount{}, fmt.Errorf("recount: list queues: %w", snapshotErr(err))
 	}
 	for cur.Next(sctx) {
 		if id, ok := cur.Current.Lookup("_id").ObjectIDOK(); ok {
@@ -268,12 +354,12 @@ func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, 
 		}
 	}
 	if err := cur.Err(); err != nil {
-		return Recount{}, fmt.Errorf("recount: list queues: %w", err)
+		return Recount{}, fmt.Errorf("recount: list queues: %w", snapshotErr(err))
 	}
 	_ = cur.Close(sctx)
 	counts, err := s.queueCounts(sctx, s.db.Collection(schema.CollTasks, snap))
 	if err != nil {
-		return Recount{}, fmt.Errorf("recount: %w", err)
+		return Recount{}, fmt.Errorf("recount: %w", snapshotErr(err))
 	}
 	for id, c := range counts {
 		if _, ok := out.Counts[id]; ok {
@@ -282,6 +368,16 @@ func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, 
 	}
 	out.At = sess.SnapshotTime()
 	return out, nil
+}
+
+// snapshotErr marks SnapshotTooOld (239) and SnapshotUnavailable (246) as
+// ErrSnapshotTooOld.
+func snapshotErr(err error) error {
+	var se mongo.ServerError
+	if errors.As(err, &se) && (se.HasErrorCode(239) || se.HasErrorCode(246)) {
+		return fmt.Errorf("%w: %w", ErrSnapshotTooOld, err)
+	}
+	return err
 }
 
 // QueueCounters reads the stored counters of every queue (nil when missing

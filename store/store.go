@@ -84,9 +84,6 @@ func New(db *mongo.Database, opts Options) *Store {
 	return s
 }
 
-// Database returns the database the store works on.
-func (s *Store) Database() *mongo.Database { return s.db }
-
 // nowMS is the current time at BSON's millisecond precision, so that values
 // handed back equal what a later read returns.
 func (s *Store) nowMS() time.Time { return s.now().UTC().Truncate(time.Millisecond) }

@@ -2,12 +2,21 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/internal/clock"
 )
 
 // CollStreams holds change-stream resume tokens, one document per stream
@@ -15,7 +24,451 @@ import (
 // 4 tools ignore it.
 const CollStreams = "disbatch_streams"
 
-// StreamTokenGet returns the saved resume token of the named stream, or
+// Position is a place in the change history: just after the event of a
+// resume token, or (without a token) just after a cluster time. The zero
+// Position is the present.
+type Position struct {
+	Token bson.Raw
+	Time  bson.Timestamp
+}
+
+// IsZero reports whether p is the present.
+func (p Position) IsZero() bool { return p.Token == nil && p.Time.IsZero() }
+
+// StreamParams configure a StreamReader.
+type StreamParams struct {
+	Profile StreamProfile
+	// Node is the node whose signals StreamSignals carries.
+	Node string
+	// Name names the stream in logs and, with Checkpoint, its saved
+	// position in disbatch_streams.
+	Name string
+	// Checkpoint: start from the position saved under Name (From when
+	// none is saved), and save the position reached at most every
+	// SaveEvery and at Close. Without it the caller keeps positions
+	// itself (e.g. in a transaction with what it derived from the events).
+	Checkpoint bool
+	SaveEvery  time.Duration // default 1 s
+	// From is where to start without a saved checkpoint; zero: now.
+	From Position
+	// MaxAwait is how long the server holds a getMore with nothing new
+	// (default 1 s): how often an idle reader's position advances.
+	MaxAwait time.Duration
+	// MaxBatch bounds the events of one batch (default 1000).
+	MaxBatch int
+	// BatchWait: 0 delivers what the server sent at once; longer keeps
+	// adding the server's next replies to a batch until BatchWait has
+	// passed since its first event (fewer, larger batches).
+	BatchWait time.Duration
+	Clock     clock.Clock
+	Logger    *slog.Logger
+}
+
+// ChangeEvent is one change, as far as the profile keeps it.
+type ChangeEvent struct {
+	// Op is MongoDB's operationType: insert, update, replace, delete,
+	// drop, rename, dropDatabase or invalidate.
+	Op   string
+	Coll string
+	// ID is the changed document's _id (a zero RawValue for drops).
+	ID          bson.RawValue
+	ClusterTime bson.Timestamp
+	WallTime    time.Time
+	// Doc is the document after the change (inserts and replaces; every
+	// event of StreamSignals), Before the document before it (profiles
+	// with pre-images, when MongoDB still had it), Updated and Removed
+	// what an update set and removed. Each holds only what the profile
+	// keeps; nil when absent.
+	Doc     bson.Raw
+	Before  bson.Raw
+	Updated bson.Raw
+	Removed []string
+	// Token is the position just after this event.
+	Token bson.Raw
+}
+
+// StreamBatch is what one Next delivers.
+type StreamBatch struct {
+	Events []ChangeEvent
+	// Token is the position after the batch: its last event's, or the
+	// server's post-batch token when it had nothing new.
+	Token bson.Raw
+	// CaughtUp: the server had nothing newer when the batch ended.
+	CaughtUp bool
+	// Lost, when not empty, says why the reader could not go on from
+	// where it was (the history is gone, or the position is not of this
+	// deployment): it now follows the present, and whatever happened in
+	// between is unknown. Re-read the database.
+	Lost string
+}
+
+// StreamStats are a reader's counters.
+type StreamStats struct {
+	Resumes int64 // reopened after an interruption
+	Lost    int64 // positions lost
+}
+
+// StreamReader follows the change stream of a profile, resuming across
+// failovers and network errors by itself. It is used by one goroutine:
+// Next, then Close once the last Next returned.
+type StreamReader struct {
+	s     *Store
+	p     StreamParams
+	shape streamShape
+	log   *slog.Logger
+	clock clock.Clock
+
+	cs      *mongo.ChangeStream
+	cursors []int64  // server cursors this reader opened and has not killed
+	pos     Position // after the last batch delivered: where to resume
+	lost    string   // a Lost to deliver
+	broken  bool     // the stream failed after delivering a batch: reopen first
+
+	saved   bson.Raw
+	savedAt time.Time
+
+	resumes, losts atomic.Int64
+}
+
+// StreamOpen opens a reader on the database's change stream, filtered by
+// the profile, before it returns: every change committed after it returns
+// is delivered. A position the server cannot resume from (or that cannot be
+// this deployment's) is not an error: the reader starts from the present
+// and its first batch says Lost. It fails when the deployment has no change
+// streams (a standalone mongod).
+func (s *Store) StreamOpen(ctx context.Context, p StreamParams) (*StreamReader, error) {
+	shape, err := p.Profile.shape(p.Node)
+	if err != nil {
+		return nil, err
+	}
+	if p.Name == "" {
+		p.Name = p.Profile.String()
+	}
+	if p.SaveEvery <= 0 {
+		p.SaveEvery = time.Second
+	}
+	if p.MaxAwait <= 0 {
+		p.MaxAwait = time.Second
+	}
+	if p.MaxBatch <= 0 {
+		p.MaxBatch = 1000
+	}
+	if p.Logger == nil {
+		p.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &StreamReader{s: s, p: p, shape: shape, clock: clock.Or(p.Clock),
+		log: p.Logger.With("stream", p.Name, "profile", p.Profile.String())}
+	from := p.From
+	if p.Checkpoint {
+		tok, err := s.StreamTokenGet(ctx, p.Name)
+		switch {
+		case err == nil:
+			from, r.saved = Position{Token: tok}, tok
+		case !errors.Is(err, ErrNotFound):
+			return nil, err
+		}
+	}
+	if why := s.implausible(ctx, from); why != "" {
+		r.positionLost(errors.New(why))
+		from = Position{}
+	}
+	if err := r.open(ctx, from); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Stats returns the reader's counters; safe from any goroutine.
+func (r *StreamReader) Stats() StreamStats {
+	return StreamStats{Resumes: r.resumes.Load(), Lost: r.losts.Load()}
+}
+
+func (r *StreamReader) positionLost(cause error) {
+	r.log.Warn("change stream position lost: following from now; what happened meanwhile must be re-read", "error", cause)
+	r.lost = cause.Error()
+	r.losts.Add(1)
+}
+
+// open opens the stream at from; a lost position opens it at the present.
+func (r *StreamReader) open(ctx context.Context, from Position) error {
+	o := r.shape.options(r.p.MaxAwait)
+	switch {
+	case from.Token != nil:
+		o.SetStartAfter(from.Token)
+	case !from.Time.IsZero():
+		next := bson.Timestamp{T: from.Time.T, I: from.Time.I + 1}
+		o.SetStartAtOperationTime(&next)
+	}
+	cs, err := r.s.db.Watch(ctx, r.shape.pipeline, o)
+	if err != nil && !from.IsZero() && StreamPositionLost(err) {
+		r.positionLost(err)
+		from = Position{}
+		cs, err = r.s.db.Watch(ctx, r.shape.pipeline, r.shape.options(r.p.MaxAwait))
+	}
+	if err != nil {
+		return fmt.Errorf("open change stream (%s) on %s: %w", r.p.Profile, r.s.db.Name(), err)
+	}
+	r.cs = cs
+	r.track()
+	r.pos = from
+	if t := cs.ResumeToken(); t != nil {
+		r.pos = Position{Token: t}
+	}
+	return nil
+}
+
+// track notes the server cursor in use, so that Close can kill it even when
+// the driver lost track of it (a getMore interrupted by a cancelled context
+// leaves it open on the server for ten minutes).
+func (r *StreamReader) track() {
+	if id := r.cs.ID(); id != 0 && !slices.Contains(r.cursors, id) {
+		r.cursors = append(r.cursors, id)
+	}
+}
+
+// Next returns the next batch: events, an advance of the position alone
+// (the server had nothing new for MaxAwait), or a Lost. Interruptions are
+// resumed within, with backoff, from the position after the last batch
+// delivered. It returns an error only when ctx ends; the batch being
+// collected then is not delivered.
+func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
+	r.save(false)
+	if r.broken {
+		r.broken = false
+		if err := r.reopen(ctx, r.cs.Err()); err != nil {
+			return StreamBatch{}, err
+		}
+	}
+	if r.lost != "" {
+		why := r.lost
+		r.lost = ""
+		return StreamBatch{Token: r.pos.Token, Lost: why}, nil
+	}
+	var batch []ChangeEvent
+	var first time.Time
+	for {
+		if r.cs.TryNext(ctx) {
+			r.track()
+			ev := decodeEvent(r.cs.Current, r.cs.ResumeToken())
+			batch = append(batch, ev)
+			if first.IsZero() {
+				first = r.clock.Now()
+			}
+			if ev.Op == "invalidate" || len(batch) >= r.p.MaxBatch {
+				return r.deliver(batch, ev.Token), nil
+			}
+			if r.cs.RemainingBatchLength() == 0 && (r.p.BatchWait <= 0 || r.clock.Since(first) >= r.p.BatchWait) {
+				return r.deliver(batch, ev.Token), nil
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			return StreamBatch{}, ctx.Err()
+		}
+		if err := r.cs.Err(); err != nil || r.cs.ID() == 0 {
+			if len(batch) > 0 {
+				r.broken = true
+				return r.deliver(batch, batch[len(batch)-1].Token), nil
+			}
+			if err := r.reopen(ctx, err); err != nil {
+				return StreamBatch{}, err
+			}
+			if r.lost != "" {
+				why := r.lost
+				r.lost = ""
+				return StreamBatch{Token: r.pos.Token, Lost: why}, nil
+			}
+			continue
+		}
+		// An empty getMore: the server's post-batch token moved on.
+		tok := r.cs.ResumeToken()
+		if tok == nil {
+			tok = r.pos.Token
+		}
+		b := r.deliver(batch, tok)
+		b.CaughtUp = true
+		return b, nil
+	}
+}
+
+func (r *StreamReader) deliver(events []ChangeEvent, tok bson.Raw) StreamBatch {
+	if tok != nil {
+		r.pos = Position{Token: tok}
+	}
+	return StreamBatch{Events: events, Token: tok}
+}
+
+// reopen closes the broken stream and opens it again after the last
+// position delivered, with backoff, until it is open or ctx ends. A cause
+// that says the position is gone (or a closed cursor after an invalidate)
+// opens at the present with a pending Lost, resp. after the invalidate.
+func (r *StreamReader) reopen(ctx context.Context, cause error) error {
+	r.closeStream()
+	from := r.pos
+	if cause != nil {
+		r.log.Warn("change stream interrupted; resuming", "error", cause)
+		if StreamPositionLost(cause) {
+			r.positionLost(cause)
+			from = Position{}
+		}
+	}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime, b.Clock = 50*time.Millisecond, 5*time.Second, 0, r.clock
+	for {
+		err := r.open(ctx, from)
+		if err == nil {
+			r.resumes.Add(1)
+			r.log.Info("change stream resumed")
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := b.NextBackOff()
+		r.log.Warn("change stream: cannot reopen; retrying", "in", wait, "error", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.clock.After(wait):
+		}
+	}
+}
+
+// closeStream closes the stream and kills every server cursor it had.
+func (r *StreamReader) closeStream() {
+	if r.cs == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = r.cs.Close(ctx)
+	r.cs = nil
+	if len(r.cursors) == 0 {
+		return
+	}
+	ids := make(bson.A, len(r.cursors))
+	for i, id := range r.cursors {
+		ids[i] = id
+	}
+	// A database's change stream lives in the namespace $cmd.aggregate.
+	err := r.s.db.RunCommand(ctx, bson.D{{Key: "killCursors", Value: "$cmd.aggregate"}, {Key: "cursors", Value: ids}}).Err()
+	if err != nil {
+		r.log.Debug("kill change stream cursors", "error", err)
+	}
+	r.cursors = r.cursors[:0]
+}
+
+// Close saves the position (with Checkpoint) and closes the stream,
+// killing its server cursors. It may be called more than once.
+func (r *StreamReader) Close() {
+	r.save(true)
+	r.closeStream()
+}
+
+// TakeLost returns (and clears) why the position was lost, when that is not
+// delivered yet, or "": for a consumer that must act on a lost starting
+// position before it goes on (before its own Start returns) rather than
+// at the first batch.
+func (r *StreamReader) TakeLost() string {
+	why := r.lost
+	r.lost = ""
+	return why
+}
+
+// Position returns the position after the last batch delivered.
+func (r *StreamReader) Position() Position { return r.pos }
+
+// save writes the position delivered last, when Checkpoint is on and it
+// changed, at most every SaveEvery (or now, with force).
+func (r *StreamReader) save(force bool) {
+	tok := r.pos.Token
+	if !r.p.Checkpoint || tok == nil || string(tok) == string(r.saved) {
+		return
+	}
+	if !force && r.clock.Since(r.savedAt) < r.p.SaveEvery {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.s.StreamTokenSave(ctx, r.p.Name, tok); err != nil {
+		r.log.Warn("save change stream position", "error", err)
+		return
+	}
+	r.saved, r.savedAt = slices.Clone(tok), r.clock.Now()
+}
+
+func decodeEvent(current, token bson.Raw) ChangeEvent {
+	raw := slices.Clone(current)
+	ev := ChangeEvent{Token: slices.Clone(token)}
+	ev.Op, _ = raw.Lookup("operationType").StringValueOK()
+	ev.Coll, _ = raw.Lookup("ns", "coll").StringValueOK()
+	ev.ID = raw.Lookup("documentKey", "_id")
+	if t, i, ok := raw.Lookup("clusterTime").TimestampOK(); ok {
+		ev.ClusterTime = bson.Timestamp{T: t, I: i}
+	}
+	ev.WallTime, _ = raw.Lookup("wallTime").TimeOK()
+	ev.Doc, _ = raw.Lookup("fullDocument").DocumentOK()
+	ev.Before, _ = raw.Lookup("fullDocumentBeforeChange").DocumentOK()
+	ev.Updated, _ = raw.Lookup("updateDescription", "updatedFields").DocumentOK()
+	if removed, ok := raw.Lookup("updateDescription", "removedFields").ArrayOK(); ok {
+		vals, _ := removed.Values()
+		for _, v := range vals {
+			if s, ok := v.StringValueOK(); ok {
+				ev.Removed = append(ev.Removed, s)
+			}
+		}
+	}
+	return ev
+}
+
+// implausible says why a position cannot be in this deployment's history,
+// or "". The server rejects a token it cannot find in its oplog, but one
+// whose time lies after everything it has (from another deployment) it
+// would wait for, skipping what happened meanwhile; and a token older than
+// the time it was saved with is not the one saved.
+func (s *Store) implausible(ctx context.Context, p Position) string {
+	tt, ok := TokenTime(p.Token)
+	if !ok {
+		return ""
+	}
+	if !p.Time.IsZero() && tsAfter(p.Time, tt) {
+		return "its token's time is before the position's own time"
+	}
+	hello, err := s.db.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Raw()
+	if err != nil {
+		return ""
+	}
+	// Another deployment's cluster time is comparable to the second only
+	// (its increments count other operations): a token of a later second
+	// than the server's present cannot be this deployment's; within the
+	// same second the server itself tells, at the first event.
+	t, _, ok := hello.Lookup("operationTime").TimestampOK()
+	if ok && tt.T > t {
+		return "its token's time is after the server's present: it cannot be from this deployment"
+	}
+	return ""
+}
+
+func tsAfter(a, b bson.Timestamp) bool { return a.T > b.T || (a.T == b.T && a.I > b.I) }
+
+// TokenTime is the cluster time of a resume token: its _data starts with
+// 0x82 and the 8-byte timestamp.
+func TokenTime(token bson.Raw) (bson.Timestamp, bool) {
+	if token == nil {
+		return bson.Timestamp{}, false
+	}
+	data, ok := token.Lookup("_data").StringValueOK()
+	if !ok || len(data) < 18 || data[:2] != "82" {
+		return bson.Timestamp{}, false
+	}
+	b, err := hex.DecodeString(data[2:18])
+	if err != nil {
+		return bson.Timestamp{}, false
+	}
+	return bson.Timestamp{T: binary.BigEndian.Uint32(b[:4]), I: binary.BigEndian.Uint32(b[4:])}, true
+}
+
+// StreamTokenGet returns the saved position of the named stream, or
 // ErrNotFound.
 func (s *Store) StreamTokenGet(ctx context.Context, name string) (bson.Raw, error) {
 	raw, err := s.db.Collection(CollStreams).FindOne(ctx, bson.D{{Key: "_id", Value: name}}).Raw()
@@ -32,7 +485,7 @@ func (s *Store) StreamTokenGet(ctx context.Context, name string) (bson.Raw, erro
 	return tok, nil
 }
 
-// StreamTokenSave saves the resume token of the named stream.
+// StreamTokenSave saves the position of the named stream.
 func (s *Store) StreamTokenSave(ctx context.Context, name string, token bson.Raw) error {
 	_, err := s.db.Collection(CollStreams).UpdateOne(ctx, bson.D{{Key: "_id", Value: name}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "token", Value: token}, {Key: "saved", Value: s.nowMS()}}}},

@@ -652,14 +652,14 @@ func (s *Store) TaskFail(ctx context.Context, p TaskFailParams) error {
 // TaskListClaimedParams select one node's claimed (-1) tasks.
 type TaskListClaimedParams struct {
 	Node string
-	// ClaimedBefore: only claims whose mtime (written by that node's
-	// clock) is earlier.
-	ClaimedBefore time.Time
-	Limit         int64
+	// ClaimedFor: only claims older than this, by this store's clock
+	// (Options.Now), which wrote their mtime when Node claimed them.
+	ClaimedFor time.Duration
+	Limit      int64
 }
 
-// TaskListClaimed returns the ids of Node's tasks in status -1 claimed
-// before ClaimedBefore, for a node to find claims it does not know it made
+// TaskListClaimed returns the ids of Node's tasks in status -1 claimed more
+// than ClaimedFor ago, for a node to find claims it does not know it made
 // (the server applied a claim whose answer was lost).
 func (s *Store) TaskListClaimed(ctx context.Context, p TaskListClaimedParams) ([]bson.ObjectID, error) {
 	o := options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}})
@@ -669,7 +669,7 @@ func (s *Store) TaskListClaimed(ctx context.Context, p TaskListClaimedParams) ([
 	cur, err := s.tasks.Find(ctx, bson.D{
 		{Key: schema.TaskNode, Value: p.Node},
 		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
-		{Key: schema.TaskMTime, Value: bson.D{{Key: "$lt", Value: p.ClaimedBefore}}},
+		{Key: schema.TaskMTime, Value: bson.D{{Key: "$lt", Value: s.nowMS().Add(-p.ClaimedFor)}}},
 	}, o)
 	if err != nil {
 		return nil, fmt.Errorf("list tasks claimed by %s: %w", p.Node, err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -80,14 +81,14 @@ func (e *env) scale(ctx context.Context) (*ScaleReport, error) {
 			return rep, err
 		}
 		e.log.Info("scale: claims", "backlog", backlog, "claims", e.cfg.Claims, "batched_claims", manyCalls(e.cfg.Claims))
-		claim, err := e.timeClaims(ctx, s, q.ID, e.cfg.Claims, func(ctx context.Context, node string) (int, error) {
+		claim, err := e.timeClaims(ctx, db, s, q.ID, e.cfg.Claims, func(ctx context.Context, node string) (int, error) {
 			_, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO})
 			return 1, err
 		})
 		if err != nil {
 			return rep, fmt.Errorf("claims at backlog %d: %w", backlog, err)
 		}
-		many, err := e.timeClaims(ctx, s, q.ID, manyCalls(e.cfg.Claims), func(ctx context.Context, node string) (int, error) {
+		many, err := e.timeClaims(ctx, db, s, q.ID, manyCalls(e.cfg.Claims), func(ctx context.Context, node string) (int, error) {
 			res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO, Limit: scaleBatch})
 			return len(res.Tasks) + len(res.Malformed), err
 		})
@@ -136,7 +137,7 @@ func manyCalls(claims int) int { return max(10, claims/10) }
 // timeClaims times calls claims, one after the other. After each, the
 // tasks it took are queued again (untimed) so that the backlog stays put;
 // at the end the claimed ones are marked finished.
-func (e *env) timeClaims(ctx context.Context, s *store.Store, queue bson.ObjectID, calls int, claim func(ctx context.Context, node string) (int, error)) (Latency, error) {
+func (e *env) timeClaims(ctx context.Context, db *mongo.Database, s *store.Store, queue bson.ObjectID, calls int, claim func(ctx context.Context, node string) (int, error)) (Latency, error) {
 	const name = "bench-claim"
 	lat := make([]time.Duration, 0, calls)
 	taken := 0
@@ -157,7 +158,7 @@ func (e *env) timeClaims(ctx context.Context, s *store.Store, queue bson.ObjectI
 			taken = 0
 		}
 	}
-	if _, err := s.Database().Collection(schema.CollTasks).UpdateMany(ctx,
+	if _, err := db.Collection(schema.CollTasks).UpdateMany(ctx,
 		bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
 		statusSet(schema.StatusSucceeded)); err != nil {
 		return Latency{}, fmt.Errorf("finish claimed tasks: %w", err)

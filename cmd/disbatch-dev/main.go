@@ -19,6 +19,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/cli"
+	"github.com/disbatch-go/disbatch/internal/cmdline"
 	"github.com/disbatch-go/disbatch/internal/mongod"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/plugin"
@@ -55,13 +56,14 @@ func run(port int, dir, nodeName string) error {
 	}()
 	uri := rs.URI()
 	fmt.Printf("\nReplica set rs0 is up. Connect with:\n  export %s='%s'\n  go run ./cmd/disbatch queue list\n  (log: %s)\n\n",
-		cli.EnvMongoURI, uri, filepath.Join(rs.Dir(), "m0", "mongod.log"))
+		cmdline.EnvMongoURI, uri, filepath.Join(rs.Dir(), "m0", "mongod.log"))
 
-	st, closeFn, err := cli.Connect(ctx, uri, cli.DefaultDatabase)
+	conn, err := cmdline.Connect(ctx, store.ConnectParams{URI: uri, Database: cmdline.DefaultDatabase})
 	if err != nil {
 		return err
 	}
-	defer closeFn()
+	defer conn.Close()
+	st := conn.Store
 	reg := plugin.NewRegistry()
 	reg.Register(plugin.DemoConstructor, plugin.Demo())
 	n, err := node.New(node.Config{Name: nodeName, Store: st, Plugins: reg, Logger: log, Grace: 10 * time.Second})
@@ -94,7 +96,7 @@ The node keeps running. In another terminal:
   go run ./cmd/disbatch task show TASK_ID
   go run ./cmd/disbatch node list
 Press Ctrl-C to stop the node and the replica set.
-`, cli.EnvMongoURI, uri)
+`, cmdline.EnvMongoURI, uri)
 	<-ctx.Done()
 	fmt.Println("\nStopping the node...")
 	return nil

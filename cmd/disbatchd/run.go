@@ -11,11 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/spf13/cobra"
-	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/disbatch-go/disbatch/cli"
+	"github.com/disbatch-go/disbatch/internal/cmdline"
 	"github.com/disbatch-go/disbatch/metrics"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/plugin"
@@ -146,7 +144,7 @@ func run(ctx context.Context, args []string, e env) int {
 		Long:  longHelp,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return &cli.UsageError{Err: fmt.Errorf("disbatchd takes no arguments, got %q", args)}
+				return &cmdline.UsageError{Err: fmt.Errorf("disbatchd takes no arguments, got %q", args)}
 			}
 			return nil
 		},
@@ -156,8 +154,8 @@ func run(ctx context.Context, args []string, e env) int {
 	cmd.SetOut(e.stdout)
 	cmd.SetErr(e.stderr)
 	cmd.SetArgs(args)
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &cli.UsageError{Err: err} })
-	cli.AddConnectionFlags(cmd, &s.MongoURI, &s.Database, e.getenv)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &cmdline.UsageError{Err: err} })
+	cmdline.AddConnectionFlags(cmd, &s.MongoURI, &s.Database, e.getenv)
 	f := cmd.Flags()
 	host, _ := os.Hostname()
 	defNode := host
@@ -193,45 +191,45 @@ func run(ctx context.Context, args []string, e env) int {
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if configFile != "" {
 			if err := applyConfigFile(cmd, configFile, &s, &maxThreads, &external, e.getenv); err != nil {
-				return &cli.UsageError{Err: err}
+				return &cmdline.UsageError{Err: err}
 			}
 		}
 		if maxThreads != "" {
 			n, err := parseMaxThreads(maxThreads)
 			if err != nil {
-				return &cli.UsageError{Err: err}
+				return &cmdline.UsageError{Err: err}
 			}
 			s.MaxThreads = n
 		}
 		for _, kv := range external {
 			name, path, ok := strings.Cut(kv, "=")
 			if !ok || name == "" || path == "" {
-				return &cli.UsageError{Err: fmt.Errorf("--plugin %q: want NAME=PATH", kv)}
+				return &cmdline.UsageError{Err: fmt.Errorf("--plugin %q: want NAME=PATH", kv)}
 			}
 			if s.Plugins == nil {
 				s.Plugins = map[string]string{}
 			}
 			s.Plugins[name] = path
 		}
-		log, err := newLogger(e.stderr, s.LogFormat, s.LogLevel)
+		log, err := cmdline.NewLogger(e.stderr, s.LogFormat, s.LogLevel)
 		if err != nil {
-			return &cli.UsageError{Err: err}
+			return &cmdline.UsageError{Err: err}
 		}
 		reg, err := plugins(s)
 		if err != nil {
-			return &cli.UsageError{Err: err}
+			return &cmdline.UsageError{Err: err}
 		}
 		if s.Node == "" {
-			return &cli.UsageError{Err: errors.New("no node name: give --node or " + EnvNode)}
+			return &cmdline.UsageError{Err: errors.New("no node name: give --node or " + EnvNode)}
 		}
 		if err := checkSettings(s); err != nil {
-			return &cli.UsageError{Err: err}
+			return &cmdline.UsageError{Err: err}
 		}
 		if err := node.CheckTiming(time.Duration(s.Heartbeat), time.Duration(s.FenceAfter), time.Duration(s.DeadAfter)); err != nil {
-			return &cli.UsageError{Err: fmt.Errorf("--heartbeat, --fence-after, --dead-after: %w", err)}
+			return &cmdline.UsageError{Err: fmt.Errorf("--heartbeat, --fence-after, --dead-after: %w", err)}
 		}
 		if _, err := metrics.ListenAddr(s.MetricsAddr); err != nil {
-			return &cli.UsageError{Err: err}
+			return &cmdline.UsageError{Err: err}
 		}
 		return serve(ctx, s, reg, log, e.signals)
 	}
@@ -240,12 +238,11 @@ func run(ctx context.Context, args []string, e env) int {
 		return 0
 	}
 	fmt.Fprintln(e.stderr, "disbatchd:", err)
-	var ue *cli.UsageError
-	if errors.As(err, &ue) {
+	code := cmdline.ExitCode(err)
+	if code == cmdline.ExitUsage {
 		fmt.Fprintln(e.stderr, "Run 'disbatchd --help' for usage.")
-		return 2
 	}
-	return 1
+	return code
 }
 
 // checkSettings rejects values that flags refuse but a config file could
@@ -320,10 +317,10 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	unset := func(flag, envVar string) bool {
 		return !cmd.Flags().Changed(flag) && (envVar == "" || getenv(envVar) == "")
 	}
-	if file.MongoURI != "" && unset("mongo-uri", cli.EnvMongoURI) {
+	if file.MongoURI != "" && unset("mongo-uri", cmdline.EnvMongoURI) {
 		s.MongoURI = file.MongoURI
 	}
-	if file.Database != "" && unset("database", cli.EnvDatabase) {
+	if file.Database != "" && unset("database", cmdline.EnvDatabase) {
 		s.Database = file.Database
 	}
 	if file.Node != "" && unset("node", EnvNode) {
@@ -372,21 +369,6 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	return nil
 }
 
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", format)
-}
-
 // plugins builds the registry: Demo always; exec and shell only when
 // enabled; external executables as configured.
 func plugins(s settings) (*plugin.Registry, error) {
@@ -417,19 +399,21 @@ func plugins(s settings) (*plugin.Registry, error) {
 
 // serve connects (retrying), runs the node until a signal, and stops it.
 func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logger, signals <-chan os.Signal) error {
-	log = log.With("node", s.Node)
+	// The node adds its name to its own log lines; disbatchd's lines say it
+	// here.
+	dlog := log.With("node", s.Node)
 	shutdownTracing, err := tracing.Setup(ctx, "disbatchd")
 	if err != nil {
 		return fmt.Errorf("tracing is configured (OTEL_* environment) but cannot start: %w", err)
 	}
 	if tracing.Enabled() {
-		log.Info("tracing task lifecycles with OpenTelemetry (OTEL_* environment)")
+		dlog.Info("tracing task lifecycles with OpenTelemetry (OTEL_* environment)")
 	}
 	defer func() {
 		tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer tcancel()
 		if err := shutdownTracing(tctx); err != nil {
-			log.Warn("flush traces", "error", err)
+			dlog.Warn("flush traces", "error", err)
 		}
 	}()
 	ctx, cancel := context.WithCancel(ctx)
@@ -442,31 +426,34 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		}
 	}()
 	obs := metrics.New() // /healthz answers while MongoDB does not; /readyz once started
-	msrv, err := metrics.Serve(s.MetricsAddr, obs, log)
+	msrv, err := metrics.Serve(s.MetricsAddr, obs, dlog)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = msrv.Stop() }()
-	st, closeFn, pollOnly, err := connect(ctx, s, log)
+	conn, err := cmdline.Connect(ctx, store.ConnectParams{
+		URI: s.MongoURI, Database: s.Database, Options: store.Options{OutputThreshold: s.OutputThreshold}, Retry: true, Logger: dlog,
+	})
 	if err != nil {
 		if ctx.Err() != nil {
-			log.Info("signal received before MongoDB answered: exiting")
+			dlog.Info("signal received before MongoDB answered: exiting")
 			return nil // stopped by a signal, as when it comes while starting
 		}
 		return err
 	}
+	dlog.Info("connected to MongoDB", "uri", store.RedactURI(s.MongoURI), "database", s.Database, "replica_set", conn.ReplicaSet)
 	exitAtOnce := false
 	defer func() {
 		if !exitAtOnce {
-			closeFn()
+			conn.Close()
 		}
 	}()
-	if pollOnly && !s.PollOnly {
-		log.Warn("this mongod is not a replica set, so it has no change streams: polling every tick instead (start mongod with --replSet for millisecond pickup)")
+	if conn.ReplicaSet == "" && !s.PollOnly {
+		dlog.Warn("this mongod is not a replica set, so it has no change streams: polling every tick instead (start mongod with --replSet for millisecond pickup)")
 		s.PollOnly = true
 	}
 	n, err := node.New(node.Config{
-		Name: s.Node, Store: st, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
+		Name: s.Node, Store: conn.Store, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
 		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),
@@ -485,9 +472,9 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 	obs.SetReady(true)
 	select {
 	case <-ctx.Done():
-		log.Info("signal received: stopping (a second signal exits at once)", "grace", time.Duration(s.Grace))
+		dlog.Info("signal received: stopping (a second signal exits at once)", "grace", time.Duration(s.Grace))
 	case <-n.Drained():
-		log.Info("drained on request: exiting")
+		dlog.Info("drained on request: exiting")
 	}
 	obs.SetReady(false)
 	stopped := make(chan struct{})
@@ -499,50 +486,11 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 	case <-stopped:
 		return nil
 	case <-signals:
-		log.Warn("second signal: killing running tasks and exiting at once")
+		dlog.Warn("second signal: killing running tasks and exiting at once")
 		n.Kill()
 		// No graceful disconnect: it would wait (up to 5 s) for the
 		// operations still in flight; the exit closes the sockets.
 		exitAtOnce = true
 		return errors.New("exited on a second signal before the node had stopped")
 	}
-}
-
-// connect retries until MongoDB answers, logging each failed attempt, and
-// reports whether the deployment lacks change streams.
-func connect(ctx context.Context, s settings, log *slog.Logger) (*store.Store, func(), bool, error) {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 500 * time.Millisecond
-	b.MaxInterval = 15 * time.Second
-	b.MaxElapsedTime = 0
-	for attempt := 1; ; attempt++ {
-		st, closeFn, err := cli.Connect(ctx, s.MongoURI, s.Database)
-		if err == nil {
-			st = store.New(st.Database(), store.Options{OutputThreshold: s.OutputThreshold})
-			var hello bson.M
-			if err := st.Database().RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&hello); err != nil {
-				closeFn()
-				return nil, nil, false, fmt.Errorf("ask MongoDB what it is: %w", err)
-			}
-			_, isRS := hello["setName"]
-			log.Info("connected to MongoDB", "uri", cli.RedactURI(s.MongoURI), "database", s.Database, "replica_set", hello["setName"])
-			return st, closeFn, !isRS, nil
-		}
-		var ue *cli.UsageError
-		if errors.As(err, &ue) {
-			return nil, nil, false, err
-		}
-		wait := b.NextBackOff()
-		log.Warn("cannot connect to MongoDB; retrying", "attempt", attempt, "uri", cli.RedactURI(s.MongoURI), "in", wait, "error", firstLine(err))
-		select {
-		case <-ctx.Done():
-			return nil, nil, false, errors.New("stopped before MongoDB answered")
-		case <-time.After(wait):
-		}
-	}
-}
-
-func firstLine(err error) string {
-	s, _, _ := strings.Cut(err.Error(), "\n")
-	return s
 }

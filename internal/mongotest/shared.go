@@ -14,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.uber.org/goleak"
 
 	"github.com/disbatch-go/disbatch/internal/mongod"
 )
@@ -191,4 +193,40 @@ func stopShared() error {
 		shared.stop = nil
 	}
 	return errors.Join(errs...)
+}
+
+// ClientGoroutines are goleak options for the goroutines of the shared
+// client (its server monitors), which may start during a test and outlive
+// it by design: a goleak check of the test's own goroutines ignores them.
+func ClientGoroutines() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreAnyFunction("go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology.(*rttMonitor).runHellos"),
+		goleak.IgnoreAnyFunction("go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology.checkServerWithSignal.func1"),
+		goleak.IgnoreTopFunction("go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology.(*contextDoneListener).Listen"),
+	}
+}
+
+// ChangeStreamCursors lists the change stream cursors on db's namespace
+// that the server keeps open: idle ones and those in a getMore. A reader
+// that stopped cleanly leaves none.
+func ChangeStreamCursors(t testing.TB, db *mongo.Database) []bson.Raw {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cur, err := db.Client().Database("admin").Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$currentOp", Value: bson.D{{Key: "idleCursors", Value: true}, {Key: "allUsers", Value: true}}}},
+		{{Key: "$match", Value: bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: "type", Value: "idleCursor"}, {Key: "ns", Value: db.Name() + ".$cmd.aggregate"}},
+			bson.D{{Key: "ns", Value: db.Name() + ".$cmd"}, {Key: "command.getMore", Value: bson.D{{Key: "$exists", Value: true}}},
+				{Key: "command.collection", Value: "$cmd.aggregate"}},
+		}}}}},
+	})
+	if err != nil {
+		t.Fatalf("mongotest: $currentOp: %v", err)
+	}
+	var out []bson.Raw
+	if err := cur.All(ctx, &out); err != nil {
+		t.Fatalf("mongotest: $currentOp: %v", err)
+	}
+	return out
 }

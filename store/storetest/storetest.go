@@ -63,6 +63,19 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskFail", testTaskFail},
 		{"TaskOrphanNodeAndStale", testTaskOrphan},
 		{"StreamToken", testStreamToken},
+		{"LeaseAcquireRenewRelease", testLeaseAcquireRenewRelease},
+		{"LeaseAcquireConcurrentOneOwner", testLeaseAcquireConcurrentOneOwner},
+		{"LeaseSession", testLeaseSession},
+		{"LeaseAcquireEndsAnAbandonedTransaction", testLeaseAcquireEndsAnAbandonedTransaction},
+		{"StreamWakeups", testStreamWakeups},
+		{"StreamCountersCarryPreImages", testStreamCountersCarryPreImages},
+		{"StreamTransitions", testStreamTransitions},
+		{"StreamSignals", testStreamSignals},
+		{"StreamCheckpointAndPositions", testStreamCheckpointAndPositions},
+		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},
+		{"StreamBatches", testStreamBatches},
+		{"StreamDropDatabaseThenGoesOn", testStreamDropDatabaseThenGoesOn},
+		{"StreamCloseKillsTheCursor", testStreamCloseKillsTheCursor},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -1032,7 +1045,7 @@ func testTaskListClaimedUnstart(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	_, err = s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n2", Sort: schema.SortFIFO})
 	require.NoError(t, err)
-	ids, err := s.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: "n1", ClaimedBefore: now.Add(-30 * time.Second)})
+	ids, err := s.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: "n1", ClaimedFor: 30 * time.Second})
 	require.NoError(t, err)
 	require.Equal(t, []bson.ObjectID{old.ID}, ids, "only n1's claims older than the cut")
 

@@ -1,0 +1,118 @@
+package claimer
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+func TestSlotsPause(t *testing.T) {
+	t.Parallel()
+	s := newSlots()
+	q := bson.NewObjectID()
+	require.True(t, s.tryAcquire(q, 5))
+	require.True(t, s.pause(PauseFenced))
+	require.False(t, s.pause(PauseFenced), "already paused for that reason")
+	require.True(t, s.pause(PauseDraining))
+	require.False(t, s.tryAcquire(q, 5), "paused")
+	require.Equal(t, 1, s.total(), "slots in use stay")
+	require.True(t, s.resume(PauseFenced))
+	require.False(t, s.resume(PauseFenced))
+	require.True(t, s.paused(PauseDraining))
+	require.False(t, s.tryAcquire(q, 5), "still draining")
+	require.True(t, s.resume(PauseDraining))
+	require.True(t, s.tryAcquire(q, 5))
+}
+
+func TestSlots(t *testing.T) {
+	t.Parallel()
+	s := newSlots()
+	q1, q2, q3 := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+
+	// Per-queue limits.
+	require.True(t, s.tryAcquire(q1, 2))
+	require.True(t, s.tryAcquire(q1, 2))
+	require.False(t, s.tryAcquire(q1, 2))
+	require.False(t, s.tryAcquire(q2, 0), "maxthreads 0 runs nothing")
+	require.True(t, s.tryAcquire(q2, 5))
+	require.Equal(t, 2, s.running(q1))
+	require.Equal(t, 1, s.running(q2))
+	require.Equal(t, 0, s.running(q3))
+	require.Equal(t, 3, s.total())
+
+	// The node-wide cap; SetNodeMax reports changes only.
+	two := 2
+	require.True(t, s.setNodeMax(&two))
+	another := 2
+	require.False(t, s.setNodeMax(&another), "same value")
+	require.False(t, s.tryAcquire(q3, 5), "node cap (3 in use, cap 2)")
+	s.release(q1)
+	require.False(t, s.tryAcquire(q3, 5), "node cap (2 in use, cap 2)")
+	s.release(q1)
+	require.True(t, s.tryAcquire(q3, 5))
+	require.Equal(t, 2, s.total())
+	m := 3
+	require.True(t, s.setNodeMax(&m))
+	m = 100 // SetNodeMax copied it
+	require.True(t, s.tryAcquire(q3, 5))
+	require.False(t, s.tryAcquire(q3, 5), "cap 3 even though the caller's variable changed")
+	require.True(t, s.setNodeMax(nil))
+	require.False(t, s.setNodeMax(nil))
+	require.True(t, s.tryAcquire(q3, 5))
+	require.Equal(t, 4, s.total())
+	zero := 0
+	require.True(t, s.setNodeMax(&zero))
+	require.False(t, s.tryAcquire(q1, 5), "cap 0")
+	require.True(t, s.setNodeMax(nil))
+
+	// Release never goes below zero, per queue or in all.
+	s.release(q1) // has none
+	s.release(bson.NewObjectID())
+	require.Equal(t, 0, s.running(q1))
+	require.Equal(t, 4, s.total())
+	for range 10 {
+		s.release(q3)
+	}
+	require.Equal(t, 0, s.running(q3))
+	require.Equal(t, 1, s.total())
+	s.release(q2)
+	s.release(q2)
+	require.Equal(t, 0, s.total())
+	require.True(t, s.tryAcquire(q1, 1), "released slots are usable again")
+	require.Equal(t, 1, s.total())
+
+	// Under concurrency the limits hold.
+	s = newSlots()
+	five := 5
+	s.setNodeMax(&five)
+	var wg sync.WaitGroup
+	var held, maxHeld atomic.Int64
+	for i := range 20 {
+		q := []bson.ObjectID{q1, q2}[i%2]
+		wg.Go(func() {
+			for range 200 {
+				if s.tryAcquire(q, 3) {
+					n := held.Add(1)
+					for {
+						old := maxHeld.Load()
+						if n <= old || maxHeld.CompareAndSwap(old, n) {
+							break
+						}
+					}
+					if r := s.running(q); r > 3 {
+						t.Errorf("%d running in a queue of 3", r)
+					}
+					held.Add(-1)
+					s.release(q)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, maxHeld.Load(), int64(5))
+	require.Equal(t, 0, s.total())
+	require.Equal(t, 0, s.running(q1))
+}

@@ -1,0 +1,251 @@
+// Package leadership elects one holder of a named lease among the nodes and
+// runs that holder's duties for as long as it holds it: the work that
+// exactly one node of the cluster must do.
+//
+// The lease is a document of disbatch_leases (store.LeaseAcquire). It
+// expires by the server's clock ($$NOW), so the nodes' clocks never matter,
+// and it carries an epoch that rises whenever the owner changes: a duty
+// that writes under the lease guards its writes with the epoch (the fence),
+// so a deposed leader's late write cannot land.
+//
+// An Elector tries to acquire its lease every TTL/4. Holding it starts a
+// term: every duty runs in its own goroutine with a context that ends with
+// the term, and the lease is renewed every TTL/4. The term ends when a
+// renewal finds the lease taken, when no renewal has landed for 3/4 of the
+// TTL (the lease may expire before the next one lands, so the holder steps
+// back before anyone else may take it), when a duty returns an error (the
+// elector stands again TTL/4 later, and being still the owner it gets the
+// lease back at the same epoch, with the state a duty checkpointed in it),
+// or at Stop, which releases the lease so that a successor takes over at
+// once instead of after the TTL.
+//
+// The leases of this project: "projector" (the counter projector, package
+// projections; nodes with --no-projector do not stand) and "leader" (the
+// cluster-wide duties of the nodes: the stale-claim sweep and dead-node
+// recovery of package reaper).
+package leadership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// Store is what an Elector needs.
+type Store interface {
+	LeaseAcquire(ctx context.Context, p store.LeaseAcquireParams) (store.Lease, error)
+	LeaseRenew(ctx context.Context, ref store.LeaseRef, ttl time.Duration) error
+	LeaseRelease(ctx context.Context, ref store.LeaseRef) error
+}
+
+// DefaultTTL is a lease's default time to live.
+const DefaultTTL = 10 * time.Second
+
+// Term is one tenure of the lease.
+type Term struct {
+	// Lease is the lease as acquired: its epoch and what a duty
+	// checkpointed in it.
+	Lease store.Lease
+}
+
+// Ref is the lease at this term's epoch: the fence for guarded writes.
+func (t Term) Ref() store.LeaseRef {
+	return store.LeaseRef{Name: t.Lease.Name, Owner: t.Lease.Owner, Epoch: t.Lease.Epoch}
+}
+
+// Duty is work for the leader. It runs while the elector holds the lease
+// and must return when ctx ends. Returning an error ends the term for
+// every duty (the elector stands again at once); returning nil early just
+// ends this duty for the term.
+type Duty func(ctx context.Context, term Term) error
+
+// Config configures an Elector.
+type Config struct {
+	// Lease is the lease's name, Owner this node's name.
+	Lease string
+	Owner string
+	Store Store
+	// TTL is how long the lease lasts without renewal (default DefaultTTL).
+	TTL    time.Duration
+	Clock  clock.Clock
+	Logger *slog.Logger
+	// Changed, when set, is told of every change of leadership (a test
+	// signal and a metrics hook); it must return quickly.
+	Changed func(leader bool, epoch int64)
+}
+
+// Status is the elector's view of the lease.
+type Status struct {
+	Leader bool
+	Epoch  int64 // the epoch of the current or last term
+	Terms  int64 // terms held since start
+}
+
+// Elector stands for one lease and runs its duties while it holds it.
+type Elector struct {
+	lifecycle.Base
+	cfg    Config
+	duties []Duty
+	clock  clock.Clock
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	status  Status
+	abandon bool
+}
+
+// New returns an elector for cfg's lease with its duties; nothing runs
+// until Start.
+func New(cfg Config, duties ...Duty) *Elector {
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Elector{cfg: cfg, duties: duties, clock: clock.Or(cfg.Clock),
+		log: cfg.Logger.With("component", "leadership", "lease", cfg.Lease)}
+}
+
+// Start begins standing for the lease; it returns at once.
+func (e *Elector) Start(ctx context.Context) error {
+	return e.Base.Start(ctx, func(_ context.Context, run *lifecycle.Run) error {
+		e.mu.Lock()
+		e.abandon = false
+		e.mu.Unlock()
+		run.Go(e.stand)
+		return nil
+	})
+}
+
+// Abandon stops like a crashed process: the lease is not released, so a
+// successor waits for it to expire. For tests of failover.
+func (e *Elector) Abandon() {
+	e.mu.Lock()
+	e.abandon = true
+	e.mu.Unlock()
+	e.Stop()
+}
+
+// Status returns whether this elector leads now, and its epoch.
+func (e *Elector) Status() Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.status
+}
+
+func (e *Elector) setLeader(on bool, epoch int64) {
+	e.mu.Lock()
+	e.status.Leader, e.status.Epoch = on, epoch
+	if on {
+		e.status.Terms++
+	}
+	e.mu.Unlock()
+	if e.cfg.Changed != nil {
+		e.cfg.Changed(on, epoch)
+	}
+}
+
+// stand acquires the lease whenever it can and leads while it holds it.
+func (e *Elector) stand(ctx context.Context) {
+	every := e.cfg.TTL / 4
+	for {
+		actx, cancel := context.WithTimeout(ctx, e.cfg.TTL)
+		lease, err := e.cfg.Store.LeaseAcquire(actx, store.LeaseAcquireParams{Name: e.cfg.Lease, Owner: e.cfg.Owner, TTL: e.cfg.TTL})
+		cancel()
+		switch {
+		case err == nil:
+			e.log.Info("lease acquired: leading", "epoch", lease.Epoch)
+			e.setLeader(true, lease.Epoch)
+			err = e.lead(ctx, Term{Lease: lease})
+			e.setLeader(false, lease.Epoch)
+			if ctx.Err() != nil {
+				e.release(lease)
+				return
+			}
+			e.log.Warn("leadership ended: standing again", "epoch", lease.Epoch, "error", err)
+		case errors.Is(err, store.ErrLeaseHeld):
+		case ctx.Err() == nil:
+			e.log.Warn("lease: cannot acquire", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.clock.After(every):
+		}
+	}
+}
+
+// lead runs one term: the renewals and the duties, until one of them ends
+// it or ctx ends.
+func (e *Elector) lead(ctx context.Context, term Term) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		e.renew(ctx, term, cancel)
+	}()
+	for _, duty := range e.duties {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := duty(ctx, term); err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("a duty failed: %w", err))
+			}
+		}()
+	}
+	<-ctx.Done()
+	wg.Wait()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, lifecycle.ErrStopped) {
+		return cause
+	}
+	return nil
+}
+
+// renew extends the lease every TTL/4 and ends the term when it is lost or
+// cannot be renewed for 3/4 of the TTL.
+func (e *Elector) renew(ctx context.Context, term Term, end context.CancelCauseFunc) {
+	last := e.clock.Now()
+	lifecycle.Every(ctx, e.clock, e.cfg.TTL/4, func(ctx context.Context) {
+		rctx, rcancel := context.WithTimeout(ctx, e.cfg.TTL/4)
+		err := e.cfg.Store.LeaseRenew(rctx, term.Ref(), e.cfg.TTL)
+		rcancel()
+		switch {
+		case err == nil:
+			last = e.clock.Now()
+		case errors.Is(err, store.ErrLeaseLost):
+			end(err) // ends ctx, and so the loop
+		case ctx.Err() != nil:
+		case e.clock.Since(last) > e.cfg.TTL*3/4:
+			// The lease may expire before a renewal lands: step back.
+			end(fmt.Errorf("cannot renew the lease: %w", err))
+		}
+	})
+}
+
+// release lets the lease expire now, with a context Stop did not cancel,
+// unless the elector was abandoned.
+func (e *Elector) release(lease store.Lease) {
+	e.mu.Lock()
+	abandon := e.abandon
+	e.mu.Unlock()
+	if abandon {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.cfg.Store.LeaseRelease(ctx, store.LeaseRef{Name: lease.Name, Owner: lease.Owner, Epoch: lease.Epoch}); err != nil {
+		e.log.Warn("release lease", "error", err)
+		return
+	}
+	e.log.Info("lease released", "epoch", lease.Epoch)
+}

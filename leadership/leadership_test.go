@@ -1,0 +1,210 @@
+package leadership_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/leadership"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+func TestMain(m *testing.M) { os.Exit(mongotest.Main(m)) }
+
+// terms records the terms the duties saw, across electors.
+type terms struct {
+	mu      sync.Mutex
+	running int
+	most    int
+	byOwner map[string]int
+	epochs  []int64
+}
+
+func newTerms() *terms { return &terms{byOwner: map[string]int{}} }
+
+func (ts *terms) duty(ctx context.Context, term leadership.Term) error {
+	ts.mu.Lock()
+	ts.running++
+	ts.most = max(ts.most, ts.running)
+	ts.byOwner[term.Lease.Owner]++
+	ts.epochs = append(ts.epochs, term.Lease.Epoch)
+	ts.mu.Unlock()
+	<-ctx.Done()
+	ts.mu.Lock()
+	ts.running--
+	ts.mu.Unlock()
+	return nil
+}
+
+func (ts *terms) leaders() int {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.running
+}
+
+func leaderOf(es map[string]*leadership.Elector) string {
+	who := ""
+	for name, e := range es {
+		if e.Status().Leader {
+			if who != "" {
+				return "two leaders: " + who + " and " + name
+			}
+			who = name
+		}
+	}
+	return who
+}
+
+func TestOneLeaderAndAQuickSuccessorOnStop(t *testing.T) {
+	t.Parallel()
+	s := store.New(mongotest.Database(t), store.Options{})
+	ts := newTerms()
+	es := map[string]*leadership.Elector{}
+	for i := range 3 {
+		name := fmt.Sprintf("n%d", i)
+		es[name] = leadership.New(leadership.Config{Lease: "leader", Owner: name, Store: s, TTL: 2 * time.Second}, ts.duty)
+		require.NoError(t, es[name].Start(context.Background()))
+		t.Cleanup(es[name].Stop)
+	}
+	var first string
+	require.Eventually(t, func() bool { first = leaderOf(es); return first != "" }, 10*time.Second, 5*time.Millisecond)
+	require.Len(t, first, 2, "%s", first)
+	time.Sleep(time.Second) // a few renewals and failed acquires
+	require.Equal(t, first, leaderOf(es), "the leader changed without a reason")
+	require.Equal(t, 1, ts.leaders())
+
+	// Stop releases the lease: a successor leads well before the TTL.
+	stopped := time.Now()
+	es[first].Stop()
+	var second string
+	require.Eventually(t, func() bool { second = leaderOf(es); return second != "" }, 10*time.Second, 5*time.Millisecond)
+	took := time.Since(stopped)
+	require.NotEqual(t, first, second)
+	require.Less(t, took, 2*time.Second/4+time.Second, "the successor waited for the lease to expire: %v", took)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	require.Equal(t, 1, ts.most, "two terms overlapped")
+	require.Equal(t, []int64{1, 2}, ts.epochs, "the epoch rises with each new owner")
+}
+
+func TestAbandonedLeaseIsTakenAfterItExpires(t *testing.T) {
+	t.Parallel()
+	s := store.New(mongotest.Database(t), store.Options{})
+	ts := newTerms()
+	a := leadership.New(leadership.Config{Lease: "leader", Owner: "a", Store: s, TTL: 2 * time.Second}, ts.duty)
+	require.NoError(t, a.Start(context.Background()))
+	require.Eventually(t, func() bool { return a.Status().Leader }, 10*time.Second, 5*time.Millisecond)
+	b := leadership.New(leadership.Config{Lease: "leader", Owner: "b", Store: s, TTL: 2 * time.Second}, ts.duty)
+	require.NoError(t, b.Start(context.Background()))
+	t.Cleanup(b.Stop)
+	crashed := time.Now()
+	a.Abandon()
+	time.Sleep(time.Second)
+	require.False(t, b.Status().Leader, "the lease was taken before it expired")
+	require.Eventually(t, func() bool { return b.Status().Leader }, 10*time.Second, 10*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(crashed), 1500*time.Millisecond)
+	require.Equal(t, int64(2), b.Status().Epoch)
+}
+
+// flaky fails renewals on demand.
+type flaky struct {
+	*store.Store
+	failRenew atomic.Bool
+	renewed   atomic.Int64
+}
+
+func (f *flaky) LeaseRenew(ctx context.Context, ref store.LeaseRef, ttl time.Duration) error {
+	if f.failRenew.Load() {
+		return errors.New("test: MongoDB does not answer")
+	}
+	err := f.Store.LeaseRenew(ctx, ref, ttl)
+	f.renewed.Add(1)
+	return err
+}
+
+func TestLeaderStepsBackWhenItCannotRenew(t *testing.T) {
+	t.Parallel()
+	st := &flaky{Store: store.New(mongotest.Database(t), store.Options{})}
+	fake := clock.NewFake(time.Now())
+	const ttl = 8 * time.Second
+	ts := newTerms()
+	e := leadership.New(leadership.Config{Lease: "leader", Owner: "a", Store: st, TTL: ttl, Clock: fake}, ts.duty)
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(e.Stop)
+	require.Eventually(t, func() bool { return e.Status().Leader && ts.leaders() == 1 }, 10*time.Second, 5*time.Millisecond)
+
+	// Renewals land: leadership holds however much time passes.
+	for range 8 {
+		before := st.renewed.Load()
+		fake.Advance(ttl / 4)
+		require.Eventually(t, func() bool { return st.renewed.Load() > before }, 10*time.Second, time.Millisecond)
+	}
+	require.True(t, e.Status().Leader)
+	time.Sleep(20 * time.Millisecond) // the last renewal's bookkeeping
+
+	// Renewals fail: it leads on until 3/4 of the TTL passed without one,
+	// then steps back (its duty ends), before the lease could expire.
+	st.failRenew.Store(true)
+	fake.Advance(ttl / 4)
+	fake.Advance(ttl / 4)
+	fake.Advance(ttl / 4)
+	time.Sleep(50 * time.Millisecond)
+	require.True(t, e.Status().Leader, "stepped back before 3/4 of the TTL")
+	require.Equal(t, 1, ts.leaders())
+	fake.Advance(ttl / 4)
+	require.Eventually(t, func() bool { return !e.Status().Leader && ts.leaders() == 0 }, 10*time.Second, time.Millisecond,
+		"still leading after a whole TTL without a renewal")
+
+	// MongoDB answers again: it stands and, the lease being still its own,
+	// gets it back at the same epoch.
+	st.failRenew.Store(false)
+	require.NoError(t, fake.BlockUntil(context.Background(), 1)) // the wait before standing again
+	fake.Advance(ttl / 4)
+	require.Eventually(t, func() bool { return e.Status().Leader }, 10*time.Second, time.Millisecond)
+	require.Equal(t, int64(1), e.Status().Epoch)
+	require.Equal(t, int64(2), e.Status().Terms)
+}
+
+func TestDutyErrorEndsTheTermForEveryDuty(t *testing.T) {
+	t.Parallel()
+	s := store.New(mongotest.Database(t), store.Options{})
+	ts := newTerms()
+	var calls atomic.Int64
+	failing := func(ctx context.Context, term leadership.Term) error {
+		if calls.Add(1) == 1 {
+			return errors.New("test: the duty failed")
+		}
+		<-ctx.Done()
+		return nil
+	}
+	e := leadership.New(leadership.Config{Lease: "leader", Owner: "a", Store: s, TTL: 400 * time.Millisecond}, ts.duty, failing)
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(e.Stop)
+	require.Eventually(t, func() bool { return calls.Load() == 2 && ts.leaders() == 1 }, 10*time.Second, 5*time.Millisecond)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	require.Equal(t, []int64{1, 1}, ts.epochs, "both terms at the same epoch: the owner did not change")
+	require.Equal(t, int64(2), e.Status().Terms)
+}
+
+func TestElectorLifecycle(t *testing.T) {
+	// Not parallel: goleak.
+	s := store.New(mongotest.Database(t), store.Options{})
+	n := 0
+	lifecycletest.Check(t, func(t *testing.T) lifecycle.Service {
+		n++
+		return leadership.New(leadership.Config{Lease: fmt.Sprintf("l%d", n), Owner: "a", Store: s, TTL: time.Second},
+			func(ctx context.Context, _ leadership.Term) error { <-ctx.Done(); return nil })
+	}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()})
+}

@@ -1,0 +1,218 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/tracing"
+)
+
+// taskSteps follows one task through the runner, step by step; the runner
+// calls them in this order, each at most once, and end last. Tracing and
+// metrics implement it, so the runner's state machine holds neither.
+type taskSteps interface {
+	// handedBack: claimed but not started, the task went back to the queue.
+	handedBack(why string)
+	// startFailed: the write to running failed; the task is not this
+	// node's any more.
+	startFailed(err error)
+	// started: the task is running (status 0) and its plugin starts.
+	started()
+	// unstarted: marked running, but the plugin did not start (the node
+	// fenced itself); the task was handed back when err is nil.
+	unstarted(why string, err error)
+	// ran: the plugin ended with res.
+	ran(res plugin.Result)
+	// finished: the result write; err nil means it was recorded.
+	finished(res plugin.Result, err error)
+	// end closes the task's record with its outcome (a status name,
+	// "released" or "lost").
+	end(outcome string)
+}
+
+// observeTask returns the steps of a task just claimed: its trace and its
+// metrics.
+func observeTask(name string, obs Observer, c clock.Clock, q claimer.Queue, t schema.Task, claim claimer.Timing) taskSteps {
+	obs.TaskClaimed(q.Name)
+	return stepsList{newTaskTrace(name, q, t, claim), &taskMetrics{obs: obs, clock: c, queue: q.Name, ctime: t.CTime}}
+}
+
+// stepsList tells each of its steps in turn.
+type stepsList []taskSteps
+
+func (l stepsList) handedBack(why string) {
+	for _, s := range l {
+		s.handedBack(why)
+	}
+}
+
+func (l stepsList) startFailed(err error) {
+	for _, s := range l {
+		s.startFailed(err)
+	}
+}
+
+func (l stepsList) started() {
+	for _, s := range l {
+		s.started()
+	}
+}
+
+func (l stepsList) unstarted(why string, err error) {
+	for _, s := range l {
+		s.unstarted(why, err)
+	}
+}
+
+func (l stepsList) ran(res plugin.Result) {
+	for _, s := range l {
+		s.ran(res)
+	}
+}
+
+func (l stepsList) finished(res plugin.Result, err error) {
+	for _, s := range l {
+		s.finished(res, err)
+	}
+}
+
+func (l stepsList) end(outcome string) {
+	for _, s := range l {
+		s.end(outcome)
+	}
+}
+
+// taskMetrics tells the node's Observer about a task.
+type taskMetrics struct {
+	obs     Observer
+	clock   clock.Clock
+	queue   string
+	ctime   time.Time
+	startAt time.Time
+}
+
+func (m *taskMetrics) handedBack(string)       {}
+func (m *taskMetrics) startFailed(error)       {}
+func (m *taskMetrics) unstarted(string, error) {}
+func (m *taskMetrics) ran(plugin.Result)       {}
+func (m *taskMetrics) end(string)              {}
+func (m *taskMetrics) started()                { m.startAt = m.clock.Now(); m.pickup() }
+func (m *taskMetrics) finished(res plugin.Result, err error) {
+	if err == nil {
+		m.obs.TaskFinished(m.queue, res.Status, m.clock.Since(m.startAt))
+	}
+}
+
+func (m *taskMetrics) pickup() {
+	if !m.ctime.IsZero() {
+		m.obs.TaskStarted(m.queue, m.startAt.Sub(m.ctime))
+	}
+}
+
+// taskTrace is one trace per task, joined to the submitter's when the task
+// carries its trace context. The task span starts at the task's ctime, so
+// the time it waited in the queue is visible, with children queued, claim
+// (both writes: claimed and running), run (the plugin) and complete.
+type taskTrace struct {
+	ctx         context.Context
+	constructor string
+	task        trace.Span
+	claim       trace.Span
+	run         trace.Span
+	complete    trace.Span
+}
+
+func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Timing) *taskTrace {
+	tracer := tracing.Tracer()
+	begin := claim.Start
+	if !t.CTime.IsZero() && t.CTime.Before(begin) {
+		begin = t.CTime
+	}
+	ctx, task := tracer.Start(tracing.Extract(context.Background(), t.TraceParent, t.TraceState), "disbatch.task",
+		trace.WithTimestamp(begin), trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("disbatch.task.id", t.ID.Hex()),
+			attribute.String("disbatch.queue", q.Name),
+			attribute.String("disbatch.queue.id", q.ID.Hex()),
+			attribute.String("disbatch.constructor", q.Constructor),
+			attribute.String("disbatch.node", node),
+		))
+	if !t.CTime.IsZero() {
+		wait := claim.Start.Sub(t.CTime)
+		task.SetAttributes(attribute.Float64("disbatch.queue.wait_ms", float64(wait.Microseconds())/1000))
+		_, queued := tracer.Start(ctx, "disbatch.queued", trace.WithTimestamp(t.CTime))
+		queued.End(trace.WithTimestamp(claim.Start))
+	}
+	_, claimSpan := tracer.Start(ctx, "disbatch.claim", trace.WithTimestamp(claim.Start))
+	return &taskTrace{ctx: ctx, constructor: q.Constructor, task: task, claim: claimSpan}
+}
+
+func (tt *taskTrace) handedBack(why string) {
+	tt.claim.AddEvent("handed back: " + why)
+	tt.claim.End()
+}
+
+func (tt *taskTrace) startFailed(err error) {
+	tt.claim.RecordError(err)
+	tt.claim.SetStatus(codes.Error, "could not mark the task running")
+	tt.claim.End()
+}
+
+func (tt *taskTrace) started() {
+	tt.claim.End()
+	_, tt.run = tracing.Tracer().Start(tt.ctx, "disbatch.run", trace.WithAttributes(attribute.String("disbatch.constructor", tt.constructor)))
+}
+
+func (tt *taskTrace) unstarted(why string, _ error) {
+	tt.run.AddEvent("handed back: " + why)
+	tt.run.End()
+}
+
+func (tt *taskTrace) ran(res plugin.Result) {
+	tt.run.SetAttributes(attribute.Int("disbatch.status", int(res.Status)))
+	if res.Status != schema.StatusSucceeded {
+		tt.run.SetStatus(codes.Error, "task "+res.Status.String()+": "+lastLine(res.Stderr))
+	}
+	tt.run.End()
+	_, tt.complete = tracing.Tracer().Start(tt.ctx, "disbatch.complete")
+}
+
+func (tt *taskTrace) finished(res plugin.Result, err error) {
+	tt.task.SetAttributes(attribute.Int("disbatch.status", int(res.Status)))
+	if err != nil {
+		tt.complete.RecordError(err)
+		tt.complete.SetStatus(codes.Error, "result not recorded")
+		tt.complete.End()
+		return
+	}
+	tt.complete.End()
+	if res.Status != schema.StatusSucceeded {
+		tt.task.SetStatus(codes.Error, "task "+res.Status.String())
+	}
+}
+
+func (tt *taskTrace) end(outcome string) {
+	tt.task.SetAttributes(attribute.String("disbatch.outcome", outcome))
+	tt.task.End()
+}
+
+// lastLine is the last non-empty line of s, at most 200 bytes.
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}

@@ -1,0 +1,79 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/lifecycle"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// strayAge is how old a claim must be before the node may decide it never
+// received it: older than any claim whose answer could still arrive.
+const (
+	strayAge   = claimer.ClaimTimeout + 5*time.Second
+	strayEvery = 5 * time.Second
+)
+
+// strayStore finds and hands back claims.
+type strayStore interface {
+	TaskListClaimed(ctx context.Context, p store.TaskListClaimedParams) ([]bson.ObjectID, error)
+	TaskRelease(ctx context.Context, p store.TaskTransitionParams) error
+}
+
+// strays hands back, every strayEvery, tasks claimed (-1) by this node that
+// it never received: the server applied the claim, but its answer was lost
+// (a failover interrupted it, the connection broke), so the claimer counted
+// it as failed. Without this they would wait for the 5-minute orphan rule
+// and then never run. They never started, so the queue gets them back.
+type strays struct {
+	lifecycle.Base
+	node   string
+	store  strayStore
+	holds  func(bson.ObjectID) bool // the node received it from a claim
+	fenced func() bool              // a fenced node writes nothing
+	clock  clock.Clock
+	log    *slog.Logger
+}
+
+// Start sweeps every strayEvery until Stop.
+func (s *strays) Start(ctx context.Context) error {
+	return s.Base.Start(ctx, func(_ context.Context, run *lifecycle.Run) error {
+		run.Every(s.clock, strayEvery, s.release)
+		return nil
+	})
+}
+
+func (s *strays) release(ctx context.Context) {
+	if s.fenced() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ids, err := s.store.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: s.node, ClaimedFor: strayAge, Limit: 1000})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Debug("look for stray claims", "error", err)
+		}
+		return
+	}
+	for _, id := range ids {
+		if s.holds(id) {
+			continue
+		}
+		err := s.store.TaskRelease(ctx, store.TaskTransitionParams{ID: id, Node: s.node})
+		switch {
+		case err == nil:
+			s.log.Warn("handed back a task this node had claimed without knowing (the claim's answer was lost, e.g. in a failover)", "task_id", id.Hex())
+		case errors.Is(err, store.ErrLostTask):
+		default:
+			s.log.Debug("hand back a stray claim", "task_id", id.Hex(), "error", err)
+		}
+	}
+}

@@ -1,0 +1,74 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+func TestRedactURI(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"mongodb://alice:s3cret@h1,h2/?replicaSet=rs0": "mongodb://alice:xxxxx@h1,h2/?replicaSet=rs0",
+		"mongodb+srv://bob:p%40ss@cluster/db":          "mongodb+srv://bob:xxxxx@cluster/db",
+		"mongodb://127.0.0.1:27017/?replicaSet=rs0":    "mongodb://127.0.0.1:27017/?replicaSet=rs0",
+		"mongodb://onlyuser@h/":                        "mongodb://onlyuser@h/",
+	} {
+		require.Equal(t, want, store.RedactURI(in))
+	}
+}
+
+func TestConnectAnswersWhatTheServerIs(t *testing.T) {
+	t.Parallel()
+	conn, err := store.Connect(context.Background(), store.ConnectParams{URI: mongotest.URI(t), Database: "connect_test"})
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NotEmpty(t, conn.ReplicaSet, "the test deployment is a replica set")
+	require.NotNil(t, conn.Store)
+}
+
+func TestConnectErrorsHideThePassword(t *testing.T) {
+	t.Parallel()
+	_, err := store.Connect(context.Background(), store.ConnectParams{URI: "mongodb://alice:s3cret@localhost/?authMechanism=BOGUS"})
+	var ue *store.URIError
+	require.ErrorAs(t, err, &ue)
+	require.NotContains(t, err.Error(), "s3cret")
+	require.Contains(t, err.Error(), "alice:xxxxx@")
+
+	_, err = store.Connect(context.Background(), store.ConnectParams{URI: "mongodb://alice:s3cret@127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200"})
+	var un *store.UnreachableError
+	require.ErrorAs(t, err, &un)
+	require.NotContains(t, err.Error(), "s3cret")
+	require.Contains(t, err.Error(), "cannot reach MongoDB at mongodb://alice:xxxxx@127.0.0.1:1/")
+}
+
+func TestConnectRetriesWithBackoffUntilTheContextEnds(t *testing.T) {
+	t.Parallel()
+	fake := clock.NewFake(time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := store.Connect(ctx, store.ConnectParams{URI: "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100&connectTimeoutMS=100", Retry: true, Clock: fake})
+		done <- err
+	}()
+	// Each failed attempt waits on the clock: three attempts, three waits.
+	for range 3 {
+		require.NoError(t, fake.BlockUntil(ctx, 1))
+		fake.Advance(time.Minute)
+	}
+	require.NoError(t, fake.BlockUntil(ctx, 1), "a fourth attempt failed and waits again")
+	cancel()
+	select {
+	case err := <-done:
+		require.True(t, errors.Is(err, context.Canceled), "%v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Connect did not return when its context ended")
+	}
+}

@@ -1,0 +1,377 @@
+package storetest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// streamWait bounds the wait for an event that should come.
+const streamWait = 15 * time.Second
+
+var majority = options.Collection().SetWriteConcern(writeconcern.Majority())
+
+// follower reads a StreamReader in the test's goroutine.
+type follower struct {
+	t   *testing.T
+	r   *store.StreamReader
+	buf []store.ChangeEvent // delivered, not yet looked at
+}
+
+func openStream(t *testing.T, s *store.Store, p store.StreamParams) *follower {
+	t.Helper()
+	if p.MaxAwait == 0 {
+		p.MaxAwait = 100 * time.Millisecond
+	}
+	r, err := s.StreamOpen(ctxT(t), p)
+	require.NoError(t, err)
+	t.Cleanup(r.Close)
+	return &follower{t: t, r: r}
+}
+
+// until reads events until one satisfies ok and returns it with the events
+// before it.
+func (f *follower) until(ok func(store.ChangeEvent) bool) (store.ChangeEvent, []store.ChangeEvent) {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), streamWait)
+	defer cancel()
+	var before []store.ChangeEvent
+	for {
+		for len(f.buf) > 0 {
+			ev := f.buf[0]
+			f.buf = f.buf[1:]
+			if ok(ev) {
+				return ev, before
+			}
+			before = append(before, ev)
+		}
+		b, err := f.r.Next(ctx)
+		require.NoError(f.t, err, "no matching event within %v; before it: %v", streamWait, describe(before))
+		require.Empty(f.t, b.Lost, "position lost")
+		f.buf = b.Events
+	}
+}
+
+// next returns the next event, requiring that it is the one ok accepts.
+func (f *follower) next(ok func(store.ChangeEvent) bool) store.ChangeEvent {
+	f.t.Helper()
+	ev, before := f.until(ok)
+	require.Empty(f.t, before, "unexpected events before the one awaited: %v", describe(before))
+	return ev
+}
+
+func describe(evs []store.ChangeEvent) []string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Op+" "+ev.Coll+" "+ev.ID.String())
+	}
+	return out
+}
+
+func isOp(op, coll string, id any) func(store.ChangeEvent) bool {
+	return func(ev store.ChangeEvent) bool {
+		if ev.Op != op || ev.Coll != coll {
+			return false
+		}
+		if id, ok := id.(bson.ObjectID); ok {
+			got, isID := ev.ID.ObjectIDOK()
+			return isID && got == id
+		}
+		return true
+	}
+}
+
+// marker inserts a queue, which every profile but signals delivers: the
+// event after which a test knows nothing came that it did not see.
+func marker(t *testing.T, db *mongo.Database) bson.ObjectID {
+	t.Helper()
+	id := bson.NewObjectID()
+	_, err := db.Collection(schema.CollQueues, majority).InsertOne(ctxT(t), bson.D{{Key: "_id", Value: id}, {Key: "name", Value: "marker-" + id.Hex()}, {Key: "constructor", Value: "C"}})
+	require.NoError(t, err)
+	return id
+}
+
+func set(t *testing.T, db *mongo.Database, coll string, filter bson.D, fields bson.D) {
+	t.Helper()
+	_, err := db.Collection(coll, majority).UpdateOne(ctxT(t), filter, bson.D{{Key: "$set", Value: fields}})
+	require.NoError(t, err)
+}
+
+func testStreamWakeups(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	f := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	f.next(isOp("insert", schema.CollQueues, q.ID))
+	id := insertTasks(t, s, q.ID, 1)[0]
+	ev := f.next(isOp("insert", schema.CollTasks, id))
+	require.Equal(t, q.ID, ev.Doc.Lookup(schema.TaskQueue).ObjectID())
+	require.Equal(t, int32(schema.StatusQueued), ev.Doc.Lookup(schema.TaskStatus).Int32())
+	require.Equal(t, bson.Type(0), ev.Doc.Lookup(schema.TaskParameters).Type, "parameters never travel")
+	require.False(t, ev.WallTime.IsZero())
+	require.False(t, ev.ClusterTime.IsZero())
+	require.NotEmpty(t, ev.Token)
+
+	// Claim, start, finish and output are no work for anybody: nothing
+	// until the marker.
+	_, err := s.TaskClaim(ctxT(t), store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStdout, Value: "out"}})
+	m := marker(t, db)
+	f.next(isOp("insert", schema.CollQueues, m))
+
+	// A requeue is.
+	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}})
+	ev = f.next(isOp("update", schema.CollTasks, id))
+	require.Equal(t, int32(schema.StatusQueued), ev.Updated.Lookup(schema.TaskStatus).Int32())
+}
+
+func testStreamCountersCarryPreImages(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	require.NoError(t, s.TasksPreImagesEnable(ctxT(t)))
+	f := openStream(t, s, store.StreamParams{Profile: store.StreamCounters})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	f.next(isOp("insert", schema.CollQueues, q.ID))
+	id := insertTasks(t, s, q.ID, 1)[0]
+	f.next(isOp("insert", schema.CollTasks, id))
+	_, err := s.TaskClaim(ctxT(t), store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	ev := f.next(isOp("update", schema.CollTasks, id))
+	require.Equal(t, int32(schema.StatusQueued), ev.Before.Lookup(schema.TaskStatus).Int32(), "the status before the change")
+	require.Equal(t, q.ID, ev.Before.Lookup(schema.TaskQueue).ObjectID())
+	require.Equal(t, int32(schema.StatusClaimed), ev.Updated.Lookup(schema.TaskStatus).Int32())
+
+	// Output and parameters do not change counters: no event. A queue
+	// update neither (only inserts and replaces: a new queue is recounted).
+	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStdout, Value: "out"}})
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueMaxThreads, Value: 3}})
+	_, err = db.Collection(schema.CollTasks, majority).UpdateOne(ctxT(t), bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskStatus, Value: ""}}}})
+	require.NoError(t, err)
+	ev = f.next(isOp("update", schema.CollTasks, id))
+	require.Equal(t, []string{schema.TaskStatus}, ev.Removed, "a removed status is a transition")
+	_, err = db.Collection(schema.CollTasks, majority).DeleteOne(ctxT(t), bson.D{{Key: "_id", Value: id}})
+	require.NoError(t, err)
+	ev = f.next(isOp("delete", schema.CollTasks, id))
+	require.Equal(t, q.ID, ev.Before.Lookup(schema.TaskQueue).ObjectID(), "a delete carries what was deleted")
+}
+
+func testStreamTransitions(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	require.NoError(t, s.TasksPreImagesEnable(ctxT(t)))
+	f := openStream(t, s, store.StreamParams{Profile: store.StreamTransitions})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ev := f.next(isOp("insert", schema.CollQueues, q.ID))
+	require.Equal(t, "q", ev.Doc.Lookup(schema.QueueName).StringValue(), "queues come whole")
+	id := insertTasks(t, s, q.ID, 1)[0]
+	ev = f.next(isOp("insert", schema.CollTasks, id))
+	require.Equal(t, bson.Type(0), ev.Doc.Lookup(schema.TaskParameters).Type, "parameters never travel")
+	require.NotEqual(t, bson.Type(0), ev.Doc.Lookup(schema.TaskCTime).Type)
+
+	claimed, err := s.TaskClaim(ctxT(t), store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	ev = f.next(isOp("update", schema.CollTasks, id))
+	require.Equal(t, int32(schema.StatusQueued), ev.Before.Lookup(schema.TaskStatus).Int32())
+	require.Equal(t, int32(schema.StatusClaimed), ev.Updated.Lookup(schema.TaskStatus).Int32())
+	require.Equal(t, "n1", ev.Updated.Lookup(schema.TaskNode).StringValue())
+	require.NoError(t, s.TaskStart(ctxT(t), store.TaskTransitionParams{ID: claimed.ID, Node: "n1"}))
+	f.next(isOp("update", schema.CollTasks, id))
+	require.NoError(t, s.TaskFinish(ctxT(t), store.TaskFinishParams{ID: claimed.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: strings.Repeat("x", 1000)}))
+	ev = f.next(isOp("update", schema.CollTasks, id))
+	require.Equal(t, int32(schema.StatusSucceeded), ev.Updated.Lookup(schema.TaskStatus).Int32())
+	require.Equal(t, bson.Type(0), ev.Updated.Lookup(schema.TaskStdout).Type, "output never travels")
+
+	// Heartbeats are not transitions; a drain request is.
+	_, err = s.NodeUpsert(ctxT(t), store.NodeUpsertParams{Node: "n1", State: schema.NodeStateRunning})
+	require.NoError(t, err)
+	ev = f.next(isOp("insert", schema.CollNodes, nil))
+	_, err = s.NodeUpsert(ctxT(t), store.NodeUpsertParams{Node: "n1", State: schema.NodeStateRunning})
+	require.NoError(t, err)
+	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStderr, Value: "more output"}})
+	_, err = s.NodeDrain(ctxT(t), store.NodeDrainParams{Node: "n1"})
+	require.NoError(t, err)
+	drain := f.next(isOp("update", schema.CollNodes, nil))
+	require.Equal(t, ev.ID, drain.ID)
+	require.True(t, drain.Updated.Lookup(schema.NodeDrain).Boolean())
+}
+
+func testStreamSignals(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	for _, n := range []string{"n1", "n2"} {
+		_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: n, State: schema.NodeStateRunning})
+		require.NoError(t, err)
+	}
+	_, err := s.StreamOpen(ctx, store.StreamParams{Profile: store.StreamSignals})
+	require.ErrorContains(t, err, "no node")
+	n1 := openStream(t, s, store.StreamParams{Profile: store.StreamSignals, Node: "n1"})
+	n2 := openStream(t, s, store.StreamParams{Profile: store.StreamSignals, Node: "n2"})
+
+	// Heartbeats are no signal; an operator's maxthreads and drain for n2 are.
+	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", State: schema.NodeStateRunning})
+	require.NoError(t, err)
+	set(t, db, schema.CollNodes, bson.D{{Key: schema.NodeNode, Value: "n2"}}, bson.D{{Key: schema.NodeMaxThreads, Value: 3}})
+	ev := n2.next(isOp("update", schema.CollNodes, nil))
+	require.Equal(t, int32(3), ev.Doc.Lookup(schema.NodeMaxThreads).Int32())
+	require.Equal(t, "n2", ev.Doc.Lookup(schema.NodeNode).StringValue())
+	_, err = s.NodeDrain(ctx, store.NodeDrainParams{Node: "n2"})
+	require.NoError(t, err)
+	ev = n2.next(isOp("update", schema.CollNodes, nil))
+	require.True(t, ev.Doc.Lookup(schema.NodeDrain).Boolean())
+
+	// A kill request goes to the node it names.
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 2)
+	kill := func(id bson.ObjectID, node string) {
+		set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskKill, Value: bson.D{
+			{Key: schema.TaskNode, Value: node}, {Key: "by", Value: "test"}, {Key: "reason", Value: "testing"}}}})
+	}
+	kill(ids[0], "n2")
+	kill(ids[1], "n1")
+	ev = n1.next(isOp("update", schema.CollTasks, ids[1]))
+	require.Equal(t, "testing", ev.Updated.Lookup(schema.TaskKill, "reason").StringValue())
+	n2.next(isOp("update", schema.CollTasks, ids[0]))
+	// And n1 saw nothing of n2's: its next signal is its own drain.
+	_, err = s.NodeDrain(ctx, store.NodeDrainParams{Node: "n1"})
+	require.NoError(t, err)
+	ev = n1.next(isOp("update", schema.CollNodes, nil))
+	require.Equal(t, "n1", ev.Doc.Lookup(schema.NodeNode).StringValue())
+}
+
+func testStreamCheckpointAndPositions(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	p := store.StreamParams{Profile: store.StreamWakeups, Name: "cp", Checkpoint: true, SaveEvery: time.Hour}
+	f := openStream(t, s, p)
+	first := insertTasks(t, s, q.ID, 1)[0]
+	ev := f.next(isOp("insert", schema.CollTasks, first))
+	f.r.Close()
+	tok, err := s.StreamTokenGet(ctxT(t), "cp")
+	require.NoError(t, err, "Close saves the position")
+	require.Equal(t, ev.Token, tok, "the position after the last event delivered")
+
+	missed := insertTasks(t, s, q.ID, 2)
+	f = openStream(t, s, p)
+	f.next(isOp("insert", schema.CollTasks, missed[0]))
+	f.next(isOp("insert", schema.CollTasks, missed[1]))
+
+	// From a token, or just after a cluster time, without a checkpoint.
+	g := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups, From: store.Position{Token: ev.Token}})
+	g.next(isOp("insert", schema.CollTasks, missed[0]))
+	h := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups, From: store.Position{Time: ev.ClusterTime}})
+	h.next(isOp("insert", schema.CollTasks, missed[0]))
+}
+
+func testStreamLostPositionFollowsThePresent(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	for name, tok := range map[string]bson.D{
+		"corrupt":   {{Key: "_data", Value: "zz"}},
+		"no _data":  {{Key: "data", Value: "82"}},
+		"in future": {{Key: "_data", Value: "82FFFFFFFF00000001"}},
+	} {
+		raw, err := bson.Marshal(tok)
+		require.NoError(t, err)
+		require.NoError(t, s.StreamTokenSave(ctxT(t), "lost-"+name, raw))
+		f := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups, Name: "lost-" + name, Checkpoint: true})
+		id := insertTasks(t, s, q.ID, 1)[0]
+		ctx, cancel := context.WithTimeout(context.Background(), streamWait)
+		b, err := f.r.Next(ctx)
+		cancel()
+		require.NoError(t, err)
+		require.NotEmpty(t, b.Lost, "%s: a Lost comes first", name)
+		require.Equal(t, int64(1), f.r.Stats().Lost)
+		_, before := f.until(isOp("insert", schema.CollTasks, id))
+		require.Empty(t, before, name)
+		f.r.Close()
+		saved, err := s.StreamTokenGet(ctxT(t), "lost-"+name)
+		require.NoError(t, err)
+		require.NotEqual(t, bson.Raw(raw), saved, "%s: the new position is saved", name)
+	}
+}
+
+func testStreamBatches(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1) // the collection exists
+	f := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups, MaxBatch: 7, BatchWait: time.Second})
+	insertTasks(t, s, q.ID, 30)
+	ctx := ctxT(t)
+	got := 0
+	for got < 30 {
+		b, err := f.r.Next(ctx)
+		require.NoError(t, err)
+		if got == 0 && len(b.Events) == 0 {
+			continue // before the inserts reached the stream
+		}
+		require.LessOrEqual(t, len(b.Events), 7)
+		if got+len(b.Events) < 30 {
+			require.Len(t, b.Events, 7, "full batches while the events come")
+		}
+		got += len(b.Events)
+		require.NotEmpty(t, b.Token)
+	}
+	require.Equal(t, 30, got)
+	// With nothing new, the position still moves and says so.
+	b, err := f.r.Next(ctx)
+	require.NoError(t, err)
+	require.Empty(t, b.Events)
+	require.True(t, b.CaughtUp)
+	require.NotEmpty(t, b.Token)
+}
+
+func testStreamDropDatabaseThenGoesOn(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	f := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups})
+	require.NoError(t, db.Drop(ctxT(t)))
+	f.until(isOp("invalidate", "", nil))
+	id := insertTasks(t, s, q.ID, 1)[0]
+	f.until(isOp("insert", schema.CollTasks, id))
+}
+
+// testStreamCloseKillsTheCursor: a reader stopped while the server holds
+// its getMore (the usual way a node stops) leaves no cursor open on the
+// server, where it would stay for ten minutes.
+func testStreamCloseKillsTheCursor(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	for _, profile := range []store.StreamProfile{store.StreamWakeups, store.StreamCounters} {
+		const maxAwait = time.Second
+		r, err := s.StreamOpen(ctxT(t), store.StreamParams{Profile: profile, MaxAwait: maxAwait})
+		require.NoError(t, err)
+		id := insertTasks(t, s, q.ID, 1)[0]
+		ctx, cancel := context.WithCancel(context.Background())
+		for delivered := false; !delivered; {
+			b, err := r.Next(ctx)
+			require.NoError(t, err)
+			for _, ev := range b.Events {
+				got, ok := ev.ID.ObjectIDOK()
+				delivered = delivered || (ok && got == id)
+			}
+		}
+		go func() {
+			time.Sleep(300 * time.Millisecond) // the server holds the next getMore
+			cancel()
+		}()
+		_, err = r.Next(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		closed := time.Now()
+		r.Close()
+		// The getMore the server was holding ends with its cursor...
+		require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 0 }, 2*time.Second, 20*time.Millisecond,
+			"%s: a getMore still runs after Close", profile)
+		// ...and no cursor is left idle once it would have ended by itself.
+		time.Sleep(time.Until(closed.Add(maxAwait + 500*time.Millisecond)))
+		require.Empty(t, mongotest.ChangeStreamCursors(t, db), "%s: a change stream cursor is left open after Close", profile)
+	}
+}

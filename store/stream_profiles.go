@@ -1,0 +1,206 @@
+package store
+
+import (
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// StreamProfile names what a change stream carries: its filter on the
+// server (changes nobody asked for never leave it), the fields it keeps
+// (a task's parameters and output never travel), and whether its events
+// carry the document before the change (pre-images).
+type StreamProfile int
+
+const (
+	// StreamWakeups is what wakes a node's claimer: queues created,
+	// changed or deleted; tasks inserted, replaced or deleted; task updates
+	// that make a task queued (-2) or move it to another queue. The claim,
+	// start and finish updates, two thirds of all task events, stay on the
+	// server. Events carry the task's queue, status and node.
+	StreamWakeups StreamProfile = iota + 1
+	// StreamCounters is what changes the queues' counters: every task
+	// insert, replace and delete, and every update of a task's status or
+	// queue (set or removed), with the task's queue and status before the
+	// change (pre-images: TasksPreImagesEnable); and queue inserts and
+	// replaces (a new queue gets its counters). The counter projector's.
+	StreamCounters
+	// StreamTransitions is every task transition (insert, delete, replace,
+	// a change of status, queue or node) with its pre-image, every queue
+	// change, and node changes other than heartbeats (state, drain, dead,
+	// maxthreads; inserts and deletes): for live subscribers. Documents
+	// come whole but for a task's parameters and output.
+	StreamTransitions
+	// StreamSignals is what an operator asks of one node
+	// (StreamParams.Node): changes of its drain request or maxthreads on
+	// its document in nodes, and kill requests (schema.TaskKill) on tasks
+	// whose request names it. Rare events: each carries the changed
+	// document, looked up after the change.
+	StreamSignals
+)
+
+func (p StreamProfile) String() string {
+	switch p {
+	case StreamWakeups:
+		return "wakeups"
+	case StreamCounters:
+		return "counters"
+	case StreamTransitions:
+		return "transitions"
+	case StreamSignals:
+		return "signals"
+	}
+	return fmt.Sprintf("StreamProfile(%d)", int(p))
+}
+
+// The fields of the change events every profile keeps.
+var eventFields = bson.D{
+	{Key: "operationType", Value: 1}, {Key: "ns", Value: 1}, {Key: "documentKey", Value: 1},
+	{Key: "clusterTime", Value: 1}, {Key: "wallTime", Value: 1},
+}
+
+func match(or ...bson.D) bson.D {
+	a := make(bson.A, len(or))
+	for i, d := range or {
+		a[i] = d
+	}
+	return bson.D{{Key: "$match", Value: bson.D{{Key: "$or", Value: a}}}}
+}
+
+func exists() bson.D { return bson.D{{Key: "$exists", Value: true}} }
+
+func in(vals ...any) bson.D { return bson.D{{Key: "$in", Value: bson.A(vals)}} }
+
+func project(fields ...string) bson.D {
+	p := append(bson.D(nil), eventFields...)
+	for _, f := range fields {
+		p = append(p, bson.E{Key: f, Value: 1})
+	}
+	return bson.D{{Key: "$project", Value: p}}
+}
+
+// databaseEnd: the database was dropped; every profile must hear it, as
+// its view of the database is then stale.
+var databaseEnd = bson.D{{Key: "operationType", Value: in("dropDatabase", "invalidate")}}
+
+// streamShape is what a profile asks of the server.
+type streamShape struct {
+	pipeline  mongo.Pipeline
+	preImages bool // fullDocumentBeforeChange: whenAvailable
+	lookup    bool // fullDocument: updateLookup
+}
+
+// options returns fresh change stream options for the shape.
+func (sh streamShape) options(maxAwait time.Duration) *options.ChangeStreamOptionsBuilder {
+	o := options.ChangeStream().SetMaxAwaitTime(maxAwait)
+	if sh.preImages {
+		o.SetFullDocumentBeforeChange(options.WhenAvailable)
+	}
+	if sh.lookup {
+		o.SetFullDocument(options.UpdateLookup)
+	}
+	return o
+}
+
+// shape returns the profile's server-side pipeline and options.
+func (p StreamProfile) shape(node string) (streamShape, error) {
+	switch p {
+	case StreamWakeups:
+		return streamShape{pipeline: mongo.Pipeline{
+			match(
+				bson.D{{Key: "ns.coll", Value: schema.CollQueues}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace", "delete", "drop", "rename")}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: int32(schema.StatusQueued)}},
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskQueue, Value: exists()}},
+				}}},
+				databaseEnd,
+			),
+			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskNode,
+				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue),
+		}}, nil
+	case StreamCounters:
+		return streamShape{preImages: true, pipeline: mongo.Pipeline{
+			match(
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace", "delete", "drop", "rename")}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: exists()}},
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskQueue, Value: exists()}},
+					bson.D{{Key: "updateDescription.removedFields", Value: in(schema.TaskStatus, schema.TaskQueue)}},
+				}}},
+				bson.D{{Key: "ns.coll", Value: schema.CollQueues}, {Key: "operationType", Value: in("insert", "replace", "drop", "rename")}},
+				databaseEnd,
+			),
+			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus,
+				"fullDocumentBeforeChange."+schema.TaskQueue, "fullDocumentBeforeChange."+schema.TaskStatus,
+				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue,
+				"updateDescription.removedFields"),
+		}}, nil
+	case StreamTransitions:
+		heavy := []string{schema.TaskParameters, schema.TaskParams, schema.TaskStdout, schema.TaskStderr}
+		drop := bson.D{}
+		for _, f := range heavy {
+			drop = append(drop, bson.E{Key: "fullDocument." + f, Value: 0}, bson.E{Key: "fullDocumentBeforeChange." + f, Value: 0},
+				bson.E{Key: "updateDescription.updatedFields." + f, Value: 0})
+		}
+		drop = append(drop, bson.E{Key: "updateDescription.truncatedArrays", Value: 0}, bson.E{Key: "txnNumber", Value: 0}, bson.E{Key: "lsid", Value: 0})
+		changed := func(fields ...string) bson.A {
+			var a bson.A
+			for _, f := range fields {
+				a = append(a, bson.D{{Key: "updateDescription.updatedFields." + f, Value: exists()}})
+			}
+			return append(a, bson.D{{Key: "updateDescription.removedFields", Value: in(anys(fields)...)}})
+		}
+		return streamShape{preImages: true, pipeline: mongo.Pipeline{
+			match(
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace", "delete", "drop", "rename")}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: changed(schema.TaskStatus, schema.TaskQueue, schema.TaskNode)}},
+				bson.D{{Key: "ns.coll", Value: schema.CollQueues}},
+				bson.D{{Key: "ns.coll", Value: schema.CollNodes}, {Key: "operationType", Value: in("insert", "replace", "delete", "drop", "rename")}},
+				bson.D{{Key: "ns.coll", Value: schema.CollNodes}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: changed(schema.NodeState, schema.NodeDrain, schema.NodeDead, schema.NodeMaxThreads)}},
+				databaseEnd,
+			),
+			{{Key: "$project", Value: drop}},
+		}}, nil
+	case StreamSignals:
+		if node == "" {
+			return streamShape{}, fmt.Errorf("change stream profile %s: no node", p)
+		}
+		return streamShape{lookup: true, pipeline: mongo.Pipeline{
+			match(
+				bson.D{{Key: "ns.coll", Value: schema.CollNodes}, {Key: "operationType", Value: in("insert", "replace")}},
+				bson.D{{Key: "ns.coll", Value: schema.CollNodes}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
+					bson.D{{Key: "updateDescription.updatedFields." + schema.NodeDrain, Value: exists()}},
+					bson.D{{Key: "updateDescription.updatedFields." + schema.NodeMaxThreads, Value: exists()}},
+					bson.D{{Key: "updateDescription.removedFields", Value: in(schema.NodeDrain, schema.NodeMaxThreads)}},
+				}}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"},
+					{Key: "updateDescription.updatedFields." + schema.TaskKill + "." + schema.TaskNode, Value: node}},
+				databaseEnd,
+			),
+			match(
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}},
+				bson.D{{Key: "fullDocument." + schema.NodeNode, Value: node}},
+				databaseEnd,
+			),
+			project("fullDocument."+schema.NodeNode, "fullDocument."+schema.NodeDrain, "fullDocument."+schema.NodeMaxThreads,
+				"fullDocument."+schema.TaskKill, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskQueue,
+				"updateDescription.updatedFields."+schema.NodeDrain, "updateDescription.updatedFields."+schema.NodeMaxThreads,
+				"updateDescription.updatedFields."+schema.TaskKill, "updateDescription.removedFields"),
+		}}, nil
+	}
+	return streamShape{}, fmt.Errorf("unknown change stream profile %d", int(p))
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
