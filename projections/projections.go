@@ -219,9 +219,11 @@ func (p *projector) run(ctx context.Context) error {
 		if b.Lost != "" {
 			p.s.log.Warn("projector position lost (no longer in the oplog, or cannot be from this deployment): recounting", "why", b.Lost)
 			r.Close()
-			if r, err = p.restart(ctx); err != nil {
+			next, err := p.restart(ctx)
+			if err != nil {
 				return err
 			}
+			r = next
 			continue
 		}
 		if len(b.Events) > 0 || (b.Token != nil && clk.Since(p.lastCommit) > 10*time.Second && string(b.Token) != string(p.token)) {
@@ -246,9 +248,11 @@ func (p *projector) run(ctx context.Context) error {
 				// Counters now describe a later moment than the stream:
 				// restart the stream just after it.
 				r.Close()
-				if r, err = p.open(ctx); err != nil {
+				next, err := p.open(ctx)
+				if err != nil {
 					return err
 				}
+				r = next
 			case errors.Is(err, store.ErrLeaseLost) || ctx.Err() != nil:
 				return err
 			case err != nil:

@@ -17,6 +17,7 @@ type Store interface {
 	TaskOrphanNode(ctx context.Context, p store.TaskOrphanNodeParams) (int64, error)
 	TaskOrphanStale(ctx context.Context, p store.TaskOrphanStaleParams) (int64, error)
 	NodesDeadRecover(ctx context.Context, p store.NodesDeadRecoverParams) ([]store.DeadNode, error)
+	LeaseSessionStart(ctx context.Context, ref store.LeaseRef) (*store.LeaseSession, error)
 }
 
 // DefaultOrphanAfter is seed 000's recommendation.
@@ -89,17 +90,26 @@ func (r *Reaper) OrphanOwn(ctx context.Context) error {
 }
 
 // Lead is the reaper's leadership duty: it sweeps every Every until the
-// term ends, so that one node of the cluster sweeps, not all.
-func (r *Reaper) Lead(ctx context.Context, _ leadership.Term) error {
+// term ends, so that one node of the cluster sweeps, not all. Its
+// recoveries run in the term's session (store.LeaseSessionStart): a
+// successor ends a recovery this node left open if it dies mid-way.
+func (r *Reaper) Lead(ctx context.Context, term leadership.Term) error {
+	sess, err := r.cfg.Store.LeaseSessionStart(ctx, term.Ref())
+	if err != nil {
+		return err
+	}
+	defer sess.End(context.Background())
 	r.log.Info("leading: sweeping stale claims and dead nodes for the cluster", "every", r.cfg.Every)
-	lifecycle.Every(ctx, r.clock, r.cfg.Every, func(ctx context.Context) { r.Sweep(ctx) })
+	lifecycle.Every(ctx, r.clock, r.cfg.Every, func(ctx context.Context) { r.sweep(ctx, sess) })
 	return nil
 }
 
 // Sweep orphans stale claims and recovers the tasks of dead nodes once; it
 // returns how many tasks it orphaned or requeued. Both judge age by the
 // server's clock, so the nodes' clocks do not matter.
-func (r *Reaper) Sweep(ctx context.Context) int64 {
+func (r *Reaper) Sweep(ctx context.Context) int64 { return r.sweep(ctx, nil) }
+
+func (r *Reaper) sweep(ctx context.Context, sess *store.LeaseSession) int64 {
 	n, err := r.cfg.Store.TaskOrphanStale(ctx, store.TaskOrphanStaleParams{OlderThan: r.cfg.OrphanAfter})
 	switch {
 	case err != nil && ctx.Err() == nil:
@@ -108,7 +118,7 @@ func (r *Reaper) Sweep(ctx context.Context) int64 {
 		r.log.Warn("orphaned stale claimed tasks", "tasks", n, "claimed_longer_than", r.cfg.OrphanAfter)
 	}
 	if r.cfg.DeadAfter > 0 && (r.cfg.MayJudge == nil || r.cfg.MayJudge()) {
-		dead, err := r.cfg.Store.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: r.cfg.DeadAfter, By: r.cfg.Node})
+		dead, err := r.cfg.Store.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: r.cfg.DeadAfter, By: r.cfg.Node, Session: sess})
 		for _, d := range dead {
 			r.log.Warn("declared a node dead: its heartbeat is too old; its claimed tasks went back to the queue and its running tasks were orphaned",
 				"dead_node", d.Node, "last_heartbeat", d.Since, "dead_after", r.cfg.DeadAfter, "requeued", d.Requeued, "orphaned", d.Orphaned)

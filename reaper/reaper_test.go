@@ -44,6 +44,10 @@ func (f *fakeStore) NodesDeadRecover(_ context.Context, p store.NodesDeadRecover
 	return []store.DeadNode{{Node: "gone", Requeued: 2, Orphaned: 3}}, nil
 }
 
+func (f *fakeStore) LeaseSessionStart(context.Context, store.LeaseRef) (*store.LeaseSession, error) {
+	return nil, nil
+}
+
 func TestOrphanOwnThenTheLeaderSweepsStaleClaimsAndDeadNodesEveryInterval(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	f := &fakeStore{}

@@ -141,6 +141,10 @@ type NodesDeadRecoverParams struct {
 	DeadAfter time.Duration
 	// By is the live node doing the recovery (written as dead_by).
 	By string
+	// Session, when set, is the recovering leader's term session
+	// (LeaseSessionStart) the transactions run in, so that a successor can
+	// end one it left open; otherwise each runs in a session of its own.
+	Session *LeaseSession
 }
 
 // DeadNode is one node declared dead, and what was done with its tasks.
@@ -193,7 +197,7 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 		if !ok || name == "" {
 			continue // no name, no tasks to recover
 		}
-		d, err := s.nodeDeadRecover(ctx, c.ID, name, stale, p.By)
+		d, err := s.nodeDeadRecover(ctx, c.ID, name, stale, p.By, p.Session)
 		if err != nil {
 			return dead, err
 		}
@@ -205,12 +209,12 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 	return dead, nil
 }
 
-func (s *Store) nodeDeadRecover(ctx context.Context, id bson.ObjectID, name string, stale bson.D, by string) (*DeadNode, error) {
-	sess, err := s.db.Client().StartSession()
+func (s *Store) nodeDeadRecover(ctx context.Context, id bson.ObjectID, name string, stale bson.D, by string, ls *LeaseSession) (*DeadNode, error) {
+	sess, end, err := s.txnSession(ctx, ls)
 	if err != nil {
 		return nil, fmt.Errorf("recover dead node %q: %w", name, err)
 	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
+	defer end()
 	var d *DeadNode
 	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
 		d = nil

@@ -162,8 +162,25 @@ func (s *Store) LeaseSessionStart(ctx context.Context, ref LeaseRef) (*LeaseSess
 	return &LeaseSession{sess: sess}, nil
 }
 
-// End ends the session, aborting a transaction left open in it.
-func (ls *LeaseSession) End(ctx context.Context) { ls.sess.EndSession(ctx) }
+// End ends the session, aborting a transaction left open in it. A nil
+// session does nothing.
+func (ls *LeaseSession) End(ctx context.Context) {
+	if ls != nil {
+		ls.sess.EndSession(ctx)
+	}
+}
+
+// txnSession is the session a transaction runs in: the lease term's when
+// given, else a new one that end ends.
+func (s *Store) txnSession(ctx context.Context, ls *LeaseSession) (sess *mongo.Session, end func(), err error) {
+	if ls != nil {
+		return ls.sess, func() {}, nil
+	}
+	if sess, err = s.db.Client().StartSession(); err != nil {
+		return nil, nil, err
+	}
+	return sess, func() { sess.EndSession(context.WithoutCancel(ctx)) }, nil
+}
 
 func decodeLease(raw bson.Raw) Lease {
 	l := Lease{}
@@ -248,15 +265,11 @@ type CountersApplyParams struct {
 // queues are written in ascending _id order so concurrent transactions
 // cannot deadlock.
 func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missing []bson.ObjectID, err error) {
-	var sess *mongo.Session
-	if p.Session != nil {
-		sess = p.Session.sess
-	} else {
-		if sess, err = s.db.Client().StartSession(); err != nil {
-			return nil, fmt.Errorf("apply counters: %w", err)
-		}
-		defer sess.EndSession(context.WithoutCancel(ctx))
+	sess, end, err := s.txnSession(ctx, p.Session)
+	if err != nil {
+		return nil, fmt.Errorf("apply counters: %w", err)
 	}
+	defer end()
 	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
 		missing = missing[:0]
 		// The checkpoint is the token, or (without one) "just after

@@ -123,6 +123,7 @@ type StreamReader struct {
 	pos     Position // after the last batch delivered: where to resume
 	lost    string   // a Lost to deliver
 	broken  bool     // the stream failed after delivering a batch: reopen first
+	closed  bool
 
 	saved   bson.Raw
 	savedAt time.Time
@@ -232,10 +233,17 @@ func (r *StreamReader) track() {
 // delivered. It returns an error only when ctx ends; the batch being
 // collected then is not delivered.
 func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
+	if r.closed {
+		return StreamBatch{}, errors.New("change stream reader closed")
+	}
 	r.save(false)
-	if r.broken {
+	if r.broken || r.cs == nil {
+		var cause error
+		if r.cs != nil {
+			cause = r.cs.Err()
+		}
 		r.broken = false
-		if err := r.reopen(ctx, r.cs.Err()); err != nil {
+		if err := r.reopen(ctx, cause); err != nil {
 			return StreamBatch{}, err
 		}
 	}
@@ -247,8 +255,11 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 	var batch []ChangeEvent
 	var first time.Time
 	for {
-		if r.cs.TryNext(ctx) {
-			r.track()
+		next := r.cs.TryNext(ctx)
+		// Even a failed or cancelled getMore may leave the driver on a new
+		// server cursor (it resumes), which Close must kill too.
+		r.track()
+		if next {
 			ev := decodeEvent(r.cs.Current, r.cs.ResumeToken())
 			batch = append(batch, ev)
 			if first.IsZero() {
@@ -363,6 +374,7 @@ func (r *StreamReader) closeStream() {
 func (r *StreamReader) Close() {
 	r.save(true)
 	r.closeStream()
+	r.closed = true
 }
 
 // TakeLost returns (and clears) why the position was lost, when that is not
