@@ -133,7 +133,20 @@ func (s *Store) leaseEndAbandoned(ctx context.Context, p LeaseAcquireParams) err
 	// user may not kill (another user's, without killAnySession) is left
 	// to the server's transaction timeout, as before sessions were recorded.
 	_ = s.db.Client().Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: bson.A{docs[0].Session}}}).Err()
-	return ctx.Err()
+	// Killed once: its id must not be killed again once its holder's
+	// driver hands it to another operation.
+	return s.leaseSessionForget(ctx, p.Name, docs[0].Session)
+}
+
+// leaseSessionForget removes a session id from the lease, if it is still
+// the one recorded.
+func (s *Store) leaseSessionForget(ctx context.Context, lease string, id bson.Raw) error {
+	_, err := s.db.Collection(CollLeases).UpdateOne(ctx, bson.D{{Key: "_id", Value: lease}, {Key: "session", Value: id}},
+		bson.D{{Key: "$unset", Value: bson.D{{Key: "session", Value: ""}}}})
+	if err != nil {
+		return fmt.Errorf("lease %s: forget a session: %w", lease, err)
+	}
+	return nil
 }
 
 // LeaseSession is the session a lease holder runs its transactions in, for
@@ -141,7 +154,9 @@ func (s *Store) leaseEndAbandoned(ctx context.Context, p LeaseAcquireParams) err
 // transaction the holder left open (see LeaseAcquire). It is for one
 // goroutine at a time.
 type LeaseSession struct {
-	sess *mongo.Session
+	s     *Store
+	lease string
+	sess  *mongo.Session
 }
 
 // LeaseSessionStart starts the session of ref's term and records its id in
@@ -159,15 +174,22 @@ func (s *Store) LeaseSessionStart(ctx context.Context, ref LeaseRef) (*LeaseSess
 		sess.EndSession(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &LeaseSession{sess: sess}, nil
+	return &LeaseSession{s: s, lease: ref.Name, sess: sess}, nil
 }
 
-// End ends the session, aborting a transaction left open in it. A nil
-// session does nothing.
+// End ends the session, aborting a transaction left open in it, and takes
+// its id off the lease: the driver hands the id on to its later
+// operations, which a successor's kill must not reach. A nil session does
+// nothing.
 func (ls *LeaseSession) End(ctx context.Context) {
-	if ls != nil {
-		ls.sess.EndSession(ctx)
+	if ls == nil {
+		return
 	}
+	id := ls.sess.ID()
+	ls.sess.EndSession(ctx) // first: it may hold the lease's lock
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_ = ls.s.leaseSessionForget(fctx, ls.lease, id)
 }
 
 // txnSession is the session a transaction runs in: the lease term's when

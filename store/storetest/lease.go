@@ -78,6 +78,13 @@ func testLeaseSession(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, int64(3), *counters[q.ID][0])
 	require.Equal(t, int64(6), *counters[q.ID][1])
+
+	// At the end of the term its id leaves the lease: the driver reuses
+	// the id for other operations, which no successor may kill.
+	sess.End(ctx)
+	got, err = s.LeaseGet(ctx, "l")
+	require.NoError(t, err)
+	require.Empty(t, got.Session)
 }
 
 // abandon opens a transaction that writes the lease document in a session
@@ -125,6 +132,7 @@ func testLeaseAcquireEndsAnAbandonedTransaction(t *testing.T, newStore Factory) 
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.Equal(t, "b", l.Owner)
 	require.Error(t, commit(), "the abandoned transaction was aborted")
+	require.Empty(t, l.Session, "a session is killed once, then forgotten")
 
 	// So is the owner's own from an earlier term (it restarted).
 	_, err = s.LeaseAcquire(ctx, store.LeaseAcquireParams{Name: "mine", Owner: "a", TTL: time.Minute})
