@@ -177,9 +177,6 @@ func (c *Claimer) Pause(reason PauseReason) bool { return c.slots.pause(reason) 
 // The caller wakes the queues (WakeAll) when claims may resume.
 func (c *Claimer) Resume(reason PauseReason) bool { return c.slots.resume(reason) }
 
-// Paused reports whether reason holds.
-func (c *Claimer) Paused(reason PauseReason) bool { return c.slots.paused(reason) }
-
 // SetNodeMax sets the node-wide cap on tasks held (nil: none) and reports
 // whether it changed. The caller wakes the queues (WakeAll) when a raised
 // cap may allow claims now.

@@ -64,13 +64,6 @@ func (s *slots) resume(reason PauseReason) bool {
 	return was
 }
 
-// paused reports whether reason holds.
-func (s *slots) paused(reason PauseReason) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pauses[reason]
-}
-
 // release gives back a slot of queue q (never below zero).
 func (s *slots) release(q bson.ObjectID) {
 	s.mu.Lock()

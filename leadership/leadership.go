@@ -76,9 +76,6 @@ type Config struct {
 	TTL    time.Duration
 	Clock  clock.Clock
 	Logger *slog.Logger
-	// Changed, when set, is told of every change of leadership (a test
-	// signal and a metrics hook); it must return quickly.
-	Changed func(leader bool, epoch int64)
 }
 
 // Status is the elector's view of the lease.
@@ -148,9 +145,6 @@ func (e *Elector) setLeader(on bool, epoch int64) {
 		e.status.Terms++
 	}
 	e.mu.Unlock()
-	if e.cfg.Changed != nil {
-		e.cfg.Changed(on, epoch)
-	}
 }
 
 // stand acquires the lease whenever it can and leads while it holds it.

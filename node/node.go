@@ -49,7 +49,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
 	log := cfg.Logger.With("node", cfg.Name)
-	n := &Node{cfg: cfg, log: log, clock: clock.Or(cfg.Clock)}
+	n := &Node{cfg: cfg, log: log, clock: cfg.Clock} // Validate set the default
 	n.queues = &queueSet{node: cfg.Name, label: cfg.Label, store: cfg.Store, plugins: cfg.Plugins, log: log}
 	ccfg := claimer.Config{
 		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Clock: cfg.Clock, Logger: log,
@@ -63,10 +63,9 @@ func New(cfg Config) (*Node, error) {
 	// The runner gives its tasks' slots back to the claimer that took them.
 	n.runner = newRunner(runnerConfig{
 		Name: cfg.Name, Store: cfg.Store, Plugins: cfg.Plugins, PluginTimeout: cfg.PluginTimeout, Observer: cfg.Observer, beforeStart: cfg.beforeStart,
-	}, nil, cfg.Clock, log)
+	}, func(q bson.ObjectID) { n.claimer.Finished(q) }, cfg.Clock, log)
 	ccfg.Dispatch, ccfg.Malformed = n.runner.dispatch, n.runner.malformed
 	n.claimer = claimer.New(ccfg)
-	n.runner.finished = n.claimer.Finished
 	n.live = newLiveness(livenessConfig{
 		Name: cfg.Name, Store: cfg.Store, MaxThreads: cfg.MaxThreads,
 		Heartbeat: cfg.Heartbeat, FenceAfter: cfg.FenceAfter, DeadAfter: cfg.DeadAfter, beatFault: cfg.beatFault, beaten: cfg.beaten,

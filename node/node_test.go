@@ -653,6 +653,20 @@ func (s *signals) count(key string) int {
 	return s.n[key]
 }
 
+// await waits up to d for key to signal once more than now; it reports
+// whether it did.
+func (s *signals) await(d time.Duration, key string) bool {
+	before := s.count(key)
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if s.count(key) > before {
+			return true
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return false
+}
+
 // advance moves the fake clock by d and waits until each key has signalled
 // once more.
 func (s *signals) advance(t *testing.T, fake *clock.Fake, d time.Duration, keys ...string) {
@@ -701,8 +715,16 @@ func TestDeadNodeTasksAreRecoveredOnce(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return leaders[0].LeaderStatus().Leader != leaders[1].LeaderStatus().Leader
 	}, 10*time.Second, time.Millisecond, "one of the two nodes leads")
-	// Every second of (fake) time: both nodes beat, the leader sweeps.
-	for elapsed := time.Second; elapsed < DefaultDeadAfter; elapsed += time.Second {
+	// Every second of (fake) time both nodes beat; the leader sweeps once
+	// its duty has started (it first records its session in the lease), so
+	// time moves on until the first sweep.
+	start := fake.Now()
+	for sig.count("swept") == 0 {
+		require.Less(t, fake.Since(start), 10*time.Second, "the leader never swept")
+		sig.advance(t, fake, time.Second, "n1/beat", "n2/beat")
+		sig.await(50*time.Millisecond, "swept")
+	}
+	for fake.Since(start) < DefaultDeadAfter-time.Second {
 		sig.advance(t, fake, time.Second, "n1/beat", "n2/beat", "swept")
 	}
 	require.Equal(t, int64(-1), b.task(ids[0]).Lookup("status").AsInt64(), "judged before serving dead-after")

@@ -105,16 +105,17 @@ func (m *taskMetrics) startFailed(error)       {}
 func (m *taskMetrics) unstarted(string, error) {}
 func (m *taskMetrics) ran(plugin.Result)       {}
 func (m *taskMetrics) end(string)              {}
-func (m *taskMetrics) started()                { m.startAt = m.clock.Now(); m.pickup() }
-func (m *taskMetrics) finished(res plugin.Result, err error) {
-	if err == nil {
-		m.obs.TaskFinished(m.queue, res.Status, m.clock.Since(m.startAt))
+
+func (m *taskMetrics) started() {
+	m.startAt = m.clock.Now()
+	if !m.ctime.IsZero() {
+		m.obs.TaskStarted(m.queue, m.startAt.Sub(m.ctime))
 	}
 }
 
-func (m *taskMetrics) pickup() {
-	if !m.ctime.IsZero() {
-		m.obs.TaskStarted(m.queue, m.startAt.Sub(m.ctime))
+func (m *taskMetrics) finished(res plugin.Result, err error) {
+	if err == nil {
+		m.obs.TaskFinished(m.queue, res.Status, m.clock.Since(m.startAt))
 	}
 }
 

@@ -197,8 +197,6 @@ type projector struct {
 	lastCommit    time.Time
 }
 
-func tsAfter(a, b bson.Timestamp) bool { return a.T > b.T || (a.T == b.T && a.I > b.I) }
-
 // run follows the stream from the checkpoint (or recounts and starts now)
 // and applies batches until ctx ends.
 func (p *projector) run(ctx context.Context) error {
@@ -337,7 +335,7 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	}
 	// Skips older than the stream position can no longer match.
 	for q, t := range p.skip {
-		if tsAfter(at, t) {
+		if at.After(t) {
 			delete(p.skip, q)
 		}
 	}
@@ -362,7 +360,7 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 		if !ok {
 			return // a task with no (valid) queue counts nowhere
 		}
-		if t, skipped := p.skip[id]; skipped && !tsAfter(at, t) {
+		if t, skipped := p.skip[id]; skipped && !at.After(t) {
 			return // already in this queue's recount
 		}
 		d := deltas[id]

@@ -248,9 +248,7 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 		}
 	}
 	if r.lost != "" {
-		why := r.lost
-		r.lost = ""
-		return StreamBatch{Token: r.pos.Token, Lost: why}, nil
+		return r.lostBatch(), nil
 	}
 	var batch []ChangeEvent
 	var first time.Time
@@ -285,9 +283,7 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 				return StreamBatch{}, err
 			}
 			if r.lost != "" {
-				why := r.lost
-				r.lost = ""
-				return StreamBatch{Token: r.pos.Token, Lost: why}, nil
+				return r.lostBatch(), nil
 			}
 			continue
 		}
@@ -300,6 +296,11 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 		b.CaughtUp = true
 		return b, nil
 	}
+}
+
+// lostBatch delivers the pending Lost.
+func (r *StreamReader) lostBatch() StreamBatch {
+	return StreamBatch{Token: r.pos.Token, Lost: r.TakeLost()}
 }
 
 func (r *StreamReader) deliver(events []ChangeEvent, tok bson.Raw) StreamBatch {
@@ -387,9 +388,6 @@ func (r *StreamReader) TakeLost() string {
 	return why
 }
 
-// Position returns the position after the last batch delivered.
-func (r *StreamReader) Position() Position { return r.pos }
-
 // save writes the position delivered last, when Checkpoint is on and it
 // changed, at most every SaveEvery (or now, with force).
 func (r *StreamReader) save(force bool) {
@@ -443,7 +441,7 @@ func (s *Store) implausible(ctx context.Context, p Position) string {
 	if !ok {
 		return ""
 	}
-	if !p.Time.IsZero() && tsAfter(p.Time, tt) {
+	if !p.Time.IsZero() && p.Time.After(tt) {
 		return "its token's time is before the position's own time"
 	}
 	hello, err := s.db.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Raw()
@@ -460,8 +458,6 @@ func (s *Store) implausible(ctx context.Context, p Position) string {
 	}
 	return ""
 }
-
-func tsAfter(a, b bson.Timestamp) bool { return a.T > b.T || (a.T == b.T && a.I > b.I) }
 
 // TokenTime is the cluster time of a resume token: its _data starts with
 // 0x82 and the 8-byte timestamp.
