@@ -69,29 +69,39 @@ func leaderOf(es map[string]*leadership.Elector) string {
 func TestOneLeaderAndAQuickSuccessorOnStop(t *testing.T) {
 	t.Parallel()
 	s := store.New(mongotest.Database(t), store.Options{})
+	// The electors wait on a fake clock; the lease expires by the server's
+	// clock a minute after each renewal, far beyond this test's run, so a
+	// successor can lead only if Stop released the lease.
+	fake := clock.NewFake(time.Now())
+	const ttl = time.Minute
+	ctx := context.Background()
 	ts := newTerms()
 	es := map[string]*leadership.Elector{}
 	for i := range 3 {
 		name := fmt.Sprintf("n%d", i)
-		es[name] = leadership.New(leadership.Config{Lease: "leader", Owner: name, Store: s, TTL: 2 * time.Second}, ts.duty)
-		require.NoError(t, es[name].Start(context.Background()))
+		es[name] = leadership.New(leadership.Config{Lease: "leader", Owner: name, Store: s, TTL: ttl, Clock: fake}, ts.duty)
+		require.NoError(t, es[name].Start(ctx))
 		t.Cleanup(es[name].Stop)
 	}
 	var first string
 	require.Eventually(t, func() bool { first = leaderOf(es); return first != "" }, 10*time.Second, 5*time.Millisecond)
 	require.Len(t, first, 2, "%s", first)
-	time.Sleep(time.Second) // a few renewals and failed acquires
+	for range 3 { // a few renewals and failed acquires
+		require.NoError(t, fake.BlockUntil(ctx, 3)) // two followers' waits and the leader's renewal ticker
+		fake.Advance(ttl / 4)
+	}
+	require.NoError(t, fake.BlockUntil(ctx, 3))
 	require.Equal(t, first, leaderOf(es), "the leader changed without a reason")
 	require.Equal(t, 1, ts.leaders())
 
-	// Stop releases the lease: a successor leads well before the TTL.
-	stopped := time.Now()
+	// Stop releases the lease: a follower takes it at its next attempt.
 	es[first].Stop()
+	require.NoError(t, fake.BlockUntil(ctx, 2))
+	fake.Advance(ttl / 4)
 	var second string
-	require.Eventually(t, func() bool { second = leaderOf(es); return second != "" }, 10*time.Second, 5*time.Millisecond)
-	took := time.Since(stopped)
+	require.Eventually(t, func() bool { second = leaderOf(es); return second != "" }, 10*time.Second, 5*time.Millisecond,
+		"no follower took the released lease")
 	require.NotEqual(t, first, second)
-	require.Less(t, took, 2*time.Second/4+time.Second, "the successor waited for the lease to expire: %v", took)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	require.Equal(t, 1, ts.most, "two terms overlapped")
@@ -102,18 +112,21 @@ func TestAbandonedLeaseIsTakenAfterItExpires(t *testing.T) {
 	t.Parallel()
 	s := store.New(mongotest.Database(t), store.Options{})
 	ts := newTerms()
-	a := leadership.New(leadership.Config{Lease: "leader", Owner: "a", Store: s, TTL: 2 * time.Second}, ts.duty)
+	const ttl = 4 * time.Second
+	a := leadership.New(leadership.Config{Lease: "leader", Owner: "a", Store: s, TTL: ttl}, ts.duty)
 	require.NoError(t, a.Start(context.Background()))
 	require.Eventually(t, func() bool { return a.Status().Leader }, 10*time.Second, 5*time.Millisecond)
-	b := leadership.New(leadership.Config{Lease: "leader", Owner: "b", Store: s, TTL: 2 * time.Second}, ts.duty)
+	b := leadership.New(leadership.Config{Lease: "leader", Owner: "b", Store: s, TTL: ttl}, ts.duty)
 	require.NoError(t, b.Start(context.Background()))
 	t.Cleanup(b.Stop)
 	crashed := time.Now()
 	a.Abandon()
-	time.Sleep(time.Second)
+	// The last renewal landed at most TTL/4 before the crash: the lease
+	// lives at least 3/4 of the TTL after it.
+	time.Sleep(ttl / 4)
 	require.False(t, b.Status().Leader, "the lease was taken before it expired")
-	require.Eventually(t, func() bool { return b.Status().Leader }, 10*time.Second, 10*time.Millisecond)
-	require.GreaterOrEqual(t, time.Since(crashed), 1500*time.Millisecond)
+	require.Eventually(t, func() bool { return b.Status().Leader }, 20*time.Second, 10*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(crashed), ttl*3/4)
 	require.Equal(t, int64(2), b.Status().Epoch)
 }
 
