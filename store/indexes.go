@@ -17,24 +17,28 @@ type Index struct {
 	Keys       bson.D
 	Unique     bool
 	Why        string
+	// UniqueIfPossible: when existing documents break uniqueness, the
+	// index is created without it rather than not at all.
+	UniqueIfPossible bool
 }
 
 // Indexes lists every index IndexesEnsure creates.
 var Indexes = []Index{
 	{schema.CollTasks, bson.D{{Key: "node", Value: 1}, {Key: "status", Value: 1}, {Key: "queue", Value: 1}, {Key: "_id", Value: 1}}, false,
-		"the claim: {node, status, queue} equality, sorted by _id either way; also a node's own tasks at start-up"},
+		"the claim: {node, status, queue} equality, sorted by _id either way; also a node's own tasks at start-up", false},
 	{schema.CollTasks, bson.D{{Key: "queue", Value: 1}, {Key: "status", Value: 1}}, false,
-		"per-queue counts, recounts and task listings"},
+		"per-queue counts, recounts and task listings", false},
 	{schema.CollTasks, bson.D{{Key: "status", Value: 1}, {Key: "mtime", Value: 1}}, false,
-		"the reaper: claimed tasks whose mtime is too old"},
-	{schema.CollQueues, bson.D{{Key: "name", Value: 1}}, false,
-		"queues by name (not unique: seed 000 allows duplicate names; the CLI refuses them)"},
+		"the reaper: claimed tasks whose mtime is too old", false},
+	{schema.CollQueues, bson.D{{Key: "name", Value: 1}}, true,
+		"queues by name, unique as Disbatch 4.103 creates it (so concurrent creates of one name cannot both win, and 4.103 nodes start); " +
+			"without uniqueness on a database that already holds duplicate names (seed 000 allows them)", true},
 	{schema.CollNodes, bson.D{{Key: "node", Value: 1}}, true,
-		"one document per node"},
+		"one document per node", false},
 	{schema.CollTasksFiles, bson.D{{Key: "metadata.task_id", Value: 1}}, false,
-		"a task's GridFS output"},
+		"a task's GridFS output", false},
 	{schema.CollTasksChunks, bson.D{{Key: "files_id", Value: 1}, {Key: "n", Value: 1}}, true,
-		"GridFS chunks in order"},
+		"GridFS chunks in order", false},
 }
 
 // IndexesEnsure creates the indexes in Indexes. It is idempotent, and an
@@ -70,11 +74,34 @@ func (s *Store) IndexesEnsure(ctx context.Context) error {
 		if len(models) == 0 {
 			continue
 		}
-		if _, err := c.Indexes().CreateMany(ctx, models); err != nil {
+		_, err = c.Indexes().CreateMany(ctx, models)
+		if isDuplicateKey(err) {
+			models = relaxUniqueness(models, byColl[coll])
+			_, err = c.Indexes().CreateMany(ctx, models)
+		}
+		if err != nil {
 			return fmt.Errorf("create indexes on %s (%s): %w", coll, describeModels(models), err)
 		}
 	}
 	return nil
+}
+
+// relaxUniqueness drops uniqueness from the models of indexes that allow it.
+func relaxUniqueness(models []mongo.IndexModel, ixs []Index) []mongo.IndexModel {
+	relax := map[string]bool{}
+	for _, ix := range ixs {
+		if ix.UniqueIfPossible {
+			relax[keyString(ix.Keys)] = true
+		}
+	}
+	out := make([]mongo.IndexModel, len(models))
+	for i, m := range models {
+		out[i] = m
+		if relax[keyString(m.Keys.(bson.D))] {
+			out[i].Options = options.Index()
+		}
+	}
+	return out
 }
 
 func existingKeys(ctx context.Context, c *mongo.Collection) (map[string]bool, error) {

@@ -93,6 +93,9 @@ func (s *Store) QueueCreate(ctx context.Context, p QueueCreateParams) (schema.Qu
 		{Key: schema.QueueSort, Value: string(sort)},
 	}
 	if _, err := s.queues.InsertOne(ctx, doc); err != nil {
+		if isDuplicateKey(err) { // a concurrent create won (the unique index on name)
+			return schema.Queue{}, fmt.Errorf("create queue %q: %w", p.Name, ErrQueueExists)
+		}
 		return schema.Queue{}, fmt.Errorf("create queue %q: %w", p.Name, err)
 	}
 	raw, err := bson.Marshal(doc)

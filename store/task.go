@@ -27,6 +27,10 @@ type TaskInsertManyParams struct {
 	// that the node's spans join the submitter's trace.
 	TraceParent string
 	TraceState  string
+	// Dialect4103 writes the tasks as Disbatch 4.103's web API does, with
+	// params for parameters and node null for -1, so that Perl nodes
+	// sharing the database run them too (this project's nodes read both).
+	Dialect4103 bool
 }
 
 // TaskInsertMany inserts queued tasks exactly as seed 000 describes them:
@@ -51,14 +55,18 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 		if params == nil {
 			params = emptyDoc
 		}
+		node, paramsKey := any(schema.Unclaimed), schema.TaskParameters
+		if p.Dialect4103 {
+			node, paramsKey = nil, schema.TaskParams
+		}
 		d := bson.D{
 			{Key: "_id", Value: ids[i]},
 			{Key: schema.TaskQueue, Value: p.Queue},
 			{Key: schema.TaskCTime, Value: now},
 			{Key: schema.TaskMTime, Value: now},
-			{Key: schema.TaskNode, Value: schema.Unclaimed},
+			{Key: schema.TaskNode, Value: node},
 			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
-			{Key: schema.TaskParameters, Value: params},
+			{Key: paramsKey, Value: params},
 			{Key: schema.TaskStdout, Value: nil},
 			{Key: schema.TaskStderr, Value: nil},
 		}

@@ -1,0 +1,201 @@
+package storetest
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// The store's side of the Disbatch 4.103 HTTP routes.
+
+func testQueueCreateConcurrentOneWins(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = s.QueueCreate(ctx, store.QueueCreateParams{Name: "same", Constructor: "Disbatch::Plugin::Demo"})
+		}()
+	}
+	wg.Wait()
+	won := 0
+	for _, err := range errs {
+		if err == nil {
+			won++
+			continue
+		}
+		require.ErrorIs(t, err, store.ErrQueueExists)
+	}
+	require.Equal(t, 1, won)
+	docs, err := s.QueueDocs(ctx)
+	require.NoError(t, err)
+	require.Len(t, docs, 1)
+}
+
+func testIndexesEnsureBesideDuplicateNames(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	_, err := db.Collection(schema.CollQueues).InsertMany(ctx, []any{bson.D{{Key: "name", Value: "twice"}}, bson.D{{Key: "name", Value: "twice"}}})
+	require.NoError(t, err)
+	require.NoError(t, s.IndexesEnsure(ctx), "duplicate names must not stop a node")
+	want, err := bson.Marshal(bson.D{{Key: "name", Value: 1}})
+	require.NoError(t, err)
+	spec, ok := indexKeys(t, db, schema.CollQueues)[bson.Raw(want).String()]
+	require.True(t, ok, "the name index exists, without uniqueness")
+	unique, _ := spec.Lookup("unique").BooleanOK()
+	require.False(t, unique)
+}
+
+func testDocumentsByRef(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q := newQueue(t, s, "refs", schema.SortFIFO)
+	other := newQueue(t, s, "other", schema.SortFIFO)
+
+	id, err := s.QueueResolve(ctx, "refs")
+	require.NoError(t, err)
+	require.Equal(t, q.ID, id)
+	id, err = s.QueueResolve(ctx, q.ID.Hex())
+	require.NoError(t, err)
+	require.Equal(t, q.ID, id)
+	_, err = s.QueueResolve(ctx, bson.NewObjectID().Hex())
+	require.ErrorIs(t, err, store.ErrNotFound, "a hex id that matches nothing is not tried as a name")
+
+	// QueueSet: both dialects, counts, a taken name.
+	w, err := s.QueueSet(ctx, store.QueueSetParams{Ref: "refs", Threads: ptr(3), Plugin: ptr("P")})
+	require.NoError(t, err)
+	require.Equal(t, store.WriteCounts{Matched: 1, Modified: 1}, w)
+	got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: q.ID.Hex()})
+	require.NoError(t, err)
+	require.Equal(t, 3, *got.MaxThreads)
+	require.Equal(t, "P", got.Constructor)
+	require.Equal(t, int32(3), got.Raw.Lookup(schema.QueueThreads).Int32())
+	require.Equal(t, "P", got.Raw.Lookup(schema.QueuePlugin).StringValue())
+	w, err = s.QueueSet(ctx, store.QueueSetParams{Ref: q.ID.Hex(), Threads: ptr(3)})
+	require.NoError(t, err)
+	require.Equal(t, store.WriteCounts{Matched: 1, Modified: 0}, w)
+	w, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "nope", Threads: ptr(3)})
+	require.NoError(t, err)
+	require.Equal(t, store.WriteCounts{}, w)
+	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "refs", Name: ptr("other")})
+	require.ErrorIs(t, err, store.ErrQueueExists)
+	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "refs", Name: ptr("refs")})
+	require.NoError(t, err, "keeping one's own name is no clash")
+
+	// Running counts read only claimed and running tasks.
+	ids := insertTasks(t, s, q.ID, 4)
+	insertTasks(t, s, other.ID, 1)
+	_, err = db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[0]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -1}}}})
+	require.NoError(t, err)
+	_, err = db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 0}}}})
+	require.NoError(t, err)
+	_, err = db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[2]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}}}})
+	require.NoError(t, err)
+	running, err := s.TaskRunningCounts(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[bson.ObjectID]int64{q.ID: 2}, running)
+	queued, run, done, err := s.QueueStatusCounts(ctx, q.ID)
+	require.NoError(t, err)
+	require.Equal(t, [3]int64{1, 2, 1}, [3]int64{queued, run, done})
+
+	// TaskFind and TaskCount take the caller's filter, projection, skip, limit.
+	docs, err := s.TaskFind(ctx, store.TaskFindParams{Filter: bson.D{{Key: "queue", Value: q.ID}}, Projection: bson.D{{Key: "status", Value: 1}},
+		Sort: bson.D{{Key: "_id", Value: 1}}, Skip: 1, Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, docs, 2)
+	require.Equal(t, ids[1], docs[0].Lookup("_id").ObjectID())
+	_, hasQueue := docs[0].Lookup("queue").ObjectIDOK()
+	require.False(t, hasQueue, "projected away")
+	n, err := s.TaskCount(ctx, bson.D{{Key: "queue", Value: q.ID}}, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(4), n)
+	keys, err := s.TaskIndexKeys(ctx)
+	require.NoError(t, err)
+	require.Contains(t, keys, []string{"_id"})
+	require.Contains(t, keys, []string{"queue", "status"})
+
+	// The 4.103 task shape.
+	p, err := bson.Marshal(bson.D{{Key: "a", Value: 1}})
+	require.NoError(t, err)
+	perl, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{p}, Dialect4103: true})
+	require.NoError(t, err)
+	raw := rawDoc(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: perl[0]}})
+	require.Equal(t, bson.TypeNull, raw.Lookup("node").Type)
+	require.Equal(t, int32(1), raw.Lookup("params", "a").Int32())
+	_, err = raw.LookupErr("parameters")
+	require.Error(t, err)
+
+	// Documents of another collection, bounded.
+	_, err = db.Collection("users").InsertMany(ctx, []any{bson.D{{Key: "u", Value: 1}, {Key: "x", Value: "a"}}, bson.D{{Key: "u", Value: 2}, {Key: "x", Value: "b"}}})
+	require.NoError(t, err)
+	us, err := s.DocumentsFind(ctx, store.DocumentsFindParams{Collection: "users", Filter: bson.D{}, Projection: bson.D{{Key: "x", Value: 1}}, Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, us, 2)
+	_, err = s.DocumentsFind(ctx, store.DocumentsFindParams{Collection: "users", Limit: 1})
+	require.ErrorIs(t, err, store.ErrTooMany)
+
+	// Delete only the queue document.
+	w, err = s.QueueDocDelete(ctx, "refs")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), w.Deleted)
+	n, err = s.TaskCount(ctx, bson.D{{Key: "queue", Value: q.ID}}, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), n, "the tasks stay")
+	w, err = s.QueueDocDelete(ctx, "refs")
+	require.NoError(t, err)
+	require.Equal(t, int64(0), w.Deleted)
+}
+
+func testNodeDocsAndBalance(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	for _, name := range []string{"b", "a"} {
+		_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: name})
+		require.NoError(t, err)
+	}
+	docs, err := s.NodeDocs(ctx)
+	require.NoError(t, err)
+	require.Len(t, docs, 2)
+	require.Equal(t, "a", docs[0].Lookup("node").StringValue())
+	a, err := s.NodeDoc(ctx, "a")
+	require.NoError(t, err)
+	byID, err := s.NodeDoc(ctx, a.Lookup("_id").ObjectID().Hex())
+	require.NoError(t, err)
+	require.Equal(t, a, byID)
+	_, err = s.NodeDoc(ctx, "zz")
+	require.ErrorIs(t, err, store.ErrNotFound)
+	w, err := s.NodeMaxThreadsSet(ctx, store.NodeMaxThreadsSetParams{Ref: "a", MaxThreads: ptr(5)})
+	require.NoError(t, err)
+	require.Equal(t, store.WriteCounts{Matched: 1, Modified: 1}, w)
+	w, err = s.NodeMaxThreadsSet(ctx, store.NodeMaxThreadsSetParams{Ref: "zz", MaxThreads: ptr(5)})
+	require.NoError(t, err)
+	require.Equal(t, store.WriteCounts{}, w, "no upsert")
+	n, err := s.NodeGet(ctx, "a")
+	require.NoError(t, err)
+	require.Equal(t, 5, *n.MaxThreads)
+
+	b, err := s.BalanceGet(ctx)
+	require.NoError(t, err)
+	require.Nil(t, b)
+	require.NoError(t, s.BalanceSet(ctx, bson.D{{Key: "queues", Value: bson.A{bson.A{"x"}}}}))
+	require.NoError(t, s.BalanceSet(ctx, bson.D{{Key: "disabled", Value: 0}}))
+	b, err = s.BalanceGet(ctx)
+	require.NoError(t, err)
+	require.Equal(t, `[["x"]]`, b.Lookup("queues").String())
+	_, err = b.LookupErr("disabled")
+	require.NoError(t, err)
+
+	now, err := s.ServerNow(ctx)
+	require.NoError(t, err)
+	require.False(t, now.IsZero())
+}
