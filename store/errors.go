@@ -26,3 +26,21 @@ func isTooLarge(err error) bool {
 	}
 	return errors.Is(err, driver.ErrDocumentTooLarge)
 }
+
+// ServerMessage returns the message MongoDB itself gave for err (a
+// command or write error), without the store's wrapping, when there is one.
+func ServerMessage(err error) (string, bool) {
+	var se mongo.ServerError
+	if !errors.As(err, &se) {
+		return "", false
+	}
+	var ce mongo.CommandError
+	if errors.As(err, &ce) {
+		return ce.Message, true
+	}
+	var we mongo.WriteException
+	if errors.As(err, &we) && len(we.WriteErrors) > 0 {
+		return we.WriteErrors[0].Message, true
+	}
+	return se.Error(), true
+}

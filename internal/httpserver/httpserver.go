@@ -5,6 +5,7 @@ package httpserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -77,7 +78,11 @@ type Config struct {
 	// ShutdownTimeout is how long Stop lets requests in flight finish
 	// before it closes their connections.
 	ShutdownTimeout time.Duration
-	Logger          *slog.Logger
+	// TLSCertFile and TLSKeyFile, both set, serve HTTPS (TLS 1.2 or
+	// newer) with that certificate; they are read at Start.
+	TLSCertFile string
+	TLSKeyFile  string
+	Logger      *slog.Logger
 }
 
 // Server is an HTTP server with the project's lifecycle: Start listens and
@@ -123,9 +128,20 @@ func New(cfg Config) *Server {
 // Stop.
 func (s *Server) Start(ctx context.Context) error {
 	return s.Base.Start(ctx, func(_ context.Context, run *lifecycle.Run) error {
+		var tlsConfig *tls.Config
+		if s.cfg.TLSCertFile != "" || s.cfg.TLSKeyFile != "" {
+			cert, err := tls.LoadX509KeyPair(s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
+			if err != nil {
+				return fmt.Errorf("%s: load the TLS certificate and key: %w", s.cfg.Name, err)
+			}
+			tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		}
 		ln, err := net.Listen("tcp", s.cfg.Addr)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.cfg.Name, err)
+		}
+		if tlsConfig != nil {
+			ln = tls.NewListener(ln, tlsConfig)
 		}
 		srv := &http.Server{
 			Handler:           s.routes(),
