@@ -184,3 +184,22 @@ func TestGoldenEmptyDatabaseAndNodes(t *testing.T) {
 			prefix: `{"disbatch":{"message":"Disbatch is running on one or more nodes","nodes":{"fresh":{"node-a":`},
 	})
 }
+
+func TestQueueBrowserPageWithoutAWebRoot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	status, hdr, body := b.do("GET", "/", "", "")
+	require.Equal(t, 200, status)
+	require.Equal(t, "text/html", hdr.Get("Content-Type"))
+	require.Contains(t, body, `<script src="/js/queues.js">`)
+	status, hdr, body = b.do("GET", "/js/queues.js", "", "")
+	require.Equal(t, 200, status)
+	require.Equal(t, "application/javascript", hdr.Get("Content-Type"))
+	for _, call := range []string{`call("GET", "/queues")`, `call("GET", "/nodes")`, `call("GET", "/plugins")`, `call("POST", "/queues"`} {
+		require.Contains(t, body, call)
+	}
+	status, _, _ = b.do("GET", "/js/../../etc/passwd", "", "")
+	require.Equal(t, 404, status)
+	status, _, body = b.do("GET", "/js/", "", "")
+	require.Equal(t, 404, status, body)
+}

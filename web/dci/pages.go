@@ -1,12 +1,17 @@
 package dci
 
 import (
+	"bytes"
+	"embed"
 	"html/template"
+	"io/fs"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // wantHTML is 4.103's want_json turned round: JSON unless the Accept
@@ -71,8 +76,15 @@ func htmlPage(w http.ResponseWriter, status int, d pageData) {
 	_ = page.Execute(w, d)
 }
 
-// GET /: the queue browser page of 4.103 lives in its web root
-// (index.html); without one, a page of links.
+//go:embed static
+var embedded embed.FS
+
+// assets are the queue browser's page and scripts, served when no web
+// root is given (or it lacks the file).
+var assets, _ = fs.Sub(embedded, "static")
+
+// GET /: the queue browser page, 4.103's own from the web root when one
+// is given, else this server's.
 func (h *Handler) index(w http.ResponseWriter, r *http.Request, _ map[string]string) {
 	if h.o.WebRoot != "" {
 		if _, err := os.Stat(filepath.Join(h.o.WebRoot, "index.html")); err == nil {
@@ -80,25 +92,42 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request, _ map[string]str
 			return
 		}
 	}
-	htmlPage(w, http.StatusOK, pageData{H1: "Disbatch"})
+	serveAsset(w, r, "index.html")
 }
 
-// static serves files of the web root, and 404 for the rest.
+// static serves files of the web root, then the embedded ones, and 404
+// for the rest.
 func (h *Handler) static(w http.ResponseWriter, r *http.Request, _ map[string]string) {
-	if h.o.WebRoot == "" {
+	clean := path.Clean("/" + r.URL.Path)
+	if h.o.WebRoot != "" {
+		name := filepath.Join(h.o.WebRoot, filepath.FromSlash(clean))
+		if st, err := os.Stat(name); err == nil && !st.IsDir() {
+			if ct, ok := staticTypes[filepath.Ext(name)]; ok {
+				w.Header().Set("Content-Type", ct)
+			}
+			http.ServeFile(w, r, name)
+			return
+		}
+	}
+	if st, err := fs.Stat(assets, strings.TrimPrefix(clean, "/")); err == nil && !st.IsDir() {
+		serveAsset(w, r, strings.TrimPrefix(clean, "/"))
+		return
+	}
+	notFound(w)
+}
+
+func serveAsset(w http.ResponseWriter, r *http.Request, name string) {
+	b, err := fs.ReadFile(assets, name)
+	if err != nil {
 		notFound(w)
 		return
 	}
-	name := filepath.Join(h.o.WebRoot, filepath.FromSlash(filepath.Clean("/"+r.URL.Path)))
-	st, err := os.Stat(name)
-	if err != nil || st.IsDir() {
-		notFound(w)
-		return
+	ct, ok := staticTypes[path.Ext(name)]
+	if !ok {
+		ct = "application/octet-stream"
 	}
-	if ct, ok := staticTypes[filepath.Ext(name)]; ok {
-		w.Header().Set("Content-Type", ct)
-	}
-	http.ServeFile(w, r, name)
+	w.Header().Set("Content-Type", ct)
+	http.ServeContent(w, r, name, time.Time{}, bytes.NewReader(b))
 }
 
 // staticTypes are the Content-Types 4.103's static files go out with
