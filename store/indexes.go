@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -44,11 +45,15 @@ var Indexes = []Index{
 // IndexesEnsure creates the indexes in Indexes. It is idempotent, and an
 // index with the same keys that already exists under another name or with
 // other options (as Disbatch 4.103 creates some) counts as present, so a
-// database shared with Perl nodes never gets a conflict.
-func (s *Store) IndexesEnsure(ctx context.Context) error {
+// database shared with Perl nodes never gets a conflict. Collections, when
+// given, limit it to the indexes of those collections.
+func (s *Store) IndexesEnsure(ctx context.Context, collections ...string) error {
 	byColl := map[string][]Index{}
 	var order []string
 	for _, ix := range Indexes {
+		if len(collections) > 0 && !slices.Contains(collections, ix.Collection) {
+			continue
+		}
 		if _, ok := byColl[ix.Collection]; !ok {
 			order = append(order, ix.Collection)
 		}

@@ -16,7 +16,10 @@ import (
 func testQueueCreateConcurrentOneWins(t *testing.T, newStore Factory) {
 	s, _ := newStore(t, store.Options{})
 	ctx := ctxT(t)
-	require.NoError(t, s.IndexesEnsure(ctx))
+	require.NoError(t, s.IndexesEnsure(ctx, schema.CollQueues), "the queues' indexes only, as disbatch-web makes them")
+	keys, err := s.TaskIndexKeys(ctx)
+	require.NoError(t, err)
+	require.Empty(t, keys, "no index of tasks was made")
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {

@@ -80,6 +80,9 @@ func Run(t *testing.T, newStore Factory) {
 		{"StreamBatches", testStreamBatches},
 		{"StreamDropDatabaseThenGoesOn", testStreamDropDatabaseThenGoesOn},
 		{"StreamCloseKillsTheCursor", testStreamCloseKillsTheCursor},
+		{"TaskSearch", testTaskSearch},
+		{"TaskOutputOpen", testTaskOutputOpen},
+		{"QueueModify", testQueueModify},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -1,0 +1,87 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// QueueModify is QueueUpdate in one round trip that also returns the queue
+// as it is after the change: a findOneAndUpdate with $set/$unset, both
+// dialects kept in step (constructor and plugin, maxthreads and threads).
+// A new name already taken is ErrQueueExists, also when a concurrent
+// rename wins the unique index; a queue that is gone is ErrNotFound.
+func (s *Store) QueueModify(ctx context.Context, p QueueUpdateParams) (schema.Queue, error) {
+	set, unset := bson.D{}, bson.D{}
+	if p.Name != nil {
+		if err := ValidateQueueName(*p.Name); err != nil {
+			return schema.Queue{}, err
+		}
+		if err := s.queueNameFree(ctx, *p.Name, bson.D{{Key: "_id", Value: p.ID}}); err != nil {
+			return schema.Queue{}, err
+		}
+		set = append(set, bson.E{Key: schema.QueueName, Value: *p.Name})
+	}
+	if p.Constructor != nil {
+		if strings.TrimSpace(*p.Constructor) == "" {
+			return schema.Queue{}, errors.New("constructor must not be empty")
+		}
+		set = append(set, bson.E{Key: schema.QueueConstructor, Value: *p.Constructor}, bson.E{Key: schema.QueuePlugin, Value: *p.Constructor})
+	}
+	if p.SetMaxThreads {
+		if err := validateMaxThreads(p.MaxThreads); err != nil {
+			return schema.Queue{}, err
+		}
+		set = append(set, bson.E{Key: schema.QueueMaxThreads, Value: p.MaxThreads}, bson.E{Key: schema.QueueThreads, Value: p.MaxThreads})
+	}
+	if p.Sort != nil {
+		if !p.Sort.Valid() {
+			return schema.Queue{}, fmt.Errorf("sort must be fifo, lifo or default, got %q", *p.Sort)
+		}
+		sort := *p.Sort
+		if sort == "" {
+			sort = schema.SortDefault
+		}
+		set = append(set, bson.E{Key: schema.QueueSort, Value: string(sort)})
+	}
+	for _, l := range []struct {
+		key  string
+		vals *[]string
+	}{{schema.QueueNodesPin, p.NodesPin}, {schema.QueueNodesIgnore, p.NodesIgnore}} {
+		switch {
+		case l.vals == nil:
+		case len(*l.vals) == 0:
+			unset = append(unset, bson.E{Key: l.key, Value: ""})
+		default:
+			set = append(set, bson.E{Key: l.key, Value: *l.vals})
+		}
+	}
+	update := bson.D{}
+	if len(set) > 0 {
+		update = append(update, bson.E{Key: "$set", Value: set})
+	}
+	if len(unset) > 0 {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
+	}
+	if len(update) == 0 {
+		return schema.Queue{}, errors.New("nothing to update")
+	}
+	raw, err := s.queues.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.ID}}, update,
+		options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return schema.Queue{}, fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+	case isDuplicateKey(err):
+		return schema.Queue{}, fmt.Errorf("rename queue %s: %w", p.ID.Hex(), ErrQueueExists)
+	case err != nil:
+		return schema.Queue{}, fmt.Errorf("update queue %s: %w", p.ID.Hex(), err)
+	}
+	return schema.DecodeQueue(raw)
+}

@@ -1,0 +1,191 @@
+package apiv1
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+func TestQueueLifecycle(t *testing.T) {
+	e := setup(t)
+	ctx := ctxT(t)
+
+	var empty struct {
+		Queues  []Queue `json:"queues"`
+		Skipped int     `json:"skipped"`
+	}
+	e.want(200, "GET", "/api/v1/queues", nil).decode(t, &empty)
+	require.Empty(t, empty.Queues)
+
+	r := e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "démo ✓", "plugin": "Disbatch::Plugin::Demo"})
+	var q Queue
+	r.decode(t, &q)
+	require.Equal(t, "/api/v1/queues/"+q.ID, r.header.Get("Location"))
+	require.Equal(t, "démo ✓", q.Name)
+	require.Equal(t, "Disbatch::Plugin::Demo", q.Plugin)
+	require.Equal(t, 1, *q.MaxThreads, "a new queue runs by default")
+	require.Equal(t, "default", q.Sort)
+	require.Equal(t, []string{}, q.NodesPin)
+	require.Equal(t, Counts{}, q.Counts, "no counters until a node creates them")
+
+	// Both dialects are written, so 4.103 nodes run it too.
+	raw, err := e.db.Collection(schema.CollQueues).FindOne(ctx, bson.D{{Key: "name", Value: "démo ✓"}}).Raw()
+	require.NoError(t, err)
+	require.Equal(t, "Disbatch::Plugin::Demo", raw.Lookup("plugin").StringValue())
+	require.EqualValues(t, 1, raw.Lookup("threads").AsInt64())
+
+	// By id and by (escaped) name.
+	var got Queue
+	e.want(200, "GET", "/api/v1/queues/"+q.ID, nil).decode(t, &got)
+	require.Equal(t, q, got)
+	e.want(200, "GET", "/api/v1/queues/d%C3%A9mo%20%E2%9C%93", nil).decode(t, &got)
+	require.Equal(t, q.ID, got.ID)
+
+	// Counters as the projection keeps them, running tasks counted live.
+	qid, _ := bson.ObjectIDFromHex(q.ID)
+	ids, err := e.st.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: qid, Parameters: make([]bson.Raw, 5)})
+	require.NoError(t, err)
+	_, err = e.st.TaskClaim(ctx, store.TaskClaimParams{Queue: qid, Node: "n1"})
+	require.NoError(t, err)
+	_, err = e.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: qid}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_todo", Value: 4}, {Key: "count_total", Value: 6}}}})
+	require.NoError(t, err)
+	e.want(200, "GET", "/api/v1/queues/"+q.ID, nil).decode(t, &got)
+	require.Equal(t, Counts{Queued: ptr[int64](3), Running: 1, Finished: ptr[int64](2), Total: ptr[int64](6)}, got.Counts)
+	require.Len(t, ids, 5)
+
+	// PATCH: every field, answered as stored.
+	e.want(200, "PATCH", "/api/v1/queues/"+q.ID, map[string]any{
+		"name": "renamed", "plugin": "P2", "maxthreads": nil, "sort": "lifo", "nodes_pin": []string{"n1", "n2"}, "nodes_ignore": []string{"n3"},
+	}).decode(t, &got)
+	require.Equal(t, "renamed", got.Name)
+	require.Equal(t, "P2", got.Plugin)
+	require.Nil(t, got.MaxThreads)
+	require.Equal(t, "lifo", got.Sort)
+	require.Equal(t, []string{"n1", "n2"}, got.NodesPin)
+	require.Equal(t, []string{"n3"}, got.NodesIgnore)
+	require.Equal(t, int64(1), got.Counts.Running)
+	e.want(200, "PATCH", "/api/v1/queues/renamed", map[string]any{"nodes_pin": []string{}, "maxthreads": 4}).decode(t, &got)
+	require.Equal(t, []string{}, got.NodesPin)
+	require.Equal(t, 4, *got.MaxThreads)
+	raw, err = e.db.Collection(schema.CollQueues).FindOne(ctx, bson.D{{Key: "_id", Value: qid}}).Raw()
+	require.NoError(t, err)
+	require.EqualValues(t, 4, raw.Lookup("threads").AsInt64())
+	require.Equal(t, "P2", raw.Lookup("constructor").StringValue())
+
+	var list struct {
+		Queues  []Queue `json:"queues"`
+		Skipped int     `json:"skipped"`
+	}
+	e.want(200, "GET", "/api/v1/queues", nil).decode(t, &list)
+	require.Len(t, list.Queues, 1)
+	require.Equal(t, got, list.Queues[0])
+
+	// DELETE: refused while tasks are unfinished, then forced.
+	e.wantErr(409, CodeUnfinishedTasks, "force", "DELETE", "/api/v1/queues/renamed", nil)
+	e.wantErr(400, CodeInvalidParameter, "force", "DELETE", "/api/v1/queues/renamed?force=yes", nil)
+	var del struct {
+		ID           string `json:"id"`
+		Name         string `json:"name"`
+		TasksDeleted int64  `json:"tasks_deleted"`
+	}
+	e.want(200, "DELETE", "/api/v1/queues/renamed?force=true", nil).decode(t, &del)
+	require.Equal(t, q.ID, del.ID)
+	require.EqualValues(t, 5, del.TasksDeleted)
+	e.wantErr(404, CodeNotFound, "queue", "GET", "/api/v1/queues/"+q.ID, nil)
+	e.wantErr(404, CodeNotFound, "queue", "DELETE", "/api/v1/queues/renamed", nil)
+	e.wantErr(404, CodeNotFound, "queue", "PATCH", "/api/v1/queues/renamed", map[string]any{"sort": "fifo"})
+}
+
+func TestQueueDeleteEmpty(t *testing.T) {
+	e := setup(t)
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "q", "plugin": "P", "maxthreads": 0, "sort": "fifo", "nodes_ignore": []string{"x"}})
+	var del map[string]any
+	e.want(200, "DELETE", "/api/v1/queues/q?force=false", nil).decode(t, &del)
+	require.EqualValues(t, 0, del["tasks_deleted"])
+}
+
+func TestQueueCreateConflicts(t *testing.T) {
+	e := setup(t)
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "taken", "plugin": "P", "nodes_pin": []string{"n1"}})
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "other", "plugin": "P"})
+	e.wantErr(409, CodeConflict, "name", "POST", "/api/v1/queues", map[string]any{"name": "taken", "plugin": "P"})
+	e.wantErr(409, CodeConflict, "name", "PATCH", "/api/v1/queues/other", map[string]any{"name": "taken"})
+	e.want(200, "PATCH", "/api/v1/queues/taken", map[string]any{"name": "taken"})
+
+	// Concurrent creates of one name: exactly one wins, nothing else is
+	// written.
+	var wg sync.WaitGroup
+	statuses := make([]int, 16)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i] = e.do("POST", "/api/v1/queues", map[string]any{"name": "race", "plugin": "P"}).status
+		}()
+	}
+	wg.Wait()
+	won := 0
+	for _, s := range statuses {
+		switch s {
+		case http.StatusCreated:
+			won++
+		case http.StatusConflict:
+		default:
+			t.Fatalf("status %d", s)
+		}
+	}
+	require.Equal(t, 1, won)
+	docs, err := e.st.QueueDocs(ctxT(t))
+	require.NoError(t, err)
+	require.Len(t, docs, 3)
+}
+
+func TestQueuePlugins(t *testing.T) {
+	e := setup(t, func(o *Options, _ *store.Options) { o.Plugins = []string{"Disbatch::Plugin::Demo", "exec"} })
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "q", "plugin": "exec"})
+	d := e.wantErr(400, CodeInvalidField, "plugin", "POST", "/api/v1/queues", map[string]any{"name": "q2", "plugin": "nope"})
+	require.Contains(t, d.Message, "Disbatch::Plugin::Demo, exec")
+	e.wantErr(400, CodeInvalidField, "plugin", "PATCH", "/api/v1/queues/q", map[string]any{"plugin": "nope"})
+	var doc map[string]any
+	e.want(200, "GET", "/api/v1/openapi.json", nil).decode(t, &doc)
+	enum := dig(doc, "components", "schemas", "PluginName", "enum")
+	require.Equal(t, []any{"Disbatch::Plugin::Demo", "exec"}, enum)
+}
+
+func TestQueueListSkipsMalformed(t *testing.T) {
+	e := setup(t)
+	_, err := e.db.Collection(schema.CollQueues).InsertOne(ctxT(t), bson.D{{Key: "name", Value: "no plugin"}})
+	require.NoError(t, err)
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "good", "plugin": "P"})
+	var list struct {
+		Queues  []Queue `json:"queues"`
+		Skipped int     `json:"skipped"`
+	}
+	e.want(200, "GET", "/api/v1/queues", nil).decode(t, &list)
+	require.Len(t, list.Queues, 1)
+	require.Equal(t, 1, list.Skipped)
+	e.wantErr(500, CodeMalformedDocument, "", "GET", "/api/v1/queues/no%20plugin", nil)
+}
+
+// TestContentTypes: JSON with or without a UTF-8 charset, in any case;
+// nothing else.
+func TestContentTypes(t *testing.T) {
+	e := setup(t)
+	for i, ct := range []string{"application/json", "application/json; charset=UTF-8", "application/json;charset=utf-8", "Application/JSON; Charset=\"utf-8\""} {
+		e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "q" + string(rune('a'+i)), "plugin": "P"}, "Content-Type", ct)
+	}
+	for _, ct := range []string{"text/plain", "application/json; charset=utf-16", "application/x-json", "multipart/form-data; boundary=x", "application/json; charset=utf-8; x=y"} {
+		e.wantErr(415, CodeUnsupportedMediaType, "", "POST", "/api/v1/queues", map[string]any{"name": "no", "plugin": "P"}, "Content-Type", ct)
+	}
+	var list struct {
+		Queues []Queue `json:"queues"`
+	}
+	e.want(200, "GET", "/api/v1/queues", nil).decode(t, &list)
+	require.Len(t, list.Queues, 4)
+}
