@@ -98,7 +98,7 @@ func (s *Store) NodeMaxThreadsSet(ctx context.Context, p NodeMaxThreadsSetParams
 
 // QueueDocs returns every queue document as stored, in natural order.
 func (s *Store) QueueDocs(ctx context.Context) ([]bson.Raw, error) {
-	cur, err := s.queues.Find(ctx, bson.D{})
+	cur, err := s.queues.Find(ctx, bson.D{}, options.Find().SetBatchSize(10000))
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
@@ -201,12 +201,14 @@ func (s *Store) QueueDocDelete(ctx context.Context, ref string) (WriteCounts, er
 }
 
 // TaskRunningCounts counts, per queue, the tasks claimed or running
-// (status -1 or 0) on any node: one aggregation over the {status, mtime}
-// index that reads only those tasks, never the queued or finished ones.
+// (status -1 or 0) on any node: one aggregation over the {status, mtime,
+// queue} index that reads only the index entries of those tasks, never a
+// document, nor the queued or finished tasks.
 func (s *Store) TaskRunningCounts(ctx context.Context) (map[bson.ObjectID]int64, error) {
 	cur, err := s.tasks.Aggregate(ctx, mongo.Pipeline{
 		{{Key: "$match", Value: bson.D{{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: bson.A{
 			int32(schema.StatusClaimed), int32(schema.StatusRunning)}}}}}}},
+		{{Key: "$project", Value: bson.D{{Key: "_id", Value: 0}, {Key: schema.TaskQueue, Value: 1}}}},
 		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$" + schema.TaskQueue}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
 	})
 	if err != nil {

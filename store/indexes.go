@@ -29,8 +29,8 @@ var Indexes = []Index{
 		"the claim: {node, status, queue} equality, sorted by _id either way; also a node's own tasks at start-up", false},
 	{schema.CollTasks, bson.D{{Key: "queue", Value: 1}, {Key: "status", Value: 1}}, false,
 		"per-queue counts, recounts and task listings", false},
-	{schema.CollTasks, bson.D{{Key: "status", Value: 1}, {Key: "mtime", Value: 1}}, false,
-		"the reaper: claimed tasks whose mtime is too old", false},
+	{schema.CollTasks, bson.D{{Key: "status", Value: 1}, {Key: "mtime", Value: 1}, {Key: "queue", Value: 1}}, false,
+		"the reaper: claimed tasks whose mtime is too old; the running tasks per queue (GET /queues), read from the index alone", false},
 	{schema.CollQueues, bson.D{{Key: "name", Value: 1}}, true,
 		"queues by name, unique as Disbatch 4.103 creates it (so concurrent creates of one name cannot both win, and 4.103 nodes start); " +
 			"without uniqueness on a database that already holds duplicate names (seed 000 allows them)", true},

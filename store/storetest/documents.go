@@ -202,3 +202,21 @@ func testNodeDocsAndBalance(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.False(t, now.IsZero())
 }
+
+func testTaskRunningCountsReadsTheIndexOnly(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	var plan bson.Raw
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "explain", Value: bson.D{
+		{Key: "aggregate", Value: "tasks"},
+		{Key: "pipeline", Value: bson.A{
+			bson.D{{Key: "$match", Value: bson.D{{Key: "status", Value: bson.D{{Key: "$in", Value: bson.A{-1, 0}}}}}}},
+			bson.D{{Key: "$project", Value: bson.D{{Key: "_id", Value: 0}, {Key: "queue", Value: 1}}}},
+			bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$queue"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
+		}},
+		{Key: "cursor", Value: bson.D{}},
+	}}}).Decode(&plan))
+	require.Contains(t, plan.String(), "status_1_mtime_1_queue_1")
+	require.NotContains(t, plan.String(), "FETCH", "covered by the index: no document is read")
+}

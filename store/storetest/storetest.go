@@ -70,6 +70,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"QueueCreateConcurrentOneWins", testQueueCreateConcurrentOneWins},
 		{"IndexesEnsureBesideDuplicateNames", testIndexesEnsureBesideDuplicateNames},
 		{"DocumentsByRef", testDocumentsByRef},
+		{"TaskRunningCountsReadsTheIndexOnly", testTaskRunningCountsReadsTheIndexOnly},
 		{"NodeDocsAndBalance", testNodeDocsAndBalance},
 		{"StreamWakeups", testStreamWakeups},
 		{"StreamCountersCarryPreImages", testStreamCountersCarryPreImages},
