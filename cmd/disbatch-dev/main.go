@@ -31,14 +31,15 @@ func main() {
 	port := flag.Int("port", 27017, "port of the local replica set")
 	dir := flag.String("dir", ".disbatch-dev", "directory for the replica set's data (kept between runs)")
 	nodeName := flag.String("node", "dev-node", "name of the demo node")
+	webAddr := flag.String("web", "127.0.0.1:8080", "address of the web server (the Disbatch HTTP API); empty: none")
 	flag.Parse()
-	if err := run(*port, *dir, *nodeName); err != nil {
+	if err := run(*port, *dir, *nodeName, *webAddr); err != nil {
 		fmt.Fprintln(os.Stderr, "disbatch-dev:", err)
 		os.Exit(1)
 	}
 }
 
-func run(port int, dir, nodeName string) error {
+func run(port int, dir, nodeName, webAddr string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -75,6 +76,12 @@ func run(port int, dir, nodeName string) error {
 	}
 	defer n.Stop()
 
+	webURL, stopWeb, err := startWeb(ctx, st, webAddr, log)
+	if err != nil {
+		return err
+	}
+	defer stopWeb()
+
 	q, err := demoQueue(ctx, st)
 	if err != nil {
 		return err
@@ -88,6 +95,14 @@ func run(port int, dir, nodeName string) error {
 		return err
 	}
 	cli.Run(ctx, []string{"task", "list", q.Name, "--limit", "0", "--mongo-uri", uri}, cli.IO{In: strings.NewReader(""), Out: os.Stdout, Err: os.Stderr, Getenv: func(string) string { return "" }})
+	if webURL != "" {
+		fmt.Printf(`
+The web server serves the Disbatch HTTP API at %s
+  curl %squeues                      (the Disbatch 4.103 routes)
+  curl %sapi/v1/queues               (the v1 API; %sapi/v1/openapi.json)
+  curl -N %sapi/v1/events            (live task events)
+`, webURL, webURL, webURL, webURL, webURL)
+	}
 	fmt.Printf(`
 The node keeps running. In another terminal:
   export %s='%s'

@@ -74,7 +74,7 @@ type Options struct {
 	// "monitoring" setting).
 	Monitoring bool
 	// Balance is 4.103's "balance" setting, which GET /balance shows and
-	// whose "enabled" GET /monitoring reads; nil: {"enabled":0}.
+	// whose "enabled" GET /monitoring reads; nil: DefaultBalance(false).
 	Balance map[string]any
 	// WebRoot, when set, is the folder GET of any other path serves files
 	// from (4.103's web_root, e.g. its etc/disbatch/htdocs).
@@ -82,6 +82,17 @@ type Options struct {
 	// MaxCollectionTasks: see DefaultMaxCollectionTasks.
 	MaxCollectionTasks int64
 	Logger             *slog.Logger
+}
+
+// DefaultBalance is 4.103's "balance" setting as its example
+// configuration has it (QueueBalance's own daemon is not part of this
+// project: the setting is shown, and enabled makes /monitoring check it).
+func DefaultBalance(enabled bool) map[string]any {
+	e := 0
+	if enabled {
+		e = 1
+	}
+	return map[string]any{"enabled": e, "log": 1, "pretend": 0, "verbose": 0}
 }
 
 // Handler serves the routes.
@@ -107,7 +118,7 @@ func New(o Options) *Handler {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	if h.o.Balance == nil {
-		h.o.Balance = map[string]any{"enabled": 0}
+		h.o.Balance = DefaultBalance(false)
 	}
 	if h.o.MaxCollectionTasks <= 0 {
 		h.o.MaxCollectionTasks = DefaultMaxCollectionTasks

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/disbatch-go/disbatch/internal/cmdline"
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/web/auth"
+)
+
+func TestMain(m *testing.M) { os.Exit(mongotest.Main(m)) }
+
+func runCmd(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, env{getenv: func(string) string { return "" }, stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut})
+	return code, out.String(), errOut.String()
+}
+
+func TestUsageErrorsBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	users := filepath.Join(t.TempDir(), "users")
+	require.NoError(t, os.WriteFile(users, []byte("not a line\n"), 0o600))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", "0.0.0.0:8080"}, "reachable from other machines: give --users FILE (authentication) or --insecure"},
+		{[]string{"--listen", "10.1.2.3:8080"}, "give --users FILE"},
+		{[]string{"--listen", "nope"}, "want HOST:PORT or PORT"},
+		{[]string{"--tls-cert", "x.pem"}, "--tls-cert and --tls-key go together"},
+		{[]string{"--max-body-bytes", "0"}, "--max-body-bytes must be positive"},
+		{[]string{"--users", users}, "--users: "},
+		{[]string{"--users", filepath.Join(t.TempDir(), "missing")}, "--users: "},
+		{[]string{"extra"}, "takes no arguments"},
+		{[]string{"--log-format", "xml"}, "--log-format"},
+		{[]string{"--mongo-uri", "http://x"}, "--mongo-uri"},
+	} {
+		code, _, stderr := runCmd(t, "", tc.args...)
+		require.Equal(t, cmdline.ExitUsage, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+		require.Contains(t, stderr, "Run 'disbatch-web --help' for usage.")
+	}
+}
+
+func TestLoopback(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]bool{"127.0.0.1:8080": true, "[::1]:80": true, "localhost:1": true, "0.0.0.0:8080": false, "[::]:80": false, "192.168.1.2:80": false} {
+		require.Equal(t, want, loopback(addr), addr)
+	}
+}
+
+func TestPasswdAndTokenMakeLinesTheServerAccepts(t *testing.T) {
+	t.Parallel()
+	code, out, stderr := runCmd(t, "s3cret\n", "passwd", "alice", "write")
+	require.Zero(t, code, stderr)
+	require.Regexp(t, `^user alice write pbkdf2-sha256\$\d+\$\S+\$\S+\n$`, out)
+	require.NotContains(t, out, "s3cret")
+	userLine := out
+
+	code, out, stderr = runCmd(t, "", "token", "ci", "read")
+	require.Zero(t, code, stderr)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2)
+	token := lines[0]
+	require.Regexp(t, `^token ci read sha256\$`, lines[1])
+
+	users, err := auth.Parse(strings.NewReader(userLine + lines[1] + "\n"))
+	require.NoError(t, err)
+	r, _ := http.NewRequest("GET", "/queues", nil)
+	r.SetBasicAuth("alice", "s3cret")
+	p, err := users.Authenticate(r)
+	require.NoError(t, err)
+	require.Equal(t, auth.RoleWrite, p.Role)
+	r, _ = http.NewRequest("GET", "/queues", nil)
+	r.Header.Set("Authorization", "Bearer "+token)
+	p, err = users.Authenticate(r)
+	require.NoError(t, err)
+	require.Equal(t, "ci", p.Name)
+
+	code, _, stderr = runCmd(t, "", "passwd", "alice", "write")
+	require.Equal(t, cmdline.ExitUsage, code)
+	require.Contains(t, stderr, "empty password")
+	code, _, stderr = runCmd(t, "x\n", "passwd", "alice", "root")
+	require.Equal(t, cmdline.ExitUsage, code, stderr)
+}
+
+// TestServesAndStopsOnSignal runs the server against a real replica set:
+// 4.103 routes, v1, metrics, then SIGTERM ends it (with an event stream
+// open) promptly and with exit 0.
+func TestServesAndStopsOnSignal(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	sigs := make(chan os.Signal, 1)
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(context.Background(), []string{"--mongo-uri", mongotest.URI(t), "--database", db.Name(), "--listen", "127.0.0.1:0"},
+			env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, signals: sigs})
+	}()
+	var base string
+	require.Eventually(t, func() bool {
+		_, after, ok := strings.Cut(errOut.String(), "msg=\"serving the Disbatch HTTP API\" url=")
+		if ok {
+			base = strings.Fields(after)[0]
+		}
+		return ok
+	}, 30*time.Second, 20*time.Millisecond, "the server did not say where it serves: %s", errOut.String())
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get(base + strings.TrimPrefix(path, "/"))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := get("/plugins")
+	require.Equal(t, 200, code)
+	require.Equal(t, `["Disbatch::Plugin::Demo","exec","shell"]`, body)
+	code, body = get("/api/v1/queues")
+	require.Equal(t, 200, code, body)
+	code, body = get("/metrics")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `disbatch_web_requests_total{code="200",method="GET",route="/plugins"} 1`)
+	code, _ = get("/healthz")
+	require.Equal(t, 200, code)
+
+	resp, err := http.Get(base + "api/v1/events")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+
+	start := time.Now()
+	sigs <- syscall.SIGTERM
+	select {
+	case c := <-done:
+		require.Zero(t, c, errOut.String())
+	case <-time.After(15 * time.Second):
+		t.Fatalf("still running 15 s after SIGTERM: %s", errOut.String())
+	}
+	require.Less(t, time.Since(start), 10*time.Second, "an open event stream held the shutdown")
+	require.Contains(t, errOut.String(), "stopped")
+}
+
+// syncBuffer is a Buffer that the server and the test may use at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestHealthzWhileMongoDBIsUnreachable: the server listens at once; the
+// API and /readyz answer 503 until MongoDB answers, and a signal stops it.
+func TestHealthzWhileMongoDBIsUnreachable(t *testing.T) {
+	t.Parallel()
+	sigs := make(chan os.Signal, 1)
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(context.Background(), []string{"--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200", "--listen", "127.0.0.1:0"},
+			env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, signals: sigs})
+	}()
+	var base string
+	require.Eventually(t, func() bool {
+		_, after, ok := strings.Cut(errOut.String(), "msg=listening url=")
+		if ok {
+			base = strings.Fields(after)[0]
+		}
+		return ok
+	}, 30*time.Second, 20*time.Millisecond, "%s", errOut.String())
+	status := func(path string) int {
+		resp, err := http.Get(base + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, 200, status("healthz"))
+	require.Equal(t, 503, status("readyz"))
+	require.Equal(t, 503, status("queues"))
+	sigs <- syscall.SIGTERM
+	select {
+	case c := <-done:
+		require.Zero(t, c, errOut.String())
+	case <-time.After(15 * time.Second):
+		t.Fatalf("still running after SIGTERM: %s", errOut.String())
+	}
+}

@@ -1,0 +1,201 @@
+// Package web is the HTTP face of disbatch: one http.Handler, mountable in
+// any Go program, that serves
+//
+//   - the Disbatch 4.103 command interface (web/dci) at the root, answering
+//     what 4.103's CLI, web page and scripts parse;
+//   - the v1 JSON API (web/apiv1) under /api/v1, with its OpenAPI document
+//     at /api/v1/openapi.json and live events (web/live) at /api/v1/events;
+//   - Prometheus metrics of its requests at /metrics.
+//
+// Authentication (web/auth) wraps everything but /metrics when users are
+// given. cmd/disbatch-web is a thin main around it.
+package web
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/web/apiv1"
+	"github.com/disbatch-go/disbatch/web/auth"
+	"github.com/disbatch-go/disbatch/web/dci"
+)
+
+// DefaultMaxBodyBytes bounds a request body: room for 10,000 tasks.
+const DefaultMaxBodyBytes = 32 << 20
+
+// Options configure the handler.
+type Options struct {
+	Store *store.Store
+	// Database is the database's name, as GET /info answers it.
+	Database string
+	// Plugins: what GET /plugins answers and queue creation accepts.
+	Plugins []string
+	// LegacyTasks mounts 4.103's deprecated Disbatch::Web::Tasks routes.
+	LegacyTasks bool
+	// Monitoring and Balance are 4.103's settings of those names.
+	Monitoring bool
+	Balance    map[string]any
+	// WebRoot is a folder of static files (4.103's htdocs) served at /.
+	WebRoot string
+	// Users turns authentication on; nil: every request is allowed.
+	Users *auth.Users
+	// Events serves GET /api/v1/events (web/live); nil: not mounted.
+	Events       http.Handler
+	MaxBodyBytes int64
+	// Registry gets the request metrics; nil: a registry of its own.
+	Registry *prometheus.Registry
+	Logger   *slog.Logger
+	Clock    clock.Clock
+}
+
+// NewHandler returns the handler.
+func NewHandler(o Options) http.Handler {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	m := newMetrics(reg)
+
+	legacy := dci.New(dci.Options{
+		Store: o.Store, Database: o.Database, Plugins: o.Plugins, LegacyTasks: o.LegacyTasks,
+		Monitoring: o.Monitoring, Balance: o.Balance, WebRoot: o.WebRoot, Logger: log.With("component", "dci"),
+	})
+	v1 := apiv1.New(apiv1.Options{
+		Store: o.Store, Plugins: o.Plugins, Logger: log.With("component", "apiv1"), Clock: o.Clock,
+		MaxBodyBytes: o.MaxBodyBytes, Events: o.Events,
+	})
+
+	mux := http.NewServeMux()
+	mux.Handle("/api/v1/", auth.MiddlewareOnDeny(o.Users, auth.RequiredRole, apiv1.Deny, limitBody(o.MaxBodyBytes, v1)))
+	mux.Handle("/", auth.Middleware(o.Users, auth.RequiredRole, limitBody(o.MaxBodyBytes, legacy)))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	return m.instrument(mux, legacy)
+}
+
+// limitBody refuses bodies over n bytes: the handlers read at most n+1 and
+// answer 413 (through the error http.MaxBytesReader returns).
+func limitBody(n int64, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > n {
+			if strings.HasPrefix(r.URL.Path, "/api/v1/") {
+				apiv1.WriteError(w, http.StatusRequestEntityTooLarge, "too_large", "the request body is larger than "+strconv.FormatInt(n, 10)+" bytes", "")
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			_, _ = w.Write([]byte(`{"error":"the request body is larger than ` + strconv.FormatInt(n, 10) + ` bytes"}`))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, n)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// IsTooLarge reports the error of reading a body over the limit.
+func IsTooLarge(err error) bool {
+	var mb *http.MaxBytesError
+	return errors.As(err, &mb)
+}
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	inflight prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "disbatch_web_requests_total", Help: "HTTP requests answered, by route, method and status code.",
+		}, []string{"route", "method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "disbatch_web_request_duration_seconds", Help: "Time to answer an HTTP request (to the end of its body; event streams excluded), by route.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"route", "method"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "disbatch_web_requests_in_flight", Help: "HTTP requests being answered, event streams included.",
+		}),
+	}
+	reg.MustRegister(m.requests, m.duration, m.inflight)
+	return m
+}
+
+// router names the route a request matched (dci's patterns).
+type router interface {
+	Route(method, path string) string
+}
+
+func (m *metrics) instrument(next http.Handler, legacy router) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		m.inflight.Inc()
+		defer m.inflight.Dec()
+		rec := &recorder{ResponseWriter: w, code: http.StatusOK}
+		next.ServeHTTP(rec, r)
+		route := r.Pattern
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/api/v1/") || route == "GET /metrics":
+			if route == "" || route == "/api/v1/" {
+				route = "unmatched"
+			}
+		default:
+			route = legacy.Route(r.Method, r.URL.Path)
+		}
+		method := r.Method
+		switch method {
+		case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions:
+		default:
+			method = "other"
+		}
+		m.requests.WithLabelValues(route, method, strconv.Itoa(rec.code)).Inc()
+		if rec.Header().Get("Content-Type") != "text/event-stream" {
+			m.duration.WithLabelValues(route, method).Observe(time.Since(start).Seconds())
+		}
+	})
+}
+
+// recorder keeps the status code; Unwrap lets http.ResponseController
+// reach the connection (flushes, deadlines) for event streams.
+type recorder struct {
+	http.ResponseWriter
+	code  int
+	wrote bool
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.code, r.wrote = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
