@@ -1140,13 +1140,16 @@ func checkWebLaunch(t *testing.T, l webLaunch) (host, port, users string) {
 // usersFile for its credentials file and a MongoDB that never answers:
 // it must get as far as connecting (so its settings passed every check,
 // among them the rule that a non-loopback address needs credentials),
-// then stop cleanly on SIGTERM. Nothing listens: it serves only once
-// MongoDB has answered.
+// then stop cleanly on SIGTERM. It listens before it connects (for
+// /healthz), so the deployment's host is kept with a free port.
 func webAccepts(t *testing.T, l webLaunch, usersFile string) {
 	t.Helper()
 	abs, err := filepath.Abs(usersFile)
 	require.NoError(t, err)
-	args := append(slices.Clone(l.args), "--users", abs, "--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200")
+	host, _, err := net.SplitHostPort(l.setting("listen", "DISBATCH_WEB_LISTEN", "127.0.0.1:8080"))
+	require.NoError(t, err, "%s: --listen", l.where)
+	args := append(slices.Clone(l.args), "--users", abs, "--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200",
+		"--listen", net.JoinHostPort(host, "0"))
 	var env []string
 	for k, v := range l.env {
 		env = append(env, k+"="+v)
