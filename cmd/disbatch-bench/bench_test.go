@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,12 +62,20 @@ func TestParseFlags(t *testing.T) {
 	require.True(t, c.runs(groupScale))
 	require.False(t, c.runs(groupLag))
 
+	c, _, err = parseFlags([]string{"--quick", "--only", "pickup,web,web-events"})
+	require.NoError(t, err)
+	require.Equal(t, []string{groupPickup, groupWebQueues, groupWebEvents, groupWebSubmit}, c.Only, "web is the three web groups")
+	require.Equal(t, quickDefaults.WebTasks, c.WebTasks)
+	require.Equal(t, quickDefaults.SSESubscribers, c.SSESubscribers)
+	require.Equal(t, defaults.WebQueues, c.WebQueues)
+
 	c, _, err = parseFlags([]string{"--backlogs", "1_000_000,1000,1000"})
 	require.NoError(t, err)
 	require.Equal(t, []int{1000, 1_000_000}, c.Backlogs)
 
 	for _, bad := range [][]string{
 		{"--only", "pickup,speed"}, {"--tasks", "0"}, {"--backlogs", "10,x"}, {"--nope"}, {"extra"}, {"--pickup-rate", "5000"},
+		{"--submit-tasks", "10001"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
 	} {
 		_, _, err := parseFlags(bad)
 		require.Error(t, err, "%v", bad)
@@ -74,7 +84,8 @@ func TestParseFlags(t *testing.T) {
 	_, help, err := parseFlags([]string{"--help"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
-		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "verbose", "cpuprofile"} {
+		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "verbose", "cpuprofile",
+		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats"} {
 		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)
 	}
 }
@@ -104,7 +115,8 @@ func goodReport() *Report {
 	}
 	return &Report{
 		Conditions: Conditions{Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Seconds: 42, Mode: "quick", MongoDBVersion: "6.0.5", Members: 1,
-			GoVersion: "go1.26", NumCPU: 2, GOMAXPROCS: 2, MaxThreads: 64, Counts: []Count{{Group: groupPickup, What: "rate", Value: 50}}},
+			GoVersion: "go1.26", NumCPU: 2, GOMAXPROCS: 2, MaxThreads: 64, Counts: []Count{{Group: groupPickup, What: "rate", Value: 50}},
+			Load: []PhaseLoad{{Phase: "start", Load1: 1.25}, {Phase: groupPickup, Load1: 2}}},
 		Pickup:     &PickupReport{Rows: rows, FloorSteps: steps, Ratios: pickupRatios(rows)},
 		Throughput: &ThroughputReport{Rows: drains, Ratios: throughputRatios(drains)},
 		Lag:        []LagRow{{Run: "drain, 1 node", Events: 3000, Batches: 10, P50: 20, P99: 80}, {Run: "drain, 3 nodes", Events: 2700, Batches: 9, P50: 25, P99: 90}},
@@ -116,6 +128,15 @@ func goodReport() *Report {
 			RSS:        &RSSRow{Backlog: 20000, Seconds: 2, Samples: 40, ReadyMiB: 20, MaxMiB: 36, Finished: 1000},
 			InsertRate: 20000,
 		},
+		WebQueues: &WebQueuesReport{Queues: 200, Tasks: 100_000, Mix: "mix", InsertRate: 90_000, Load: "200/s open-loop for 3s",
+			Projected: lat(2), ProjectedSerial: lat(1.5), CountQueries: lat(300), Ratio: Ratio{What: "one at a time", P50: 200, P99: 200},
+			RatioLoaded: Ratio{What: "loaded", P50: 150, P99: 50}, Goal: Goal{Goal: "p99 <= 10 ms"}},
+		WebEvents: &WebEventsReport{Subscribers: 20, Tasks: 2000, Chunk: 10, Transitions: 6000, TargetRate: 2000, Rate: 1990, Seconds: 3,
+			Lag: Latency{N: 120_000, P50: 1, P95: 2, P99: 3, Max: 9}, CommitLag: lat(2), Goal: Goal{Goal: "p99 <= 50 ms", Met: true}},
+		WebSubmit: &WebSubmitReport{Tasks: 10_000, Repeats: 3, Ratio: 1.5, Inserted: 80_000, Expected: 80_000, Rows: []SubmitRow{
+			{How: howPOST, Seconds: 0.2, Rate: 50_000, Rates: []float64{50_000, 40_000, 60_000}},
+			{How: howCLI, Seconds: 0.3, Rate: 33_333, Rates: []float64{33_333, 30_000, 35_000}},
+		}},
 	}
 }
 
@@ -152,6 +173,13 @@ func TestSanityFindsProblems(t *testing.T) {
 		"no MongoDB version":   {func(r *Report) { r.Conditions.MongoDBVersion = "" }, "MongoDB version"},
 		"zero ratio":           {func(r *Report) { r.Throughput.Ratios[0].Value = 0 }, "throughput ratio"},
 		"no samples":           {func(r *Report) { r.Pickup.Rows[0].Pickup = Latency{} }, "no samples"},
+		"wrong queue counts":   {func(r *Report) { r.WebQueues.WrongProjected = 3 }, "wrong counts for 3 queues"},
+		"failed requests":      {func(r *Report) { r.WebQueues.Errors = 2 }, "2 of 102 requests failed"},
+		"lost events":          {func(r *Report) { r.WebEvents.Lost = 5; r.WebEvents.Lag.N -= 5 }, "5 transitions lost"},
+		"duplicated events":    {func(r *Report) { r.WebEvents.Duplicated = 1 }, "1 duplicated"},
+		"lag samples":          {func(r *Report) { r.WebEvents.Lag.N = 7 }, "7 lag samples, want 120000"},
+		"submit count":         {func(r *Report) { r.WebSubmit.Inserted = 79_999 }, "79999 tasks in the queue"},
+		"missing web group":    {func(r *Report) { r.WebEvents = nil }, "web-events: missing"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -169,7 +197,7 @@ func TestSanityOnlyChecksSelectedGroups(t *testing.T) {
 	c, _, err := parseFlags([]string{"--quick", "--only", "pickup"})
 	require.NoError(t, err)
 	r := goodReport()
-	r.Throughput, r.Scale, r.Lag = nil, nil, nil
+	r.Throughput, r.Scale, r.Lag, r.WebQueues, r.WebEvents, r.WebSubmit = nil, nil, nil, nil, nil, nil
 	require.Empty(t, sanity(r, c))
 }
 
@@ -180,10 +208,12 @@ func TestRenderTable(t *testing.T) {
 	for _, want := range []string{
 		"disbatch-bench (quick run, 2026-01-02T03:04:05Z, took 42 s)",
 		"6.0.5, replica set of 1 member(s)",
-		"2 cores (runtime.NumCPU)",
+		"2 cores (runtime.NumCPU)", "1-minute load average (/proc/loadavg) at start 1.2, after pickup 2.0",
 		"PICKUP LATENCY", "PICKUP FLOOR", "PICKUP RATIOS", "node (change streams, majority) / floor",
 		"THROUGHPUT", "no: drain timeout", "THROUGHPUT RATIOS", "1 node / ceiling: raw batched loop, 1 claimer x 64",
 		"PROJECTION LAG", "SCALE", "NODE PROCESS MEMORY",
+		"GET /queues (Disbatch 4.103 route)", "150.00x", "NOT MET: p99 <= 10 ms",
+		"LIVE EVENTS", "met: p99 <= 50 ms", "SUBMIT 10000 TASKS", "POST /api/v1/tasks / disbatch task submit, tasks/s  1.50x",
 		"SANITY: every figure present",
 	} {
 		require.Contains(t, out, want)
@@ -223,7 +253,7 @@ func TestWriteJSON(t *testing.T) {
 	require.NoError(t, err)
 	var back map[string]any
 	require.NoError(t, json.Unmarshal(b, &back))
-	for _, key := range []string{"conditions", "pickup", "throughput", "lag", "scale", "problems"} {
+	for _, key := range []string{"conditions", "pickup", "throughput", "lag", "scale", "web_queues", "web_events", "web_submit", "problems"} {
 		require.Contains(t, back, key)
 	}
 	pickup := back["pickup"].(map[string]any)
@@ -251,4 +281,63 @@ func TestRedact(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "mongodb://u:xxxxx@h:1/?replicaSet=rs0", redact("mongodb://u:secret@h:1/?replicaSet=rs0"))
 	require.Equal(t, "mongodb://127.0.0.1:27017/?replicaSet=rs0", redact("mongodb://127.0.0.1:27017/?replicaSet=rs0"))
+}
+
+func TestParseTaskEvent(t *testing.T) {
+	t.Parallel()
+	index := map[string]int32{"0123456789abcdef01234567": 7}
+	data := []byte(`{"type":"task","op":"update","id":"0123456789abcdef01234567","time":"2025-01-02T03:04:05.678Z",` +
+		`"cluster_time":{"t":1735787045,"i":3},"queue":"aaaaaaaaaaaaaaaaaaaaaaaa","from":-2,"to":-1,"node":"n1"}`)
+	i, step, commit, ok := parseTaskEvent(data, index)
+	require.True(t, ok)
+	require.Equal(t, int32(7), i)
+	require.Equal(t, 0, step)
+	require.Equal(t, time.Date(2025, 1, 2, 3, 4, 5, 678_000_000, time.UTC), commit)
+
+	for to, want := range map[string]int{"0": 1, "1": 2} {
+		_, step, _, ok := parseTaskEvent([]byte(strings.Replace(string(data), `"to":-1`, `"to":`+to, 1)), index)
+		require.True(t, ok)
+		require.Equal(t, want, step)
+	}
+	for name, bad := range map[string]string{
+		"unknown task": strings.Replace(string(data), "0123456789abcdef01234567", "ffffffffffffffffffffffff", 1),
+		"insert":       strings.Replace(string(data), `"to":-1`, `"to":-2`, 1),
+		"delete":       strings.Replace(string(data), `"to":-1`, `"to":null`, 1),
+		"no id":        `{"type":"task"}`,
+	} {
+		_, _, _, ok := parseTaskEvent([]byte(bad), index)
+		require.False(t, ok, name)
+	}
+}
+
+func TestOpenLoop(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	lat, f, err := openLoop(context.Background(), 100, 200*time.Millisecond, func(context.Context) error {
+		if calls.Add(1) == 3 {
+			return errors.New("boom")
+		}
+		time.Sleep(time.Millisecond)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(20), calls.Load())
+	require.Len(t, lat, 19)
+	require.Equal(t, 1, f.n)
+	require.EqualError(t, f.first, "boom")
+	for _, l := range lat {
+		require.GreaterOrEqual(t, l, time.Millisecond)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, _, err = openLoop(ctx, 10, time.Second, func(context.Context) error { return nil })
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+func TestMedian(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 0.0, median(nil))
+	require.Equal(t, 2.0, median([]float64{3, 1, 2}))
+	require.Equal(t, 2.5, median([]float64{4, 1, 3, 2}))
 }

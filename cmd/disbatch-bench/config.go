@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/web/apiv1"
 )
 
 // The figure groups, in the order they run.
@@ -18,9 +19,17 @@ const (
 	groupThroughput = "throughput"
 	groupScale      = "scale"
 	groupLag        = "lag"
+	groupWebQueues  = "web-queues"
+	groupWebEvents  = "web-events"
+	groupWebSubmit  = "web-submit"
+	// groupWeb selects the three web groups.
+	groupWeb = "web"
 )
 
-var allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag}
+var (
+	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit}
+	webGroups = []string{groupWebQueues, groupWebEvents, groupWebSubmit}
+)
 
 // config is what a run measures and how much. Zero values are filled from
 // defaults or, with Quick, from quickDefaults.
@@ -49,6 +58,19 @@ type config struct {
 	ScaleDrain  int
 	RSSDuration time.Duration
 
+	WebQueues   int
+	WebTasks    int
+	WebRate     int
+	WebDuration time.Duration
+	WebSlow     int
+
+	SSESubscribers int
+	SSERate        int
+	SSEDuration    time.Duration
+
+	SubmitTasks   int
+	SubmitRepeats int
+
 	CacheGB  float64
 	OplogMiB int
 }
@@ -66,6 +88,16 @@ var defaults = config{
 	Claims:         300,
 	ScaleDrain:     500,
 	RSSDuration:    5 * time.Second,
+	WebQueues:      200,
+	WebTasks:       1_000_000,
+	WebRate:        200,
+	WebDuration:    10 * time.Second,
+	WebSlow:        5,
+	SSESubscribers: 100,
+	SSERate:        2000,
+	SSEDuration:    10 * time.Second,
+	SubmitTasks:    apiv1.MaxSubmit,
+	SubmitRepeats:  5,
 	CacheGB:        1,
 	OplogMiB:       2048,
 }
@@ -82,6 +114,16 @@ var quickDefaults = config{
 	Claims:         100,
 	ScaleDrain:     200,
 	RSSDuration:    2 * time.Second,
+	WebQueues:      200,
+	WebTasks:       100_000,
+	WebRate:        200,
+	WebDuration:    3 * time.Second,
+	WebSlow:        3,
+	SSESubscribers: 20,
+	SSERate:        2000,
+	SSEDuration:    3 * time.Second,
+	SubmitTasks:    apiv1.MaxSubmit,
+	SubmitRepeats:  3,
 	CacheGB:        1,
 	OplogMiB:       2048,
 }
@@ -117,9 +159,28 @@ Figure groups (--only):
               process for --rss-duration against the largest backlog.
   lag         the counter projector's lag p50/p99 during throughput's node
               runs (--only lag runs those without the ceilings).
+  web-queues  disbatch-web's GET /queues (4.103's route) served in-process on
+              a loopback port: --web-queue-count queues over --web-tasks tasks
+              (inserted raw, a realistic status mix, counters set as the
+              projector keeps them), --web-rate requests/s open-loop for
+              --web-duration; then the same answer the 4.103 way (3 count
+              queries per queue: the route with the counters unset),
+              --web-slow requests one at a time, and the ratio.
+  web-events  --sse-subscribers HTTP clients on GET /api/v1/events (one hub)
+              while a raw writer moves tasks -2 -> -1 -> 0 -> 1 with guarded
+              updates at --sse-rate transitions/s for --sse-duration: delivery
+              lag (receipt - the writer's acknowledgement) and lost or
+              duplicated transitions per subscriber.
+  web-submit  POST /api/v1/tasks of --submit-tasks tasks in one request
+              against 'disbatch task submit' of the same tasks (the cli
+              package in-process), --submit-repeats times each, alternating.
+  web         the three web groups.
 
 The run exits non-zero when a figure is missing, zero, NaN or nonsensical
-(p50 > p99, throughput 0); it never judges speed.
+(p50 > p99, throughput 0), or when an answer is wrong (GET /queues counts
+differ from the tasks, an event subscriber lost or got twice a transition,
+a submit inserted the wrong count); it never judges speed: goals are
+reported as met or not.
 
 Flags:
 `
@@ -133,7 +194,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.StringVar(&c.MongoURI, "mongo-uri", "", "use this replica set (`URI`) instead of starting one; the run creates and drops databases named disbatch_bench_*")
 	fs.StringVar(&c.JSONFile, "json", "", "also write every figure and condition as JSON to `FILE`")
 	fs.BoolVar(&c.Quick, "quick", false, "small counts and durations (about 1 minute): the (quick: ...) values below")
-	fs.StringVar(&only, "only", strings.Join(allGroups, ","), "comma-separated figure `groups` to run: "+strings.Join(allGroups, ", "))
+	fs.StringVar(&only, "only", strings.Join(allGroups, ","), "comma-separated figure `groups` to run: "+strings.Join(allGroups, ", ")+" ("+groupWeb+": the three web groups)")
 	fs.BoolVar(&c.Verbose, "verbose", false, "show the nodes' and the replica set's own info logs")
 	fs.StringVar(&c.CPUProf, "cpuprofile", "", "write a CPU profile of this process (in-process nodes included) to `FILE`")
 	fs.IntVar(&c.MaxThreads, "maxthreads", defaults.MaxThreads, "queue and node maxthreads in throughput and scale; goroutines of the raw per-task loop")
@@ -147,6 +208,16 @@ func parseFlags(args []string) (config, string, error) {
 	fs.IntVar(&c.Claims, "claims", defaults.Claims, "scale: timed TaskClaim calls per backlog (quick: "+strconv.Itoa(quickDefaults.Claims)+")")
 	fs.IntVar(&c.ScaleDrain, "scale-drain", defaults.ScaleDrain, "scale: tasks an in-process node drains per backlog (quick: "+strconv.Itoa(quickDefaults.ScaleDrain)+")")
 	fs.DurationVar(&c.RSSDuration, "rss-duration", defaults.RSSDuration, "scale: how long the node process runs while its RSS is sampled (quick: "+quickDefaults.RSSDuration.String()+")")
+	fs.IntVar(&c.WebQueues, "web-queue-count", defaults.WebQueues, "web-queues: queues the tasks are spread over")
+	fs.IntVar(&c.WebTasks, "web-tasks", defaults.WebTasks, "web-queues: tasks in all (quick: "+strconv.Itoa(quickDefaults.WebTasks)+")")
+	fs.IntVar(&c.WebRate, "web-rate", defaults.WebRate, "web-queues: GET /queues requests per second, open-loop")
+	fs.DurationVar(&c.WebDuration, "web-duration", defaults.WebDuration, "web-queues: how long GET /queues is driven (quick: "+quickDefaults.WebDuration.String()+")")
+	fs.IntVar(&c.WebSlow, "web-slow", defaults.WebSlow, "web-queues: GET /queues requests timed the 4.103 way, one at a time (quick: "+strconv.Itoa(quickDefaults.WebSlow)+")")
+	fs.IntVar(&c.SSESubscribers, "sse-subscribers", defaults.SSESubscribers, "web-events: event stream clients (quick: "+strconv.Itoa(quickDefaults.SSESubscribers)+")")
+	fs.IntVar(&c.SSERate, "sse-rate", defaults.SSERate, "web-events: task transitions written per second")
+	fs.DurationVar(&c.SSEDuration, "sse-duration", defaults.SSEDuration, "web-events: how long the writer drains (quick: "+quickDefaults.SSEDuration.String()+")")
+	fs.IntVar(&c.SubmitTasks, "submit-tasks", defaults.SubmitTasks, "web-submit: tasks per submit (at most "+strconv.Itoa(apiv1.MaxSubmit)+", one request)")
+	fs.IntVar(&c.SubmitRepeats, "submit-repeats", defaults.SubmitRepeats, "web-submit: submits timed each way (quick: "+strconv.Itoa(quickDefaults.SubmitRepeats)+")")
 	fs.Float64Var(&c.CacheGB, "cache-gb", defaults.CacheGB, "the started mongod's --wiredTigerCacheSizeGB")
 	fs.IntVar(&c.OplogMiB, "oplog-mib", defaults.OplogMiB, "the started mongod's --oplogSize in MiB")
 	fs.Usage = func() {}
@@ -191,6 +262,12 @@ func (c *config) applyQuick(set map[string]bool) {
 		"claims":          func() { c.Claims = q.Claims },
 		"scale-drain":     func() { c.ScaleDrain = q.ScaleDrain },
 		"rss-duration":    func() { c.RSSDuration = q.RSSDuration },
+		"web-tasks":       func() { c.WebTasks = q.WebTasks },
+		"web-duration":    func() { c.WebDuration = q.WebDuration },
+		"web-slow":        func() { c.WebSlow = q.WebSlow },
+		"sse-subscribers": func() { c.SSESubscribers = q.SSESubscribers },
+		"sse-duration":    func() { c.SSEDuration = q.SSEDuration },
+		"submit-repeats":  func() { c.SubmitRepeats = q.SubmitRepeats },
 	} {
 		if !set[name] {
 			apply()
@@ -213,13 +290,30 @@ func (c *config) validate() error {
 	positive("claims", c.Claims)
 	positive("scale-drain", c.ScaleDrain)
 	positive("oplog-mib", c.OplogMiB)
-	for name, d := range map[string]time.Duration{"pickup-duration": c.PickupDuration, "drain-timeout": c.DrainTimeout, "rss-duration": c.RSSDuration} {
+	positive("web-queue-count", c.WebQueues)
+	positive("web-rate", c.WebRate)
+	positive("web-slow", c.WebSlow)
+	positive("sse-subscribers", c.SSESubscribers)
+	positive("sse-rate", c.SSERate)
+	positive("submit-tasks", c.SubmitTasks)
+	positive("submit-repeats", c.SubmitRepeats)
+	for name, d := range map[string]time.Duration{"pickup-duration": c.PickupDuration, "drain-timeout": c.DrainTimeout, "rss-duration": c.RSSDuration,
+		"web-duration": c.WebDuration, "sse-duration": c.SSEDuration} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("--%s must be positive, got %s", name, d))
 		}
 	}
 	if c.PickupRate > 1000 {
 		errs = append(errs, fmt.Errorf("--pickup-rate %d is over 1000/s: pickup inserts one task at a time", c.PickupRate))
+	}
+	if c.WebTasks < c.WebQueues {
+		errs = append(errs, fmt.Errorf("--web-tasks %d is fewer than --web-queue-count %d", c.WebTasks, c.WebQueues))
+	}
+	if c.WebRate > 5000 {
+		errs = append(errs, fmt.Errorf("--web-rate %d is over 5000/s: a goroutine per request", c.WebRate))
+	}
+	if c.SubmitTasks > apiv1.MaxSubmit {
+		errs = append(errs, fmt.Errorf("--submit-tasks %d is over %d, what POST /api/v1/tasks takes in one request", c.SubmitTasks, apiv1.MaxSubmit))
 	}
 	if c.CacheGB < 0.25 {
 		errs = append(errs, fmt.Errorf("--cache-gb must be at least 0.25, got %g", c.CacheGB))
@@ -240,11 +334,16 @@ func parseGroups(s string) ([]string, error) {
 		if g == "" {
 			continue
 		}
-		if !slices.Contains(allGroups, g) {
-			return nil, fmt.Errorf("unknown group %q (want some of %s)", g, strings.Join(allGroups, ", "))
+		gs := []string{g}
+		if g == groupWeb {
+			gs = webGroups
+		} else if !slices.Contains(allGroups, g) {
+			return nil, fmt.Errorf("unknown group %q (want some of %s, or %s for the web groups)", g, strings.Join(allGroups, ", "), groupWeb)
 		}
-		if !slices.Contains(out, g) {
-			out = append(out, g)
+		for _, g := range gs {
+			if !slices.Contains(out, g) {
+				out = append(out, g)
+			}
 		}
 	}
 	if len(out) == 0 {

@@ -4,7 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/disbatch-go/disbatch/web/live"
 )
 
 // measure runs the selected groups and returns what it measured, also when
@@ -22,9 +27,16 @@ func measure(ctx context.Context, cfg config, log *slog.Logger) (*Report, error)
 	c.Counts = counts(cfg)
 	defer func() { c.Seconds = time.Since(begin).Seconds() }()
 
+	load := func(phase string) {
+		if l, ok := loadAverage(); ok {
+			c.Load = append(c.Load, PhaseLoad{Phase: phase, Load1: l})
+		}
+	}
+	load("start")
 	phase := func(name string, fn func() error) error {
 		start := time.Now()
 		err := fn()
+		load(name)
 		log.Info("phase done", "phase", name, "took", time.Since(start).Round(time.Millisecond), "total", time.Since(begin).Round(time.Second))
 		return err
 	}
@@ -53,7 +65,36 @@ func measure(ctx context.Context, cfg config, log *slog.Logger) (*Report, error)
 			return rep, err
 		}
 	}
+	if cfg.runs(groupWebQueues) {
+		if err := phase(groupWebQueues, func() (err error) { rep.WebQueues, err = e.webQueues(ctx); return err }); err != nil {
+			return rep, err
+		}
+	}
+	if cfg.runs(groupWebEvents) {
+		if err := phase(groupWebEvents, func() (err error) { rep.WebEvents, err = e.webEvents(ctx); return err }); err != nil {
+			return rep, err
+		}
+	}
+	if cfg.runs(groupWebSubmit) {
+		if err := phase(groupWebSubmit, func() (err error) { rep.WebSubmit, err = e.webSubmit(ctx); return err }); err != nil {
+			return rep, err
+		}
+	}
 	return rep, nil
+}
+
+// loadAverage is the machine's 1-minute load average, where /proc has it.
+func loadAverage() (float64, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, false
+	}
+	l, err := strconv.ParseFloat(f[0], 64)
+	return l, err == nil
 }
 
 // counts lists the task counts and durations the run used.
@@ -76,5 +117,15 @@ func counts(cfg config) []Count {
 	add(groupScale, fmt.Sprintf("TaskClaimMany(%d) calls per backlog", scaleBatch), manyCalls(cfg.Claims))
 	add(groupScale, "tasks drained by the node per backlog", cfg.ScaleDrain)
 	add(groupScale, "node process RSS sampled for", cfg.RSSDuration.String())
+	add(groupWebQueues, "queues, tasks", fmt.Sprintf("%d queues, %d tasks spread evenly, inserted raw (InsertMany of %d, %d at once, majority)", cfg.WebQueues, cfg.WebTasks, webQueuesInsertBatch, webQueuesInsertParallel))
+	add(groupWebQueues, "counters", "count_todo and count_total set directly to the exact counts, as the projector keeps them; no node runs")
+	add(groupWebQueues, "projected load", fmt.Sprintf("GET /queues %d/s open-loop for %s (a goroutine per request on one keep-alive pool; latency from the scheduled start)", cfg.WebRate, cfg.WebDuration))
+	add(groupWebQueues, "one at a time", fmt.Sprintf("projected: %d requests; 4.103 way: the same route with the counters unset (3 count queries per queue), %d requests after 1 not counted", webSerial, cfg.WebSlow))
+	add(groupWebQueues, "before timing", fmt.Sprintf("fsync (checkpoint) after the insert; %d concurrent requests to warm the pools", webWarmUp))
+	add(groupWebQueues, "server", "web.NewHandler in-process on 127.0.0.1 (internal/httpserver), its own client")
+	add(groupWebEvents, "subscribers", fmt.Sprintf("%d HTTP clients in this process on GET /api/v1/events?types=task&queue=ID, one live hub (defaults: buffer %d), reconnecting with Last-Event-ID", cfg.SSESubscribers, live.DefaultBuffer))
+	add(groupWebEvents, "writer", fmt.Sprintf("raw loop, %d goroutines: guarded updateMany of %d tasks -2 -> -1, -1 -> 0, 0 -> 1 (majority), paced at %d transitions/s for %s; pre-images on", sseWriters, sseChunk, cfg.SSERate, cfg.SSEDuration))
+	add(groupWebEvents, "lag", "receipt (blank line of the event read) - the writer's acknowledgement of that task's write; matched by task id and status")
+	add(groupWebSubmit, "tasks per submit, submits each way", fmt.Sprintf("%d, %d (after 1 of each not counted), alternating, into one queue", cfg.SubmitTasks, cfg.SubmitRepeats))
 	return out
 }

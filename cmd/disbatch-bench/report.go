@@ -17,6 +17,9 @@ type Report struct {
 	Throughput *ThroughputReport `json:"throughput,omitempty"`
 	Lag        []LagRow          `json:"lag,omitempty"`
 	Scale      *ScaleReport      `json:"scale,omitempty"`
+	WebQueues  *WebQueuesReport  `json:"web_queues,omitempty"`
+	WebEvents  *WebEventsReport  `json:"web_events,omitempty"`
+	WebSubmit  *WebSubmitReport  `json:"web_submit,omitempty"`
 	// Problems are the sanity check's findings (none on a good run).
 	Problems []string `json:"problems"`
 }
@@ -39,6 +42,15 @@ type Conditions struct {
 	ClaimBatch     int       `json:"claim_batch"`
 	WriteConcerns  string    `json:"write_concerns"`
 	Counts         []Count   `json:"counts"`
+	// Load is the machine's 1-minute load average at the start and after
+	// each phase (other load on the machine is not controlled).
+	Load []PhaseLoad `json:"load_average,omitempty"`
+}
+
+// PhaseLoad is the 1-minute load average after a phase.
+type PhaseLoad struct {
+	Phase string  `json:"phase"`
+	Load1 float64 `json:"load1"`
 }
 
 // Count is one task count or duration a group used.
@@ -68,6 +80,13 @@ func renderTable(r *Report) string {
 	cond.add("deployment", c.Deployment)
 	cond.add("Go", fmt.Sprintf("%s %s, mongo driver %s", c.GoVersion, c.OSArch, c.Driver))
 	cond.add("machine", fmt.Sprintf("%d cores (runtime.NumCPU), GOMAXPROCS %d; other load on the machine is not controlled", c.NumCPU, c.GOMAXPROCS))
+	if len(c.Load) > 0 {
+		loads := make([]string, len(c.Load))
+		for i, l := range c.Load {
+			loads[i] = fmt.Sprintf("%s %.1f", l.Phase, l.Load1)
+		}
+		cond.add("machine load", "1-minute load average (/proc/loadavg) at "+strings.Join(loads, ", after "))
+	}
 	cond.add("write concerns", c.WriteConcerns)
 	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, c.MaxThreads, ceilingBatch))
 	cond.add("tasks", "fifo queues of a no-op plugin; in-process nodes with their own client each; fresh database per measurement")
@@ -140,6 +159,8 @@ func renderTable(r *Report) string {
 			t.render(&b)
 		}
 	}
+
+	renderWeb(&b, r)
 
 	if len(r.Problems) == 0 {
 		b.WriteString("SANITY: every figure present, finite and consistent\n")

@@ -6,7 +6,8 @@ import (
 )
 
 // sanity lists what is missing, zero, not finite or inconsistent in r for
-// the groups cfg selected. It never judges speed.
+// the groups cfg selected, and wrong answers of the web groups. It never
+// judges speed.
 func sanity(r *Report, cfg config) []string {
 	var k checker
 	c := r.Conditions
@@ -31,6 +32,7 @@ func sanity(r *Report, cfg config) []string {
 	if cfg.runs(groupScale) {
 		k.scale(r.Scale, cfg.Backlogs)
 	}
+	k.web(r, cfg)
 	return k.problems
 }
 
