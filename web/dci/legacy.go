@@ -51,6 +51,10 @@ func (h *Handler) legacySearch(w http.ResponseWriter, r *http.Request, _ map[str
 		}
 	}
 	skip, _ := intOption(options["skip"])
+	if k := serverCode(filter); k != "" {
+		send(w, http.StatusBadRequest, obj{"error": k + " is not allowed: it runs code on the database server"}, false)
+		return
+	}
 	fd := bson.D{}
 	for k, v := range filter {
 		val, err := legacyFilterValue(k, v)
@@ -172,4 +176,27 @@ func (h *Handler) legacyTasks(w http.ResponseWriter, r *http.Request, ref string
 		return
 	}
 	h.createTasks(w, r, queue, fields)
+}
+
+// serverCode finds an operator that runs JavaScript on the server in a
+// legacy search filter (which is otherwise a MongoDB query, as in 4.103).
+func serverCode(v any) string {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, el := range x {
+			if k == "$where" || k == "$function" || k == "$accumulator" {
+				return k
+			}
+			if found := serverCode(el); found != "" {
+				return found
+			}
+		}
+	case []any:
+		for _, el := range x {
+			if found := serverCode(el); found != "" {
+				return found
+			}
+		}
+	}
+	return ""
 }

@@ -330,12 +330,14 @@ func filterValue(key string, v any) (any, error) {
 	case json.Number:
 		return toBSON(x, 0)
 	case map[string]any:
-		if key == "id" || key == "queue" {
-			if s, ok := x["$oid"].(string); ok {
-				return filterValue(key, s)
-			}
+		// Only {"$oid": hex}: an object would be read by MongoDB as query
+		// operators ({"$ne": null}), which no 4.103 client sends.
+		if s, ok := x["$oid"].(string); ok && len(x) == 1 && (key == "id" || key == "queue") {
+			return filterValue(key, s)
 		}
-		return toBSON(x, 0)
+		return nil, fmt.Errorf("%s must be a value or an array of values, not an object", key)
+	case []any:
+		return nil, fmt.Errorf("%s must be a value or an array of values, not nested arrays", key)
 	case string:
 		if key == "id" || key == "queue" {
 			id, err := bson.ObjectIDFromHex(x)
