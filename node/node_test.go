@@ -298,12 +298,12 @@ func TestRestartedNodeMissesNoTask(t *testing.T) {
 	b := setup(t)
 	q := b.queue("q", "test", 4, schema.SortFIFO)
 	cfg := b.config("n1")
-	cfg.Tick = 10 * time.Second
+	cfg.Tick = time.Minute // only the resumed stream can find the tasks within the waits below
 	n, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, n.Start(context.Background()))
 	b.tasks(q, 50, nil)
-	b.waitDone(nil, 50, 5*time.Second)
+	b.waitDone(nil, 50, 15*time.Second)
 	n.Stop()
 	b.tasks(q, 50, nil) // while the node is down
 	saved, err := b.store.StreamTokenGet(context.Background(), "node:n1")
@@ -311,7 +311,7 @@ func TestRestartedNodeMissesNoTask(t *testing.T) {
 	require.NotEmpty(t, saved)
 	b.start(cfg)
 	b.tasks(q, 50, nil) // after the restart
-	b.waitDone(nil, 150, 3*time.Second)
+	b.waitDone(nil, 150, 15*time.Second)
 	b.rec.mu.Lock()
 	defer b.rec.mu.Unlock()
 	require.Len(t, b.rec.runs, 150)
