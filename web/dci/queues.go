@@ -21,13 +21,21 @@ import (
 // queue whose counters do not exist yet (no node has projected it) is
 // counted the 4.103 way.
 func (h *Handler) queueReport(ctx context.Context) ([]obj, error) {
+	// The two reads are independent: one round trip's time, not two.
+	var running map[bson.ObjectID]int64
+	var runErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		running, runErr = h.o.Store.TaskRunningCounts(ctx)
+	}()
 	docs, err := h.o.Store.QueueDocs(ctx)
+	<-done
 	if err != nil {
 		return nil, err
 	}
-	running, err := h.o.Store.TaskRunningCounts(ctx)
-	if err != nil {
-		return nil, err
+	if runErr != nil {
+		return nil, runErr
 	}
 	out := make([]obj, 0, len(docs))
 	for _, d := range docs {
