@@ -87,7 +87,7 @@ func NewHandler(o Options) http.Handler {
 	mux.Handle("/api/v1/", auth.MiddlewareOnDeny(o.Users, auth.RequiredRole, apiv1.Deny, limitBody(o.MaxBodyBytes, v1)))
 	mux.Handle("/", auth.Middleware(o.Users, auth.RequiredRole, limitBody(o.MaxBodyBytes, legacy)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
-	return m.instrument(mux, legacy)
+	return m.instrument(mux, legacy, log)
 }
 
 // limitBody refuses bodies over n bytes: the handlers read at most n+1 and
@@ -143,7 +143,7 @@ type router interface {
 	Route(method, path string) string
 }
 
-func (m *metrics) instrument(next http.Handler, legacy router) http.Handler {
+func (m *metrics) instrument(next http.Handler, legacy router, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		m.inflight.Inc()
@@ -165,10 +165,17 @@ func (m *metrics) instrument(next http.Handler, legacy router) http.Handler {
 		default:
 			method = "other"
 		}
+		took := time.Since(start)
 		m.requests.WithLabelValues(route, method, strconv.Itoa(rec.code)).Inc()
 		if rec.Header().Get("Content-Type") != "text/event-stream" {
-			m.duration.WithLabelValues(route, method).Observe(time.Since(start).Seconds())
+			m.duration.WithLabelValues(route, method).Observe(took.Seconds())
 		}
+		level := slog.LevelDebug
+		if rec.code >= 500 {
+			level = slog.LevelWarn
+		}
+		log.Log(r.Context(), level, "request", "method", r.Method, "path", r.URL.Path, "route", route, "code", rec.code,
+			"duration_ms", float64(took.Microseconds())/1000, "remote", r.RemoteAddr)
 	})
 }
 
