@@ -9,7 +9,7 @@ WEB       ?= 127.0.0.1:8080
 MONGOD_SH := scripts/fetch-mongod.sh
 JAEGER_SH := scripts/fetch-jaeger.sh
 
-.PHONY: all build test lint run mongod jaeger bench compat-4103 clean
+.PHONY: all build test lint run mongod jaeger bench compat-4103 fuzz-api clean
 
 all: build
 
@@ -44,6 +44,13 @@ jaeger:
 # minute; `make bench ARGS=--help` lists the options.
 bench: mongod
 	$(GO) run ./cmd/disbatch-bench $(ARGS)
+
+# Fuzzes the v1 API against its OpenAPI document with Schemathesis (pinned,
+# in a virtualenv cached next to mongod) on a throwaway replica set, node
+# and web server: fails on any 5xx or response the document does not
+# describe. About two minutes; run by CI. See scripts/fuzz-api.sh.
+fuzz-api:
+	@bash scripts/fuzz-api.sh
 
 # Checks disbatch-web against the real Disbatch 4.103 Perl programs: its
 # t/002_full.t (patched at run time) and its bin/disbatch CLI, with and

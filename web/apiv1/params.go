@@ -108,10 +108,43 @@ func numberToBSON(lit string, at path) (any, *apiError) {
 		}
 	}
 	f, err := strconv.ParseFloat(lit, 64)
-	if err != nil || math.IsInf(f, 0) {
+	if err != nil || math.IsInf(f, 0) || math.Abs(f) == math.MaxFloat64 && beyondMaxDouble(lit) {
 		return nil, invalidField(at, "the number %s is out of range: want a finite double", lit)
 	}
 	return f, nil
+}
+
+// The document bounds numbers in parameters by ±1.7976931348623157e308,
+// the largest double as it is written, here as 0.17976931348623157e309.
+const (
+	maxDoubleDigits = "17976931348623157"
+	maxDoublePoint  = 309
+)
+
+// beyondMaxDouble reports whether a number literal's magnitude exceeds
+// 1.7976931348623157e308 exactly, as JSON Schema's maximum reads it.
+// ParseFloat rounds everything from there up to 2^1024 - 2^970 to
+// math.MaxFloat64, so the caller asks only then: the literal is then
+// near 1.8e308 and its exponent fits an int.
+func beyondMaxDouble(lit string) bool {
+	mant, exp, _ := strings.Cut(strings.ToLower(strings.TrimPrefix(lit, "-")), "e")
+	whole, frac, _ := strings.Cut(mant, ".")
+	digits := whole + frac
+	point := len(whole) // the value is 0.digits × 10^point
+	if exp != "" {
+		e, err := strconv.Atoi(exp)
+		if err != nil {
+			return true
+		}
+		point += e
+	}
+	trimmed := strings.TrimLeft(digits, "0")
+	point -= len(digits) - len(trimmed)
+	digits = strings.TrimRight(trimmed, "0")
+	if point != maxDoublePoint {
+		return point > maxDoublePoint
+	}
+	return digits > maxDoubleDigits // same length of whole part: compare as fractions
 }
 
 // checkParamKey returns what is wrong with a key of the parameters, or "".

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -115,6 +116,33 @@ func TestTaskSubmitStoresParamsExactly(t *testing.T) {
 	require.Equal(t, qid.Hex(), s.Queue)
 	e.wantErr(404, CodeNotFound, "queue", "POST", "/api/v1/tasks", map[string]any{"queue": "nope", "tasks": []any{map[string]any{"params": map[string]any{}}}})
 	e.wantErr(404, CodeNotFound, "id", "GET", "/api/v1/tasks/"+bson.NewObjectID().Hex(), nil)
+}
+
+// TestTaskSubmitNumbersAtTheLargestDouble: the document bounds numbers in
+// parameters by ±1.7976931348623157e308 as JSON Schema reads it, exactly;
+// ParseFloat rounds a band of larger numbers down to the largest double,
+// which the server took for in range (found by make fuzz-api). The
+// refusals are in hostileCases.
+func TestTaskSubmitNumbersAtTheLargestDouble(t *testing.T) {
+	e := setup(t)
+	e.newQueue("q")
+	largest := "17976931348623157" + strings.Repeat("0", 292)
+	ids := e.submit("q", `{"a":1.7976931348623157e308,"b":-`+largest+`,"c":0.17976931348623157E+309,"d":1797693134862315.7e293}`)
+	var task Task
+	e.want(200, "GET", "/api/v1/tasks/"+ids[0], nil).decode(t, &task)
+	var got map[string]float64
+	require.NoError(t, json.Unmarshal(task.Params, &got))
+	require.Equal(t, map[string]float64{"a": math.MaxFloat64, "b": -math.MaxFloat64, "c": math.MaxFloat64, "d": math.MaxFloat64}, got)
+
+	for lit, beyond := range map[string]bool{
+		"1.7976931348623157e308": false, "-1.7976931348623157e308": false, largest: false, "-" + largest: false,
+		"1.79769313486231570e308": false, "0.0017976931348623157e311": false, "179769313486231570e+291": false,
+		"1.79769313486231571e308": true, "-1.7976931348623158e308": true, largest + "1": true, largest[:len(largest)-1] + "1": true,
+		"1.7976931348623157000000000000000001e308": true, "17976931348623157e293": true, "1.8e308": true,
+		"1.797693134862315e308": false, "1.79769313486231569999e308": false,
+	} {
+		require.Equal(t, beyond, beyondMaxDouble(lit), lit)
+	}
 }
 
 func TestTaskSubmitDialect4103(t *testing.T) {
