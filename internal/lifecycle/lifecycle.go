@@ -68,17 +68,22 @@ func (r *Run) Go(fn func(ctx context.Context)) {
 
 // Every calls fn every interval d of clock c (first after d) until Stop.
 // A call that outlasts the interval delays the next one rather than
-// piling up.
+// piling up. The ticker exists when Every returns, so time that passes
+// after it (a fake clock advanced by a test) is counted.
 func (r *Run) Every(c clock.Clock, d time.Duration, fn func(ctx context.Context)) {
+	t := clock.Or(c).NewTicker(d)
 	r.Go(func(ctx context.Context) {
-		Every(ctx, c, d, fn)
+		tick(ctx, t, fn)
 	})
 }
 
 // Every calls fn every interval d of clock c (first after d) until ctx
 // ends: the ticker loop of services that run one outside a Run.
 func Every(ctx context.Context, c clock.Clock, d time.Duration, fn func(ctx context.Context)) {
-	t := clock.Or(c).NewTicker(d)
+	tick(ctx, clock.Or(c).NewTicker(d), fn)
+}
+
+func tick(ctx context.Context, t clock.Ticker, fn func(ctx context.Context)) {
 	defer t.Stop()
 	for {
 		select {

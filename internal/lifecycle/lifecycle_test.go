@@ -137,3 +137,18 @@ func TestStopDuringStartUpWaitsForIt(t *testing.T) {
 	require.True(t, ran.Load(), "the run that started was stopped")
 	require.False(t, b.Running())
 }
+
+// TestEveryCountsTimeFromItsCall: time that passes right after Start
+// returns is counted, however late the ticking goroutine is scheduled.
+func TestEveryCountsTimeFromItsCall(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for range 50 {
+		f := clock.NewFake(time.Unix(0, 0))
+		s := &ticking{clock: f}
+		require.NoError(t, s.Start(context.Background()))
+		require.Equal(t, 1, f.Waiters(), "the ticker exists when Start returns")
+		f.Advance(time.Millisecond)
+		require.Eventually(t, func() bool { return s.ticks.Load() == 1 }, 5*time.Second, time.Millisecond)
+		s.Stop()
+	}
+}
