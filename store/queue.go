@@ -174,62 +174,17 @@ type QueueUpdateParams struct {
 }
 
 // QueueUpdate applies p with $set/$unset, keeping both dialects in step.
+// A new name another queue has is ErrQueueExists; a queue that is gone is
+// ErrNotFound.
 func (s *Store) QueueUpdate(ctx context.Context, p QueueUpdateParams) error {
-	set, unset := bson.D{}, bson.D{}
-	if p.Name != nil {
-		if err := ValidateQueueName(*p.Name); err != nil {
-			return err
-		}
-		n, err := s.queues.CountDocuments(ctx, bson.D{{Key: schema.QueueName, Value: *p.Name}, {Key: "_id", Value: bson.D{{Key: "$ne", Value: p.ID}}}})
-		if err != nil {
-			return fmt.Errorf("look up queue %q: %w", *p.Name, err)
-		}
-		if n > 0 {
-			return fmt.Errorf("rename to %q: %w", *p.Name, ErrQueueExists)
-		}
-		set = append(set, bson.E{Key: schema.QueueName, Value: *p.Name})
-	}
-	if p.Constructor != nil {
-		if strings.TrimSpace(*p.Constructor) == "" {
-			return errors.New("constructor must not be empty")
-		}
-		set = append(set, bson.E{Key: schema.QueueConstructor, Value: *p.Constructor}, bson.E{Key: schema.QueuePlugin, Value: *p.Constructor})
-	}
-	if p.SetMaxThreads {
-		if err := validateMaxThreads(p.MaxThreads); err != nil {
-			return err
-		}
-		set = append(set, bson.E{Key: schema.QueueMaxThreads, Value: p.MaxThreads}, bson.E{Key: schema.QueueThreads, Value: p.MaxThreads})
-	}
-	if p.Sort != nil {
-		if !p.Sort.Valid() {
-			return fmt.Errorf("sort must be fifo, lifo or default, got %q", *p.Sort)
-		}
-		set = append(set, bson.E{Key: schema.QueueSort, Value: string(*p.Sort)})
-	}
-	for _, l := range []struct {
-		key  string
-		vals *[]string
-	}{{schema.QueueNodesPin, p.NodesPin}, {schema.QueueNodesIgnore, p.NodesIgnore}} {
-		switch {
-		case l.vals == nil:
-		case len(*l.vals) == 0:
-			unset = append(unset, bson.E{Key: l.key, Value: ""})
-		default:
-			set = append(set, bson.E{Key: l.key, Value: *l.vals})
-		}
-	}
-	update := bson.D{}
-	if len(set) > 0 {
-		update = append(update, bson.E{Key: "$set", Value: set})
-	}
-	if len(unset) > 0 {
-		update = append(update, bson.E{Key: "$unset", Value: unset})
-	}
-	if len(update) == 0 {
-		return errors.New("nothing to update")
+	update, err := s.queueUpdateDoc(ctx, p)
+	if err != nil {
+		return err
 	}
 	res, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: p.ID}}, update)
+	if isDuplicateKey(err) {
+		return fmt.Errorf("rename queue %s: %w", p.ID.Hex(), ErrQueueExists)
+	}
 	if err != nil {
 		return fmt.Errorf("update queue %s: %w", p.ID.Hex(), err)
 	}

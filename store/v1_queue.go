@@ -19,31 +19,52 @@ import (
 // A new name already taken is ErrQueueExists, also when a concurrent
 // rename wins the unique index; a queue that is gone is ErrNotFound.
 func (s *Store) QueueModify(ctx context.Context, p QueueUpdateParams) (schema.Queue, error) {
+	update, err := s.queueUpdateDoc(ctx, p)
+	if err != nil {
+		return schema.Queue{}, err
+	}
+	raw, err := s.queues.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.ID}}, update,
+		options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return schema.Queue{}, fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+	case isDuplicateKey(err):
+		return schema.Queue{}, fmt.Errorf("rename queue %s: %w", p.ID.Hex(), ErrQueueExists)
+	case err != nil:
+		return schema.Queue{}, fmt.Errorf("update queue %s: %w", p.ID.Hex(), err)
+	}
+	return schema.DecodeQueue(raw)
+}
+
+// queueUpdateDoc checks p and returns its update: $set and $unset of the
+// fields given, both dialects kept in step (constructor and plugin,
+// maxthreads and threads). A new name another queue has is ErrQueueExists.
+func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D, error) {
 	set, unset := bson.D{}, bson.D{}
 	if p.Name != nil {
 		if err := ValidateQueueName(*p.Name); err != nil {
-			return schema.Queue{}, err
+			return nil, err
 		}
 		if err := s.queueNameFree(ctx, *p.Name, bson.D{{Key: "_id", Value: p.ID}}); err != nil {
-			return schema.Queue{}, err
+			return nil, err
 		}
 		set = append(set, bson.E{Key: schema.QueueName, Value: *p.Name})
 	}
 	if p.Constructor != nil {
 		if strings.TrimSpace(*p.Constructor) == "" {
-			return schema.Queue{}, errors.New("constructor must not be empty")
+			return nil, errors.New("constructor must not be empty")
 		}
 		set = append(set, bson.E{Key: schema.QueueConstructor, Value: *p.Constructor}, bson.E{Key: schema.QueuePlugin, Value: *p.Constructor})
 	}
 	if p.SetMaxThreads {
 		if err := validateMaxThreads(p.MaxThreads); err != nil {
-			return schema.Queue{}, err
+			return nil, err
 		}
 		set = append(set, bson.E{Key: schema.QueueMaxThreads, Value: p.MaxThreads}, bson.E{Key: schema.QueueThreads, Value: p.MaxThreads})
 	}
 	if p.Sort != nil {
 		if !p.Sort.Valid() {
-			return schema.Queue{}, fmt.Errorf("sort must be fifo, lifo or default, got %q", *p.Sort)
+			return nil, fmt.Errorf("sort must be fifo, lifo or default, got %q", *p.Sort)
 		}
 		sort := *p.Sort
 		if sort == "" {
@@ -71,17 +92,7 @@ func (s *Store) QueueModify(ctx context.Context, p QueueUpdateParams) (schema.Qu
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
 	if len(update) == 0 {
-		return schema.Queue{}, errors.New("nothing to update")
+		return nil, errors.New("nothing to update")
 	}
-	raw, err := s.queues.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.ID}}, update,
-		options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
-	switch {
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return schema.Queue{}, fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
-	case isDuplicateKey(err):
-		return schema.Queue{}, fmt.Errorf("rename queue %s: %w", p.ID.Hex(), ErrQueueExists)
-	case err != nil:
-		return schema.Queue{}, fmt.Errorf("update queue %s: %w", p.ID.Hex(), err)
-	}
-	return schema.DecodeQueue(raw)
+	return update, nil
 }
