@@ -45,7 +45,11 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 		if err := ValidateQueueName(*p.Name); err != nil {
 			return nil, err
 		}
-		if err := s.queueNameFree(ctx, *p.Name, bson.D{{Key: "_id", Value: p.ID}}); err != nil {
+		err := s.queueNameFree(ctx, *p.Name, bson.D{{Key: "_id", Value: p.ID}})
+		if errors.Is(err, ErrQueueExists) {
+			return nil, fmt.Errorf("rename to %q: %w", *p.Name, ErrQueueExists)
+		}
+		if err != nil {
 			return nil, err
 		}
 		set = append(set, bson.E{Key: schema.QueueName, Value: *p.Name})
