@@ -68,7 +68,8 @@ type Options struct {
 	// accepts.
 	Plugins []string
 	// LegacyTasks mounts Disbatch::Web::Tasks (deprecated in 4.2): POST
-	// /tasks/search, /tasks/:queue and /tasks/:queue/:collection.
+	// /tasks/search, /tasks/:queue and /tasks/:queue/:collection (the
+	// first two one route, as in 4.103).
 	LegacyTasks bool
 	// Monitoring turns GET /monitoring's node check on (4.103's
 	// "monitoring" setting).
@@ -142,7 +143,7 @@ func New(o Options) *Handler {
 	h.add("POST", "/balance", "", h.balanceSet)
 	h.add("GET", "/monitoring", "", h.monitoring)
 	if o.LegacyTasks {
-		h.add("POST", "/tasks/search", "", h.legacySearch)
+		// 4.103 routes /tasks/search through this pattern too (queue "search").
 		h.add("POST", "", `^/tasks/(?<queue>[^/]+)$`, h.legacyCreate)
 		h.add("POST", "", `^/tasks/(?<queue>.+?)/(?<collection>.+)$`, h.legacyCreateFromCollection)
 	}

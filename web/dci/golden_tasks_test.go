@@ -2,11 +2,20 @@ package dci_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/web/dci"
 )
 
 const updated = `{"MongoDB::UpdateResult":{"matched_count":1,"modified_count":1,"upserted_id":null,"write_concern_errors":[],"write_errors":[]}}`
@@ -227,4 +236,57 @@ func TestGoldenTasks(t *testing.T) {
 		{name: "queue counts", method: "GET", path: "/queues/q1", status: 200,
 			want: `{"completed":3,"id":"{{q1}}","name":"q1","plugin":"Disbatch::Plugin::Demo","queued":2,"running":2,"threads":null}`},
 	})
+}
+
+// TestGoldenLegacyRoutes: Disbatch::Web::Tasks as the real 4.103 answered
+// it, found by replaying the recorded requests against both servers.
+func TestGoldenLegacyRoutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	for _, name := range []string{"q1", "q2"} {
+		status, _, body := b.do("POST", "/queues", "json", `{"name":"`+name+`","plugin":"Disbatch::Plugin::Demo"}`)
+		require.Equal(t, 200, status, body)
+		id, err := b.st.QueueResolve(context.Background(), name)
+		require.NoError(t, err)
+		b.vars[name] = id.Hex()
+	}
+	insertFixtures(t, b)
+	gfsIDs := `{"_id":{"$oid":"5d0000000000000000000007"},"ctime":"2019-01-23T19:42:58","mtime":"2019-01-23T19:42:58","node":"node-a","params":{"commands":"gfs"},"queue":{"$oid":"{{q1}}"},"status":1,"stderr":{"$oid":"{{gfserr}}"},"stdout":{"$oid":"{{gfsout}}"}}`
+	b.run([]exchange{
+		{name: "info lists search under the :queue pattern", method: "GET", path: "/info", status: 200,
+			want: `{"database":"golden","routes":{"DELETE":["(?^u:^/queues/(?<queue>.+)$)"],"GET":["/","/info","/nodes","(?^u:^/nodes/(?<node>.+))","/plugins","/queues","(?^u:^/queues/(?<queue>.+)$)","/tasks","(?^u:^/tasks/(?<id>[0-9a-f]{24})$)","/balance","/monitoring","(?^u:^/)"],"POST":["(?^u:^/nodes/(?<node>.+))","/queues","(?^u:^/queues/(?<queue>.+)$)","/tasks","/balance","(?^u:^/tasks/(?<queue>[^/]+)$)","(?^u:^/tasks/(?<queue>.+?)/(?<collection>.+)$)"]},"web_extensions":["Disbatch::Web::Tasks"]}`},
+		{name: "terse wins over full", method: "GET", path: "/tasks", ctype: "json", body: `{"id":"5d0000000000000000000007",".terse":1,".full":1}`, status: 200, want: `[` + gfsIDs + `]`},
+		{name: "search with sort, skip and limit", method: "POST", path: "/tasks/search", ctype: "json",
+			body: `{"filter":{"queue":{"$oid":"{{q1}}"},"status":{"$gte":1}},"options":{"limit":2,"skip":1,"sort":{"_id":-1}}}`, status: 200,
+			want: `[{"_id":{"$oid":"5d0000000000000000000006"},"ctime":1548272576.999,"mtime":1548272577.035,"node":"node-a","params":{"commands":"failed"},"queue":{"$oid":"{{q1}}"},"status":2,"stderr":"[terse mode]","stdout":"[terse mode]"},{"_id":{"$oid":"5d0000000000000000000005"},"ctime":1548272576.574,"mtime":1548272577.035,"node":"node-a","params":{"commands":"done"},"queue":{"$oid":"{{q1}}"},"status":1,"stderr":null,"stdout":"[terse mode]"}]`},
+		{name: "search bad queue id (4.103 adds a Perl file and line)", method: "POST", path: "/tasks/search", ctype: "json", body: `{"filter":{"queue":"xyz"}}`, status: 400,
+			want: `{"error":"Bad OID passed: Invalid 'oid' field: OIDs must be 12 bytes"}`},
+		{name: "search bad operator", method: "POST", path: "/tasks/search", ctype: "json", body: `{"filter":{"$bad":1}}`, status: 400,
+			want: `{"error":"MongoDB::DatabaseError: unknown top level operator: $bad. If you have a field name that starts with a '$' symbol, consider using $getField or $setField."}`},
+	})
+	status, _, body := b.do("POST", "/tasks/q2", "json", `{"params":{"commands":"v4"}}`)
+	require.Equal(t, 200, status, body)
+	require.Regexp(t, `^\{"MongoDB::InsertManyResult":\{"acknowledged":1,"inserted":\[\{"_id":\{"\$oid":"[0-9a-f]{24}"\},"index":0\}\],"write_concern_errors":\[\],"write_errors":\[\]\}\}$`, body,
+		"POST /tasks/:queue takes POST /tasks's body, an object included")
+	status, _, body = b.do("GET", "/tasks", "json", `{"queue":"{{q2}}",".fields":{"params":1,"_id":0}}`)
+	require.Equal(t, 200, status)
+	require.Equal(t, `[{"params":{"commands":"v4"}}]`, body)
+}
+
+func TestWebRootIndexIsServedNotRedirected(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(root, "index.html"), []byte("<p>4.103 page</p>"), 0o600))
+	st := store.New(mongotest.Database(t), store.Options{})
+	srv := httptest.NewServer(dci.New(dci.Options{Store: st, WebRoot: root}))
+	t.Cleanup(srv.Close)
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, path := range []string{"/", "/index.html"} {
+		resp, err := c.Get(srv.URL + path)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode, path)
+		require.Equal(t, "<p>4.103 page</p>", string(b), path)
+	}
 }

@@ -51,6 +51,20 @@ func (h *Handler) legacySearch(w http.ResponseWriter, r *http.Request, _ map[str
 		}
 	}
 	skip, _ := intOption(options["skip"])
+	var sort, projection bson.D
+	for _, o := range []struct {
+		name string
+		to   *bson.D
+	}{{"sort", &sort}, {"projection", &projection}} {
+		if v, ok := options[o.name].(map[string]any); ok {
+			d, err := toBSON(v, 0)
+			if err != nil {
+				send(w, http.StatusBadRequest, obj{"error": "options." + o.name + " " + err.Error()}, false)
+				return
+			}
+			*o.to = d.(bson.D)
+		}
+	}
 	if k := serverCode(filter); k != "" {
 		send(w, http.StatusBadRequest, obj{"error": k + " is not allowed: it runs code on the database server"}, false)
 		return
@@ -59,7 +73,7 @@ func (h *Handler) legacySearch(w http.ResponseWriter, r *http.Request, _ map[str
 	for k, v := range filter {
 		val, err := legacyFilterValue(k, v)
 		if err != nil {
-			send(w, http.StatusBadRequest, obj{"error": "Bad OID passed: " + err.Error()}, false)
+			send(w, http.StatusBadRequest, obj{"error": "Bad OID passed: Invalid 'oid' field: OIDs must be 12 bytes"}, false)
 			return
 		}
 		fd = append(fd, bson.E{Key: k, Value: val})
@@ -68,7 +82,7 @@ func (h *Handler) legacySearch(w http.ResponseWriter, r *http.Request, _ map[str
 	if truthy(p.fields["count"]) {
 		n, err := h.o.Store.TaskCount(r.Context(), fd, 0, 0)
 		if err != nil {
-			send(w, http.StatusBadRequest, obj{"error": errText(err)}, pretty)
+			send(w, http.StatusBadRequest, obj{"error": driverErrText(err)}, pretty)
 			return
 		}
 		send(w, http.StatusOK, obj{"count": n}, pretty)
@@ -78,9 +92,9 @@ func (h *Handler) legacySearch(w http.ResponseWriter, r *http.Request, _ map[str
 	if v, ok := p.fields["terse"]; ok {
 		terse = truthy(v)
 	}
-	docs, err := h.o.Store.TaskFind(r.Context(), store.TaskFindParams{Filter: fd, Skip: skip, Limit: limit})
+	docs, err := h.o.Store.TaskFind(r.Context(), store.TaskFindParams{Filter: fd, Projection: projection, Sort: sort, Skip: skip, Limit: limit})
 	if err != nil {
-		send(w, http.StatusBadRequest, obj{"error": errText(err)}, pretty)
+		send(w, http.StatusBadRequest, obj{"error": driverErrText(err)}, pretty)
 		return
 	}
 	out := make([]any, 0, len(docs))
@@ -145,37 +159,20 @@ func legacyFilterValue(key string, v any) (any, error) {
 	return toBSON(v, 0)
 }
 
-// POST /tasks/:queue: a JSON array of params objects.
+// POST /tasks/:queue is POST /tasks with the queue given by the path, and
+// POST /tasks/search (4.103 routes both through one pattern).
 func (h *Handler) legacyCreate(w http.ResponseWriter, r *http.Request, m map[string]string) {
-	p := readParams(r)
-	if p.bad != nil {
-		send(w, http.StatusBadRequest, obj{"error": "invalid JSON body"}, false)
+	if m["queue"] == "search" {
+		h.legacySearch(w, r, m)
 		return
 	}
-	h.legacyTasks(w, r, m["queue"], map[string]any{"params": p.body})
+	h.postTasks(w, r, map[string]any{"queue": m["queue"]})
 }
 
-// POST /tasks/:queue/:collection: {"filter":{…},"params":{…}}.
+// POST /tasks/:queue/:collection is POST /tasks with the queue and the
+// collection given by the path.
 func (h *Handler) legacyCreateFromCollection(w http.ResponseWriter, r *http.Request, m map[string]string) {
-	p := readParams(r)
-	if p.bad != nil {
-		send(w, http.StatusBadRequest, obj{"error": "invalid JSON body"}, false)
-		return
-	}
-	h.legacyTasks(w, r, m["queue"], map[string]any{"collection": m["collection"], "filter": p.fields["filter"], "params": p.fields["params"]})
-}
-
-func (h *Handler) legacyTasks(w http.ResponseWriter, r *http.Request, ref string, fields map[string]any) {
-	queue, err := h.o.Store.QueueResolve(r.Context(), ref)
-	if errors.Is(err, store.ErrNotFound) {
-		send(w, http.StatusBadRequest, obj{"error": "queue not found"}, false)
-		return
-	}
-	if err != nil {
-		send(w, http.StatusBadRequest, obj{"error": errText(err)}, false)
-		return
-	}
-	h.createTasks(w, r, queue, fields)
+	h.postTasks(w, r, map[string]any{"queue": m["queue"], "collection": m["collection"]})
 }
 
 // serverCode finds an operator that runs JavaScript on the server in a

@@ -101,12 +101,17 @@ func (h *Handler) static(w http.ResponseWriter, r *http.Request, _ map[string]st
 	clean := path.Clean("/" + r.URL.Path)
 	if h.o.WebRoot != "" {
 		name := filepath.Join(h.o.WebRoot, filepath.FromSlash(clean))
-		if st, err := os.Stat(name); err == nil && !st.IsDir() {
-			if ct, ok := staticTypes[filepath.Ext(name)]; ok {
-				w.Header().Set("Content-Type", ct)
+		if f, err := os.Open(name); err == nil {
+			defer f.Close()
+			if st, err := f.Stat(); err == nil && !st.IsDir() {
+				if ct, ok := staticTypes[filepath.Ext(name)]; ok {
+					w.Header().Set("Content-Type", ct)
+				}
+				// ServeContent, not ServeFile: that one redirects
+				// /index.html to /, where 4.103 serves the file.
+				http.ServeContent(w, r, name, st.ModTime(), f)
+				return
 			}
-			http.ServeFile(w, r, name)
-			return
 		}
 	}
 	if st, err := fs.Stat(assets, strings.TrimPrefix(clean, "/")); err == nil && !st.IsDir() {

@@ -84,6 +84,12 @@ func paramsDoc(m map[string]any) (bson.Raw, error) {
 
 // POST /tasks
 func (h *Handler) tasksCreate(w http.ResponseWriter, r *http.Request, _ map[string]string) {
+	h.postTasks(w, r, nil)
+}
+
+// postTasks is 4.103's post_tasks: the request's parameters, with preset
+// ones (the legacy routes' path segments) over them.
+func (h *Handler) postTasks(w http.ResponseWriter, r *http.Request, preset map[string]any) {
 	p := readParams(r)
 	if p.bad != nil {
 		send(w, http.StatusBadRequest, obj{"error": "invalid JSON body"}, false)
@@ -92,6 +98,9 @@ func (h *Handler) tasksCreate(w http.ResponseWriter, r *http.Request, _ map[stri
 	fields := p.fields
 	if p.body != nil { // a bare array is {"params": [...]}
 		fields = map[string]any{"params": p.body}
+	}
+	for k, v := range preset {
+		fields[k] = v
 	}
 	ref, _ := scalar(fields["queue"])
 	queue, err := h.o.Store.QueueResolve(r.Context(), ref)
@@ -221,11 +230,8 @@ func (h *Handler) collectionTasks(ctx context.Context, tmpl map[string]any, fiel
 		proj = bson.D{{Key: "_id", Value: 1}}
 	}
 	found, err := h.o.Store.DocumentsFind(ctx, store.DocumentsFindParams{Collection: coll, Filter: fd.(bson.D), Projection: proj, Limit: h.o.MaxCollectionTasks})
-	if msg, ok := store.ServerMessage(err); ok {
-		return nil, "MongoDB::DatabaseError: " + msg
-	}
 	if err != nil {
-		return nil, errText(err)
+		return nil, driverErrText(err)
 	}
 	docs := make([]bson.Raw, 0, len(found))
 	for _, src := range found {
@@ -502,6 +508,15 @@ func (h *Handler) tasksQuery(w http.ResponseWriter, r *http.Request, _ map[strin
 	send(w, http.StatusOK, body, pretty)
 }
 
+// driverErrText is an error as 4.103 passes the Perl driver's on:
+// MongoDB's own message under the driver's class name.
+func driverErrText(err error) string {
+	if msg, ok := store.ServerMessage(err); ok {
+		return "MongoDB::DatabaseError: " + msg
+	}
+	return errText(err)
+}
+
 func encodeJSONString(v any) string { return strings.TrimSuffix(string(encodeJSON(v, true)), "\n") }
 
 func copyObj(o obj) obj {
@@ -576,8 +591,10 @@ func (h *Handler) taskJSON(ctx context.Context, d bson.Raw, dates dateStyle, ter
 			continue
 		}
 		switch {
-		case v.Type == bson.TypeString && terse && v.StringValue() != "":
-			o[k] = "[terse mode]"
+		case terse: // terse wins over full, as in 4.103
+			if v.Type == bson.TypeString && v.StringValue() != "" {
+				o[k] = "[terse mode]"
+			}
 		case v.Type == bson.TypeObjectID && full:
 			text, err := h.o.Store.TaskOutputRead(ctx, schema.Output{FileID: v.ObjectID(), Set: true})
 			if err != nil {
