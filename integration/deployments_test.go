@@ -1198,31 +1198,7 @@ func depBinary(t *testing.T, pkg string) string {
 // startWeb starts disbatch-web as startNode starts disbatchd.
 func startWeb(t *testing.T, args []string, env ...string) *proc {
 	t.Helper()
-	bin := depBinary(t, "./cmd/disbatch-web")
-	p := &proc{t: t, log: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = childEnv(env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.log
-	p.cmd.WaitDelay = 5 * time.Second
-	p.cmd.SysProcAttr = childSysProcAttr()
-	require.NoError(t, p.cmd.Start())
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		if !p.exited() {
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("disbatch-web %s log:\n%s", strings.Join(args, " "), p.log.String())
-		}
-		if strings.Contains(p.log.String(), "DATA RACE") {
-			t.Errorf("disbatch-web %s reported a data race:\n%s", strings.Join(args, " "), p.log.String())
-		}
-	})
-	return p
+	return startProc(t, depBinary(t, "./cmd/disbatch-web"), args, env...)
 }
 
 // TestDeploymentsWebUsersExample: the example credentials file is what

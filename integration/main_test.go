@@ -140,8 +140,16 @@ type proc struct {
 // if the test failed.
 func startNode(t *testing.T, args []string, env ...string) *proc {
 	t.Helper()
+	return startProc(t, disbatchdBin, args, env...)
+}
+
+// startProc starts the binary bin (named in logs by its base name) as
+// startNode describes.
+func startProc(t *testing.T, bin string, args []string, env ...string) *proc {
+	t.Helper()
+	name := filepath.Base(bin)
 	p := &proc{t: t, log: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(disbatchdBin, args...)
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = childEnv(env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.log
 	p.cmd.WaitDelay = 5 * time.Second
@@ -157,10 +165,10 @@ func startNode(t *testing.T, args []string, env ...string) *proc {
 			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("disbatchd %s log:\n%s", strings.Join(args, " "), p.log.String())
+			t.Logf("%s %s log:\n%s", name, strings.Join(args, " "), p.log.String())
 		}
 		if strings.Contains(p.log.String(), "DATA RACE") {
-			t.Errorf("disbatchd %s reported a data race:\n%s", strings.Join(args, " "), p.log.String())
+			t.Errorf("%s %s reported a data race:\n%s", name, strings.Join(args, " "), p.log.String())
 		}
 	})
 	return p

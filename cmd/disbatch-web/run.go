@@ -291,12 +291,9 @@ Roles: read (GET routes), write (queues and tasks), admin (nodes, balance).
 4.103's CLI sends these as --username NAME --password PASSWORD.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			role, err := auth.ParseRole(args[1])
+			role, err := nameAndRole(args)
 			if err != nil {
-				return &cmdline.UsageError{Err: err}
-			}
-			if err := auth.CheckName(args[0]); err != nil {
-				return &cmdline.UsageError{Err: err}
+				return err
 			}
 			pw, err := readPassword(e)
 			if err != nil {
@@ -310,6 +307,18 @@ Roles: read (GET routes), write (queues and tasks), admin (nodes, balance).
 			return nil
 		},
 	}
+}
+
+// nameAndRole checks the NAME ROLE arguments of passwd and token.
+func nameAndRole(args []string) (auth.Role, error) {
+	role, err := auth.ParseRole(args[1])
+	if err != nil {
+		return 0, &cmdline.UsageError{Err: err}
+	}
+	if err := auth.CheckName(args[0]); err != nil {
+		return 0, &cmdline.UsageError{Err: err}
+	}
+	return role, nil
 }
 
 func readPassword(e env) (string, error) {
@@ -344,12 +353,9 @@ user NAME), and the line to add to the --users file, which holds only a salted
 hash of it.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			role, err := auth.ParseRole(args[1])
+			role, err := nameAndRole(args)
 			if err != nil {
-				return &cmdline.UsageError{Err: err}
-			}
-			if err := auth.CheckName(args[0]); err != nil {
-				return &cmdline.UsageError{Err: err}
+				return err
 			}
 			tok, hash, err := auth.NewToken()
 			if err != nil {

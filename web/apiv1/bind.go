@@ -228,17 +228,8 @@ var hexID = regexp.MustCompile(`^[0-9a-fA-F]{24}$`)
 // control characters, no white space at either end. It returns what is
 // wrong, or "".
 func checkName(s string) string {
-	n := utf8.RuneCountInString(s)
-	switch {
-	case n == 0:
-		return "must not be empty"
-	case n > maxNameLength:
-		return "must be at most " + strconv.Itoa(maxNameLength) + " characters long"
-	}
-	for _, r := range s {
-		if isControl(r) {
-			return "must not contain control characters"
-		}
+	if msg := checkNodeName(s); msg != "" {
+		return msg
 	}
 	first, _ := utf8.DecodeRuneInString(s)
 	last, _ := utf8.DecodeLastRuneInString(s)

@@ -201,6 +201,24 @@ func (n *names) setID(m map[bson.ObjectID]string, oid bson.ObjectID, name *strin
 // convert turns a change event into an item, or nil for one subscribers
 // are not told about (an invalidate, a queue's counter update). learn: the
 // event is the present (the hub's reader), so the name caches follow it.
+// resolve returns the name an event carries, else the one remembered for
+// its document; with learn it remembers the name (forgets it on delete).
+func (n *names) resolve(m map[bson.ObjectID]string, ev store.ChangeEvent, carried *string, learn bool) *string {
+	name := carried
+	if name == nil {
+		name = n.get(m, ev.ID)
+	}
+	if learn {
+		switch {
+		case ev.Op == "delete":
+			n.set(m, ev.ID, nil)
+		case name != nil:
+			n.set(m, ev.ID, name)
+		}
+	}
+	return name
+}
+
 func convert(ev store.ChangeEvent, nm *names, learn bool) *item {
 	id := encodeID(ev.Token)
 	switch ev.Op {
@@ -325,17 +343,7 @@ func queueItem(id string, h header, ev store.ChangeEvent, nm *names, learn bool)
 			d.Name = &n
 		}
 	}
-	if d.Name == nil {
-		d.Name = nm.get(nm.queues, ev.ID)
-	}
-	if learn {
-		switch {
-		case ev.Op == "delete":
-			nm.set(nm.queues, ev.ID, nil)
-		case d.Name != nil:
-			nm.set(nm.queues, ev.ID, d.Name)
-		}
-	}
+	d.Name = nm.resolve(nm.queues, ev, d.Name, learn)
 	data, _ := json.Marshal(d)
 	it.frame = frame(id, "queue", data)
 	return it
@@ -383,17 +391,7 @@ func nodeItem(id string, h header, ev store.ChangeEvent, nm *names, learn bool) 
 			d.Node = &n
 		}
 	}
-	if d.Node == nil {
-		d.Node = nm.get(nm.nodes, ev.ID)
-	}
-	if learn {
-		switch {
-		case ev.Op == "delete":
-			nm.set(nm.nodes, ev.ID, nil)
-		case d.Node != nil:
-			nm.set(nm.nodes, ev.ID, d.Node)
-		}
-	}
+	d.Node = nm.resolve(nm.nodes, ev, d.Node, learn)
 	data, _ := json.Marshal(d)
 	return &item{id: id, kind: kindNode, frame: frame(id, "node", data)}
 }
