@@ -43,6 +43,8 @@ type Queue struct {
 	CountTotal  *int64
 	NodesPin    []string
 	NodesIgnore []string
+	// Control: timeout, retries and backoff, rerun_orphans.
+	Control QueueControl
 
 	// Warnings lists non-fatal oddities found while decoding.
 	Warnings []string
@@ -79,6 +81,7 @@ func DecodeQueue(raw bson.Raw) (Queue, error) {
 		NodesIgnore: r.strings(QueueNodesIgnore),
 		Raw:         raw,
 	}
+	q.Control = decodeQueueControl(r)
 	if r.err != nil {
 		return Queue{}, r.err
 	}

@@ -52,6 +52,9 @@ type Task struct {
 	// TraceParent and TraceState are the submitter's trace context, if any.
 	TraceParent string
 	TraceState  string
+	// Control is what the task says about its control (timeouts, holds,
+	// kill requests, history).
+	Control TaskControl
 
 	Raw bson.Raw
 }
@@ -81,6 +84,7 @@ func DecodeTask(raw bson.Raw) (Task, error) {
 		Stderr: output(r, TaskStderr),
 		Raw:    raw,
 	}
+	t.Control = decodeControl(r)
 	// A malformed trace context is ignored, never fatal: tracing is optional.
 	if _, v, ok := r.lookup(TaskTraceParent); ok {
 		t.TraceParent, _ = v.StringValueOK()

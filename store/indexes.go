@@ -21,25 +21,34 @@ type Index struct {
 	// UniqueIfPossible: when existing documents break uniqueness, the
 	// index is created without it rather than not at all.
 	UniqueIfPossible bool
+	// Partial, when set, is the index's partialFilterExpression: only
+	// the documents it matches are indexed.
+	Partial bson.D
 }
 
 // Indexes lists every index IndexesEnsure creates.
 var Indexes = []Index{
 	{schema.CollTasks, bson.D{{Key: "node", Value: 1}, {Key: "status", Value: 1}, {Key: "queue", Value: 1}, {Key: "_id", Value: 1}}, false,
-		"the claim: {node, status, queue} equality, sorted by _id either way; also a node's own tasks at start-up", false},
+		"the claim: {node, status, queue} equality, sorted by _id either way; also a node's own tasks at start-up", false, nil},
 	{schema.CollTasks, bson.D{{Key: "queue", Value: 1}, {Key: "status", Value: 1}}, false,
-		"per-queue counts, recounts and task listings", false},
+		"per-queue counts, recounts and task listings", false, nil},
 	{schema.CollTasks, bson.D{{Key: "status", Value: 1}, {Key: "mtime", Value: 1}, {Key: "queue", Value: 1}}, false,
-		"the reaper: claimed tasks whose mtime is too old; the running tasks per queue (GET /queues), read from the index alone", false},
+		"the reaper: claimed tasks whose mtime is too old; the running tasks per queue (GET /queues), read from the index alone", false, nil},
 	{schema.CollQueues, bson.D{{Key: "name", Value: 1}}, true,
 		"queues by name, unique as Disbatch 4.103 creates it (so concurrent creates of one name cannot both win, and 4.103 nodes start); " +
-			"without uniqueness on a database that already holds duplicate names (seed 000 allows them)", true},
+			"without uniqueness on a database that already holds duplicate names (seed 000 allows them)", true, nil},
 	{schema.CollNodes, bson.D{{Key: "node", Value: 1}}, true,
-		"one document per node", false},
+		"one document per node", false, nil},
 	{schema.CollTasksFiles, bson.D{{Key: "metadata.task_id", Value: 1}}, false,
-		"a task's GridFS output", false},
+		"a task's GridFS output", false, nil},
+	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskNotBefore, Value: 1}},
+		Why:     "the leader's timer for delayed tasks: the earliest not_before of the held (-4) tasks, and those due",
+		Partial: bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)}}},
+	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskExpiresAt, Value: 1}},
+		Why:     "the leader's timer for expiring tasks: the earliest expires_at of the waiting tasks, and those due",
+		Partial: bson.D{{Key: schema.TaskStatus, Value: bson.D{{Key: "$lte", Value: int32(schema.StatusQueued)}}}, {Key: schema.TaskExpiresAt, Value: bson.D{{Key: "$exists", Value: true}}}}},
 	{schema.CollTasksChunks, bson.D{{Key: "files_id", Value: 1}, {Key: "n", Value: 1}}, true,
-		"GridFS chunks in order", false},
+		"GridFS chunks in order", false, nil},
 }
 
 // IndexesEnsure creates the indexes in Indexes. It is idempotent, and an
@@ -73,6 +82,9 @@ func (s *Store) IndexesEnsure(ctx context.Context, collections ...string) error 
 			o := options.Index()
 			if ix.Unique {
 				o.SetUnique(true)
+			}
+			if ix.Partial != nil {
+				o.SetPartialFilterExpression(ix.Partial)
 			}
 			models = append(models, mongo.IndexModel{Keys: ix.Keys, Options: o})
 		}

@@ -151,8 +151,9 @@ type NodesDeadRecoverParams struct {
 type DeadNode struct {
 	Node     string
 	Since    time.Time // its last heartbeat
-	Requeued int64     // claimed, not started (-1): back to the queue
+	Requeued int64     // claimed, not started (-1), and running ones of queues with rerun_orphans: back to the queue
 	Orphaned int64     // running (0): orphaned (-6)
+	Killed   int64     // asked to be killed: finished as killed
 }
 
 // NodesDeadRecover finds nodes whose heartbeat is older than DeadAfter by
@@ -231,7 +232,7 @@ func (s *Store) nodeDeadRecover(ctx context.Context, id bson.ObjectID, name stri
 		}
 		now := s.nowMS()
 		requeued, err := s.tasks.UpdateMany(ctx,
-			bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
+			bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}, {Key: schema.TaskKill, Value: bson.D{{Key: "$exists", Value: false}}}},
 			bson.D{{Key: "$set", Value: bson.D{
 				{Key: schema.TaskNode, Value: schema.Unclaimed},
 				{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
@@ -240,16 +241,11 @@ func (s *Store) nodeDeadRecover(ctx context.Context, id bson.ObjectID, name stri
 		if err != nil {
 			return nil, err
 		}
-		orphaned, err := s.tasks.UpdateMany(ctx,
-			bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}},
-			bson.D{{Key: "$set", Value: bson.D{
-				{Key: schema.TaskStatus, Value: int32(schema.StatusOrphaned)},
-				{Key: schema.TaskMTime, Value: now},
-			}}})
+		gone, err := s.settleGone(ctx, bson.D{{Key: schema.TaskNode, Value: name}}, true)
 		if err != nil {
 			return nil, err
 		}
-		d = &DeadNode{Node: name, Requeued: requeued.ModifiedCount, Orphaned: orphaned.ModifiedCount}
+		d = &DeadNode{Node: name, Requeued: requeued.ModifiedCount + gone.Rerun, Orphaned: gone.Orphaned, Killed: gone.Killed}
 		return nil, nil
 	})
 	if err != nil {

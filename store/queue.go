@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -171,6 +172,13 @@ type QueueUpdateParams struct {
 	Sort          *schema.Sort
 	NodesPin      *[]string // an empty slice removes the field
 	NodesIgnore   *[]string // an empty slice removes the field
+	// Control: a time limit for its tasks (0 removes it), retries of
+	// failed attempts, their backoff, and whether a dead node's running
+	// tasks are rerun.
+	Timeout      *time.Duration
+	Retries      *int
+	RetryBackoff *schema.Backoff
+	RerunOrphans *bool
 }
 
 // QueueUpdate applies p with $set/$unset, keeping both dialects in step.

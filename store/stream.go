@@ -40,6 +40,9 @@ type StreamParams struct {
 	Profile StreamProfile
 	// Node is the node whose signals StreamSignals carries.
 	Node string
+	// Tasks are the tasks whose states StreamTaskStates carries (at most
+	// MaxControlIDs).
+	Tasks []bson.ObjectID
 	// Name names the stream in logs and, with Checkpoint, its saved
 	// position in disbatch_streams.
 	Name string
@@ -138,7 +141,7 @@ type StreamReader struct {
 // and its first batch says Lost. It fails when the deployment has no change
 // streams (a standalone mongod).
 func (s *Store) StreamOpen(ctx context.Context, p StreamParams) (*StreamReader, error) {
-	shape, err := p.Profile.shape(p.Node)
+	shape, err := p.Profile.shape(p)
 	if err != nil {
 		return nil, err
 	}

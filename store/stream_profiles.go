@@ -42,6 +42,14 @@ const (
 	// whose request names it. Rare events: each carries the changed
 	// document, looked up after the change.
 	StreamSignals
+	// StreamTaskStates is the status changes (and deletes) of the tasks
+	// StreamParams.Tasks names, for waiting on them: events carry the new
+	// status and reason.
+	StreamTaskStates
+	// StreamTimers is what moves the leader's task timers: tasks inserted
+	// or replaced with a not_before or an expires_at, and updates that set
+	// either. Events carry those two fields.
+	StreamTimers
 )
 
 func (p StreamProfile) String() string {
@@ -54,6 +62,10 @@ func (p StreamProfile) String() string {
 		return "transitions"
 	case StreamSignals:
 		return "signals"
+	case StreamTaskStates:
+		return "task-states"
+	case StreamTimers:
+		return "timers"
 	}
 	return fmt.Sprintf("StreamProfile(%d)", int(p))
 }
@@ -108,7 +120,8 @@ func (sh streamShape) options(maxAwait time.Duration) *options.ChangeStreamOptio
 }
 
 // shape returns the profile's server-side pipeline and options.
-func (p StreamProfile) shape(node string) (streamShape, error) {
+func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
+	node := sp.Node
 	switch p {
 	case StreamWakeups:
 		return streamShape{pipeline: mongo.Pipeline{
@@ -192,6 +205,43 @@ func (p StreamProfile) shape(node string) (streamShape, error) {
 				"fullDocument."+schema.TaskKill, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskQueue,
 				"updateDescription.updatedFields."+schema.NodeDrain, "updateDescription.updatedFields."+schema.NodeMaxThreads,
 				"updateDescription.updatedFields."+schema.TaskKill, "updateDescription.removedFields"),
+		}}, nil
+	case StreamTaskStates:
+		if len(sp.Tasks) == 0 || len(sp.Tasks) > MaxControlIDs {
+			return streamShape{}, fmt.Errorf("change stream profile %s: %d tasks; want 1 to %d", p, len(sp.Tasks), MaxControlIDs)
+		}
+		ids := make([]any, len(sp.Tasks))
+		for i, id := range sp.Tasks {
+			ids[i] = id
+		}
+		return streamShape{pipeline: mongo.Pipeline{
+			match(
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "documentKey._id", Value: in(ids...)}, {Key: "$or", Value: bson.A{
+					bson.D{{Key: "operationType", Value: in("delete", "replace")}},
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: exists()}},
+				}}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("drop", "rename")}},
+				databaseEnd,
+			),
+			project("fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskReason,
+				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskReason),
+		}}, nil
+	case StreamTimers:
+		return streamShape{pipeline: mongo.Pipeline{
+			match(
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace")}, {Key: "$or", Value: bson.A{
+					bson.D{{Key: "fullDocument." + schema.TaskNotBefore, Value: exists()}},
+					bson.D{{Key: "fullDocument." + schema.TaskExpiresAt, Value: exists()}},
+				}}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskNotBefore, Value: exists()}},
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskExpiresAt, Value: exists()}},
+				}}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("drop", "rename")}},
+				databaseEnd,
+			),
+			project("fullDocument."+schema.TaskNotBefore, "fullDocument."+schema.TaskExpiresAt,
+				"updateDescription.updatedFields."+schema.TaskNotBefore, "updateDescription.updatedFields."+schema.TaskExpiresAt),
 		}}, nil
 	}
 	return streamShape{}, fmt.Errorf("unknown change stream profile %d", int(p))

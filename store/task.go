@@ -27,10 +27,33 @@ type TaskInsertManyParams struct {
 	// that the node's spans join the submitter's trace.
 	TraceParent string
 	TraceState  string
+	// Control, when set, gives every task a time limit, an expiry or a
+	// delay. A task with a NotBefore in the future is inserted held
+	// (status -4) and queued by the leader at that time.
+	Control *TaskInsertControl
 	// Dialect4103 writes the tasks as Disbatch 4.103's web API does, with
 	// params for parameters and node null for -1, so that Perl nodes
 	// sharing the database run them too (this project's nodes read both).
 	Dialect4103 bool
+}
+
+// TaskInsertControl are the control fields of new tasks.
+type TaskInsertControl struct {
+	Timeout   time.Duration // 0: the queue's
+	ExpiresAt time.Time     // zero: never
+	NotBefore time.Time     // zero: at once
+}
+
+// Validate checks the fields: a timeout from 0 to a year; an expiry after
+// the delay, if both are given.
+func (c TaskInsertControl) Validate() error {
+	if c.Timeout < 0 || c.Timeout > schema.MaxSeconds*time.Second {
+		return fmt.Errorf("timeout must be from 0 to %d seconds, got %s", schema.MaxSeconds, c.Timeout)
+	}
+	if !c.ExpiresAt.IsZero() && !c.NotBefore.IsZero() && !c.ExpiresAt.After(c.NotBefore) {
+		return fmt.Errorf("expires_at (%s) must be after not_before (%s): the task could never run", c.ExpiresAt.Format(time.RFC3339Nano), c.NotBefore.Format(time.RFC3339Nano))
+	}
+	return nil
 }
 
 // TaskInsertMany inserts queued tasks exactly as seed 000 describes them:
@@ -43,6 +66,25 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 		return nil, fmt.Errorf("insert tasks: %d ids for %d parameters", len(p.IDs), len(p.Parameters))
 	}
 	now := s.nowMS()
+	status := schema.StatusQueued
+	var extra bson.D
+	if c := p.Control; c != nil {
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("insert tasks: %w", err)
+		}
+		if c.Timeout > 0 {
+			extra = append(extra, bson.E{Key: schema.TaskTimeout, Value: c.Timeout.Seconds()})
+		}
+		if !c.ExpiresAt.IsZero() {
+			extra = append(extra, bson.E{Key: schema.TaskExpiresAt, Value: c.ExpiresAt.UTC().Truncate(time.Millisecond)})
+		}
+		if !c.NotBefore.IsZero() {
+			extra = append(extra, bson.E{Key: schema.TaskNotBefore, Value: c.NotBefore.UTC().Truncate(time.Millisecond)})
+			if c.NotBefore.After(now) {
+				status = schema.StatusBlocked
+			}
+		}
+	}
 	ids := p.IDs
 	if ids == nil {
 		ids = make([]bson.ObjectID, len(p.Parameters))
@@ -65,11 +107,12 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 			{Key: schema.TaskCTime, Value: now},
 			{Key: schema.TaskMTime, Value: now},
 			{Key: schema.TaskNode, Value: node},
-			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+			{Key: schema.TaskStatus, Value: int32(status)},
 			{Key: paramsKey, Value: params},
 			{Key: schema.TaskStdout, Value: nil},
 			{Key: schema.TaskStderr, Value: nil},
 		}
+		d = append(d, extra...)
 		if p.TraceParent != "" {
 			d = append(d, bson.E{Key: schema.TaskTraceParent, Value: p.TraceParent})
 			if p.TraceState != "" {
@@ -339,12 +382,20 @@ type TaskTransitionParams struct {
 }
 
 // TaskStart marks a claimed task running: {_id, node, status: -1} to
-// status 0. ErrLostTask when the guard fails.
+// status 0, unless an operator asked to kill it (ErrKillRequested) or it
+// expired (ErrExpired) meanwhile. ErrLostTask when the guard fails
+// otherwise.
 func (s *Store) TaskStart(ctx context.Context, p TaskTransitionParams) error {
-	return s.guarded(ctx, "start", p, schema.StatusClaimed, bson.D{
-		{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
-		{Key: schema.TaskMTime, Value: s.nowMS()},
-	})
+	return s.TaskStartMany(ctx, []TaskTransitionParams{p})[0]
+}
+
+// startable is the start's guard beyond {_id, node, status: -1}: no kill
+// requested, not expired.
+func startable(now time.Time) bson.D {
+	return bson.D{
+		{Key: schema.TaskKill, Value: bson.D{{Key: "$exists", Value: false}}},
+		{Key: schema.TaskExpiresAt, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$lte", Value: now}}}}},
+	}
 }
 
 // TaskRelease hands a claimed, not started task back to the queue:
@@ -414,19 +465,17 @@ func (s *Store) taskIs(ctx context.Context, id any, node string, status int32) b
 	return err == nil && n == 1
 }
 
-// TaskStartMany is TaskStart for many tasks in one round trip (an
-// unordered bulk write of the same guarded updates): one error per task,
+// TaskStartMany is TaskStart for many tasks in one round trip (one
+// guarded updateMany when all are held by one node): one error per task,
 // nil for those now running. A task whose guard failed gets ErrLostTask
-// (unless it already runs on its node: see guarded); when the bulk write
-// itself fails every task gets that error, and retrying is safe.
+// (unless it already runs on its node: see guarded), or ErrKillRequested
+// or ErrExpired when it is still claimed by its node; when the write itself
+// fails every task gets that error, and retrying is safe.
 func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []error {
-	if len(ps) == 1 {
-		return []error{s.TaskStart(ctx, ps[0])}
-	}
 	ws := make([]guardedWrite, len(ps))
 	now := s.nowMS()
 	for i, p := range ps {
-		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, set: bson.D{
+		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, guard: startable(now), set: bson.D{
 			{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
 			{Key: schema.TaskMTime, Value: now},
 		}}
@@ -450,12 +499,7 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 			errs[i] = s.TaskFinish(ctx, p)
 		default:
 			at = append(at, i)
-			ws = append(ws, guardedWrite{p: TaskTransitionParams{ID: p.ID, Node: p.Node}, from: schema.StatusRunning, to: p.Status, set: bson.D{
-				{Key: schema.TaskStatus, Value: int32(p.Status)},
-				{Key: schema.TaskStdout, Value: validUTF8(p.Stdout)},
-				{Key: schema.TaskStderr, Value: validUTF8(p.Stderr)},
-				{Key: schema.TaskMTime, Value: now},
-			}})
+			ws = append(ws, finishWrite(p, validUTF8(p.Stdout), validUTF8(p.Stderr), now))
 		}
 	}
 	if len(ws) > 0 {
@@ -479,7 +523,30 @@ func sameNode(ps []TaskTransitionParams) bool {
 type guardedWrite struct {
 	p        TaskTransitionParams
 	from, to schema.Status
+	guard    bson.D // more conditions, beyond {_id, node, status: from}
 	set      bson.D
+	// update, when set, is the whole update (set is then ignored).
+	update bson.D
+	// handsBack: the write leaves the task unclaimed (node -1).
+	handsBack bool
+}
+
+func (w guardedWrite) filter(ids bson.A) bson.D {
+	var f bson.D
+	if ids != nil {
+		f = bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}
+	} else {
+		f = bson.D{{Key: "_id", Value: w.p.ID}}
+	}
+	f = append(f, bson.E{Key: schema.TaskNode, Value: w.p.Node}, bson.E{Key: schema.TaskStatus, Value: int32(w.from)})
+	return append(f, w.guard...)
+}
+
+func (w guardedWrite) doc() bson.D {
+	if w.update != nil {
+		return w.update
+	}
+	return bson.D{{Key: "$set", Value: w.set}}
 }
 
 // guardedMany writes ws together. With uniform (every write has the same
@@ -505,9 +572,7 @@ func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite,
 	} else {
 		models := make([]mongo.WriteModel, len(ws))
 		for i, w := range ws {
-			models[i] = mongo.NewUpdateOneModel().
-				SetFilter(bson.D{{Key: "_id", Value: w.p.ID}, {Key: schema.TaskNode, Value: w.p.Node}, {Key: schema.TaskStatus, Value: int32(w.from)}}).
-				SetUpdate(bson.D{{Key: "$set", Value: w.set}})
+			models[i] = mongo.NewUpdateOneModel().SetFilter(w.filter(nil)).SetUpdate(w.doc())
 		}
 		var res *mongo.BulkWriteResult
 		res, err = s.tasks.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
@@ -526,11 +591,14 @@ func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite,
 	}
 	// Some guards failed: the tasks' states say which.
 	cur, err := s.tasks.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}},
-		options.Find().SetProjection(bson.D{{Key: schema.TaskNode, Value: 1}, {Key: schema.TaskStatus, Value: 1}}))
+		options.Find().SetProjection(bson.D{{Key: schema.TaskNode, Value: 1}, {Key: schema.TaskStatus, Value: 1},
+			{Key: schema.TaskKill, Value: 1}, {Key: schema.TaskExpiresAt, Value: 1}}))
 	var docs []struct {
-		ID     bson.ObjectID `bson:"_id"`
-		Node   any           `bson:"node"`
-		Status any           `bson:"status"`
+		ID        bson.ObjectID `bson:"_id"`
+		Node      any           `bson:"node"`
+		Status    any           `bson:"status"`
+		Kill      any           `bson:"kill"`
+		ExpiresAt any           `bson:"expires_at"`
 	}
 	if err == nil {
 		err = cur.All(ctx, &docs)
@@ -542,13 +610,18 @@ func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite,
 		return errs
 	}
 	type state struct {
-		node   string
-		status int64
+		node    string
+		status  int64
+		kill    bool
+		expires time.Time
 	}
 	now := make(map[bson.ObjectID]state, len(docs))
 	for _, d := range docs {
-		st := state{status: math.MinInt64}
+		st := state{status: math.MinInt64, kill: d.Kill != nil}
 		st.node, _ = d.Node.(string)
+		if dt, ok := d.ExpiresAt.(bson.DateTime); ok {
+			st.expires = dt.Time()
+		}
 		switch v := d.Status.(type) {
 		case int32:
 			st.status = int64(v)
@@ -558,7 +631,19 @@ func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite,
 		now[d.ID] = st
 	}
 	for i, w := range ws {
-		if st, ok := now[w.p.ID]; !ok || st.node != w.p.Node || st.status != int64(w.to) {
+		st, ok := now[w.p.ID]
+		wantNode := w.p.Node
+		if w.handsBack {
+			wantNode = ""
+		}
+		switch {
+		case ok && st.node == wantNode && st.status == int64(w.to):
+			// written, by this write or an earlier attempt of it
+		case ok && w.guard != nil && st.node == w.p.Node && st.status == int64(w.from) && st.kill:
+			errs[i] = fmt.Errorf("%s task %s on node %s: %w", what, w.p.ID.Hex(), w.p.Node, ErrKillRequested)
+		case ok && w.guard != nil && st.node == w.p.Node && st.status == int64(w.from) && !st.expires.IsZero():
+			errs[i] = fmt.Errorf("%s task %s on node %s: %w", what, w.p.ID.Hex(), w.p.Node, ErrExpired)
+		default:
 			errs[i] = fmt.Errorf("%s task %s on node %s: %w", what, w.p.ID.Hex(), w.p.Node, ErrLostTask)
 		}
 	}
@@ -572,6 +657,69 @@ type TaskFinishParams struct {
 	Status schema.Status // must be > 0
 	Stdout string
 	Stderr string
+	// Reason, when the task did not end as its plugin said (killed,
+	// timeout): schema.Reason*.
+	Reason string
+	// Claimed and Started, when known, go into the attempt's record.
+	Claimed, Started time.Time
+	// Retry, when set, sends the task back for another attempt instead of
+	// finishing it: held (-4) until NotBefore, or queued (-2) when that is
+	// not in the future, with its tries counted.
+	Retry *TaskRetryAt
+}
+
+// TaskRetryAt schedules a failed attempt's retry.
+type TaskRetryAt struct {
+	NotBefore time.Time
+	Tries     int // failed attempts so far, this one included
+}
+
+// finishWrite is the guarded write that ends an attempt: the task finishes
+// (or, with Retry, goes back), its attempt is recorded and counted.
+func finishWrite(p TaskFinishParams, stdout, stderr any, now time.Time) guardedWrite {
+	rec := bson.D{{Key: "node", Value: p.Node}}
+	if !p.Claimed.IsZero() {
+		rec = append(rec, bson.E{Key: "claimed", Value: p.Claimed.UTC().Truncate(time.Millisecond)})
+	}
+	if !p.Started.IsZero() {
+		rec = append(rec, bson.E{Key: "started", Value: p.Started.UTC().Truncate(time.Millisecond)})
+	}
+	rec = append(rec, bson.E{Key: "finished", Value: now}, bson.E{Key: "status", Value: int32(p.Status)})
+	if p.Reason != "" {
+		rec = append(rec, bson.E{Key: "reason", Value: p.Reason})
+	}
+	var reason any
+	if p.Reason != "" {
+		reason = p.Reason
+	}
+	set := bson.D{
+		{Key: schema.TaskStatus, Value: int32(p.Status)},
+		{Key: schema.TaskStdout, Value: stdout},
+		{Key: schema.TaskStderr, Value: stderr},
+		{Key: schema.TaskMTime, Value: now},
+		{Key: schema.TaskReason, Value: reason},
+	}
+	w := guardedWrite{p: TaskTransitionParams{ID: p.ID, Node: p.Node}, from: schema.StatusRunning, to: p.Status}
+	if p.Retry != nil {
+		w.handsBack = true
+		w.to = schema.StatusQueued
+		if p.Retry.NotBefore.After(now) {
+			w.to = schema.StatusBlocked
+		}
+		set[0].Value = int32(w.to)
+		set[4].Value = schema.ReasonRetrying
+		set = append(set,
+			bson.E{Key: schema.TaskNode, Value: schema.Unclaimed},
+			bson.E{Key: schema.TaskNotBefore, Value: p.Retry.NotBefore.UTC().Truncate(time.Millisecond)},
+			bson.E{Key: schema.TaskTries, Value: p.Retry.Tries})
+	}
+	w.update = bson.D{
+		{Key: "$set", Value: set},
+		{Key: "$inc", Value: bson.D{{Key: schema.TaskAttempt, Value: 1}}},
+		{Key: "$push", Value: bson.D{{Key: schema.TaskAttempts, Value: bson.D{
+			{Key: "$each", Value: bson.A{rec}}, {Key: "$slice", Value: -schema.MaxAttemptsKept}}}}},
+	}
+	return w
 }
 
 // TaskFinish records a running task's result with an update guarded by
@@ -614,12 +762,7 @@ func (s *Store) finish(ctx context.Context, p TaskFinishParams, stdoutGFS, stder
 	}
 	stderr, err := value(schema.TaskStderr, p.Stderr, stderrGFS)
 	if err == nil {
-		err = s.guarded(ctx, "finish", TaskTransitionParams{ID: p.ID, Node: p.Node}, schema.StatusRunning, bson.D{
-			{Key: schema.TaskStatus, Value: int32(p.Status)},
-			{Key: schema.TaskStdout, Value: stdout},
-			{Key: schema.TaskStderr, Value: stderr},
-			{Key: schema.TaskMTime, Value: s.nowMS()},
-		})
+		err = s.guardedMany(ctx, "finish", []guardedWrite{finishWrite(p, stdout, stderr, s.nowMS())}, false)[0]
 	}
 	if err != nil && len(written) > 0 {
 		// The files belong to no task: remove them with a context that
@@ -713,15 +856,22 @@ type TaskOrphanNodeParams struct {
 	Node string
 }
 
-// TaskOrphanNode sets status -6 on every task of Node in status -1 or 0: at
-// start-up a node's own such tasks were left by a previous run (seed 000).
-// The filter is the guard: a task that moved on in the meantime is left
-// alone. It returns how many were orphaned.
+// TaskOrphanNode settles every task of Node in status -1 or 0: at start-up
+// a node's own such tasks were left by a previous run (seed 000). They are
+// orphaned (-6), except that those an operator asked to kill finish as
+// killed and running ones of a queue with rerun_orphans go back to the
+// queue as a new attempt. The filters are the guard: a task that moved on
+// in the meantime is left alone. It returns how many were settled.
 func (s *Store) TaskOrphanNode(ctx context.Context, p TaskOrphanNodeParams) (int64, error) {
-	return s.orphan(ctx, bson.D{
+	gone, err := s.settleGone(ctx, bson.D{{Key: schema.TaskNode, Value: p.Node}}, true)
+	if err != nil {
+		return 0, fmt.Errorf("settle node %s's unfinished tasks: %w", p.Node, err)
+	}
+	n, err := s.orphan(ctx, bson.D{
 		{Key: schema.TaskNode, Value: p.Node},
-		{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: bson.A{int32(schema.StatusClaimed), int32(schema.StatusRunning)}}}},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
 	})
+	return n + gone.Killed + gone.Rerun + gone.Orphaned, err
 }
 
 // TaskOrphanStaleParams select claimed tasks whose claim is too old.

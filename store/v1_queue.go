@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -88,6 +89,32 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 			set = append(set, bson.E{Key: l.key, Value: *l.vals})
 		}
 	}
+	if p.Timeout != nil {
+		if *p.Timeout < 0 || *p.Timeout > schema.MaxSeconds*time.Second {
+			return nil, fmt.Errorf("timeout must be from 0 to %d seconds, got %s", schema.MaxSeconds, *p.Timeout)
+		}
+		if *p.Timeout == 0 {
+			unset = append(unset, bson.E{Key: schema.QueueTimeout, Value: ""})
+		} else {
+			set = append(set, bson.E{Key: schema.QueueTimeout, Value: p.Timeout.Seconds()})
+		}
+	}
+	if p.Retries != nil {
+		if *p.Retries < 0 || *p.Retries > schema.MaxRetries {
+			return nil, fmt.Errorf("retries must be from 0 to %d, got %d", schema.MaxRetries, *p.Retries)
+		}
+		set = append(set, bson.E{Key: schema.QueueRetries, Value: *p.Retries})
+	}
+	if b := p.RetryBackoff; b != nil {
+		if err := ValidateBackoff(*b); err != nil {
+			return nil, err
+		}
+		set = append(set, bson.E{Key: schema.QueueRetryBackoff, Value: bson.D{
+			{Key: schema.BackoffBase, Value: b.Base.Seconds()}, {Key: schema.BackoffMax, Value: b.Max.Seconds()}, {Key: schema.BackoffJitter, Value: b.Jitter}}})
+	}
+	if p.RerunOrphans != nil {
+		set = append(set, bson.E{Key: schema.QueueRerunOrphans, Value: *p.RerunOrphans})
+	}
 	update := bson.D{}
 	if len(set) > 0 {
 		update = append(update, bson.E{Key: "$set", Value: set})
@@ -99,4 +126,24 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 		return nil, errors.New("nothing to update")
 	}
 	return update, nil
+}
+
+// ValidateBackoff checks a retry backoff: base and max from 0 to a year,
+// max not below base, jitter a fraction.
+func ValidateBackoff(b schema.Backoff) error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"base", b.Base}, {"max", b.Max}} {
+		if d.v < 0 || d.v > schema.MaxSeconds*time.Second {
+			return fmt.Errorf("retry backoff %s must be from 0 to %d seconds, got %s", d.name, schema.MaxSeconds, d.v)
+		}
+	}
+	if b.Max < b.Base {
+		return fmt.Errorf("retry backoff max (%s) is below its base (%s)", b.Max, b.Base)
+	}
+	if b.Jitter < 0 || b.Jitter > 1 || b.Jitter != b.Jitter {
+		return fmt.Errorf("retry backoff jitter must be a fraction from 0 to 1, got %v", b.Jitter)
+	}
+	return nil
 }

@@ -185,7 +185,7 @@ func testIndexesEnsureBesidePerl(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.NoError(t, s.IndexesEnsure(ctx))
 	keys := indexKeys(t, db, "tasks")
-	require.Len(t, keys, 5, "_id, the three Perl indexes, and our reaper index: %v", keys)
+	require.Len(t, keys, 7, "_id, the three Perl indexes, our reaper index and the two partial timer indexes: %v", keys)
 	require.Len(t, indexKeys(t, db, "queues"), 2)
 }
 

@@ -1,0 +1,540 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// ErrKillRequested: a claimed task was not started because an operator
+// asked to kill it; the node ends it unrun (TaskEndClaimed).
+var ErrKillRequested = errors.New("an operator asked to kill the task")
+
+// ErrExpired: a claimed task was not started because its expires_at has
+// passed; the node ends it unrun (TaskEndClaimed).
+var ErrExpired = errors.New("the task expired before it started")
+
+// MaxControlIDs bounds the ids of one kill, cancel, retry or wait by ids;
+// more go by filter.
+const MaxControlIDs = 1000
+
+// TaskFilter selects tasks for an operator's request by filter. Every set
+// field must match.
+type TaskFilter struct {
+	Queue    bson.ObjectID   // zero: any queue
+	Statuses []schema.Status // empty: any (within what the request allows)
+	Reason   string          // "": any
+	Node     string          // "": any
+	// Since and Until bound the task's mtime (its last change): Since <=
+	// mtime < Until; zero: unbounded.
+	Since, Until time.Time
+}
+
+func (f TaskFilter) bson() bson.D {
+	d := bson.D{}
+	if !f.Queue.IsZero() {
+		d = append(d, bson.E{Key: schema.TaskQueue, Value: f.Queue})
+	}
+	if len(f.Statuses) > 0 {
+		a := make(bson.A, len(f.Statuses))
+		for i, st := range f.Statuses {
+			a[i] = int32(st)
+		}
+		d = append(d, bson.E{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: a}}})
+	}
+	if f.Reason != "" {
+		d = append(d, bson.E{Key: schema.TaskReason, Value: f.Reason})
+	}
+	if f.Node != "" {
+		d = append(d, bson.E{Key: schema.TaskNode, Value: f.Node})
+	}
+	if !f.Since.IsZero() || !f.Until.IsZero() {
+		r := bson.D{}
+		if !f.Since.IsZero() {
+			r = append(r, bson.E{Key: "$gte", Value: f.Since})
+		}
+		if !f.Until.IsZero() {
+			r = append(r, bson.E{Key: "$lt", Value: f.Until})
+		}
+		d = append(d, bson.E{Key: schema.TaskMTime, Value: r})
+	}
+	return d
+}
+
+// TaskTarget names the tasks of a request: IDs (at most MaxControlIDs), or
+// a Filter.
+type TaskTarget struct {
+	IDs    []bson.ObjectID
+	Filter *TaskFilter
+}
+
+func (t TaskTarget) validate(what string) error {
+	switch {
+	case len(t.IDs) > 0 && t.Filter != nil:
+		return fmt.Errorf("%s: give task ids or a filter, not both", what)
+	case len(t.IDs) == 0 && t.Filter == nil:
+		return fmt.Errorf("%s: no task ids and no filter", what)
+	case len(t.IDs) > MaxControlIDs:
+		return fmt.Errorf("%s: %d task ids in one request; at most %d (select more with a filter)", what, len(t.IDs), MaxControlIDs)
+	}
+	return nil
+}
+
+// match returns the target's filter, within the allowed statuses.
+func (t TaskTarget) match(allowed bson.D) bson.D {
+	var d bson.D
+	if t.Filter != nil {
+		d = t.Filter.bson()
+	} else {
+		ids := make(bson.A, len(t.IDs))
+		for i, id := range t.IDs {
+			ids[i] = id
+		}
+		d = bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}
+	}
+	return bson.D{{Key: "$and", Value: bson.A{d, allowed}}}
+}
+
+// TaskSkip is a task of a request by ids that the request did not change,
+// and why.
+type TaskSkip struct {
+	ID  bson.ObjectID
+	Why string
+}
+
+// TaskState is where a task stands.
+type TaskState struct {
+	ID     bson.ObjectID
+	Queue  bson.ObjectID
+	Node   string
+	Status schema.Status
+	Reason string
+	Kill   bool // a kill was requested
+	Found  bool
+}
+
+// TaskStates reads the states of tasks by id, in the order asked (Found
+// false for ids that name no task).
+func (s *Store) TaskStates(ctx context.Context, ids []bson.ObjectID) ([]TaskState, error) {
+	a := make(bson.A, len(ids))
+	for i, id := range ids {
+		a[i] = id
+	}
+	cur, err := s.tasks.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: a}}}},
+		options.Find().SetProjection(bson.D{{Key: schema.TaskQueue, Value: 1}, {Key: schema.TaskNode, Value: 1},
+			{Key: schema.TaskStatus, Value: 1}, {Key: schema.TaskReason, Value: 1}, {Key: schema.TaskKill, Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("read %d tasks' states: %w", len(ids), err)
+	}
+	defer cur.Close(ctx)
+	got := make(map[bson.ObjectID]TaskState, len(ids))
+	for cur.Next(ctx) {
+		st := stateOf(cur.Current)
+		got[st.ID] = st
+	}
+	if err := cur.Err(); err != nil {
+		return nil, fmt.Errorf("read %d tasks' states: %w", len(ids), err)
+	}
+	out := make([]TaskState, len(ids))
+	for i, id := range ids {
+		st, ok := got[id]
+		if !ok {
+			st = TaskState{ID: id}
+		}
+		out[i] = st
+	}
+	return out, nil
+}
+
+func stateOf(raw bson.Raw) TaskState {
+	st := TaskState{Found: true}
+	st.ID, _ = raw.Lookup("_id").ObjectIDOK()
+	st.Queue, _ = raw.Lookup(schema.TaskQueue).ObjectIDOK()
+	st.Node, _ = raw.Lookup(schema.TaskNode).StringValueOK()
+	if v, err := raw.LookupErr(schema.TaskStatus); err == nil {
+		if i, ok := v.AsInt64OK(); ok {
+			st.Status = schema.Status(i)
+		}
+	}
+	st.Reason, _ = raw.Lookup(schema.TaskReason).StringValueOK()
+	if v, err := raw.LookupErr(schema.TaskKill); err == nil && v.Type != bson.TypeNull {
+		st.Kill = true
+	}
+	return st
+}
+
+// Which statuses each request may change.
+var (
+	// held: not claimable, not started (queued, blocked, and the other
+	// held negative codes), and unclaimed.
+	heldStatuses = bson.D{{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: bson.A{
+		int32(schema.StatusQueued), int32(schema.StatusBlocked), int32(schema.StatusCancelled), int32(schema.StatusTerminated)}}}},
+		{Key: schema.TaskNode, Value: unclaimed}}
+	holding = bson.D{{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: bson.A{int32(schema.StatusClaimed), int32(schema.StatusRunning)}}}},
+		{Key: schema.TaskKill, Value: bson.D{{Key: "$exists", Value: false}}}}
+	orphaned   = bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusOrphaned)}}
+	retryables = bson.D{{Key: "$or", Value: bson.A{
+		bson.D{{Key: schema.TaskStatus, Value: bson.D{{Key: "$gt", Value: 0}}}},
+		orphaned,
+	}}}
+)
+
+// TaskKillParams ask to kill tasks.
+type TaskKillParams struct {
+	Target TaskTarget
+	By     string // who asks (an operator, a user of the API)
+	Reason string // why, in their words
+}
+
+// TaskKillResult says what a kill did.
+type TaskKillResult struct {
+	// Requested: running or claimed, the kill is recorded for the node
+	// that holds them, which carries it out.
+	Requested int64
+	// Cancelled: queued or held, finished unrun (reason cancelled).
+	Cancelled int64
+	// Settled: orphaned, finished as killed.
+	Settled int64
+	Skipped []TaskSkip // with IDs: the tasks not changed
+}
+
+// TaskKill records an operator's kill request. A running or claimed task
+// gets {kill: {node, by, at, reason}} (the node named there hears it on its
+// StreamSignals and kills the plugin, or does not start it); a queued or
+// held one is cancelled at once, an orphaned one finished as killed. Each
+// write is guarded by the state it changes: a finished task is never
+// touched, and a second request for a task already being killed changes
+// nothing.
+func (s *Store) TaskKill(ctx context.Context, p TaskKillParams) (TaskKillResult, error) {
+	if err := p.Target.validate("kill tasks"); err != nil {
+		return TaskKillResult{}, err
+	}
+	var res TaskKillResult
+	var before []TaskState
+	if p.Target.IDs != nil {
+		var err error
+		if before, err = s.TaskStates(ctx, p.Target.IDs); err != nil {
+			return res, err
+		}
+	}
+	kill := bson.D{
+		{Key: schema.KillNode, Value: "$" + schema.TaskNode},
+		{Key: schema.KillBy, Value: literal(p.By)},
+		{Key: schema.KillAt, Value: "$$NOW"},
+		{Key: schema.KillReason, Value: literal(p.Reason)},
+	}
+	r, err := s.tasks.UpdateMany(ctx, p.Target.match(holding), mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: schema.TaskKill, Value: kill}}}}})
+	if err != nil {
+		return res, fmt.Errorf("request kills: %w", err)
+	}
+	res.Requested = r.ModifiedCount
+	r, err = s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, kill, "cancelled by a kill request", p.By, p.Reason))
+	if err != nil {
+		return res, fmt.Errorf("cancel queued tasks asked to be killed: %w", err)
+	}
+	res.Cancelled = r.ModifiedCount
+	r, err = s.tasks.UpdateMany(ctx, p.Target.match(orphaned), endUnrun(schema.ReasonKilled, kill, "killed while orphaned", p.By, p.Reason))
+	if err != nil {
+		return res, fmt.Errorf("finish orphaned tasks asked to be killed: %w", err)
+	}
+	res.Settled = r.ModifiedCount
+	if before != nil {
+		res.Skipped, err = s.skipped(ctx, before, func(b, a TaskState) string {
+			switch {
+			case b.Status.Finished():
+				return fmt.Sprintf("already finished (status %s): nothing to kill", b.Status)
+			case b.Kill && (b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning):
+				return "a kill was already requested; its node is carrying it out"
+			}
+			return ""
+		})
+	}
+	return res, err
+}
+
+// endUnrun finishes a task that will not run (again): status 2, the
+// reason, a record (under kill or cancel) and a line in stderr.
+func endUnrun(reason string, record bson.D, what, by, why string) mongo.Pipeline {
+	line := what + " by " + by
+	if why != "" {
+		line += ": " + why
+	}
+	field := schema.TaskKill
+	if reason == schema.ReasonCancelled && record == nil {
+		field = schema.TaskCancel
+		record = bson.D{{Key: schema.KillBy, Value: literal(by)}, {Key: schema.KillAt, Value: "$$NOW"}, {Key: schema.KillReason, Value: literal(why)}}
+	}
+	return mongo.Pipeline{{{Key: "$set", Value: bson.D{
+		{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
+		{Key: schema.TaskReason, Value: reason},
+		{Key: field, Value: record},
+		{Key: schema.TaskStderr, Value: appendLineExpr("$"+schema.TaskStderr, line)},
+		{Key: schema.TaskMTime, Value: "$$NOW"},
+	}}}}
+}
+
+// appendLineExpr appends a line to a string field, or sets it when the
+// field is not a string (null, or a GridFS id: the line then replaces the
+// reference, which stays in tasks.files under the task's id).
+func appendLineExpr(field, line string) bson.D {
+	return bson.D{{Key: "$cond", Value: bson.A{
+		bson.D{{Key: "$and", Value: bson.A{
+			bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: field}}, "string"}}},
+			bson.D{{Key: "$ne", Value: bson.A{field, ""}}},
+		}}},
+		bson.D{{Key: "$concat", Value: bson.A{field, literal("\n" + line + "\n")}}},
+		literal(line + "\n"),
+	}}}
+}
+
+// skipped reads the tasks of a request by ids again and says why each one
+// the request did not change was left alone: why(before, after) for the
+// caller's own reasons, or a generic one.
+func (s *Store) skipped(ctx context.Context, before []TaskState, why func(b, a TaskState) string) ([]TaskSkip, error) {
+	ids := make([]bson.ObjectID, len(before))
+	for i, b := range before {
+		ids[i] = b.ID
+	}
+	after, err := s.TaskStates(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	var out []TaskSkip
+	for i, b := range before {
+		a := after[i]
+		switch {
+		case !b.Found:
+			out = append(out, TaskSkip{b.ID, "no such task"})
+		case changed(b, a):
+			// changed by this request (or by someone at the same moment)
+		default:
+			w := why(b, a)
+			if w == "" {
+				w = fmt.Sprintf("not changed: its status is %s", b.Status)
+			}
+			out = append(out, TaskSkip{b.ID, w})
+		}
+	}
+	return out, nil
+}
+
+func changed(b, a TaskState) bool {
+	return b.Status != a.Status || b.Kill != a.Kill || b.Node != a.Node || b.Reason != a.Reason
+}
+
+// TaskCancelParams ask to cancel tasks that have not started.
+type TaskCancelParams struct {
+	Target TaskTarget
+	By     string
+	Reason string
+}
+
+// TaskCancelResult says what a cancel did.
+type TaskCancelResult struct {
+	Cancelled int64
+	Skipped   []TaskSkip
+}
+
+// TaskCancel finishes queued, delayed and blocked tasks unrun: status 2,
+// reason cancelled, {cancel: {by, at, reason}}, a line in stderr. Claimed
+// and running tasks are left alone (kill them instead), finished ones too.
+func (s *Store) TaskCancel(ctx context.Context, p TaskCancelParams) (TaskCancelResult, error) {
+	if err := p.Target.validate("cancel tasks"); err != nil {
+		return TaskCancelResult{}, err
+	}
+	var before []TaskState
+	if p.Target.IDs != nil {
+		var err error
+		if before, err = s.TaskStates(ctx, p.Target.IDs); err != nil {
+			return TaskCancelResult{}, err
+		}
+	}
+	r, err := s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, nil, "cancelled", p.By, p.Reason))
+	if err != nil {
+		return TaskCancelResult{}, fmt.Errorf("cancel tasks: %w", err)
+	}
+	res := TaskCancelResult{Cancelled: r.ModifiedCount}
+	if before != nil {
+		res.Skipped, err = s.skipped(ctx, before, func(b, _ TaskState) string {
+			switch {
+			case b.Status.Finished():
+				return fmt.Sprintf("already finished (status %s)", b.Status)
+			case b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning:
+				return fmt.Sprintf("%s on node %s: kill it instead", b.Status, b.Node)
+			case b.Status == schema.StatusOrphaned:
+				return "orphaned: retry it, or kill it to finish it"
+			}
+			return ""
+		})
+	}
+	return res, err
+}
+
+// TaskRetryParams ask to requeue finished or orphaned tasks.
+type TaskRetryParams struct {
+	Target TaskTarget
+	By     string
+	DryRun bool // count what would be requeued, change nothing
+	// Progress, when set, is called after each chunk with the tasks done
+	// and the total (as counted at the start).
+	Progress func(done, total int64)
+}
+
+// TaskRetryResult says what a retry did (or, dry, would do).
+type TaskRetryResult struct {
+	Requeued int64
+	Skipped  []TaskSkip
+}
+
+// retryChunk is how many tasks one write of a retry requeues.
+const retryChunk = 1000
+
+// TaskRetry requeues finished (status > 0) and orphaned (-6) tasks: status
+// -2, node -1, reason requeued, {requeued: {by, at}}, their kill request,
+// delay, expiry and spent retries cleared; their history (attempts) stays.
+// A filter's tasks go in chunks of 1000 in _id order, each chunk one
+// guarded write, so a retry of millions reports progress and an interrupted
+// one can simply be run again.
+func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResult, error) {
+	if err := p.Target.validate("retry tasks"); err != nil {
+		return TaskRetryResult{}, err
+	}
+	var res TaskRetryResult
+	if p.Target.IDs != nil {
+		before, err := s.TaskStates(ctx, p.Target.IDs)
+		if err != nil {
+			return res, err
+		}
+		if p.DryRun {
+			for _, b := range before {
+				switch {
+				case !b.Found:
+					res.Skipped = append(res.Skipped, TaskSkip{b.ID, "no such task"})
+				case b.Status.Finished() || b.Status == schema.StatusOrphaned:
+					res.Requeued++
+				default:
+					res.Skipped = append(res.Skipped, TaskSkip{b.ID, notRetryable(b)})
+				}
+			}
+			return res, nil
+		}
+		r, err := s.tasks.UpdateMany(ctx, p.Target.match(retryables), requeue(p.By))
+		if err != nil {
+			return res, fmt.Errorf("requeue tasks: %w", err)
+		}
+		res.Requeued = r.ModifiedCount
+		if p.Progress != nil {
+			p.Progress(res.Requeued, res.Requeued)
+		}
+		res.Skipped, err = s.skipped(ctx, before, func(b, _ TaskState) string { return notRetryable(b) })
+		return res, err
+	}
+	match := p.Target.match(retryables)
+	total, err := s.tasks.CountDocuments(ctx, match)
+	if err != nil {
+		return res, fmt.Errorf("count tasks to requeue: %w", err)
+	}
+	if p.DryRun {
+		res.Requeued = total
+		return res, nil
+	}
+	var last bson.ObjectID
+	for res.Requeued < total {
+		page := match
+		if !last.IsZero() {
+			page = bson.D{{Key: "$and", Value: bson.A{match, bson.D{{Key: "_id", Value: bson.D{{Key: "$gt", Value: last}}}}}}}
+		}
+		cur, err := s.tasks.Find(ctx, page, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).
+			SetLimit(retryChunk).SetProjection(bson.D{{Key: "_id", Value: 1}}))
+		if err != nil {
+			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
+		}
+		var docs []struct {
+			ID bson.ObjectID `bson:"_id"`
+		}
+		if err := cur.All(ctx, &docs); err != nil {
+			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
+		}
+		if len(docs) == 0 {
+			break
+		}
+		ids := make(bson.A, len(docs))
+		for i, d := range docs {
+			ids[i] = d.ID
+		}
+		last = docs[len(docs)-1].ID
+		r, err := s.tasks.UpdateMany(ctx, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, retryables}}}, requeue(p.By))
+		if err != nil {
+			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
+		}
+		res.Requeued += r.ModifiedCount
+		if p.Progress != nil {
+			p.Progress(res.Requeued, total)
+		}
+	}
+	return res, nil
+}
+
+func notRetryable(b TaskState) string {
+	switch {
+	case b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning:
+		return fmt.Sprintf("%s on node %s: only finished or orphaned tasks are retried", b.Status, b.Node)
+	case b.Status.Todo():
+		return fmt.Sprintf("not finished (status %s): it will run anyway", b.Status)
+	}
+	return fmt.Sprintf("not changed: its status is %s", b.Status)
+}
+
+// requeue is TaskRetry's update.
+func requeue(by string) mongo.Pipeline {
+	return mongo.Pipeline{
+		{{Key: "$set", Value: bson.D{
+			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+			{Key: schema.TaskNode, Value: int32(schema.Unclaimed)},
+			{Key: schema.TaskReason, Value: schema.ReasonRequeued},
+			{Key: schema.TaskRequeued, Value: bson.D{{Key: schema.KillBy, Value: literal(by)}, {Key: schema.KillAt, Value: "$$NOW"}}},
+			{Key: schema.TaskMTime, Value: "$$NOW"},
+		}}},
+		{{Key: "$unset", Value: bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries}}},
+	}
+}
+
+// pushAttempt is a pipeline expression: the attempts array with rec
+// appended, capped at schema.MaxAttemptsKept (a non-array is replaced).
+func pushAttempt(rec bson.D) bson.D {
+	old := bson.D{{Key: "$cond", Value: bson.A{
+		bson.D{{Key: "$isArray", Value: "$" + schema.TaskAttempts}}, "$" + schema.TaskAttempts, bson.A{},
+	}}}
+	return bson.D{{Key: "$slice", Value: bson.A{
+		bson.D{{Key: "$concatArrays", Value: bson.A{old, bson.A{rec}}}}, -schema.MaxAttemptsKept,
+	}}}
+}
+
+// incAttempt is a pipeline expression: the attempt count plus one.
+var incAttempt = bson.D{{Key: "$add", Value: bson.A{
+	bson.D{{Key: "$cond", Value: bson.A{bson.D{{Key: "$isNumber", Value: "$" + schema.TaskAttempt}}, "$" + schema.TaskAttempt, 0}}}, 1,
+}}}
+
+// attemptEnded records, in a pipeline, an attempt that ended without its
+// node saying so (its node went away or a kill was settled for it):
+// started is the task's mtime when it was running.
+func attemptEnded(status schema.Status, reason string) bson.D {
+	return bson.D{
+		{Key: schema.TaskAttempts, Value: pushAttempt(bson.D{
+			{Key: "node", Value: "$" + schema.TaskNode},
+			{Key: "started", Value: bson.D{{Key: "$cond", Value: bson.A{
+				bson.D{{Key: "$eq", Value: bson.A{"$" + schema.TaskStatus, int32(schema.StatusRunning)}}}, "$" + schema.TaskMTime, "$$REMOVE"}}}},
+			{Key: "finished", Value: "$$NOW"},
+			{Key: "status", Value: int32(status)},
+			{Key: "reason", Value: reason},
+		})},
+		{Key: schema.TaskAttempt, Value: incAttempt},
+	}
+}
