@@ -31,6 +31,9 @@ type Queue struct {
 	Constructor string
 	Sort        schema.Sort
 	MaxThreads  int // per node, > 0
+	// Control is the queue's task control (timeout, retries), for the
+	// runner.
+	Control schema.QueueControl
 }
 
 // Config configures a Claimer.

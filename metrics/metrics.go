@@ -55,6 +55,7 @@ type Metrics struct {
 	claimed  *prometheus.CounterVec
 	pickup   *prometheus.HistogramVec
 	finished *prometheus.CounterVec
+	control  *prometheus.CounterVec
 	run      *prometheus.HistogramVec
 
 	src   atomic.Pointer[Source]
@@ -78,12 +79,18 @@ func New() *Metrics {
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "disbatch_tasks_finished_total", Help: "Tasks this node finished, by final status (1 succeeded, 2 failed, other plugin statuses).",
 		}, []string{"queue", "status"}),
+		control: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "disbatch_task_control_total",
+			Help: "Task control this node carried out, by queue and action: killed (an operator's kill), timeout, expired (claimed after " +
+				"its expires_at), retry (a failed attempt sent back); as the leader: released (delayed tasks queued at their not_before), " +
+				"expired_waiting (waiting tasks finished unrun at their expires_at). Sum over the nodes for the cluster.",
+		}, []string{"queue", "action"}),
 		run: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "disbatch_task_run_seconds", Help: "How long tasks ran on this node (running to finished).",
 			Buckets: RunBuckets,
 		}, []string{"queue"}),
 	}
-	m.reg.MustRegister(m.claimed, m.pickup, m.finished, m.run, &nodeCollector{m: m},
+	m.reg.MustRegister(m.claimed, m.pickup, m.finished, m.control, m.run, &nodeCollector{m: m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -113,6 +120,11 @@ func (m *Metrics) TaskStarted(queue string, pickup time.Duration) {
 func (m *Metrics) TaskFinished(queue string, status schema.Status, run time.Duration) {
 	m.finished.WithLabelValues(queue, strconv.Itoa(int(status))).Inc()
 	m.run.WithLabelValues(queue).Observe(max(run, 0).Seconds())
+}
+
+// TaskControlled implements node.Observer.
+func (m *Metrics) TaskControlled(queue, action string, n int) {
+	m.control.WithLabelValues(queue, action).Add(float64(n))
 }
 
 // nodeCollector reads the attached Source at scrape time.

@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"log/slog"
 	"time"
 
@@ -74,10 +75,11 @@ type Config struct {
 
 	// Test signals (nil in production).
 	beforeStart func(schema.Task)
-	beatFault   func() error // a heartbeat fails with this error when non-nil
-	beaten      func()       // a heartbeat was acknowledged
-	passed      func()       // the claimer ended a pass
-	reaped      func(int64)  // the leader swept (tasks recovered)
+	beatFault   func() error        // a heartbeat fails with this error when non-nil
+	beaten      func()              // a heartbeat was acknowledged
+	passed      func()              // the claimer ended a pass
+	reaped      func(int64)         // the leader swept (tasks recovered)
+	killHandled func(bson.ObjectID) // a kill request was carried out
 }
 
 // Observer receives task lifecycle events, e.g. to count them. Its methods
@@ -90,6 +92,9 @@ type Observer interface {
 	TaskStarted(queue string, pickup time.Duration)
 	// TaskFinished: the task ended with status after running for run.
 	TaskFinished(queue string, status schema.Status, run time.Duration)
+	// TaskControlled: task control acted on n tasks of queue (action:
+	// one of the Control* names).
+	TaskControlled(queue, action string, n int)
 }
 
 type noObserver struct{}
@@ -97,6 +102,7 @@ type noObserver struct{}
 func (noObserver) TaskClaimed(string)                                {}
 func (noObserver) TaskStarted(string, time.Duration)                 {}
 func (noObserver) TaskFinished(string, schema.Status, time.Duration) {}
+func (noObserver) TaskControlled(string, string, int)                {}
 
 // Validate checks the config and fills defaults.
 func (c *Config) Validate() error {

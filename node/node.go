@@ -18,6 +18,7 @@ import (
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/timers"
 )
 
 // LeaderLease is the lease of the node's cluster-wide duties.
@@ -36,7 +37,9 @@ type Node struct {
 	runner  *runner              // runs claimed tasks
 	live    *liveness            // heartbeat, fencing, drain, node maxthreads
 	strays  *strays              // hands back claims whose answer was lost
+	kills   *killRequests        // operators' kill requests
 	reaper  *reaper.Reaper       // own leftovers; the leader's sweeps
+	timers  *timers.Timers       // the leader's delayed and expiring tasks
 	leader  *leadership.Elector  // the cluster-wide duties
 	bus     *bus                 // change events to the claimer
 	stream  *events.Stream       // nil when polling only
@@ -70,6 +73,8 @@ func New(cfg Config) (*Node, error) {
 		Name: cfg.Name, Store: cfg.Store, MaxThreads: cfg.MaxThreads,
 		Heartbeat: cfg.Heartbeat, FenceAfter: cfg.FenceAfter, DeadAfter: cfg.DeadAfter, beatFault: cfg.beatFault, beaten: cfg.beaten,
 	}, (*nodeTarget)(n), cfg.Clock, log)
+	n.kills = &killRequests{node: cfg.Name, store: cfg.Store, kill: n.runner.kill, tick: cfg.Tick, pollOnly: cfg.PollOnly,
+		clock: n.clock, log: log.With("component", "signals"), handled: cfg.killHandled}
 	n.strays = &strays{node: cfg.Name, store: cfg.Store, holds: n.runner.holds, fenced: n.live.isFenced, clock: n.clock, log: log}
 	n.reaper = reaper.New(reaper.Config{
 		Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Clock: cfg.Clock, Logger: log,
@@ -77,8 +82,14 @@ func New(cfg Config) (*Node, error) {
 	})
 	// The leader's lease lasts fence-after: a node silent that long fences
 	// itself, and by then it has stepped back as leader too.
+	n.timers = timers.New(timers.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log,
+		Released: func(k int64) { cfg.Observer.TaskControlled("", ControlReleased, int(k)) },
+		Expired: func(q bson.ObjectID, k int64) {
+			cfg.Observer.TaskControlled(n.queueName(q), ControlExpiredWaiting, int(k))
+		},
+	})
 	n.leader = leadership.New(leadership.Config{Lease: LeaderLease, Owner: cfg.Name, Store: cfg.Store, TTL: cfg.FenceAfter, Clock: cfg.Clock, Logger: log},
-		n.reaper.Lead)
+		n.reaper.Lead, n.timers.Lead)
 	if !cfg.NoProjector {
 		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, Clock: cfg.Clock, Logger: log})
 	}
@@ -130,7 +141,7 @@ func (n *Node) Start(ctx context.Context) error {
 				n.log.Warn("last heartbeat", "error", err)
 			}
 		})
-		for _, s := range []lifecycle.Service{n.strays, n.leader} {
+		for _, s := range []lifecycle.Service{n.kills, n.strays, n.leader} {
 			if err := s.Start(ctx); err != nil {
 				return err
 			}
@@ -231,6 +242,18 @@ func (n *Node) StreamStats() events.Stats {
 		return events.Stats{}
 	}
 	return n.stream.Stats()
+}
+
+// queueName is a queue's name as last read, or its id.
+func (n *Node) queueName(id bson.ObjectID) string {
+	n.queues.mu.Lock()
+	defer n.queues.mu.Unlock()
+	for _, q := range n.queues.all {
+		if q.ID == id {
+			return q.Name
+		}
+	}
+	return id.Hex()
 }
 
 // LeaderStatus says whether this node leads the cluster-wide duties.

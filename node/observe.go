@@ -34,10 +34,25 @@ type taskSteps interface {
 	ran(res plugin.Result)
 	// finished: the result write; err nil means it was recorded.
 	finished(res plugin.Result, err error)
+	// controlled: task control acted on the task (at any point): action
+	// is one of the Control* names, detail says more.
+	controlled(action, detail string)
 	// end closes the task's record with its outcome (a status name,
 	// "released" or "lost").
 	end(outcome string)
 }
+
+// What task control does to a task on a node, as metrics and trace events
+// name it.
+const (
+	ControlKilled  = "killed"  // an operator's kill: the plugin was killed, or the claimed task not started
+	ControlTimeout = "timeout" // killed at its deadline
+	ControlExpired = "expired" // claimed after its expires_at: not started
+	ControlRetry   = "retry"   // a failed attempt sent back for another
+	// The leader's timers, for the cluster:
+	ControlReleased       = "released"        // delayed tasks queued at their not_before
+	ControlExpiredWaiting = "expired_waiting" // waiting tasks finished unrun at their expires_at
+)
 
 // observeTask returns the steps of a task just claimed: its trace and its
 // metrics.
@@ -85,6 +100,12 @@ func (l stepsList) finished(res plugin.Result, err error) {
 	}
 }
 
+func (l stepsList) controlled(action, detail string) {
+	for _, s := range l {
+		s.controlled(action, detail)
+	}
+}
+
 func (l stepsList) end(outcome string) {
 	for _, s := range l {
 		s.end(outcome)
@@ -105,6 +126,8 @@ func (m *taskMetrics) startFailed(error)       {}
 func (m *taskMetrics) unstarted(string, error) {}
 func (m *taskMetrics) ran(plugin.Result)       {}
 func (m *taskMetrics) end(string)              {}
+
+func (m *taskMetrics) controlled(action, _ string) { m.obs.TaskControlled(m.queue, action, 1) }
 
 func (m *taskMetrics) started() {
 	m.startAt = m.clock.Now()
@@ -199,6 +222,10 @@ func (tt *taskTrace) finished(res plugin.Result, err error) {
 	if res.Status != schema.StatusSucceeded {
 		tt.task.SetStatus(codes.Error, "task "+res.Status.String())
 	}
+}
+
+func (tt *taskTrace) controlled(action, detail string) {
+	tt.task.AddEvent("disbatch."+action, trace.WithAttributes(attribute.String("disbatch.control.detail", detail)))
 }
 
 func (tt *taskTrace) end(outcome string) {

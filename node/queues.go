@@ -75,7 +75,7 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 			continue
 		}
 		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
-		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads})
+		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads, Control: q.Control})
 	}
 	qs.mu.Lock()
 	qs.all = res.Queues

@@ -28,6 +28,7 @@ type runnerStore interface {
 	TaskRelease(ctx context.Context, p store.TaskTransitionParams) error
 	TaskUnstart(ctx context.Context, p store.TaskTransitionParams) error
 	TaskFail(ctx context.Context, p store.TaskFailParams) error
+	TaskEndClaimed(ctx context.Context, p store.TaskEndClaimedParams) error
 }
 
 // runnerConfig is what the runner needs of the node's config.
@@ -55,7 +56,10 @@ type runner struct {
 	fenced   bool                                      // no task may start: the node fenced itself
 	held     map[bson.ObjectID]struct{}                // received from a claim and not let go
 	running  map[bson.ObjectID]context.CancelCauseFunc // plugins running, and their kill
-	wg       sync.WaitGroup
+	// pendingKills are kills of held tasks whose plugin has not started
+	// yet: it starts killed.
+	pendingKills map[bson.ObjectID]error
+	wg           sync.WaitGroup
 
 	// Concurrent tasks' start and finish writes share round trips.
 	starts   *coalescer[store.TaskTransitionParams]
@@ -67,7 +71,7 @@ const writeBatch = 128
 
 func newRunner(cfg runnerConfig, finished func(bson.ObjectID), c clock.Clock, log *slog.Logger) *runner {
 	r := &runner{cfg: cfg, finished: finished, clock: clock.Or(c), log: log,
-		held: map[bson.ObjectID]struct{}{}, running: map[bson.ObjectID]context.CancelCauseFunc{}}
+		held: map[bson.ObjectID]struct{}{}, running: map[bson.ObjectID]context.CancelCauseFunc{}, pendingKills: map[bson.ObjectID]error{}}
 	st := cfg.Store
 	r.starts = newCoalescer(writeBatch, func(ps []store.TaskTransitionParams) []error {
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
@@ -96,7 +100,7 @@ func (r *runner) open() {
 // and its slot taken.
 func (r *runner) dispatch(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 	steps := observeTask(r.cfg.Name, r.cfg.Observer, r.clock, q, t, claim)
-	r.handle(q, t, func() { steps.end(r.run(q, t, steps)) })
+	r.handle(q, t, func() { steps.end(r.run(q, t, claim.End, steps)) })
 }
 
 // handle works on a task received from a claim in a goroutine of its own,
@@ -120,6 +124,7 @@ func (r *runner) hold(id bson.ObjectID, on bool) {
 		r.held[id] = struct{}{}
 	} else {
 		delete(r.held, id)
+		delete(r.pendingKills, id)
 	}
 }
 
@@ -183,6 +188,10 @@ func (r *runner) runContext(id bson.ObjectID) (context.Context, error) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r.running[id] = cancel
+	if cause, ok := r.pendingKills[id]; ok {
+		delete(r.pendingKills, id)
+		cancel(cause)
+	}
 	return ctx, nil
 }
 
@@ -198,16 +207,51 @@ func (r *runner) ran(id bson.ObjectID) {
 }
 
 // kill kills one task's plugin (its whole process group) with cause; the
-// task then finishes as failed with the cause in stderr. It reports whether
-// the task's plugin was running on this node.
+// task then finishes as failed with the cause in stderr. A task the node
+// holds whose plugin has not started yet starts killed. It reports whether
+// the node holds the task.
 func (r *runner) kill(id bson.ObjectID, cause error) bool {
 	r.mu.Lock()
 	cancel, ok := r.running[id]
+	_, held := r.held[id]
+	if !ok && held {
+		if _, already := r.pendingKills[id]; !already {
+			r.pendingKills[id] = cause
+		}
+	}
 	r.mu.Unlock()
 	if ok {
 		cancel(cause)
 	}
-	return ok
+	return ok || held
+}
+
+// controlKill is why task control killed a task's plugin: an operator's
+// kill request, or the task's deadline.
+type controlKill struct {
+	reason string // schema.ReasonKilled or schema.ReasonTimeout
+	text   string
+}
+
+func (k *controlKill) Error() string { return k.text }
+
+// killRequested is the cause of an operator's kill.
+func killRequested(req schema.KillRequest) *controlKill {
+	text := "kill requested by " + orUnknown(req.By)
+	if !req.At.IsZero() {
+		text += " at " + req.At.Format(time.RFC3339)
+	}
+	if req.Reason != "" {
+		text += ": " + req.Reason
+	}
+	return &controlKill{reason: schema.ReasonKilled, text: text}
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "(unknown)"
+	}
+	return s
 }
 
 // killAll kills every plugin running now with cause; with fence, no task
@@ -236,7 +280,7 @@ func (r *runner) unfence() {
 
 // run takes a claimed task through start, plugin and finish, telling steps
 // about each, and returns the outcome.
-func (r *runner) run(q claimer.Queue, t schema.Task, steps taskSteps) string {
+func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps taskSteps) string {
 	cfg := r.cfg
 	log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
 	if cfg.beforeStart != nil {
@@ -250,9 +294,13 @@ func (r *runner) run(q claimer.Queue, t schema.Task, steps taskSteps) string {
 		return "released"
 	}
 	if err := r.write(log, "start", func(ctx context.Context) error { return r.starts.do(ctx, tr) }); err != nil {
+		if errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired) {
+			return r.endUnstarted(log, q, t, err, steps)
+		}
 		steps.startFailed(err)
 		return "lost"
 	}
+	started := r.clock.Now()
 	steps.started()
 	runCtx, notNow := r.runContext(t.ID)
 	if notNow != nil {
@@ -266,6 +314,12 @@ func (r *runner) run(q claimer.Queue, t schema.Task, steps taskSteps) string {
 		}
 		return "released"
 	}
+	if limit, from := timeLimit(q, t); limit > 0 {
+		deadline := time.AfterFunc(limit, func() {
+			r.kill(t.ID, &controlKill{reason: schema.ReasonTimeout, text: fmt.Sprintf("timeout of %s (%s)", limit, from)})
+		})
+		defer deadline.Stop()
+	}
 	var res plugin.Result
 	if p, ok := cfg.Plugins.Lookup(q.Constructor); ok {
 		log.Debug("task running")
@@ -276,17 +330,102 @@ func (r *runner) run(q claimer.Queue, t schema.Task, steps taskSteps) string {
 	} else {
 		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
 	}
+	var ck *controlKill
+	reason := ""
+	if errors.As(context.Cause(runCtx), &ck) && res.Status != schema.StatusSucceeded {
+		reason = ck.reason
+		action := ControlKilled
+		if reason == schema.ReasonTimeout {
+			action = ControlTimeout
+		}
+		log.Info("task killed by task control", "reason", reason, "why", ck.text)
+		steps.controlled(action, ck.text)
+	}
 	r.ran(t.ID)
 	steps.ran(res)
-	err := r.write(log, "finish", func(ctx context.Context) error {
-		return r.finishes.do(ctx, store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr})
-	})
+	fp := store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
+		Reason: reason, Claimed: claimed, Started: started}
+	if fp.Retry = r.retry(q, t, res.Status, reason); fp.Retry != nil {
+		wait := fp.Retry.NotBefore.Sub(r.clock.Now()).Round(time.Millisecond)
+		log.Info("task failed; retrying it", "try", fp.Retry.Tries, "retries", q.Control.Retries, "in", wait)
+		steps.controlled(ControlRetry, fmt.Sprintf("try %d of %d in %s", fp.Retry.Tries, q.Control.Retries, wait))
+	}
+	err := r.write(log, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
 	steps.finished(res, err)
 	if err != nil {
 		return "lost"
 	}
 	log.Debug("task finished", "status", int(res.Status))
+	if fp.Retry != nil {
+		return "retrying"
+	}
 	return res.Status.String()
+}
+
+// timeLimit is the task's time limit and where it comes from: its own
+// timeout, else its queue's; 0 for none.
+func timeLimit(q claimer.Queue, t schema.Task) (time.Duration, string) {
+	if t.Control.Timeout > 0 {
+		return t.Control.Timeout, "the task's timeout"
+	}
+	if q.Control.Timeout > 0 {
+		return q.Control.Timeout, "queue " + q.Name + "'s timeout"
+	}
+	return 0, ""
+}
+
+// retry says when a failed attempt runs again: a failure (status >= 2,
+// a timeout, a crashed plugin) of a queue with retries left goes back,
+// delayed by the queue's exponential backoff; a kill never does.
+func (r *runner) retry(q claimer.Queue, t schema.Task, status schema.Status, reason string) *store.TaskRetryAt {
+	if status < schema.StatusFailed || reason == schema.ReasonKilled {
+		return nil
+	}
+	tries := t.Control.Tries + 1
+	if tries > q.Control.Retries {
+		return nil
+	}
+	return &store.TaskRetryAt{NotBefore: r.clock.Now().Add(RetryDelay(q.Control.Backoff, tries)), Tries: tries}
+}
+
+// RetryDelay is the delay before retry n (1 for the first): exponential
+// from the backoff's base, doubling, capped at its max, spread by its
+// jitter (cenkalti/backoff's randomization).
+func RetryDelay(b schema.Backoff, n int) time.Duration {
+	if b.Base <= 0 {
+		return 0
+	}
+	eb := backoff.NewExponentialBackOff()
+	eb.InitialInterval = b.Base
+	eb.MaxInterval = b.Max
+	eb.Multiplier = 2
+	eb.RandomizationFactor = b.Jitter
+	eb.MaxElapsedTime = 0
+	eb.Reset()
+	var d time.Duration
+	for range n {
+		d = eb.NextBackOff()
+	}
+	return d
+}
+
+// endUnstarted ends a claimed task the start found asked to be killed or
+// expired: it never runs.
+func (r *runner) endUnstarted(log *slog.Logger, q claimer.Queue, t schema.Task, why error, steps taskSteps) string {
+	p := store.TaskEndClaimedParams{ID: t.ID, Node: r.cfg.Name, Reason: schema.ReasonExpired,
+		Stderr: "disbatchd: not started: it expired (expires_at " + t.Control.ExpiresAt.Format(time.RFC3339Nano) + ") before node " + r.cfg.Name + " could start it"}
+	action := ControlExpired
+	if errors.Is(why, store.ErrKillRequested) {
+		p.Reason, action = schema.ReasonKilled, ControlKilled
+		p.Stderr = "disbatchd: not started: an operator asked to kill it while node " + r.cfg.Name + " held it"
+	}
+	log.Info("not starting a claimed task", "reason", p.Reason)
+	steps.controlled(action, p.Stderr)
+	steps.handedBack(p.Stderr)
+	if err := r.write(log, "end unstarted", func(ctx context.Context) error { return r.cfg.Store.TaskEndClaimed(ctx, p) }); err != nil {
+		return "lost"
+	}
+	return p.Reason
 }
 
 // write performs a guarded write, retrying transient errors with backoff
@@ -301,7 +440,7 @@ func (r *runner) write(log *slog.Logger, what string, fn func(context.Context) e
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 		defer cancel()
 		err := fn(ctx)
-		if errors.Is(err, store.ErrLostTask) {
+		if errors.Is(err, store.ErrLostTask) || errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired) {
 			return backoff.Permanent(err)
 		}
 		return err
@@ -310,6 +449,8 @@ func (r *runner) write(log *slog.Logger, what string, fn func(context.Context) e
 		log.Warn("task write failed; retrying", "write", what, "in", wait, "error", err)
 	})
 	switch {
+	case errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired):
+		// the caller settles it
 	case errors.Is(err, store.ErrLostTask):
 		log.Warn("task was taken from this node; its "+what+" was not written", "error", err)
 	case err != nil:

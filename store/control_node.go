@@ -56,7 +56,7 @@ func (s *Store) TaskKillsPending(ctx context.Context, node string) ([]TaskKillRe
 	defer cur.Close(ctx)
 	var out []TaskKillRequest
 	for cur.Next(ctx) {
-		if k, ok := KillRequestOf(cur.Current); ok {
+		if k, ok := KillRequestOf(cur.Current); ok && !k.ID.IsZero() {
 			out = append(out, k)
 		}
 	}
@@ -67,13 +67,11 @@ func (s *Store) TaskKillsPending(ctx context.Context, node string) ([]TaskKillRe
 }
 
 // KillRequestOf reads a task's kill request from a document holding at
-// least _id, status and kill (a StreamSignals event's Doc, or a read).
+// least status and kill (a StreamSignals event's Doc, whose _id is the
+// event's ID, or a read).
 func KillRequestOf(doc bson.Raw) (TaskKillRequest, bool) {
 	var k TaskKillRequest
-	var ok bool
-	if k.ID, ok = doc.Lookup("_id").ObjectIDOK(); !ok {
-		return k, false
-	}
+	k.ID, _ = doc.Lookup("_id").ObjectIDOK()
 	k.Queue, _ = doc.Lookup(schema.TaskQueue).ObjectIDOK()
 	if st, ok := doc.Lookup(schema.TaskStatus).AsInt64OK(); ok {
 		k.Status = schema.Status(st)

@@ -210,6 +210,7 @@ func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, 
 		{Key: schema.TaskNode, Value: unclaimed},
 		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 		{Key: schema.TaskQueue, Value: p.Queue},
+		notExpired(s.nowMS()),
 	}
 	update := bson.D{{Key: "$set", Value: bson.D{
 		{Key: schema.TaskNode, Value: p.Node},
@@ -275,6 +276,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		{Key: schema.TaskNode, Value: unclaimed},
 		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 		{Key: schema.TaskQueue, Value: p.Queue},
+		notExpired(s.nowMS()),
 	}
 	var order bson.D
 	switch p.Sort {
@@ -389,12 +391,18 @@ func (s *Store) TaskStart(ctx context.Context, p TaskTransitionParams) error {
 	return s.TaskStartMany(ctx, []TaskTransitionParams{p})[0]
 }
 
+// notExpired: no expires_at, or one still ahead (a task is never claimed
+// after its expires_at).
+func notExpired(now time.Time) bson.E {
+	return bson.E{Key: schema.TaskExpiresAt, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$lte", Value: now}}}}}
+}
+
 // startable is the start's guard beyond {_id, node, status: -1}: no kill
 // requested, not expired.
 func startable(now time.Time) bson.D {
 	return bson.D{
 		{Key: schema.TaskKill, Value: bson.D{{Key: "$exists", Value: false}}},
-		{Key: schema.TaskExpiresAt, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$lte", Value: now}}}}},
+		notExpired(now),
 	}
 }
 

@@ -125,6 +125,8 @@ func (o *drainObserver) TaskClaimed(string) {
 
 func (o *drainObserver) TaskStarted(string, time.Duration) {}
 
+func (o *drainObserver) TaskControlled(string, string, int) {}
+
 func (o *drainObserver) TaskFinished(string, schema.Status, time.Duration) {
 	now := int64(time.Since(o.base))
 	for {

@@ -1,0 +1,182 @@
+// Package timers is the leader's duty that keeps task time: it queues
+// delayed tasks (held at -4 with a not_before) at their time, and finishes
+// unrun the waiting tasks whose expires_at has passed. It sleeps until the
+// earliest such time, read from two partial indexes (never a scan of all
+// tasks), and a change stream of tasks given a not_before or an expires_at
+// moves that time earlier when one comes sooner; a once-a-second pass is
+// the safety net.
+package timers
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/leadership"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// Store is what the timers read and write.
+type Store interface {
+	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
+	TaskTimerNext(ctx context.Context) (time.Time, bool, error)
+	TaskReleaseDue(ctx context.Context, p store.TaskTimersParams) (int64, error)
+	TaskExpireDue(ctx context.Context, p store.TaskTimersParams) (map[bson.ObjectID]int64, error)
+}
+
+// Config configures the timers.
+type Config struct {
+	Store Store
+	Tick  time.Duration // the safety net's period; default 1 s
+	// Released and Expired, when set, are told what each pass did: n
+	// delayed tasks queued; n tasks of queue expired.
+	Released func(n int64)
+	Expired  func(queue bson.ObjectID, n int64)
+	Clock    clock.Clock
+	Logger   *slog.Logger
+}
+
+// Timers is the duty; run Lead under a leadership.Elector.
+type Timers struct {
+	cfg   Config
+	clock clock.Clock
+	log   *slog.Logger
+}
+
+// New returns the timers.
+func New(cfg Config) *Timers {
+	if cfg.Tick <= 0 {
+		cfg.Tick = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Timers{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "timers")}
+}
+
+// Lead keeps task time until the term ends.
+func (t *Timers) Lead(ctx context.Context, _ leadership.Term) error {
+	r, err := t.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamTimers, Name: "timers", Clock: t.cfg.Clock, Logger: t.log})
+	if err != nil {
+		return err
+	}
+	hints := make(chan time.Time, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t.listen(ctx, r, hints)
+	}()
+	defer func() {
+		<-done
+		r.Close()
+	}()
+	t.log.Info("leading: queueing delayed tasks and expiring waiting ones on time")
+	next := t.pass(ctx)
+	for {
+		d := t.cfg.Tick
+		if !next.IsZero() {
+			d = min(d, max(next.Sub(t.clock.Now()), 0))
+		}
+		timer := t.clock.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case h := <-hints:
+			timer.Stop()
+			if next.IsZero() || h.Before(next) {
+				next = h
+			}
+			continue
+		case <-timer.C():
+		}
+		next = t.pass(ctx)
+	}
+}
+
+// listen turns the stream's events into hints: the earliest time a batch
+// named.
+func (t *Timers) listen(ctx context.Context, r *store.StreamReader, hints chan time.Time) {
+	for {
+		b, err := r.Next(ctx)
+		if err != nil {
+			return
+		}
+		var earliest time.Time
+		if b.Lost != "" {
+			earliest = t.clock.Now() // unknown changes: look now
+		}
+		for _, ev := range b.Events {
+			for _, doc := range []bson.Raw{ev.Doc, ev.Updated} {
+				for _, f := range []string{schema.TaskNotBefore, schema.TaskExpiresAt} {
+					if at, ok := doc.Lookup(f).TimeOK(); ok && (earliest.IsZero() || at.Before(earliest)) {
+						earliest = at
+					}
+				}
+			}
+		}
+		if earliest.IsZero() {
+			continue
+		}
+		// Merge with a hint not yet taken: keep the earlier.
+		select {
+		case old := <-hints:
+			if old.Before(earliest) {
+				earliest = old
+			}
+		default:
+		}
+		select {
+		case hints <- earliest:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// pass expires and queues what is due, and returns the next time anything
+// is (zero: nothing waits on a time).
+func (t *Timers) pass(ctx context.Context) time.Time {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	now := t.clock.Now()
+	// After a failed write, wait for the tick rather than retry at once.
+	failed := false
+	expired, err := t.cfg.Store.TaskExpireDue(ctx, store.TaskTimersParams{Now: now})
+	if err != nil && ctx.Err() == nil {
+		t.log.Warn("expire tasks", "error", err)
+		failed = true
+	}
+	for q, n := range expired {
+		t.log.Info("expired waiting tasks: not started by their expires_at", "queue_id", q.Hex(), "tasks", n)
+		if t.cfg.Expired != nil {
+			t.cfg.Expired(q, n)
+		}
+	}
+	released, err := t.cfg.Store.TaskReleaseDue(ctx, store.TaskTimersParams{Now: now})
+	if err != nil && ctx.Err() == nil {
+		t.log.Warn("queue delayed tasks", "error", err)
+		failed = true
+	}
+	if released > 0 {
+		t.log.Debug("queued delayed tasks", "tasks", released)
+		if t.cfg.Released != nil {
+			t.cfg.Released(released)
+		}
+	}
+	next, ok, err := t.cfg.Store.TaskTimerNext(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			t.log.Warn("read the next task timer", "error", err)
+		}
+		return time.Time{}
+	}
+	if !ok || failed {
+		return time.Time{}
+	}
+	return next
+}
