@@ -571,9 +571,7 @@ func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite,
 	var err error
 	if uniform {
 		var res *mongo.UpdateResult
-		res, err = s.tasks.UpdateMany(ctx,
-			bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: schema.TaskNode, Value: ws[0].p.Node}, {Key: schema.TaskStatus, Value: int32(ws[0].from)}},
-			bson.D{{Key: "$set", Value: ws[0].set}})
+		res, err = s.tasks.UpdateMany(ctx, ws[0].filter(ids), ws[0].doc())
 		if err == nil {
 			matched = res.MatchedCount
 		}

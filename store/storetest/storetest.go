@@ -84,6 +84,12 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskSearch", testTaskSearch},
 		{"TaskOutputOpen", testTaskOutputOpen},
 		{"QueueModify", testQueueModify},
+		{"TaskKill", testTaskKill},
+		{"TaskCancel", testTaskCancel},
+		{"TaskRetryByIDs", testTaskRetryByIDs},
+		{"TaskRetryManyOrphans", testTaskRetryManyOrphans},
+		{"TaskTimers", testTaskTimers},
+		{"DeadNodeSettlesKillsAndRerunsOrphans", testDeadNodeSettlesKillsAndRerunsOrphans},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
