@@ -224,8 +224,8 @@ func TestTaskListAndShow(t *testing.T) {
 	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: big, Stderr: "warn"}))
 
 	list := e.ok("", "task", "list", "q")
-	require.Regexp(t, `(?m)^ID\s+STATUS\s+NODE\s+MTIME\s+PARAMETERS$`, list)
-	require.Regexp(t, `(?m)^`+task.ID.Hex()+`\s+succeeded\s+n1\s+`, list)
+	require.Regexp(t, `(?m)^ID\s+STATUS\s+REASON\s+NODE\s+MTIME\s+PARAMETERS$`, list)
+	require.Regexp(t, `(?m)^`+task.ID.Hex()+`\s+succeeded\s+-\s+n1\s+`, list)
 	require.Equal(t, 2, strings.Count(list, "queued"))
 
 	var tasks []map[string]any

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -21,7 +22,7 @@ func newQueueCmd(g *globals) *cobra.Command {
 		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newQueueCreate(g), newQueueList(g), newQueueSet(g), newQueueDelete(g))
+	cmd.AddCommand(newQueueCreate(g), newQueueList(g), newQueueShow(g), newQueueSet(g), newQueueDelete(g))
 	return cmd
 }
 
@@ -190,24 +191,148 @@ func queueJSON(q schema.Queue, c *store.QueueCounts) map[string]any {
 	if c != nil {
 		m["count_todo"], m["count_total"] = c.Todo, c.Total
 	}
+	ctl := q.Control
+	m["timeout"] = ctl.Timeout.Seconds()
+	m["retries"] = ctl.Retries
+	m["retry_backoff"] = map[string]any{"base": ctl.Backoff.Base.Seconds(), "max": ctl.Backoff.Max.Seconds(), "jitter": ctl.Backoff.Jitter}
+	m["rerun_orphans"] = ctl.RerunOrphans
 	return m
+}
+
+func newQueueShow(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show NAME",
+		Short: "Show one queue with its task control settings",
+		Long: `Show one queue (NAME is a name or an id): its fields, its task counts, and how
+its tasks are controlled: the time limit of each task once started, how many
+times a failed attempt is retried and with what backoff, and whether the
+running tasks of a node that died are rerun (rerun_orphans) or left orphaned
+for an operator. Change them with "disbatch queue set".`,
+		Args: exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, q, done, err := g.openQueue(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			defer done()
+			var c store.QueueCounts
+			if q.CountTodo != nil && q.CountTotal != nil {
+				c = store.QueueCounts{Todo: *q.CountTodo, Total: *q.CountTotal}
+			} else {
+				all, err := s.QueueCountsGet(cmd.Context())
+				if err != nil {
+					return err
+				}
+				c = all[q.ID]
+			}
+			for _, w := range q.Warnings {
+				fmt.Fprintf(g.io.Err, "warning: queue %s: %s\n", q.Name, w)
+			}
+			if asJSON {
+				return writeJSON(g.io.Out, queueJSON(q, &c))
+			}
+			sort := q.Sort
+			if sort == "" {
+				sort = schema.SortDefault
+			}
+			w := g.io.Out
+			fmt.Fprintf(w, "id:            %s\n", q.ID.Hex())
+			fmt.Fprintf(w, "name:          %s\n", q.Name)
+			fmt.Fprintf(w, "constructor:   %s\n", q.Constructor)
+			fmt.Fprintf(w, "maxthreads:    %s\n", fmtMaxThreads(q.MaxThreads))
+			fmt.Fprintf(w, "sort:          %s\n", sort)
+			if len(q.NodesPin) > 0 {
+				fmt.Fprintf(w, "nodes_pin:     %s\n", strings.Join(q.NodesPin, ", "))
+			}
+			if len(q.NodesIgnore) > 0 {
+				fmt.Fprintf(w, "nodes_ignore:  %s\n", strings.Join(q.NodesIgnore, ", "))
+			}
+			fmt.Fprintf(w, "tasks:         %d to do, %d in all\n", c.Todo, c.Total)
+			fmt.Fprintf(w, "timeout:       %s\n", fmtTimeout(q.Control.Timeout))
+			fmt.Fprintf(w, "retries:       %s\n", fmtRetries(q.Control))
+			fmt.Fprintf(w, "rerun_orphans: %t\n", q.Control.RerunOrphans)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the queue as JSON")
+	return cmd
+}
+
+func fmtTimeout(d time.Duration) string {
+	if d == 0 {
+		return "none"
+	}
+	return d.String()
+}
+
+func fmtRetries(c schema.QueueControl) string {
+	if c.Retries == 0 {
+		return "0 (a failed attempt is final)"
+	}
+	return fmt.Sprintf("%d, backoff %s doubling up to %s, jitter %g", c.Retries, c.Backoff.Base, c.Backoff.Max, c.Backoff.Jitter)
+}
+
+// parseBackoff reads --retry-backoff BASE,MAX,JITTER.
+func parseBackoff(s string) (schema.Backoff, error) {
+	parts := strings.Split(s, ",")
+	bad := func(why string) (schema.Backoff, error) {
+		return schema.Backoff{}, usagef("--retry-backoff %q: %s; want BASE,MAX,JITTER, e.g. 1s,5m,0.2", s, why)
+	}
+	if len(parts) != 3 {
+		return bad(fmt.Sprintf("%d parts", len(parts)))
+	}
+	var b schema.Backoff
+	var err error
+	if b.Base, err = time.ParseDuration(strings.TrimSpace(parts[0])); err != nil {
+		return bad("BASE is not a duration")
+	}
+	if b.Max, err = time.ParseDuration(strings.TrimSpace(parts[1])); err != nil {
+		return bad("MAX is not a duration")
+	}
+	if b.Jitter, err = strconv.ParseFloat(strings.TrimSpace(parts[2]), 64); err != nil {
+		return bad("JITTER is not a number")
+	}
+	if err := store.ValidateBackoff(b); err != nil {
+		return schema.Backoff{}, &UsageError{Err: err}
+	}
+	return b, nil
 }
 
 const queueSetKeys = "name, constructor (or plugin), maxthreads (or threads: integer >= 0 or null), sort (fifo|lifo|default), nodes_pin, nodes_ignore (comma-separated node names; empty to remove)"
 
 func newQueueSet(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "set NAME KEY=VALUE...",
+	var timeout time.Duration
+	var retries int
+	var backoff string
+	var rerunOrphans bool
+	cmd := &cobra.Command{
+		Use:   "set NAME [KEY=VALUE...] [--timeout D] [--retries N] [--retry-backoff B,M,J] [--rerun-orphans=BOOL]",
 		Short: "Change fields of a queue",
 		Long: `Change fields of a queue. Keys: ` + queueSetKeys + `.
+
+How the queue's tasks are controlled (Disbatch 4 nodes ignore these):
+  --timeout DURATION       time limit of each task once started: its node kills
+                           it then (process group and all) and it fails with
+                           reason timeout; a task's own limit overrides it;
+                           0 removes it
+  --retries N              a failed attempt is retried up to N times (0 to
+                           ` + strconv.Itoa(schema.MaxRetries) + `) before the task finishes failed
+  --retry-backoff B,M,J    delay before retry n: B doubled per retry up to M,
+                           spread by ±J (a fraction), e.g. 1s,5m,0.2 (the
+                           default when unset)
+  --rerun-orphans=BOOL     whether the running tasks of a node that died go
+                           back to the queue (true) or stay orphaned for an
+                           operator to retry or kill (false)
 
 Every value is checked before anything is written. maxthreads and constructor
 are written under both their seed-000 and their Disbatch 4.103 names.`,
 		Example: `  disbatch queue set demo maxthreads=8 sort=lifo
   disbatch queue set demo nodes_pin=node1,node2
-  disbatch queue set demo maxthreads=null`,
+  disbatch queue set demo maxthreads=null
+  disbatch queue set demo --timeout 10m --retries 3 --retry-backoff 5s,10m,0.2 --rerun-orphans`,
 		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) < 2 {
+			if len(args) < 1 {
 				return usagef("want NAME and at least one KEY=VALUE")
 			}
 			return nil
@@ -262,6 +387,32 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
 					return usagef("unknown key %q: keys are %s", k, queueSetKeys)
 				}
 			}
+			flags := cmd.Flags()
+			if flags.Changed("timeout") {
+				if timeout < 0 || timeout > schema.MaxSeconds*time.Second {
+					return usagef("--timeout must be from 0 (none) to %s, got %s", schema.MaxSeconds*time.Second, timeout)
+				}
+				p.Timeout = &timeout
+			}
+			if flags.Changed("retries") {
+				if retries < 0 || retries > schema.MaxRetries {
+					return usagef("--retries must be from 0 to %d, got %d", schema.MaxRetries, retries)
+				}
+				p.Retries = &retries
+			}
+			if flags.Changed("retry-backoff") {
+				b, err := parseBackoff(backoff)
+				if err != nil {
+					return err
+				}
+				p.RetryBackoff = &b
+			}
+			if flags.Changed("rerun-orphans") {
+				p.RerunOrphans = &rerunOrphans
+			}
+			if len(args) == 1 && p.Timeout == nil && p.Retries == nil && p.RetryBackoff == nil && p.RerunOrphans == nil {
+				return usagef("want NAME and at least one KEY=VALUE or control flag (--timeout, --retries, --retry-backoff, --rerun-orphans)")
+			}
 			s, q, done, err := g.openQueue(cmd, args[0])
 			if err != nil {
 				return err
@@ -275,6 +426,11 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
 			return nil
 		},
 	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "time limit of each task once started, e.g. 10m (0 removes it)")
+	cmd.Flags().IntVar(&retries, "retries", 0, "retries of a failed attempt, 0 to "+strconv.Itoa(schema.MaxRetries))
+	cmd.Flags().StringVar(&backoff, "retry-backoff", "", "BASE,MAX,JITTER: delay before a retry, doubling from BASE up to MAX, spread by ±JITTER (e.g. 1s,5m,0.2)")
+	cmd.Flags().BoolVar(&rerunOrphans, "rerun-orphans", false, "rerun the running tasks of a node that died (true) or leave them orphaned (false)")
+	return cmd
 }
 
 func splitList(v string) []string {

@@ -4,9 +4,11 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"strings"
 	"time"
 
@@ -31,7 +33,19 @@ const (
 	ExitOK      = cmdline.ExitOK
 	ExitRuntime = cmdline.ExitRuntime
 	ExitUsage   = cmdline.ExitUsage
+	// ExitTimeout: `task wait` gave up at its --timeout before every task
+	// ended.
+	ExitTimeout = 3
 )
+
+// exitError is an error that ends the command with its own exit code.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
 
 // UsageError is a mistake in how the command was called (exit code 2).
 type UsageError = cmdline.UsageError
@@ -43,8 +57,10 @@ type IO struct {
 	In       io.Reader
 	Out      io.Writer
 	Err      io.Writer
-	Terminal bool // whether Out is a terminal (progress bars)
-	Getenv   func(string) string
+	Terminal bool // whether Out is a terminal (submit's progress bar)
+	// ErrTerminal is whether Err is a terminal (retry's progress bar).
+	ErrTerminal bool
+	Getenv      func(string) string
 }
 
 // Main runs the CLI with the process's streams and returns the exit code.
@@ -57,7 +73,7 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "disbatch: tracing is configured but cannot start:", err)
 		return ExitRuntime
 	}
-	code := Run(ctx, args, IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Terminal: isTerminal(os.Stdout), Getenv: os.Getenv})
+	code := Run(ctx, args, IO{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Terminal: isTerminal(os.Stdout), ErrTerminal: isTerminal(os.Stderr), Getenv: os.Getenv})
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := shutdown(sctx); err != nil {
@@ -77,6 +93,10 @@ func Run(ctx context.Context, args []string, io IO) int {
 	}
 	fmt.Fprintln(io.Err, "disbatch:", err)
 	code := cmdline.ExitCode(err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
 	if code == ExitUsage {
 		fmt.Fprintln(io.Err, "Run 'disbatch --help' for usage.")
 	}
@@ -88,6 +108,7 @@ type globals struct {
 	io       IO
 	mongoURI string
 	database string
+	by       string
 }
 
 func newRoot(io IO) *cobra.Command {
@@ -112,6 +133,7 @@ named by --database (env ` + EnvDatabase + `).`,
 	root.SetErr(io.Err)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{Err: err} })
 	cmdline.AddConnectionFlags(root, &g.mongoURI, &g.database, io.Getenv)
+	root.PersistentFlags().StringVar(&g.by, "by", "", "who asks, recorded with kills, cancels and retries (default $USER@hostname)")
 	root.AddCommand(newQueueCmd(g), newTaskCmd(g), newNodeCmd(g))
 	// Unknown subcommands are usage errors too.
 	root.RunE = func(cmd *cobra.Command, args []string) error {
@@ -122,6 +144,30 @@ named by --database (env ` + EnvDatabase + `).`,
 	}
 	root.Args = cobra.ArbitraryArgs
 	return root
+}
+
+// who is the --by of a request: the flag, or $USER@hostname.
+func (g *globals) who() string {
+	if by := strings.TrimSpace(g.by); by != "" {
+		return by
+	}
+	name := g.io.Getenv("USER")
+	if name == "" {
+		name = g.io.Getenv("LOGNAME")
+	}
+	if name == "" {
+		if u, err := user.Current(); err == nil {
+			name = u.Username
+		}
+	}
+	if name == "" {
+		name = "unknown"
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return name + "@" + host
 }
 
 // open connects for a command.

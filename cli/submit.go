@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,6 +139,8 @@ func toParams(b []byte) (bson.Raw, string) {
 func newTaskSubmit(g *globals) *cobra.Command {
 	var skipInvalid, asJSON bool
 	var batchSize, parallel int
+	var timeout time.Duration
+	var expiresAt, notBefore string
 	cmd := &cobra.Command{
 		Use:   "submit QUEUE [FILE|-]",
 		Short: "Submit tasks: one parameters object each, from a file or stdin",
@@ -150,9 +153,18 @@ Every item is checked before anything is inserted; invalid ones are reported
 by line number and nothing is inserted unless --skip-invalid is given. Tasks
 are inserted in batches with write concern majority (so that nodes see them
 at once: change streams only deliver majority-committed writes), in input
-order: with sort fifo they run oldest first.`,
+order: with sort fifo they run oldest first.
+
+Every task of one submit may get the same control fields (Disbatch 4 nodes
+ignore them):
+  --timeout DURATION  its time limit once started (overrides the queue's):
+                      its node kills it then and it fails with reason timeout
+  --not-before TIME   it is held (status -4) until then, then queued
+  --expires-at TIME   if not started by then it fails unrun, reason expired
+TIME is an RFC 3339 time (2030-01-02T15:04:05Z) or +DURATION from now (+90m).`,
 		Example: `  printf '{"commands":"a"}\n{"commands":"ab"}\n' | disbatch task submit demo
-  disbatch task submit demo tasks.json`,
+  disbatch task submit demo tasks.json
+  disbatch task submit demo tasks.json --timeout 10m --not-before +1h --expires-at +6h`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) < 1 || len(args) > 2 {
 				return usagef("want QUEUE and optionally FILE (or - for stdin)")
@@ -165,6 +177,10 @@ order: with sort fifo they run oldest first.`,
 			}
 			if parallel < 1 || parallel > 64 {
 				return usagef("--parallel must be between 1 and 64")
+			}
+			ctl, err := submitControl(time.Now(), timeout, notBefore, expiresAt)
+			if err != nil {
+				return err
 			}
 			in := g.io.In
 			name := "stdin"
@@ -203,7 +219,7 @@ order: with sort fifo they run oldest first.`,
 			// so each task's execution spans join this trace.
 			ctx, span := tracing.Tracer().Start(cmd.Context(), "disbatch.submit", trace.WithSpanKind(trace.SpanKindProducer),
 				trace.WithAttributes(attribute.String("disbatch.queue", q.Name), attribute.String("disbatch.queue.id", q.ID.Hex()), attribute.Int("disbatch.tasks", len(items))))
-			ids, err := insertBatches(ctx, s, q.ID, items, batchSize, parallel, g.progress(len(items)))
+			ids, err := insertBatches(ctx, s, q.ID, ctl, items, batchSize, parallel, g.progress(len(items)))
 			if err != nil {
 				span.RecordError(err)
 				span.SetStatus(codes.Error, "submit failed")
@@ -212,13 +228,17 @@ order: with sort fifo they run oldest first.`,
 			}
 			span.End()
 			if asJSON {
-				return writeJSON(g.io.Out, map[string]any{"queue": q.Name, "queue_id": q.ID.Hex(), "submitted": len(ids), "skipped": len(problems), "first": ids[0].Hex(), "last": ids[len(ids)-1].Hex()})
+				out := map[string]any{"queue": q.Name, "queue_id": q.ID.Hex(), "submitted": len(ids), "skipped": len(problems), "first": ids[0].Hex(), "last": ids[len(ids)-1].Hex()}
+				if ctl != nil {
+					addInsertControl(out, *ctl)
+				}
+				return writeJSON(g.io.Out, out)
 			}
 			skipped := ""
 			if len(problems) > 0 {
 				skipped = fmt.Sprintf(", skipped %d invalid", len(problems))
 			}
-			fmt.Fprintf(g.io.Out, "submitted %d tasks to queue %s%s (first %s, last %s)\n", len(ids), q.Name, skipped, ids[0].Hex(), ids[len(ids)-1].Hex())
+			fmt.Fprintf(g.io.Out, "submitted %d tasks to queue %s%s (first %s, last %s)%s\n", len(ids), q.Name, skipped, ids[0].Hex(), ids[len(ids)-1].Hex(), describeInsertControl(ctl))
 			return nil
 		},
 	}
@@ -226,37 +246,85 @@ order: with sort fifo they run oldest first.`,
 	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "tasks per insert")
 	cmd.Flags().IntVar(&parallel, "parallel", 4, "inserts in flight at once")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "each task's time limit once started, e.g. 30s or 2h (0: the queue's)")
+	cmd.Flags().StringVar(&notBefore, "not-before", "", "hold the tasks until TIME (RFC 3339, or +DURATION from now)")
+	cmd.Flags().StringVar(&expiresAt, "expires-at", "", "tasks not started by TIME (RFC 3339, or +DURATION from now) fail unrun, reason expired")
 	return cmd
 }
 
-// progress returns a callback that draws a progress line when stdout is a
+// submitControl checks submit's control flags and returns the control
+// fields for the tasks, or nil when none is given.
+func submitControl(now time.Time, timeout time.Duration, notBefore, expiresAt string) (*store.TaskInsertControl, error) {
+	if timeout < 0 {
+		return nil, usagef("--timeout must not be negative, got %s", timeout)
+	}
+	c := store.TaskInsertControl{Timeout: timeout}
+	var err error
+	if notBefore != "" {
+		if c.NotBefore, err = parseFuture("--not-before", notBefore, now); err != nil {
+			return nil, err
+		}
+	}
+	if expiresAt != "" {
+		if c.ExpiresAt, err = parseFuture("--expires-at", expiresAt, now); err != nil {
+			return nil, err
+		}
+		if !c.ExpiresAt.After(now) {
+			return nil, usagef("--expires-at %s is not in the future: the tasks would expire unrun", expiresAt)
+		}
+	}
+	if c == (store.TaskInsertControl{}) {
+		return nil, nil
+	}
+	if err := c.Validate(); err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	return &c, nil
+}
+
+func describeInsertControl(c *store.TaskInsertControl) string {
+	if c == nil {
+		return ""
+	}
+	var parts []string
+	if !c.NotBefore.IsZero() {
+		parts = append(parts, "not before "+c.NotBefore.UTC().Format(time.RFC3339))
+	}
+	if !c.ExpiresAt.IsZero() {
+		parts = append(parts, "expiring unrun at "+c.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	if c.Timeout > 0 {
+		parts = append(parts, "time limit "+c.Timeout.String())
+	}
+	return "; " + strings.Join(parts, ", ")
+}
+
+func addInsertControl(m map[string]any, c store.TaskInsertControl) {
+	if c.Timeout > 0 {
+		m["timeout"] = c.Timeout.Seconds()
+	}
+	if !c.NotBefore.IsZero() {
+		m["not_before"] = fmtTime(c.NotBefore)
+	}
+	if !c.ExpiresAt.IsZero() {
+		m["expires_at"] = fmtTime(c.ExpiresAt)
+	}
+}
+
+// progress returns a callback that draws a progress bar when stdout is a
 // terminal, or nil.
 func (g *globals) progress(total int) func(done int) {
 	if !g.io.Terminal {
 		return nil
 	}
-	var mu sync.Mutex
-	last := time.Time{}
-	return func(done int) {
-		mu.Lock()
-		defer mu.Unlock()
-		if done < total && time.Since(last) < 100*time.Millisecond {
-			return
-		}
-		last = time.Now()
-		const width = 30
-		filled := width * done / total
-		fmt.Fprintf(g.io.Out, "\r[%s%s] %d/%d", bytes.Repeat([]byte("#"), filled), bytes.Repeat([]byte("."), width-filled), done, total)
-		if done == total {
-			fmt.Fprint(g.io.Out, "\r\033[K")
-		}
-	}
+	p := newProgress(g.io.Out, true, "submitted")
+	return func(done int) { p.update(int64(done), int64(total)) }
 }
 
 // insertBatches inserts items in batches, several at once. Ids are allocated
 // up front in input order, so _id order (fifo) is input order whatever order
 // the batches land in.
-func insertBatches(ctx context.Context, s *store.Store, queue bson.ObjectID, items []item, batchSize, parallel int, progress func(int)) ([]bson.ObjectID, error) {
+func insertBatches(ctx context.Context, s *store.Store, queue bson.ObjectID, ctl *store.TaskInsertControl, items []item, batchSize, parallel int, progress func(int)) ([]bson.ObjectID, error) {
 	traceparent, tracestate := tracing.Inject(ctx)
 	ids := make([]bson.ObjectID, len(items))
 	for i := range ids {
@@ -279,7 +347,7 @@ func insertBatches(ctx context.Context, s *store.Store, queue bson.ObjectID, ite
 				for i := range params {
 					params[i] = items[start+i].params
 				}
-				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: params, IDs: ids[start:end], TraceParent: traceparent, TraceState: tracestate}); err != nil {
+				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: params, IDs: ids[start:end], TraceParent: traceparent, TraceState: tracestate, Control: ctl}); err != nil {
 					errOnce.Do(func() {
 						firstErr = fmt.Errorf("insert tasks from input line %d on: %w", items[start].line, err)
 						cancel()

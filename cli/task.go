@@ -16,11 +16,12 @@ import (
 func newTaskCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "task",
-		Short: "Submit, list and show tasks",
+		Short: "Submit, list, show, kill, cancel, retry and wait for tasks",
 		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newTaskSubmit(g), newTaskList(g), newTaskShow(g))
+	cmd.AddCommand(newTaskSubmit(g), newTaskList(g), newTaskShow(g),
+		newTaskKill(g), newTaskCancel(g), newTaskRetry(g), newTaskWait(g))
 	return cmd
 }
 
@@ -34,7 +35,9 @@ func newTaskList(g *globals) *cobra.Command {
 		Long: `List a queue's tasks (QUEUE is a name or an id), oldest first.
 
 --status filters by status: a number or one of orphaned, queued, claimed,
-running, succeeded, failed (and the former cancelled, blocked, terminated).`,
+running, succeeded, failed (and the former cancelled, blocked, terminated).
+REASON says why a task ended or is held, when it was not as its plugin
+said: ` + strings.Join(schema.Reasons, ", ") + `.`,
 		Args: exactArgs("QUEUE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p := store.TaskListParams{Limit: limit, WithoutOutput: true}
@@ -69,7 +72,7 @@ running, succeeded, failed (and the former cancelled, blocked, terminated).`,
 				return writeJSON(g.io.Out, out)
 			}
 			tw := tabwriter.NewWriter(g.io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATUS\tNODE\tMTIME\tPARAMETERS")
+			fmt.Fprintln(tw, "ID\tSTATUS\tREASON\tNODE\tMTIME\tPARAMETERS")
 			for _, t := range res.Tasks {
 				node := t.Node
 				if node == "" {
@@ -83,7 +86,11 @@ running, succeeded, failed (and the former cancelled, blocked, terminated).`,
 				if !t.MTime.IsZero() {
 					mtime = t.MTime.Local().Format(time.DateTime)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID.Hex(), t.Status, node, mtime, params)
+				reason := t.Control.Reason
+				if reason == "" {
+					reason = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID.Hex(), t.Status, reason, node, mtime, params)
 			}
 			return tw.Flush()
 		},
@@ -98,9 +105,16 @@ func newTaskShow(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "show ID",
-		Short: "Show one task with its stdout and stderr",
-		Long:  `Show one task with its stdout and stderr, read from GridFS when they live there.`,
-		Args:  exactArgs("ID"),
+		Short: "Show one task with its control fields, stdout and stderr",
+		Long: `Show one task with its stdout and stderr, read from GridFS when they live there.
+
+The control fields are shown when the task has them: its reason (why it
+ended or is held, when not as its plugin said), its time limit, delay and
+expiry, a kill request (who asked, when, why, and the node asked to carry it
+out), a cancel or requeue by an operator, and its attempts: how many ended
+and the history of the last ` + fmt.Sprint(schema.MaxAttemptsKept) + ` (node, claimed, started, finished, status,
+reason).`,
+		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := bson.ObjectIDFromHex(args[0])
 			if err != nil {
@@ -148,6 +162,7 @@ func newTaskShow(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "node:       %s\n", node)
 			fmt.Fprintf(w, "ctime:      %v\n", fmtTime(t.CTime))
 			fmt.Fprintf(w, "mtime:      %v\n", fmtTime(t.MTime))
+			writeControl(w, t)
 			fmt.Fprintf(w, "parameters: %s\n", extJSON(t.Parameters))
 			for _, o := range []struct {
 				name string

@@ -262,3 +262,35 @@ func TestRestartSettlesKillsAndRerunsOrphansOfRerunQueues(t *testing.T) {
 	defer b.rec.mu.Unlock()
 	require.Len(t, b.rec.runs, 1)
 }
+
+func TestKillRacingNodeShutdownEndsTheTaskOnce(t *testing.T) {
+	b := setup(t)
+	q := b.shellQueue("shutdown", 2, nil)
+	cfg := b.config("n1")
+	cfg.Grace = 200 * time.Millisecond
+	n, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	ids := b.insert(q, nil, bson.D{{Key: "command", Value: "sleep 60"}}, bson.D{{Key: "command", Value: "sleep 60"}})
+	for _, id := range ids {
+		b.waitStatus(id, schema.StatusRunning, 10*time.Second)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		n.Stop()
+	}()
+	_, err = b.store.TaskKill(context.Background(), store.TaskKillParams{Target: store.TaskTarget{IDs: ids}, By: "tester"})
+	require.NoError(t, err)
+	<-stopped
+	// Whichever came first, each task ended failed, once, and a restart of
+	// the node does not bring it back.
+	require.NoError(t, n.Start(context.Background()))
+	defer n.Stop()
+	time.Sleep(300 * time.Millisecond)
+	for _, id := range ids {
+		require.Equal(t, int64(schema.StatusFailed), b.task(id).Lookup("status").AsInt64(), "%s", b.task(id))
+		c := b.control(id)
+		require.LessOrEqual(t, c.Attempt, 1)
+	}
+}
