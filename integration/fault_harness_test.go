@@ -182,6 +182,7 @@ type scenario struct {
 	fault      time.Time // when the fault was injected
 	submitDone time.Time // when the submitter stopped
 	extra      []string  // scenario facts for the summary line
+	killer     *killer   // kill requests during the workload
 }
 
 // faultNode is a disbatchd of a scenario.
@@ -416,8 +417,10 @@ func (s *submitter) submitted() []bson.ObjectID {
 func (sc *scenario) startWorkload() (wait func()) {
 	done := make(chan error, 1)
 	go func() { done <- sc.sub.run(sc.queue, faultRate, faultWorkload) }()
+	sc.killer = sc.startKiller()
 	return func() {
 		sc.t.Helper()
+		defer sc.killer.halt()
 		select {
 		case err := <-done:
 			sc.submitDone = time.Now()
@@ -691,6 +694,9 @@ func (sc *scenario) finish(waitWorkload func()) {
 	t.Helper()
 	waitWorkload()
 	_, drained := sc.waitQuiet("after the workload", nil, drainTimeout)
+	if sc.killer != nil {
+		sc.killer.check(sc)
+	}
 
 	// Every live node serves again.
 	finalAt := time.Now()
