@@ -75,7 +75,7 @@ func TestParseFlags(t *testing.T) {
 
 	for _, bad := range [][]string{
 		{"--only", "pickup,speed"}, {"--tasks", "0"}, {"--backlogs", "10,x"}, {"--nope"}, {"extra"}, {"--pickup-rate", "5000"},
-		{"--submit-tasks", "10001"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
+		{"--submit-tasks", "10001"}, {"--kill-samples", "0"}, {"--delay-probes", "-1"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
 	} {
 		_, _, err := parseFlags(bad)
 		require.Error(t, err, "%v", bad)
@@ -85,7 +85,8 @@ func TestParseFlags(t *testing.T) {
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
 		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "verbose", "cpuprofile",
-		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats"} {
+		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats",
+		"kill-samples", "delay-held", "delay-probes", "wait-rounds"} {
 		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)
 	}
 }
@@ -113,7 +114,18 @@ func goodReport() *Report {
 		{What: whatBatched, Concurrency: batchedConcurrency(1), Queued: 500, Finished: 500, Seconds: 0.2, Rate: 2500, Complete: true},
 		{What: whatBatched, Concurrency: batchedConcurrency(3), Queued: 500, Finished: 500, Seconds: 0.1, Rate: 5000, Complete: true},
 	}
+	ctl := &ControlReport{Floor: lat(5), FloorSource: "the pickup group of this run",
+		Kill: KillFigures{Kills: quickDefaults.KillSamples, Running: 10, Dead: lat(3), Finished: lat(8), DeadFromReturn: lat(1),
+			FinishedFromReturn: lat(6), Call: lat(2)},
+		Delay: DelayFigures{Held: quickDefaults.DelayHeld, HeldInsertRate: 40_000, Probes: quickDefaults.DelayProbes,
+			Late: Latency{N: quickDefaults.DelayProbes, P50: 6, P95: 9, P99: 60, Max: 70}, LateAttempt: Latency{N: quickDefaults.DelayProbes, P50: 5, P95: 8, P99: 59, Max: 69},
+			LateQueued:    Latency{N: quickDefaults.DelayProbes, P50: 2, P95: 3, P99: 30, Max: 31},
+			DeleteSeconds: 1.5},
+		Wait: WaitFigures{Rounds: quickDefaults.WaitRounds, Tasks: 10, Latency: Latency{N: quickDefaults.WaitRounds, P50: 4, P95: 5, P99: 6, Max: 7}},
+	}
+	ctl.ratios()
 	return &Report{
+		Control: ctl,
 		Conditions: Conditions{Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Seconds: 42, Mode: "quick", MongoDBVersion: "6.0.5", Members: 1,
 			GoVersion: "go1.26", NumCPU: 2, GOMAXPROCS: 2, MaxThreads: 64, Counts: []Count{{Group: groupPickup, What: "rate", Value: 50}},
 			Load: []PhaseLoad{{Phase: "start", Load1: 1.25}, {Phase: groupPickup, Load1: 2}}},
@@ -173,6 +185,12 @@ func TestSanityFindsProblems(t *testing.T) {
 		"no MongoDB version":   {func(r *Report) { r.Conditions.MongoDBVersion = "" }, "MongoDB version"},
 		"zero ratio":           {func(r *Report) { r.Throughput.Ratios[0].Value = 0 }, "throughput ratio"},
 		"no samples":           {func(r *Report) { r.Pickup.Rows[0].Pickup = Latency{} }, "no samples"},
+		"kill not delivered":   {func(r *Report) { r.Control.Kill.Failures = []string{"task x: the process is still alive"} }, "control, kill: task x"},
+		"kills missing":        {func(r *Report) { r.Control.Kill.Kills = 3 }, "3 kills measured, want 15"},
+		"early start":          {func(r *Report) { r.Control.Delay.Failures = []string{"probe p started early"} }, "probe p started early"},
+		"held left":            {func(r *Report) { r.Control.Delay.HeldLeft = 7 }, "7 held tasks left"},
+		"wait rounds":          {func(r *Report) { r.Control.Wait.Latency.N = 14 }, "14 rounds timed, want 15"},
+		"missing control":      {func(r *Report) { r.Control = nil }, "control: missing"},
 		"wrong queue counts":   {func(r *Report) { r.WebQueues.WrongProjected = 3 }, "wrong counts for 3 queues"},
 		"failed requests":      {func(r *Report) { r.WebQueues.Errors = 2 }, "2 of 102 requests failed"},
 		"lost events":          {func(r *Report) { r.WebEvents.Lost = 5; r.WebEvents.Lag.N -= 5 }, "5 transitions lost"},
@@ -197,7 +215,7 @@ func TestSanityOnlyChecksSelectedGroups(t *testing.T) {
 	c, _, err := parseFlags([]string{"--quick", "--only", "pickup"})
 	require.NoError(t, err)
 	r := goodReport()
-	r.Throughput, r.Scale, r.Lag, r.WebQueues, r.WebEvents, r.WebSubmit = nil, nil, nil, nil, nil, nil
+	r.Throughput, r.Scale, r.Lag, r.WebQueues, r.WebEvents, r.WebSubmit, r.Control = nil, nil, nil, nil, nil, nil, nil
 	require.Empty(t, sanity(r, c))
 }
 
@@ -214,6 +232,9 @@ func TestRenderTable(t *testing.T) {
 		"PROJECTION LAG", "SCALE", "NODE PROCESS MEMORY",
 		"GET /queues (Disbatch 4.103 route)", "150.00x", "NOT MET: p99 <= 10 ms",
 		"LIVE EVENTS", "met: p99 <= 50 ms", "SUBMIT 10000 TASKS", "POST /api/v1/tasks / disbatch task submit, tasks/s  1.50x",
+		"TASK CONTROL: KILL", "TASK CONTROL: DELAYED TASKS", "TASK CONTROL: WAIT",
+		"met: kill -> finished p50 <= 2x the pickup floor p50 (8.00 <= 10.0 ms)", "NOT MET: not_before -> running p99 <= 50 ms (60.0)",
+		"wait: last finish -> Wait returns / pickup floor  0.80x",
 		"SANITY: every figure present",
 	} {
 		require.Contains(t, out, want)

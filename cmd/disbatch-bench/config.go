@@ -22,12 +22,13 @@ const (
 	groupWebQueues  = "web-queues"
 	groupWebEvents  = "web-events"
 	groupWebSubmit  = "web-submit"
+	groupControl    = "control"
 	// groupWeb selects the three web groups.
 	groupWeb = "web"
 )
 
 var (
-	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit}
+	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl}
 	webGroups = []string{groupWebQueues, groupWebEvents, groupWebSubmit}
 )
 
@@ -71,6 +72,11 @@ type config struct {
 	SubmitTasks   int
 	SubmitRepeats int
 
+	KillSamples int
+	DelayHeld   int
+	DelayProbes int
+	WaitRounds  int
+
 	CacheGB  float64
 	OplogMiB int
 }
@@ -98,6 +104,10 @@ var defaults = config{
 	SSEDuration:    10 * time.Second,
 	SubmitTasks:    apiv1.MaxSubmit,
 	SubmitRepeats:  5,
+	KillSamples:    50,
+	DelayHeld:      100_000,
+	DelayProbes:    200,
+	WaitRounds:     50,
 	CacheGB:        1,
 	OplogMiB:       2048,
 }
@@ -124,6 +134,10 @@ var quickDefaults = config{
 	SSEDuration:    3 * time.Second,
 	SubmitTasks:    apiv1.MaxSubmit,
 	SubmitRepeats:  3,
+	KillSamples:    15,
+	DelayHeld:      20_000,
+	DelayProbes:    50,
+	WaitRounds:     15,
 	CacheGB:        1,
 	OplogMiB:       2048,
 }
@@ -175,12 +189,29 @@ Figure groups (--only):
               against 'disbatch task submit' of the same tasks (the cli
               package in-process), --submit-repeats times each, alternating.
   web         the three web groups.
+  control     task control, each figure beside the pickup floor of the same
+              run (the pickup group's, else measured here the same way):
+              kill: --kill-samples store.TaskKill calls, one at a time, on
+              running shell tasks 'exec sleep 60' (10 running per round, one
+              node): the kill-request write's acknowledgement -> the process
+              dead (/proc polled every 200 us) and -> the task finished
+              (status 2, reason killed; change event); delayed tasks:
+              --delay-probes tasks due now+300..800 ms (one every 25 ms)
+              among --delay-held tasks held until +1 h in the same queue,
+              not_before -> plugin start, once the node settled after the
+              held tasks' insert (probes one at a time until one starts
+              within the goal; reported apart); the held tasks deleted
+              afterwards;
+              wait: --wait-rounds control.Wait calls on 10 running tasks
+              finished by direct writes, the last write's acknowledgement ->
+              Wait returns.
 
 The run exits non-zero when a figure is missing, zero, NaN or nonsensical
 (p50 > p99, throughput 0), or when an answer is wrong (GET /queues counts
 differ from the tasks, an event subscriber lost or got twice a transition,
-a submit inserted the wrong count); it never judges speed: goals are
-reported as met or not.
+a submit inserted the wrong count, a kill not carried out, a delayed task
+started early, late by 30 s or not at all, a wait that returned wrong); it
+never judges speed: goals are reported as met or not.
 
 Flags:
 `
@@ -218,6 +249,10 @@ func parseFlags(args []string) (config, string, error) {
 	fs.DurationVar(&c.SSEDuration, "sse-duration", defaults.SSEDuration, "web-events: how long the writer drains (quick: "+quickDefaults.SSEDuration.String()+")")
 	fs.IntVar(&c.SubmitTasks, "submit-tasks", defaults.SubmitTasks, "web-submit: tasks per submit (at most "+strconv.Itoa(apiv1.MaxSubmit)+", one request)")
 	fs.IntVar(&c.SubmitRepeats, "submit-repeats", defaults.SubmitRepeats, "web-submit: submits timed each way (quick: "+strconv.Itoa(quickDefaults.SubmitRepeats)+")")
+	fs.IntVar(&c.KillSamples, "kill-samples", defaults.KillSamples, "control: kills timed (quick: "+strconv.Itoa(quickDefaults.KillSamples)+")")
+	fs.IntVar(&c.DelayHeld, "delay-held", defaults.DelayHeld, "control: tasks held until +1 h beside the delayed probes (quick: "+strconv.Itoa(quickDefaults.DelayHeld)+")")
+	fs.IntVar(&c.DelayProbes, "delay-probes", defaults.DelayProbes, "control: delayed tasks timed (quick: "+strconv.Itoa(quickDefaults.DelayProbes)+")")
+	fs.IntVar(&c.WaitRounds, "wait-rounds", defaults.WaitRounds, "control: control.Wait calls timed (quick: "+strconv.Itoa(quickDefaults.WaitRounds)+")")
 	fs.Float64Var(&c.CacheGB, "cache-gb", defaults.CacheGB, "the started mongod's --wiredTigerCacheSizeGB")
 	fs.IntVar(&c.OplogMiB, "oplog-mib", defaults.OplogMiB, "the started mongod's --oplogSize in MiB")
 	fs.Usage = func() {}
@@ -268,6 +303,10 @@ func (c *config) applyQuick(set map[string]bool) {
 		"sse-subscribers": func() { c.SSESubscribers = q.SSESubscribers },
 		"sse-duration":    func() { c.SSEDuration = q.SSEDuration },
 		"submit-repeats":  func() { c.SubmitRepeats = q.SubmitRepeats },
+		"kill-samples":    func() { c.KillSamples = q.KillSamples },
+		"delay-held":      func() { c.DelayHeld = q.DelayHeld },
+		"delay-probes":    func() { c.DelayProbes = q.DelayProbes },
+		"wait-rounds":     func() { c.WaitRounds = q.WaitRounds },
 	} {
 		if !set[name] {
 			apply()
@@ -297,6 +336,10 @@ func (c *config) validate() error {
 	positive("sse-rate", c.SSERate)
 	positive("submit-tasks", c.SubmitTasks)
 	positive("submit-repeats", c.SubmitRepeats)
+	positive("kill-samples", c.KillSamples)
+	positive("delay-held", c.DelayHeld)
+	positive("delay-probes", c.DelayProbes)
+	positive("wait-rounds", c.WaitRounds)
 	for name, d := range map[string]time.Duration{"pickup-duration": c.PickupDuration, "drain-timeout": c.DrainTimeout, "rss-duration": c.RSSDuration,
 		"web-duration": c.WebDuration, "sse-duration": c.SSEDuration} {
 		if d <= 0 {

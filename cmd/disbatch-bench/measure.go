@@ -80,6 +80,11 @@ func measure(ctx context.Context, cfg config, log *slog.Logger) (*Report, error)
 			return rep, err
 		}
 	}
+	if cfg.runs(groupControl) {
+		if err := phase(groupControl, func() (err error) { rep.Control, err = e.control(ctx, rep.Pickup); return err }); err != nil {
+			return rep, err
+		}
+	}
 	return rep, nil
 }
 
@@ -126,6 +131,10 @@ func counts(cfg config) []Count {
 	add(groupWebEvents, "subscribers", fmt.Sprintf("%d HTTP clients in this process on GET /api/v1/events?types=task&queue=ID, one live hub (defaults: buffer %d), reconnecting with Last-Event-ID", cfg.SSESubscribers, live.DefaultBuffer))
 	add(groupWebEvents, "writer", fmt.Sprintf("raw loop, %d goroutines: guarded updateMany of %d tasks -2 -> -1, -1 -> 0, 0 -> 1 (majority), paced at %d transitions/s for %s; pre-images on", sseWriters, sseChunk, cfg.SSERate, cfg.SSEDuration))
 	add(groupWebEvents, "lag", "receipt (blank line of the event read) - the writer's acknowledgement of that task's write; matched by task id and status")
+	add(groupControl, "pickup floor", "the pickup group's when it ran, else measured first in this group the same way (--pickup-rate for --pickup-duration)")
+	add(groupControl, "kill", fmt.Sprintf("%d kills, one at a time (%s apart), of shell tasks `exec sleep 60` on one in-process node, %d running per round (queue and node maxthreads); store.TaskKill by id on a client of its own (a command monitor times its request write); finishes seen on a change stream of the bench's own", cfg.KillSamples, killGap, killRunning))
+	add(groupControl, "delayed tasks", fmt.Sprintf("%d tasks held until +%s (TaskInsertMany, not_before), then settling probes one at a time (due now+%s, not counted) until one starts within the goal (at most %s), then %d probes due now+%s..%s, one inserted every %s, into the same no-op queue of one in-process node; the held tasks deleted afterwards", cfg.DelayHeld, delayHeldFor, delayMin, delaySettleMax, cfg.DelayProbes, delayMin, delayMin+delaySpread, delayGap))
+	add(groupControl, "wait", fmt.Sprintf("%d rounds: control.Wait (a client of its own) on %d tasks inserted running; after its first read, %d finished by one updateMany, the last %s later by another (majority); no node", cfg.WaitRounds, waitTasks, waitTasks-1, waitGap))
 	add(groupWebSubmit, "tasks per submit, submits each way", fmt.Sprintf("%d, %d (after 1 of each not counted), alternating, into one queue", cfg.SubmitTasks, cfg.SubmitRepeats))
 	return out
 }

@@ -20,6 +20,7 @@ type Report struct {
 	WebQueues  *WebQueuesReport  `json:"web_queues,omitempty"`
 	WebEvents  *WebEventsReport  `json:"web_events,omitempty"`
 	WebSubmit  *WebSubmitReport  `json:"web_submit,omitempty"`
+	Control    *ControlReport    `json:"control,omitempty"`
 	// Problems are the sanity check's findings (none on a good run).
 	Problems []string `json:"problems"`
 }
@@ -161,6 +162,7 @@ func renderTable(r *Report) string {
 	}
 
 	renderWeb(&b, r)
+	renderControl(&b, r)
 
 	if len(r.Problems) == 0 {
 		b.WriteString("SANITY: every figure present, finite and consistent\n")

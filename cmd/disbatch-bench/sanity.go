@@ -33,6 +33,9 @@ func sanity(r *Report, cfg config) []string {
 		k.scale(r.Scale, cfg.Backlogs)
 	}
 	k.web(r, cfg)
+	if cfg.runs(groupControl) {
+		k.control(r.Control, cfg)
+	}
 	return k.problems
 }
 

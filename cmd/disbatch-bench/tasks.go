@@ -66,6 +66,12 @@ const (
 // insertTasks queues n no-op tasks with store.TaskInsertMany, in batches of
 // insertBatch, insertParallel at once, logging progress for big counts.
 func insertTasks(ctx context.Context, log *slog.Logger, s *store.Store, queue bson.ObjectID, n int) error {
+	return insertTasksControl(ctx, log, s, queue, n, nil)
+}
+
+// insertTasksControl is insertTasks with control fields (a delay, ...) on
+// every task.
+func insertTasksControl(ctx context.Context, log *slog.Logger, s *store.Store, queue bson.ObjectID, n int, ctl *store.TaskInsertControl) error {
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -75,7 +81,7 @@ func insertTasks(ctx context.Context, log *slog.Logger, s *store.Store, queue bs
 	for range insertParallel {
 		wg.Go(func() {
 			for size := range batches {
-				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: make([]bson.Raw, size)}); err != nil {
+				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: make([]bson.Raw, size), Control: ctl}); err != nil {
 					cancel(err)
 					continue
 				}
