@@ -5,7 +5,11 @@
 //     what 4.103's CLI, web page and scripts parse;
 //   - the v1 JSON API (web/apiv1) under /api/v1, with its OpenAPI document
 //     at /api/v1/openapi.json and live events (web/live) at /api/v1/events;
-//   - Prometheus metrics of its requests at /metrics.
+//   - seed 002's scheduler routes, PUT /v1/scheduler/kill and GET
+//     /v1/scheduler/wait (apiv1.NewScheduler), which no 4.103 route
+//     matches;
+//   - Prometheus metrics of its requests, and of the tasks its control
+//     requests changed, at /metrics.
 //
 // Authentication (web/auth) wraps everything but /metrics when users are
 // given. cmd/disbatch-web is a thin main around it.
@@ -15,6 +19,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,24 +83,31 @@ func NewHandler(o Options) http.Handler {
 		Store: o.Store, Database: o.Database, Plugins: o.Plugins, LegacyTasks: o.LegacyTasks,
 		Monitoring: o.Monitoring, Balance: o.Balance, WebRoot: o.WebRoot, Logger: log.With("component", "dci"),
 	})
-	v1 := apiv1.New(apiv1.Options{
+	v1o := apiv1.Options{
 		Store: o.Store, Plugins: o.Plugins, Logger: log.With("component", "apiv1"), Clock: o.Clock,
-		MaxBodyBytes: o.MaxBodyBytes, Events: o.Events,
-	})
+		MaxBodyBytes: o.MaxBodyBytes, Events: o.Events, Controlled: m.controlled,
+	}
+	v1 := apiv1.New(v1o)
+	scheduler := apiv1.NewScheduler(v1o)
 
 	mux := http.NewServeMux()
-	mux.Handle("/api/v1/", auth.MiddlewareOnDeny(o.Users, auth.RequiredRole, apiv1.Deny, limitBody(o.MaxBodyBytes, v1)))
-	mux.Handle("/", auth.Middleware(o.Users, auth.RequiredRole, limitBody(o.MaxBodyBytes, legacy)))
+	mux.Handle("/api/v1/", auth.MiddlewareOnDeny(o.Users, auth.RequiredRole, apiv1.Deny, limitBody(o.MaxBodyBytes, true, v1)))
+	// Exactly these paths: the rest of /v1/ stays 4.103's (its static files).
+	for _, p := range apiv1.SchedulerPaths {
+		mux.Handle(p, auth.MiddlewareOnDeny(o.Users, auth.RequiredRole, apiv1.Deny, limitBody(o.MaxBodyBytes, true, scheduler)))
+	}
+	mux.Handle("/", auth.Middleware(o.Users, auth.RequiredRole, limitBody(o.MaxBodyBytes, false, legacy)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
-	return m.instrument(mux, legacy, log)
+	return m.instrument(mux, legacy, v1.(router), scheduler.(router), log)
 }
 
 // limitBody refuses bodies over n bytes: the handlers read at most n+1 and
-// answer 413 (through the error http.MaxBytesReader returns).
-func limitBody(n int64, next http.Handler) http.Handler {
+// answer 413 (through the error http.MaxBytesReader returns). v1: in the v1
+// error shape, else in 4.103's.
+func limitBody(n int64, v1 bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > n {
-			if strings.HasPrefix(r.URL.Path, "/api/v1/") {
+			if v1 {
 				apiv1.WriteError(w, http.StatusRequestEntityTooLarge, "too_large", "the request body is larger than "+strconv.FormatInt(n, 10)+" bytes", "")
 				return
 			}
@@ -119,6 +131,7 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	inflight prometheus.Gauge
+	control  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -133,29 +146,52 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "disbatch_web_requests_in_flight", Help: "HTTP requests being answered, event streams included.",
 		}),
+		control: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "disbatch_web_task_control_total",
+			Help: "Tasks changed by kill, cancel and retry requests, by action: kill_requested (running or claimed: their node kills them), cancelled, settled (orphaned, finished as killed), requeued.",
+		}, []string{"action"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.inflight)
+	for _, a := range apiv1.Actions {
+		m.control.WithLabelValues(a) // exported as 0 from the start
+	}
+	reg.MustRegister(m.requests, m.duration, m.inflight, m.control)
 	return m
 }
 
-// router names the route a request matched (dci's patterns).
-type router interface {
+// controlled counts the tasks a control request changed (apiv1.Options.Controlled).
+func (m *metrics) controlled(action string, tasks int64) {
+	if tasks > 0 {
+		m.control.WithLabelValues(action).Add(float64(tasks))
+	}
+}
+
+// legacyRouter names the route a request matches (dci's patterns).
+type legacyRouter interface {
 	Route(method, path string) string
 }
 
-func (m *metrics) instrument(next http.Handler, legacy router, log *slog.Logger) http.Handler {
+// router names the route a request matches (apiv1's patterns). Asked
+// rather than read from r.Pattern, which the handlers set on a copy of the
+// request when authentication wraps them.
+type router interface {
+	Route(r *http.Request) string
+}
+
+func (m *metrics) instrument(next http.Handler, legacy legacyRouter, v1, scheduler router, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		m.inflight.Inc()
 		defer m.inflight.Dec()
 		rec := &recorder{ResponseWriter: w, code: http.StatusOK}
 		next.ServeHTTP(rec, r)
-		route := r.Pattern
+		var route string
 		switch {
-		case strings.HasPrefix(r.URL.Path, "/api/v1/") || route == "GET /metrics":
-			if route == "" || route == "/api/v1/" {
-				route = "unmatched"
-			}
+		case strings.HasPrefix(r.URL.Path, "/api/v1/"):
+			route = v1.Route(r)
+		case r.Pattern == "GET /metrics":
+			route = r.Pattern
+		case slices.Contains(apiv1.SchedulerPaths, r.URL.Path):
+			route = scheduler.Route(r)
 		default:
 			route = legacy.Route(r.Method, r.URL.Path)
 		}

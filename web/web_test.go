@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -128,4 +129,149 @@ func TestBodyLimit(t *testing.T) {
 	require.Contains(t, body, `"code":"too_large"`)
 	resp, _ = c.do("GET", "/queues", "", "")
 	require.Equal(t, 200, resp.StatusCode, "still serving")
+}
+
+// submit creates queue q and n tasks through the v1 API, and returns their
+// ids.
+func (c client) submit(user string, n int) []string {
+	c.t.Helper()
+	resp, body := c.do("POST", "/api/v1/queues", user, `{"name":"q","plugin":"Disbatch::Plugin::Demo"}`, "Content-Type", "application/json")
+	require.Equal(c.t, 201, resp.StatusCode, body)
+	tasks := strings.TrimSuffix(strings.Repeat(`{"params":{}},`, n), ",")
+	resp, body = c.do("POST", "/api/v1/tasks", user, `{"queue":"q","tasks":[`+tasks+`]}`, "Content-Type", "application/json")
+	require.Equal(c.t, 201, resp.StatusCode, body)
+	var s struct {
+		IDs []string `json:"ids"`
+	}
+	require.NoError(c.t, json.Unmarshal([]byte(body), &s))
+	return s.IDs
+}
+
+// TestTaskControlRoles: kills, cancels and retries need write, waits read;
+// the v1 and seed 002 routes alike, with the v1 error shape. The kill
+// records who asked.
+func TestTaskControlRoles(t *testing.T) {
+	t.Parallel()
+	c := setup(t, web.Options{Users: users(t)})
+	ids := c.submit("writer", 3)
+	js := []string{"Content-Type", "application/json"}
+	for _, r := range []struct{ method, path, body string }{
+		{"POST", "/api/v1/tasks/kill", `{"ids":["` + ids[0] + `"]}`},
+		{"POST", "/api/v1/tasks/" + ids[0] + "/kill", ``},
+		{"POST", "/api/v1/tasks/cancel", `{"ids":["` + ids[0] + `"]}`},
+		{"POST", "/api/v1/tasks/" + ids[0] + "/retry", ``},
+		{"PUT", "/v1/scheduler/kill?id=" + ids[0], ``},
+	} {
+		resp, body := c.do(r.method, r.path, "reader", r.body, js...)
+		require.Equal(t, 403, resp.StatusCode, "%s %s: %s", r.method, r.path, body)
+		require.Contains(t, body, `"code":"forbidden"`)
+		resp, body = c.do(r.method, r.path, "", r.body, js...)
+		require.Equal(t, 401, resp.StatusCode, "%s %s: %s", r.method, r.path, body)
+		require.Contains(t, body, `"code":"unauthorized"`)
+	}
+	for _, p := range []string{"/api/v1/tasks/wait?id=" + ids[0] + "&timeout=0", "/v1/scheduler/wait?id=" + ids[0] + "&timeout=0"} {
+		resp, body := c.do("GET", p, "reader", "")
+		require.Equal(t, 200, resp.StatusCode, "%s: %s", p, body)
+		require.Contains(t, body, `"done":false`)
+		resp, _ = c.do("GET", p, "", "")
+		require.Equal(t, 401, resp.StatusCode, p)
+	}
+	_, body := c.do("GET", "/api/v1/tasks/"+ids[0], "reader", "")
+	require.Contains(t, body, `"status":-2`, "the reader changed nothing")
+
+	resp, body := c.do("POST", "/api/v1/tasks/"+ids[0]+"/kill", "writer", `{"reason":"because"}`, js...)
+	require.Equal(t, 200, resp.StatusCode, body)
+	resp, body = c.do("PUT", "/v1/scheduler/kill?id="+ids[1]+","+ids[2], "boss", "")
+	require.Equal(t, 200, resp.StatusCode, body)
+	require.JSONEq(t, `{"requested":0,"cancelled":2,"settled":0,"skipped":[]}`, body)
+	for i, by := range []string{"writer", "boss", "boss"} {
+		_, body = c.do("GET", "/api/v1/tasks/"+ids[i], "reader", "")
+		var task struct {
+			Status int `json:"status"`
+			Kill   struct {
+				By string `json:"by"`
+			} `json:"kill"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &task))
+		require.Equal(t, 2, task.Status)
+		require.Equal(t, by, task.Kill.By, body)
+	}
+
+	// Behind authentication, requests are still counted by their route.
+	_, body = c.do("GET", "/metrics", "", "")
+	for _, want := range []string{
+		`disbatch_web_requests_total{code="200",method="POST",route="POST /api/v1/tasks/{id}/kill"} 1`,
+		`disbatch_web_requests_total{code="403",method="POST",route="POST /api/v1/tasks/kill"} 1`,
+		`disbatch_web_requests_total{code="200",method="PUT",route="PUT /v1/scheduler/kill"} 1`,
+		`disbatch_web_requests_total{code="200",method="GET",route="GET /v1/scheduler/wait"} 1`,
+		`disbatch_web_requests_total{code="201",method="POST",route="POST /api/v1/tasks"} 1`,
+	} {
+		require.Contains(t, body, want)
+	}
+}
+
+// TestSchedulerRoutes: seed 002's routes are mounted beside the 4.103
+// routes without shadowing any, and counted in the metrics.
+func TestSchedulerRoutes(t *testing.T) {
+	t.Parallel()
+	c := setup(t, web.Options{})
+	ids := c.submit("", 2)
+
+	resp, body := c.do("GET", "/v1/scheduler/wait?id="+ids[0]+"&timeout=100ms", "", "")
+	require.Equal(t, 200, resp.StatusCode, body)
+	require.Contains(t, body, `"done":false`)
+	resp, body = c.do("PUT", "/v1/scheduler/kill?id="+ids[0]+","+ids[1]+","+ids[0], "", "")
+	require.Equal(t, 200, resp.StatusCode, body)
+	require.JSONEq(t, `{"requested":0,"cancelled":2,"settled":0,"skipped":[]}`, body)
+	resp, body = c.do("GET", "/v1/scheduler/wait?id="+ids[0]+","+ids[1], "", "")
+	require.Equal(t, 200, resp.StatusCode, body)
+	require.Contains(t, body, `"done":true`)
+	require.Contains(t, body, `"reason":"cancelled"`)
+	resp, body = c.do("PUT", "/v1/scheduler/kill?id=nope", "", "")
+	require.Equal(t, 400, resp.StatusCode, body)
+	require.Contains(t, body, `"code":"invalid_parameter"`)
+	resp, body = c.do("POST", "/v1/scheduler/kill?id="+ids[0], "", "")
+	require.Equal(t, 405, resp.StatusCode, body)
+	require.Equal(t, "PUT", resp.Header.Get("Allow"))
+
+	// The rest of /v1/ and the 4.103 routes are 4.103's.
+	resp, body = c.do("GET", "/v1/scheduler/nodes", "", "")
+	require.Equal(t, 404, resp.StatusCode)
+	require.Equal(t, "This is the void", body, "4.103's own 404")
+	resp, body = c.do("GET", "/", "", "")
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, body, "<html")
+	resp, _ = c.do("GET", "/queues", "", "")
+	require.Equal(t, 200, resp.StatusCode)
+
+	_, body = c.do("GET", "/metrics", "", "")
+	for _, want := range []string{
+		`disbatch_web_task_control_total{action="cancelled"} 2`,
+		`disbatch_web_task_control_total{action="kill_requested"} 0`,
+		`disbatch_web_task_control_total{action="requeued"} 0`,
+		`disbatch_web_task_control_total{action="settled"} 0`,
+		`disbatch_web_requests_total{code="200",method="PUT",route="PUT /v1/scheduler/kill"} 1`,
+		`disbatch_web_requests_total{code="200",method="GET",route="GET /v1/scheduler/wait"} 2`,
+	} {
+		require.Contains(t, body, want)
+	}
+}
+
+// TestTaskControlMetrics: every action is counted by the tasks it changed;
+// a dry run counts nothing.
+func TestTaskControlMetrics(t *testing.T) {
+	t.Parallel()
+	c := setup(t, web.Options{})
+	ids := c.submit("", 3)
+	js := []string{"Content-Type", "application/json"}
+	resp, body := c.do("POST", "/api/v1/tasks/cancel", "", `{"ids":["`+ids[0]+`","`+ids[1]+`"]}`, js...)
+	require.Equal(t, 200, resp.StatusCode, body)
+	resp, body = c.do("POST", "/api/v1/tasks/retry", "", `{"filter":{"queue":"q"},"dry_run":true}`, js...)
+	require.Equal(t, 200, resp.StatusCode, body)
+	require.Contains(t, body, `"requeued":2`)
+	resp, body = c.do("POST", "/api/v1/tasks/"+ids[0]+"/retry", "", ``)
+	require.Equal(t, 200, resp.StatusCode, body)
+	_, body = c.do("GET", "/metrics", "", "")
+	require.Contains(t, body, `disbatch_web_task_control_total{action="cancelled"} 2`)
+	require.Contains(t, body, `disbatch_web_task_control_total{action="requeued"} 1`)
 }

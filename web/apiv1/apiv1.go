@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -38,6 +39,12 @@ type Store interface {
 	NodeMaxThreadsSet(ctx context.Context, p store.NodeMaxThreadsSetParams) (store.WriteCounts, error)
 	NodeDrain(ctx context.Context, p store.NodeDrainParams) (schema.Node, error)
 	ServerNow(ctx context.Context) (time.Time, error)
+	// Task control (control.go, wait.go).
+	TaskKill(ctx context.Context, p store.TaskKillParams) (store.TaskKillResult, error)
+	TaskCancel(ctx context.Context, p store.TaskCancelParams) (store.TaskCancelResult, error)
+	TaskRetry(ctx context.Context, p store.TaskRetryParams) (store.TaskRetryResult, error)
+	TaskStates(ctx context.Context, ids []bson.ObjectID) ([]store.TaskState, error)
+	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
 }
 
 // DefaultMaxBodyBytes bounds a request body by default: room for 10,000
@@ -62,6 +69,10 @@ type Options struct {
 	Logger       *slog.Logger
 	// Clock times requests for the debug log (default: the real clock).
 	Clock clock.Clock
+	// Controlled, when set, is told how many tasks each kill, cancel or
+	// retry changed, by action (the Action constants); a dry run changes
+	// none. web counts them in disbatch_web_task_control_total.
+	Controlled func(action string, tasks int64)
 }
 
 type handler struct {
@@ -71,8 +82,10 @@ type handler struct {
 	maxBody int64
 	log     *slog.Logger
 	clock   clock.Clock
-	doc     []byte
-	routes  *http.ServeMux
+	// controlled: Options.Controlled, never nil.
+	controlled func(action string, tasks int64)
+	doc        []byte
+	routes     *http.ServeMux
 	// paths answers, for a request no route matched, whether its path is
 	// one of the routes' (then 405, with allow[pattern] in Allow) or not
 	// (404).
@@ -95,16 +108,28 @@ type route struct {
 // /api/v1/ (mount it there); every other path under /api/v1/ is a 404 in
 // the v1 error shape.
 func New(o Options) http.Handler {
+	h := newHandler(o)
+	doc, err := document(o.Plugins, o.Events != nil)
+	if err != nil {
+		panic("apiv1: the embedded OpenAPI document: " + err.Error()) // a build defect, caught by the tests
+	}
+	h.doc = doc
+	h.mount(h.routeTable(o.Events), "no route %s in the v1 API; see /api/v1/openapi.json")
+	return h
+}
+
+func newHandler(o Options) *handler {
 	h := &handler{
-		st:      o.Store,
-		plugins: o.Plugins,
-		dialect: o.Dialect4103,
-		maxBody: o.MaxBodyBytes,
-		log:     o.Logger,
-		clock:   clock.Or(o.Clock),
-		routes:  http.NewServeMux(),
-		paths:   http.NewServeMux(),
-		allow:   map[string][]string{},
+		st:         o.Store,
+		plugins:    o.Plugins,
+		dialect:    o.Dialect4103,
+		maxBody:    o.MaxBodyBytes,
+		log:        o.Logger,
+		clock:      clock.Or(o.Clock),
+		controlled: o.Controlled,
+		routes:     http.NewServeMux(),
+		paths:      http.NewServeMux(),
+		allow:      map[string][]string{},
 	}
 	if h.maxBody <= 0 {
 		h.maxBody = DefaultMaxBodyBytes
@@ -112,31 +137,63 @@ func New(o Options) http.Handler {
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
-	doc, err := document(o.Plugins, o.Events != nil)
-	if err != nil {
-		panic("apiv1: the embedded OpenAPI document: " + err.Error()) // a build defect, caught by the tests
+	if h.controlled == nil {
+		h.controlled = func(string, int64) {}
 	}
-	h.doc = doc
-	for _, rt := range h.routeTable(o.Events) {
+	return h
+}
+
+// mount registers the routes, a 405 (with Allow) for the other methods on
+// their paths, and a 404 (notFound: a format for the path) for all else.
+func (h *handler) mount(rts []route, notFound string) {
+	for _, rt := range rts {
 		h.routes.Handle(rt.method+" "+rt.path, h.wrap(rt))
 		if _, ok := h.allow[rt.path]; !ok {
-			pattern := rt.path
-			h.paths.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-				allowed := h.allow[pattern]
-				w.Header().Set("Allow", strings.Join(allowed, ", "))
-				WriteError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, r.Method+" is not allowed on "+pattern+"; allowed: "+strings.Join(allowed, ", "), "")
-			})
+			h.paths.HandleFunc(rt.path, h.notAllowed(rt.path))
 		}
 		h.allow[rt.path] = append(h.allow[rt.path], rt.method)
 		if rt.method == http.MethodGet {
 			h.allow[rt.path] = append(h.allow[rt.path], http.MethodHead)
 		}
 	}
+	// A literal path that a pattern of another method also matches
+	// (GET /api/v1/tasks/kill and GET /api/v1/tasks/{id}) is that path's
+	// with a method it does not take: 405, not the other route.
+	for p, allowed := range h.allow {
+		if strings.Contains(p, "{") {
+			continue
+		}
+		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+			if slices.Contains(allowed, m) {
+				continue
+			}
+			if _, pattern := h.routes.Handler(&http.Request{Method: m, URL: &url.URL{Path: p}}); pattern != "" {
+				h.routes.HandleFunc(m+" "+p, h.notAllowed(p))
+			}
+		}
+	}
 	h.paths.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		WriteError(w, http.StatusNotFound, CodeNotFound, "no route "+r.URL.Path+" in the v1 API; see /api/v1/openapi.json", "")
+		WriteError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf(notFound, r.URL.Path), "")
 	})
 	h.routes.Handle("/", h.paths)
-	return h
+}
+
+// Route names the route a request matches, for metrics and logs: its
+// pattern ("GET /api/v1/tasks/{id}"), or "unmatched". A handler of New or
+// NewScheduler has it (web asks through an interface).
+func (h *handler) Route(r *http.Request) string {
+	if _, pattern := h.routes.Handler(r); pattern != "" && pattern != "/" {
+		return pattern
+	}
+	return "unmatched"
+}
+
+func (h *handler) notAllowed(pattern string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		allowed := h.allow[pattern]
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		WriteError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, r.Method+" is not allowed on "+pattern+"; allowed: "+strings.Join(allowed, ", "), "")
+	}
 }
 
 func (h *handler) routeTable(events http.Handler) []route {
@@ -149,7 +206,14 @@ func (h *handler) routeTable(events http.Handler) []route {
 		{method: "DELETE", path: "/api/v1/queues/{queue}", query: []string{"force"}, serve: h.queueDelete},
 		{method: "GET", path: "/api/v1/tasks", query: []string{"queue", "status", "node", "created_after", "created_before", "order", "limit", "cursor"}, deep: "param", serve: h.taskList},
 		{method: "POST", path: "/api/v1/tasks", serve: h.taskSubmit},
+		{method: "POST", path: "/api/v1/tasks/kill", serve: h.taskKillMany},
+		{method: "POST", path: "/api/v1/tasks/cancel", serve: h.taskCancelMany},
+		{method: "POST", path: "/api/v1/tasks/retry", serve: h.taskRetryMany},
+		{method: "GET", path: "/api/v1/tasks/wait", query: []string{"id", "timeout"}, serve: h.taskWait},
 		{method: "GET", path: "/api/v1/tasks/{id}", serve: h.taskGet},
+		{method: "POST", path: "/api/v1/tasks/{id}/kill", serve: h.taskKill},
+		{method: "POST", path: "/api/v1/tasks/{id}/cancel", serve: h.taskCancel},
+		{method: "POST", path: "/api/v1/tasks/{id}/retry", serve: h.taskRetry},
 		{method: "GET", path: "/api/v1/tasks/{id}/stdout", serve: h.taskOutput(schema.TaskStdout)},
 		{method: "GET", path: "/api/v1/tasks/{id}/stderr", serve: h.taskOutput(schema.TaskStderr)},
 		{method: "GET", path: "/api/v1/nodes", serve: h.nodeList},

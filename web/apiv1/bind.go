@@ -9,7 +9,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
+
+	"github.com/disbatch-go/disbatch/schema"
 )
 
 // maxBodyDepth bounds the nesting of a whole request body: a task's
@@ -24,17 +27,46 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) (value, *apiE
 	if err := checkContentType(r.Header.Get("Content-Type")); err != nil {
 		return value{}, err
 	}
+	data, aerr := h.readBytes(w, r)
+	if aerr != nil {
+		return value{}, aerr
+	}
+	return parseBody(data)
+}
+
+// readOptionalBody is readBody for a route whose body may be left out: an
+// empty body (whatever its Content-Type) is none, and ok is false.
+func (h *handler) readOptionalBody(w http.ResponseWriter, r *http.Request) (v value, ok bool, aerr *apiError) {
+	if r.ContentLength == 0 || r.Body == nil {
+		return value{}, false, nil
+	}
+	data, aerr := h.readBytes(w, r)
+	if aerr != nil || len(data) == 0 {
+		return value{}, false, aerr
+	}
+	if err := checkContentType(r.Header.Get("Content-Type")); err != nil {
+		return value{}, false, err
+	}
+	v, aerr = parseBody(data)
+	return v, aerr == nil, aerr
+}
+
+func (h *handler) readBytes(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	if r.ContentLength > h.maxBody {
-		return value{}, tooLarge(h.maxBody)
+		return nil, tooLarge(h.maxBody)
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBody))
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
-			return value{}, tooLarge(h.maxBody)
+			return nil, tooLarge(h.maxBody)
 		}
-		return value{}, errorf(http.StatusBadRequest, CodeInvalidJSON, "", "could not read the request body: %v", err)
+		return nil, errorf(http.StatusBadRequest, CodeInvalidJSON, "", "could not read the request body: %v", err)
 	}
+	return data, nil
+}
+
+func parseBody(data []byte) (value, *apiError) {
 	v, perr := parseJSON(data, maxBodyDepth)
 	if perr != nil {
 		if perr.tooDeep {
@@ -174,6 +206,79 @@ func wantMaxThreads(v value, at path) (*int, *apiError) {
 	}
 	m := int(n)
 	return &m, nil
+}
+
+func wantBool(v value, at path) (bool, *apiError) {
+	if v.kind != kindBool {
+		return false, invalidField(at, "want true or false, got %s", v.describe())
+	}
+	return v.b, nil
+}
+
+// wantNumber accepts a number from lo to hi.
+func wantNumber(v value, at path, lo, hi float64) (float64, *apiError) {
+	if v.kind != kindNumber {
+		return 0, invalidField(at, "want a number, got %s", v.describe())
+	}
+	f, err := strconv.ParseFloat(v.s, 64)
+	if err != nil || f < lo || f > hi {
+		return 0, invalidField(at, "want a number from %s to %s, got %s", strconv.FormatFloat(lo, 'f', -1, 64), strconv.FormatFloat(hi, 'f', -1, 64), v.s)
+	}
+	return f, nil
+}
+
+// wantSeconds accepts a number of seconds from 0 to schema.MaxSeconds (a
+// year), fractions included.
+func wantSeconds(v value, at path) (time.Duration, *apiError) {
+	f, err := wantNumber(v, at, 0, schema.MaxSeconds)
+	if err != nil {
+		err.msg = strings.Replace(err.msg, "want a number", "want a number of seconds", 1)
+		return 0, err
+	}
+	return time.Duration(f * float64(time.Second)), nil
+}
+
+// wantTime accepts an RFC 3339 date-time string.
+func wantTime(v value, at path) (time.Time, *apiError) {
+	s, err := wantString(v, at)
+	if err != nil {
+		return time.Time{}, err
+	}
+	t, ok := parseRFC3339(s)
+	if !ok {
+		return time.Time{}, invalidField(at, "want an RFC 3339 date-time such as 2026-01-02T15:04:05Z, got %q", clip(s))
+	}
+	return t, nil
+}
+
+// dateTime is RFC 3339's date-time (JSON Schema's format date-time), which
+// time.Parse reads more loosely (a comma before the fraction, offsets of
+// 24 hours or 60 minutes).
+var dateTime = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:([0-9]{2})(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
+
+// parseRFC3339 reads an RFC 3339 date-time: a lower-case t or z too, and a
+// leap second (23:59:60 in UTC) as the second after 23:59:59.
+func parseRFC3339(s string) (time.Time, bool) {
+	m := dateTime.FindStringSubmatchIndex(s)
+	if m == nil {
+		return time.Time{}, false
+	}
+	u := strings.ToUpper(s)
+	leap := u[m[2]:m[3]] == "60"
+	if leap {
+		u = u[:m[2]] + "59" + u[m[3]:]
+	}
+	t, err := time.Parse(time.RFC3339Nano, u)
+	if err != nil {
+		return time.Time{}, false
+	}
+	if leap {
+		if h, m, _ := t.UTC().Clock(); h != 23 || m != 59 {
+			return time.Time{}, false
+		}
+		t = t.Add(time.Second)
+	}
+	return t, true
 }
 
 // wantStrings accepts an array of at most maxItems strings, each checked

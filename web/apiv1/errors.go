@@ -39,6 +39,16 @@ const (
 	CodeConflict = "conflict"
 	// CodeUnfinishedTasks (409): the queue still has unfinished tasks.
 	CodeUnfinishedTasks = "unfinished_tasks"
+	// CodeTaskState (409): the task's status does not allow the request
+	// (a finished task is not killed or cancelled, a running one not
+	// cancelled or retried); the message says why. Nothing was written.
+	CodeTaskState = "task_state"
+	// CodeConflictingFields (409): two fields of the body contradict each
+	// other in a way no schema can express (a task's expires_at not after
+	// its not_before, a retry_backoff's max below its base); "field" names
+	// the second. Nothing was written. A 409 rather than a 400 because the
+	// OpenAPI document calls such a body valid, and a 400 says it is not.
+	CodeConflictingFields = "conflicting_fields"
 	// CodeTooLarge (413): the body, or one task's parameters, is over its
 	// limit.
 	CodeTooLarge = "too_large"

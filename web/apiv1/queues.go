@@ -5,6 +5,9 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -12,7 +15,7 @@ import (
 
 // queueFields are the writable fields of a queue, in the order of the
 // document.
-var queueFields = []string{"name", "plugin", "maxthreads", "sort", "nodes_pin", "nodes_ignore"}
+var queueFields = []string{"name", "plugin", "maxthreads", "sort", "nodes_pin", "nodes_ignore", "timeout", "retries", "retry_backoff", "rerun_orphans"}
 
 // maxNodeList bounds nodes_pin and nodes_ignore.
 const maxNodeList = 1000
@@ -24,7 +27,24 @@ type queueChange struct {
 	maxThreads            *int
 	sort                  *schema.Sort
 	nodesPin, nodesIgnore *[]string
-	fieldsSet             int
+	// Task control: timeout (0 removes it), retries, backoff, rerun_orphans.
+	timeout      *time.Duration
+	retries      *int
+	retryBackoff *schema.Backoff
+	rerunOrphans *bool
+	fieldsSet    int
+}
+
+// control reports whether the change sets any of the control fields.
+func (c queueChange) control() bool {
+	return c.timeout != nil || c.retries != nil || c.retryBackoff != nil || c.rerunOrphans != nil
+}
+
+// update is the change as the store takes it.
+func (c queueChange) update(id bson.ObjectID) store.QueueUpdateParams {
+	return store.QueueUpdateParams{ID: id, Name: c.name, Constructor: c.plugin,
+		SetMaxThreads: c.setMaxThreads, MaxThreads: c.maxThreads, Sort: c.sort, NodesPin: c.nodesPin, NodesIgnore: c.nodesIgnore,
+		Timeout: c.timeout, Retries: c.retries, RetryBackoff: c.retryBackoff, RerunOrphans: c.rerunOrphans}
 }
 
 func (h *handler) bindQueue(v value) (queueChange, *apiError) {
@@ -89,9 +109,78 @@ func (h *handler) bindQueue(v value) (queueChange, *apiError) {
 			} else {
 				c.nodesIgnore = &list
 			}
+		case "timeout":
+			d, err := wantSeconds(m.val, at)
+			if err != nil {
+				return c, err
+			}
+			c.timeout = &d
+		case "retries":
+			n, err := wantInt(m.val, at, 0, schema.MaxRetries)
+			if err != nil {
+				return c, err
+			}
+			c.retries = ptrTo(int(n))
+		case "retry_backoff":
+			b, err := bindBackoff(m.val, at)
+			if err != nil {
+				return c, err
+			}
+			c.retryBackoff = &b
+		case "rerun_orphans":
+			b, err := wantBool(m.val, at)
+			if err != nil {
+				return c, err
+			}
+			c.rerunOrphans = &b
 		}
 	}
 	return c, nil
+}
+
+// bindBackoff reads a retry_backoff: base and max in seconds, jitter a
+// fraction, each optional. A missing field takes schema.DefaultBackoff's
+// value, except that a missing max is raised to a larger base and a
+// missing base lowered to a smaller max. A max below the base given is a
+// 409 (conflicting_fields): no schema can compare the two.
+func bindBackoff(v value, at path) (schema.Backoff, *apiError) {
+	o, err := asObject(v, at, schema.BackoffBase, schema.BackoffMax, schema.BackoffJitter)
+	if err != nil {
+		return schema.Backoff{}, err
+	}
+	b := schema.DefaultBackoff
+	var hasBase, hasMax bool
+	for _, m := range o.members {
+		mat := at.key(m.key)
+		switch m.key {
+		case schema.BackoffBase:
+			if b.Base, err = wantSeconds(m.val, mat); err != nil {
+				return b, err
+			}
+			hasBase = true
+		case schema.BackoffMax:
+			if b.Max, err = wantSeconds(m.val, mat); err != nil {
+				return b, err
+			}
+			hasMax = true
+		case schema.BackoffJitter:
+			f, err := wantNumber(m.val, mat, 0, 1)
+			if err != nil {
+				return b, err
+			}
+			b.Jitter = f
+		}
+	}
+	switch {
+	case hasBase && hasMax && b.Max < b.Base:
+		return b, errorf(http.StatusConflict, CodeConflictingFields, at.key(schema.BackoffMax).String(),
+			"the backoff's max (%v s) is below its base (%v s)", b.Max.Seconds(), b.Base.Seconds())
+	case hasBase:
+		b.Max = max(b.Max, b.Base)
+	case hasMax:
+		b.Base = min(b.Base, b.Max)
+	}
+	return b, nil
 }
 
 func (h *handler) queueList(w http.ResponseWriter, r *http.Request) error {
@@ -146,8 +235,10 @@ func (h *handler) queueCreate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if c.nodesPin != nil || c.nodesIgnore != nil {
-		if q, err = h.st.QueueModify(r.Context(), store.QueueUpdateParams{ID: q.ID, NodesPin: c.nodesPin, NodesIgnore: c.nodesIgnore}); err != nil {
+	if c.nodesPin != nil || c.nodesIgnore != nil || c.control() {
+		rest := queueChange{nodesPin: c.nodesPin, nodesIgnore: c.nodesIgnore,
+			timeout: c.timeout, retries: c.retries, retryBackoff: c.retryBackoff, rerunOrphans: c.rerunOrphans}
+		if q, err = h.st.QueueModify(r.Context(), rest.update(q.ID)); err != nil {
 			return err
 		}
 	}
@@ -193,8 +284,7 @@ func (h *handler) queuePatch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	q, err = h.st.QueueModify(r.Context(), store.QueueUpdateParams{ID: q.ID, Name: c.name, Constructor: c.plugin,
-		SetMaxThreads: c.setMaxThreads, MaxThreads: c.maxThreads, Sort: c.sort, NodesPin: c.nodesPin, NodesIgnore: c.nodesIgnore})
+	q, err = h.st.QueueModify(r.Context(), c.update(q.ID))
 	switch {
 	case errors.Is(err, store.ErrQueueExists):
 		return errorf(http.StatusConflict, CodeConflict, "name", "a queue named %q already exists", clip(*c.name))

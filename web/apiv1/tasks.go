@@ -60,8 +60,9 @@ func (h *handler) taskSubmit(w http.ResponseWriter, r *http.Request) error {
 		return invalidField(tat, "want 1 to %d tasks in one request, got %d", MaxSubmit, n)
 	}
 	params := make([]bson.Raw, len(tv.arr))
+	controls := make([]store.TaskInsertControl, len(tv.arr))
 	for i, t := range tv.arr {
-		to, aerr := asObject(t, tat.index(i), "params")
+		to, aerr := asObject(t, tat.index(i), taskFields...)
 		if aerr != nil {
 			return aerr
 		}
@@ -72,12 +73,23 @@ func (h *handler) taskSubmit(w http.ResponseWriter, r *http.Request) error {
 		if params[i], aerr = paramsToBSON(pv, pat); aerr != nil {
 			return aerr
 		}
+		if controls[i], aerr = bindTaskControl(to); aerr != nil {
+			return aerr
+		}
+	}
+	// Contradictions no schema can express, after every field is known
+	// good (the OpenAPI document calls such a body valid: 409, not 400).
+	for i, c := range controls {
+		if !c.ExpiresAt.IsZero() && !c.NotBefore.IsZero() && !c.ExpiresAt.After(c.NotBefore) {
+			return errorf(http.StatusConflict, CodeConflictingFields, tat.index(i).key("expires_at").String(),
+				"expires_at (%s) is not after not_before (%s): the task could never run", c.ExpiresAt.Format(time.RFC3339Nano), c.NotBefore.Format(time.RFC3339Nano))
+		}
 	}
 	q, err := h.queueByRef(r, ref, "queue")
 	if err != nil {
 		return err
 	}
-	ids, err := h.st.TaskInsertMany(r.Context(), store.TaskInsertManyParams{Queue: q.ID, Parameters: params, Dialect4103: h.dialect})
+	ids, err := h.insertTasks(r, q.ID, params, controls)
 	if err != nil {
 		return err
 	}
@@ -89,6 +101,72 @@ func (h *handler) taskSubmit(w http.ResponseWriter, r *http.Request) error {
 		out.IDs[i] = id.Hex()
 	}
 	return writeJSON(w, http.StatusCreated, out)
+}
+
+// taskFields are the fields of a task in POST /api/v1/tasks.
+var taskFields = []string{"params", "timeout", "expires_at", "not_before"}
+
+// bindTaskControl reads a task's own time limit (seconds), expiry and
+// delay.
+func bindTaskControl(o object) (store.TaskInsertControl, *apiError) {
+	var c store.TaskInsertControl
+	var aerr *apiError
+	if v, at, ok := o.get("timeout"); ok {
+		if c.Timeout, aerr = wantSeconds(v, at); aerr != nil {
+			return c, aerr
+		}
+	}
+	if v, at, ok := o.get("expires_at"); ok {
+		if c.ExpiresAt, aerr = wantTime(v, at); aerr != nil {
+			return c, aerr
+		}
+	}
+	if v, at, ok := o.get("not_before"); ok {
+		if c.NotBefore, aerr = wantTime(v, at); aerr != nil {
+			return c, aerr
+		}
+	}
+	// In UTC, so that tasks with the same times go in one write.
+	c.ExpiresAt, c.NotBefore = c.ExpiresAt.UTC(), c.NotBefore.UTC()
+	return c, nil
+}
+
+// insertTasks inserts the tasks with ids made here, in submission order, so
+// that _id order (fifo) is the order given. The store takes one control
+// for all tasks of an insert: tasks are inserted in one write per distinct
+// control (one write when none has any).
+func (h *handler) insertTasks(r *http.Request, queue bson.ObjectID, params []bson.Raw, controls []store.TaskInsertControl) ([]bson.ObjectID, error) {
+	ids := make([]bson.ObjectID, len(params))
+	for i := range ids {
+		ids[i] = bson.NewObjectID()
+	}
+	type group struct {
+		ids    []bson.ObjectID
+		params []bson.Raw
+	}
+	var order []store.TaskInsertControl
+	groups := map[store.TaskInsertControl]*group{}
+	for i, c := range controls {
+		g := groups[c]
+		if g == nil {
+			g = &group{}
+			groups[c] = g
+			order = append(order, c)
+		}
+		g.ids = append(g.ids, ids[i])
+		g.params = append(g.params, params[i])
+	}
+	for _, c := range order {
+		g := groups[c]
+		p := store.TaskInsertManyParams{Queue: queue, IDs: g.ids, Parameters: g.params, Dialect4103: h.dialect}
+		if c != (store.TaskInsertControl{}) {
+			p.Control = &c
+		}
+		if _, err := h.st.TaskInsertMany(r.Context(), p); err != nil {
+			return nil, err
+		}
+	}
+	return ids, nil
 }
 
 var (
@@ -113,10 +191,10 @@ func parseStatus(s string) (schema.Status, bool) {
 	return 0, false
 }
 
-// parseTime accepts RFC 3339 (a lower-case t or z too).
+// parseTime accepts RFC 3339 (see parseRFC3339).
 func parseTime(s, field string) (time.Time, *apiError) {
-	t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(s))
-	if err != nil {
+	t, ok := parseRFC3339(s)
+	if !ok {
 		return time.Time{}, errorf(http.StatusBadRequest, CodeInvalidParameter, field, "want an RFC 3339 date-time such as 2026-01-02T15:04:05Z, got %q", clip(s))
 	}
 	return t, nil

@@ -23,6 +23,21 @@ type Queue struct {
 	NodesPin    []string `json:"nodes_pin"`
 	NodesIgnore []string `json:"nodes_ignore"`
 	Counts      Counts   `json:"counts"`
+	// The queue's task control, each when set: a time limit for its tasks
+	// (seconds), the failed attempts retried, their backoff, and whether a
+	// dead node's running tasks are run again.
+	Timeout      *float64 `json:"timeout,omitempty"`
+	Retries      *int     `json:"retries,omitempty"`
+	RetryBackoff *Backoff `json:"retry_backoff,omitempty"`
+	RerunOrphans *bool    `json:"rerun_orphans,omitempty"`
+}
+
+// Backoff is a queue's retry backoff: the delay before retry n is
+// min(max, base × 2^(n-1)) seconds, spread by ±jitter (a fraction).
+type Backoff struct {
+	Base   float64 `json:"base"`
+	Max    float64 `json:"max"`
+	Jitter float64 `json:"jitter"`
 }
 
 // Counts are a queue's tasks by status. Queued (status <= -2, orphaned
@@ -53,6 +68,23 @@ func queueView(q schema.Queue, running map[bson.ObjectID]int64) Queue {
 		NodesIgnore: nonNil(q.NodesIgnore),
 		Counts:      Counts{Running: running[q.ID]},
 	}
+	set := func(field string) bool {
+		_, err := q.Raw.LookupErr(field)
+		return err == nil
+	}
+	c := q.Control
+	if set(schema.QueueTimeout) {
+		v.Timeout = ptrTo(c.Timeout.Seconds())
+	}
+	if set(schema.QueueRetries) {
+		v.Retries = ptrTo(c.Retries)
+	}
+	if set(schema.QueueRetryBackoff) {
+		v.RetryBackoff = &Backoff{Base: c.Backoff.Base.Seconds(), Max: c.Backoff.Max.Seconds(), Jitter: c.Backoff.Jitter}
+	}
+	if set(schema.QueueRerunOrphans) {
+		v.RerunOrphans = ptrTo(c.RerunOrphans)
+	}
 	if q.CountTodo != nil && q.CountTotal != nil {
 		todo, total := *q.CountTodo, *q.CountTotal
 		queued := max(todo-v.Counts.Running, 0)
@@ -61,6 +93,8 @@ func queueView(q schema.Queue, running map[bson.ObjectID]int64) Queue {
 	}
 	return v
 }
+
+func ptrTo[T any](v T) *T { return &v }
 
 func nonNil(s []string) []string {
 	if s == nil {
@@ -81,6 +115,54 @@ type Task struct {
 	MTime      *string         `json:"mtime"`
 	Stdout     *Output         `json:"stdout"`
 	Stderr     *Output         `json:"stderr"`
+	// Task control, each when set.
+	// Reason says why the task ended or is held, when not as its plugin
+	// said (killed, cancelled, timeout, ...).
+	Reason *string `json:"reason,omitempty"`
+	// Attempt counts its attempts that ended; Attempts are the latest of
+	// them (at most 20), the newest last.
+	Attempt  *int          `json:"attempt,omitempty"`
+	Attempts []AttemptView `json:"attempts,omitempty"`
+	// Tries counts the failed attempts since it was submitted or last
+	// requeued: what its queue's retries are spent on.
+	Tries *int `json:"tries,omitempty"`
+	// Kill is an operator's kill request, Cancel an operator's cancel,
+	// Requeued the last requeue by an operator (its reason is empty).
+	Kill     *KillView   `json:"kill,omitempty"`
+	Cancel   *RecordView `json:"cancel,omitempty"`
+	Requeued *RecordView `json:"requeued,omitempty"`
+	// NotBefore holds the task until then; ExpiresAt finishes it unrun
+	// if it has not started by then; Timeout (seconds) is its own time
+	// limit, over its queue's.
+	NotBefore *string  `json:"not_before,omitempty"`
+	ExpiresAt *string  `json:"expires_at,omitempty"`
+	Timeout   *float64 `json:"timeout,omitempty"`
+}
+
+// AttemptView is one attempt of a task.
+type AttemptView struct {
+	Node     string  `json:"node"`
+	Claimed  *string `json:"claimed,omitempty"`
+	Started  *string `json:"started,omitempty"`
+	Finished *string `json:"finished"`
+	Status   int     `json:"status"`
+	Reason   *string `json:"reason,omitempty"`
+}
+
+// KillView is an operator's kill request: the node that held the task
+// when asked (null for one that was not claimed), who asked, when, why.
+type KillView struct {
+	Node   *string `json:"node"`
+	By     string  `json:"by"`
+	At     *string `json:"at"`
+	Reason string  `json:"reason"`
+}
+
+// RecordView records an operator's cancel or requeue: who, when, why.
+type RecordView struct {
+	By     string  `json:"by"`
+	At     *string `json:"at"`
+	Reason string  `json:"reason"`
 }
 
 // Output says where a task's stdout or stderr is and how large; null when
@@ -120,7 +202,58 @@ func taskView(t store.TaskSummary) (Task, error) {
 	if t.Node != "" {
 		v.Node = &t.Node
 	}
+	controlView(&v, t.Task)
 	return v, nil
+}
+
+func controlView(v *Task, t schema.Task) {
+	c := t.Control
+	if c.Reason != "" {
+		v.Reason = ptrTo(c.Reason)
+	}
+	if c.Attempt > 0 {
+		v.Attempt = ptrTo(c.Attempt)
+	}
+	for _, a := range c.Attempts {
+		av := AttemptView{Node: a.Node, Claimed: timeView(a.Claimed), Started: timeView(a.Started), Finished: timeView(a.Finished), Status: int(a.Status)}
+		if a.Reason != "" {
+			av.Reason = ptrTo(a.Reason)
+		}
+		v.Attempts = append(v.Attempts, av)
+	}
+	if c.Tries > 0 {
+		v.Tries = ptrTo(c.Tries)
+	}
+	if k := c.Kill; k != nil {
+		v.Kill = &KillView{By: k.By, At: timeView(k.At), Reason: k.Reason}
+		if k.Node != "" {
+			v.Kill.Node = ptrTo(k.Node)
+		}
+	}
+	// The decoded task does not carry these records: read them as stored.
+	v.Cancel = recordView(t.Raw, schema.TaskCancel)
+	v.Requeued = recordView(t.Raw, schema.TaskRequeued)
+	v.NotBefore = timeView(c.NotBefore)
+	v.ExpiresAt = timeView(c.ExpiresAt)
+	if c.Timeout > 0 {
+		v.Timeout = ptrTo(c.Timeout.Seconds())
+	}
+}
+
+// recordView reads a {by, at, reason} record of a task as stored; nil when
+// there is none.
+func recordView(raw bson.Raw, field string) *RecordView {
+	doc, ok := raw.Lookup(field).DocumentOK()
+	if !ok {
+		return nil
+	}
+	v := &RecordView{}
+	v.By, _ = doc.Lookup(schema.KillBy).StringValueOK()
+	v.Reason, _ = doc.Lookup(schema.KillReason).StringValueOK()
+	if at, ok := doc.Lookup(schema.KillAt).TimeOK(); ok {
+		v.At = timeView(at)
+	}
+	return v
 }
 
 func outputView(o schema.Output, n int64) *Output {
