@@ -73,6 +73,8 @@ func (e *encoder) value(v any, level int) {
 		e.b.WriteString(strconv.FormatInt(x, 10))
 	case float64:
 		e.b.WriteString(perlFloat(x))
+	case nv:
+		e.b.WriteString(perlNV(float64(x)))
 	case oid:
 		e.value(obj{"$oid": bson.ObjectID(x).Hex()}, level)
 	case []string:
@@ -193,6 +195,21 @@ func perlFloat(f float64) string {
 	return trimZeros(s)
 }
 
+// nv is a BSON double as the Perl driver decodes it: a Perl NV, which
+// Cpanel::JSON::XS writes with a ".0" when it is integral (5.0, -2.0), where
+// a computed number (perlFloat) may be an integer.
+type nv float64
+
+// perlNV writes an NV as Cpanel::JSON::XS does: perlFloat, with ".0" kept
+// on integral values below 1e15 (larger ones are in exponent form).
+func perlNV(f float64) string {
+	s := perlFloat(f)
+	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
+		s += ".0"
+	}
+	return s
+}
+
 func cutExp(s string) (string, string, bool) {
 	for i := range len(s) {
 		if s[i] == 'e' {
@@ -262,7 +279,7 @@ func fromBSON(v bson.RawValue, dates dateStyle) any {
 	case bson.TypeInt64:
 		return v.Int64()
 	case bson.TypeDouble:
-		return v.Double()
+		return nv(v.Double())
 	case bson.TypeBoolean:
 		return v.Boolean()
 	case bson.TypeDateTime:

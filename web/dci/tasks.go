@@ -582,9 +582,15 @@ func fieldsOption(v any) (bson.D, error) {
 
 // taskJSON is a task document as GET /tasks answers it: terse replaces
 // inline output with "[terse mode]", full replaces GridFS ids with their
-// content.
+// content, dates in dates style; 4.103 applies .epoch to ctime and mtime
+// only, so every other date (a not_before, an attempt's times) stays ISO.
 func (h *Handler) taskJSON(ctx context.Context, d bson.Raw, dates dateStyle, terse, full bool) (obj, error) {
-	o := docToObj(d, dates)
+	o := docToObj(d, dateISO)
+	for _, k := range []string{schema.TaskCTime, schema.TaskMTime} {
+		if v, err := d.LookupErr(k); err == nil && v.Type == bson.TypeDateTime {
+			o[k] = formatDate(v.Time(), dates)
+		}
+	}
 	for _, k := range []string{schema.TaskStdout, schema.TaskStderr} {
 		v, err := d.LookupErr(k)
 		if err != nil {
