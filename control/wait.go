@@ -62,23 +62,35 @@ func CheckIDs(ids []bson.ObjectID) ([]bson.ObjectID, error) {
 // of ids. It follows a change stream on exactly those tasks (opened before
 // the first read, so no change between the two is missed) and re-reads
 // their states whenever one changes, and at least once a second. When ctx
-// ends first it returns the states as last read and an error wrapping
-// ErrWaitTimeout (and ctx's).
+// ends first it returns the states as last read (read once even when ctx
+// ended before the stream opened) and an error wrapping ErrWaitTimeout
+// (and ctx's).
 func Wait(ctx context.Context, st WaitStore, ids []bson.ObjectID) ([]store.TaskState, error) {
 	ids, err := CheckIDs(ids)
 	if err != nil {
 		return nil, err
 	}
+	read := func() ([]store.TaskState, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+		defer cancel()
+		return st.TaskStates(rctx, ids)
+	}
 	r, err := st.StreamOpen(ctx, store.StreamParams{Profile: store.StreamTaskStates, Tasks: ids, Name: "wait", MaxAwait: time.Second})
 	if err != nil {
-		return nil, fmt.Errorf("wait for tasks: %w", err)
+		if ctx.Err() == nil {
+			return nil, fmt.Errorf("wait for tasks: %w", err)
+		}
+		// Out of time before the stream opened: the states as they are.
+		states, rerr := read()
+		if rerr != nil {
+			return nil, fmt.Errorf("wait for tasks: %w", rerr)
+		}
+		return states, fmt.Errorf("%w: %w", ErrWaitTimeout, ctx.Err())
 	}
 	defer r.Close()
 	var states []store.TaskState
 	for {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
-		now, err := st.TaskStates(rctx, ids)
-		cancel()
+		now, err := read()
 		if err != nil {
 			if ctx.Err() != nil {
 				return states, fmt.Errorf("%w: %w", ErrWaitTimeout, ctx.Err())

@@ -89,3 +89,14 @@ func TestWaitRefusesBadIDLists(t *testing.T) {
 	_, err = CheckIDs(make([]bson.ObjectID, store.MaxControlIDs+1))
 	require.ErrorContains(t, err, "at most 1000")
 }
+
+func TestWaitOutOfTimeBeforeItStartsStillReadsTheStates(t *testing.T) {
+	s, ids, _ := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	states, err := Wait(ctx, s, ids[:1])
+	require.ErrorIs(t, err, ErrWaitTimeout)
+	require.Len(t, states, 1)
+	require.True(t, states[0].Found)
+	require.Equal(t, schema.StatusQueued, states[0].Status)
+}

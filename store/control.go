@@ -103,10 +103,30 @@ func (t TaskTarget) match(allowed bson.D) bson.D {
 }
 
 // TaskSkip is a task of a request by ids that the request did not change,
-// and why.
+// and why: in words (Why) and as a code callers can act on.
 type TaskSkip struct {
-	ID  bson.ObjectID
-	Why string
+	ID   bson.ObjectID
+	Why  string
+	Code SkipCode
+}
+
+// SkipCode says why a request left a task alone.
+type SkipCode int
+
+const (
+	// SkipState: the task's state does not allow the request (finished,
+	// running, ...).
+	SkipState SkipCode = iota
+	// SkipMissing: no task has the id.
+	SkipMissing
+	// SkipUnderway: what was asked is already under way (a kill requested
+	// earlier, which its node is carrying out).
+	SkipUnderway
+)
+
+// missing is the skip of an id that names no task.
+func missing(id bson.ObjectID) TaskSkip {
+	return TaskSkip{ID: id, Why: "no such task", Code: SkipMissing}
 }
 
 // TaskState is where a task stands.
@@ -246,14 +266,14 @@ func (s *Store) TaskKill(ctx context.Context, p TaskKillParams) (TaskKillResult,
 	}
 	res.Settled = r.ModifiedCount
 	if before != nil {
-		res.Skipped, err = s.skipped(ctx, before, func(b, a TaskState) string {
+		res.Skipped, err = s.skipped(ctx, before, func(b TaskState) TaskSkip {
 			switch {
 			case b.Status.Finished():
-				return fmt.Sprintf("already finished (status %s): nothing to kill", b.Status)
+				return TaskSkip{Why: fmt.Sprintf("already finished (status %s): nothing to kill", b.Status)}
 			case b.Kill && (b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning):
-				return "a kill was already requested; its node is carrying it out"
+				return TaskSkip{Why: "a kill was already requested; its node is carrying it out", Code: SkipUnderway}
 			}
-			return ""
+			return TaskSkip{}
 		})
 	}
 	return res, err
@@ -295,9 +315,10 @@ func appendLineExpr(field, line string) bson.D {
 }
 
 // skipped reads the tasks of a request by ids again and says why each one
-// the request did not change was left alone: why(before, after) for the
-// caller's own reasons, or a generic one.
-func (s *Store) skipped(ctx context.Context, before []TaskState, why func(b, a TaskState) string) ([]TaskSkip, error) {
+// the request did not change was left alone: why(before) for the caller's
+// own reasons (its ID is filled in here), or a generic one when its Why is
+// empty.
+func (s *Store) skipped(ctx context.Context, before []TaskState, why func(b TaskState) TaskSkip) ([]TaskSkip, error) {
 	ids := make([]bson.ObjectID, len(before))
 	for i, b := range before {
 		ids[i] = b.ID
@@ -311,15 +332,16 @@ func (s *Store) skipped(ctx context.Context, before []TaskState, why func(b, a T
 		a := after[i]
 		switch {
 		case !b.Found:
-			out = append(out, TaskSkip{b.ID, "no such task"})
+			out = append(out, missing(b.ID))
 		case changed(b, a):
 			// changed by this request (or by someone at the same moment)
 		default:
-			w := why(b, a)
-			if w == "" {
-				w = fmt.Sprintf("not changed: its status is %s", b.Status)
+			sk := why(b)
+			if sk.Why == "" {
+				sk = TaskSkip{Why: fmt.Sprintf("not changed: its status is %s", b.Status)}
 			}
-			out = append(out, TaskSkip{b.ID, w})
+			sk.ID = b.ID
+			out = append(out, sk)
 		}
 	}
 	return out, nil
@@ -362,16 +384,16 @@ func (s *Store) TaskCancel(ctx context.Context, p TaskCancelParams) (TaskCancelR
 	}
 	res := TaskCancelResult{Cancelled: r.ModifiedCount}
 	if before != nil {
-		res.Skipped, err = s.skipped(ctx, before, func(b, _ TaskState) string {
+		res.Skipped, err = s.skipped(ctx, before, func(b TaskState) TaskSkip {
 			switch {
 			case b.Status.Finished():
-				return fmt.Sprintf("already finished (status %s)", b.Status)
+				return TaskSkip{Why: fmt.Sprintf("already finished (status %s)", b.Status)}
 			case b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning:
-				return fmt.Sprintf("%s on node %s: kill it instead", b.Status, b.Node)
+				return TaskSkip{Why: fmt.Sprintf("%s on node %s: kill it instead", b.Status, b.Node)}
 			case b.Status == schema.StatusOrphaned:
-				return "orphaned: retry it, or kill it to finish it"
+				return TaskSkip{Why: "orphaned: retry it, or kill it to finish it"}
 			}
-			return ""
+			return TaskSkip{}
 		})
 	}
 	return res, err
@@ -416,11 +438,11 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 			for _, b := range before {
 				switch {
 				case !b.Found:
-					res.Skipped = append(res.Skipped, TaskSkip{b.ID, "no such task"})
+					res.Skipped = append(res.Skipped, missing(b.ID))
 				case b.Status.Finished() || b.Status == schema.StatusOrphaned:
 					res.Requeued++
 				default:
-					res.Skipped = append(res.Skipped, TaskSkip{b.ID, notRetryable(b)})
+					res.Skipped = append(res.Skipped, TaskSkip{ID: b.ID, Why: notRetryable(b)})
 				}
 			}
 			return res, nil
@@ -433,7 +455,7 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 		if p.Progress != nil {
 			p.Progress(res.Requeued, res.Requeued)
 		}
-		res.Skipped, err = s.skipped(ctx, before, func(b, _ TaskState) string { return notRetryable(b) })
+		res.Skipped, err = s.skipped(ctx, before, func(b TaskState) TaskSkip { return TaskSkip{Why: notRetryable(b)} })
 		return res, err
 	}
 	match := p.Target.match(retryables)

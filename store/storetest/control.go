@@ -49,6 +49,8 @@ func testTaskKill(t *testing.T, newStore Factory) {
 	require.Equal(t, done, res.Skipped[0].ID)
 	require.Equal(t, missing, res.Skipped[1].ID)
 	require.Equal(t, "no such task", res.Skipped[1].Why)
+	require.Equal(t, store.SkipMissing, res.Skipped[1].Code)
+	require.Equal(t, store.SkipState, res.Skipped[0].Code)
 
 	st, reason := statusOf(t, db, queued)
 	require.Equal(t, schema.StatusFailed, st)
@@ -86,6 +88,7 @@ func testTaskKill(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Zero(t, res.Requested)
 	require.Contains(t, res.Skipped[0].Why, "already requested")
+	require.Equal(t, store.SkipUnderway, res.Skipped[0].Code)
 
 	_, err = s.TaskKill(ctx, store.TaskKillParams{Target: store.TaskTarget{IDs: make([]bson.ObjectID, store.MaxControlIDs+1)}})
 	require.ErrorContains(t, err, "at most 1000")

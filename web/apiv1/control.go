@@ -59,12 +59,14 @@ type KillResult struct {
 	// Settled: orphaned, finished as killed.
 	Settled int64     `json:"settled"`
 	Skipped []Skipped `json:"skipped"`
+	skips   []store.TaskSkip
 }
 
 // CancelResult is what a cancel did.
 type CancelResult struct {
 	Cancelled int64     `json:"cancelled"`
 	Skipped   []Skipped `json:"skipped"`
+	skips     []store.TaskSkip
 }
 
 // RetryResult is what a retry did, or with dry_run would do.
@@ -72,6 +74,7 @@ type RetryResult struct {
 	Requeued int64     `json:"requeued"`
 	DryRun   bool      `json:"dry_run"`
 	Skipped  []Skipped `json:"skipped"`
+	skips    []store.TaskSkip
 }
 
 func skippedView(in []store.TaskSkip) []Skipped {
@@ -340,21 +343,17 @@ func (h *handler) readOne(w http.ResponseWriter, r *http.Request, fields ...stri
 		}
 	}
 	c.target.IDs = []bson.ObjectID{id}
-	// A task that does not exist is a 404, not a skip.
-	states, err := h.st.TaskStates(r.Context(), c.target.IDs)
-	if err != nil {
-		return id, c, err
-	}
-	if len(states) != 1 || !states[0].Found {
-		return id, c, errorf(http.StatusNotFound, CodeNotFound, "id", "no task %s", id.Hex())
-	}
 	return id, c, nil
 }
 
-// oneSkipped is a request for one task that left it alone: 409.
-func oneSkipped(id bson.ObjectID, skipped []Skipped, what string) error {
-	if len(skipped) == 0 {
+// oneSkipped is a request for one task that left it alone: 404 when the
+// task does not exist, else 409.
+func oneSkipped(id bson.ObjectID, skipped []store.TaskSkip, what string) error {
+	switch {
+	case len(skipped) == 0:
 		return nil
+	case skipped[0].Code == store.SkipMissing:
+		return errorf(http.StatusNotFound, CodeNotFound, "id", "no task %s", id.Hex())
 	}
 	return errorf(http.StatusConflict, CodeTaskState, "id", "task %s was not %s: %s", id.Hex(), what, skipped[0].Why)
 }
@@ -368,7 +367,7 @@ func (h *handler) kill(r *http.Request, c controlBody) (KillResult, error) {
 	if err != nil {
 		return KillResult{}, err
 	}
-	return KillResult{Requested: res.Requested, Cancelled: res.Cancelled, Settled: res.Settled, Skipped: skippedView(res.Skipped)}, nil
+	return KillResult{Requested: res.Requested, Cancelled: res.Cancelled, Settled: res.Settled, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
 }
 
 func (h *handler) taskKillMany(w http.ResponseWriter, r *http.Request) error {
@@ -392,7 +391,7 @@ func (h *handler) taskKill(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := oneSkipped(id, res.Skipped, "killed"); err != nil {
+	if err := oneSkipped(id, res.skips, "killed"); err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, res)
@@ -404,7 +403,7 @@ func (h *handler) cancel(r *http.Request, c controlBody) (CancelResult, error) {
 	if err != nil {
 		return CancelResult{}, err
 	}
-	return CancelResult{Cancelled: res.Cancelled, Skipped: skippedView(res.Skipped)}, nil
+	return CancelResult{Cancelled: res.Cancelled, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
 }
 
 func (h *handler) taskCancelMany(w http.ResponseWriter, r *http.Request) error {
@@ -428,7 +427,7 @@ func (h *handler) taskCancel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := oneSkipped(id, res.Skipped, "cancelled"); err != nil {
+	if err := oneSkipped(id, res.skips, "cancelled"); err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, res)
@@ -442,7 +441,7 @@ func (h *handler) retry(r *http.Request, c controlBody) (RetryResult, error) {
 	if err != nil {
 		return RetryResult{}, err
 	}
-	return RetryResult{Requeued: res.Requeued, DryRun: c.dryRun, Skipped: skippedView(res.Skipped)}, nil
+	return RetryResult{Requeued: res.Requeued, DryRun: c.dryRun, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
 }
 
 func (h *handler) taskRetryMany(w http.ResponseWriter, r *http.Request) error {
@@ -466,7 +465,7 @@ func (h *handler) taskRetry(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := oneSkipped(id, res.Skipped, "requeued"); err != nil {
+	if err := oneSkipped(id, res.skips, "requeued"); err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, res)

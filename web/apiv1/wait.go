@@ -164,14 +164,5 @@ func (h *handler) taskWait(w http.ResponseWriter, r *http.Request) error {
 	case ctx.Err() == nil && !errors.Is(err, control.ErrWaitTimeout):
 		return err
 	}
-	if states == nil {
-		// The timeout came before the first read (or was 0).
-		rctx, cancel := context.WithTimeout(r.Context(), waitSlack/2)
-		states, err = h.st.TaskStates(rctx, ids)
-		cancel()
-		if err != nil {
-			return err
-		}
-	}
 	return writeJSON(w, http.StatusOK, waitView(states))
 }
