@@ -121,7 +121,12 @@ func TestKillOfAClaimedTaskEndsItUnrun(t *testing.T) {
 	require.Equal(t, int64(1), res.Requested)
 	close(release)
 	b.waitStatus(id, schema.StatusFailed, 10*time.Second)
-	require.Equal(t, schema.ReasonKilled, b.control(id).Reason)
+	c := b.control(id)
+	require.Equal(t, schema.ReasonKilled, c.Reason)
+	// Its start was refused: it never was running, so no attempt ended.
+	require.Zero(t, c.Attempt, "%s", b.task(id))
+	stderr, _ := b.task(id).Lookup("stderr").StringValueOK()
+	require.Contains(t, stderr, "not started")
 	b.rec.mu.Lock()
 	defer b.rec.mu.Unlock()
 	require.Empty(t, b.rec.runs, "a task killed while claimed must never run")

@@ -119,20 +119,27 @@ func decodeControl(r *reader) TaskControl {
 			r.fail(TaskKill, wantGot("an object", v))
 			return c
 		}
-		k := &KillRequest{}
-		k.Node, _ = doc.Lookup(KillNode).StringValueOK()
-		k.By, _ = doc.Lookup(KillBy).StringValueOK()
-		k.Reason, _ = doc.Lookup(KillReason).StringValueOK()
-		if at, ok := doc.Lookup(KillAt).TimeOK(); ok {
-			k.At = at.UTC()
-		}
-		c.Kill = k
+		k := DecodeKillRequest(doc)
+		c.Kill = &k
 	}
 	if _, v, ok := r.lookup(TaskAttempts); ok {
 		// The history is informative: an unreadable one is ignored.
 		_ = v.Unmarshal(&c.Attempts)
 	}
 	return c
+}
+
+// DecodeKillRequest reads a kill field's object; missing or mistyped
+// members stay empty.
+func DecodeKillRequest(doc bson.Raw) KillRequest {
+	var k KillRequest
+	k.Node, _ = doc.Lookup(KillNode).StringValueOK()
+	k.By, _ = doc.Lookup(KillBy).StringValueOK()
+	k.Reason, _ = doc.Lookup(KillReason).StringValueOK()
+	if at, ok := doc.Lookup(KillAt).TimeOK(); ok {
+		k.At = at.UTC()
+	}
+	return k
 }
 
 // dateOnly reads a BSON date (nothing else: a time limit must be exact).

@@ -255,12 +255,12 @@ func (s *Store) TaskKill(ctx context.Context, p TaskKillParams) (TaskKillResult,
 		return res, fmt.Errorf("request kills: %w", err)
 	}
 	res.Requested = r.ModifiedCount
-	r, err = s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, kill, "cancelled by a kill request", p.By, p.Reason))
+	r, err = s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, schema.TaskKill, kill, requestLine("cancelled by a kill request", p.By, p.Reason)))
 	if err != nil {
 		return res, fmt.Errorf("cancel queued tasks asked to be killed: %w", err)
 	}
 	res.Cancelled = r.ModifiedCount
-	r, err = s.tasks.UpdateMany(ctx, p.Target.match(orphaned), endUnrun(schema.ReasonKilled, kill, "killed while orphaned", p.By, p.Reason))
+	r, err = s.tasks.UpdateMany(ctx, p.Target.match(orphaned), endUnrun(schema.ReasonKilled, schema.TaskKill, kill, requestLine("killed while orphaned", p.By, p.Reason)))
 	if err != nil {
 		return res, fmt.Errorf("finish orphaned tasks asked to be killed: %w", err)
 	}
@@ -280,17 +280,9 @@ func (s *Store) TaskKill(ctx context.Context, p TaskKillParams) (TaskKillResult,
 }
 
 // endUnrun finishes a task that will not run (again): status 2, the
-// reason, a record (under kill or cancel) and a line in stderr.
-func endUnrun(reason string, record bson.D, what, by, why string) mongo.Pipeline {
-	line := what + " by " + by
-	if why != "" {
-		line += ": " + why
-	}
-	field := schema.TaskKill
-	if reason == schema.ReasonCancelled && record == nil {
-		field = schema.TaskCancel
-		record = bson.D{{Key: schema.KillBy, Value: literal(by)}, {Key: schema.KillAt, Value: "$$NOW"}, {Key: schema.KillReason, Value: literal(why)}}
-	}
+// reason, the request's record under field (kill or cancel), and a line in
+// stderr.
+func endUnrun(reason, field string, record bson.D, line string) mongo.Pipeline {
 	return mongo.Pipeline{{{Key: "$set", Value: bson.D{
 		{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
 		{Key: schema.TaskReason, Value: reason},
@@ -298,6 +290,16 @@ func endUnrun(reason string, record bson.D, what, by, why string) mongo.Pipeline
 		{Key: schema.TaskStderr, Value: appendLineExpr("$"+schema.TaskStderr, line)},
 		{Key: schema.TaskMTime, Value: "$$NOW"},
 	}}}}
+}
+
+// requestLine is the stderr line of an operator's request: "what by who:
+// why".
+func requestLine(what, by, why string) string {
+	line := what + " by " + by
+	if why != "" {
+		line += ": " + why
+	}
+	return line
 }
 
 // appendLineExpr appends a line to a string field, or sets it when the
@@ -378,7 +380,9 @@ func (s *Store) TaskCancel(ctx context.Context, p TaskCancelParams) (TaskCancelR
 			return TaskCancelResult{}, err
 		}
 	}
-	r, err := s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, nil, "cancelled", p.By, p.Reason))
+	r, err := s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, schema.TaskCancel, bson.D{
+		{Key: schema.KillBy, Value: literal(p.By)}, {Key: schema.KillAt, Value: "$$NOW"}, {Key: schema.KillReason, Value: literal(p.Reason)},
+	}, requestLine("cancelled", p.By, p.Reason)))
 	if err != nil {
 		return TaskCancelResult{}, fmt.Errorf("cancel tasks: %w", err)
 	}

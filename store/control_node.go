@@ -80,12 +80,7 @@ func KillRequestOf(doc bson.Raw) (TaskKillRequest, bool) {
 	if !ok {
 		return k, false
 	}
-	k.Request.Node, _ = kd.Lookup(schema.KillNode).StringValueOK()
-	k.Request.By, _ = kd.Lookup(schema.KillBy).StringValueOK()
-	k.Request.Reason, _ = kd.Lookup(schema.KillReason).StringValueOK()
-	if at, ok := kd.Lookup(schema.KillAt).TimeOK(); ok {
-		k.Request.At = at.UTC()
-	}
+	k.Request = schema.DecodeKillRequest(kd)
 	return k, true
 }
 

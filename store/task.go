@@ -483,10 +483,10 @@ func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []
 	ws := make([]guardedWrite, len(ps))
 	now := s.nowMS()
 	for i, p := range ps {
-		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, guard: startable(now), set: bson.D{
+		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, guard: startable(now), update: bson.D{{Key: "$set", Value: bson.D{
 			{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
 			{Key: schema.TaskMTime, Value: now},
-		}}
+		}}}}
 	}
 	return s.guardedMany(ctx, "start", ws, sameNode(ps))
 }
@@ -532,9 +532,7 @@ type guardedWrite struct {
 	p        TaskTransitionParams
 	from, to schema.Status
 	guard    bson.D // more conditions, beyond {_id, node, status: from}
-	set      bson.D
-	// update, when set, is the whole update (set is then ignored).
-	update bson.D
+	update   bson.D
 	// handsBack: the write leaves the task unclaimed (node -1).
 	handsBack bool
 }
@@ -548,13 +546,6 @@ func (w guardedWrite) filter(ids bson.A) bson.D {
 	}
 	f = append(f, bson.E{Key: schema.TaskNode, Value: w.p.Node}, bson.E{Key: schema.TaskStatus, Value: int32(w.from)})
 	return append(f, w.guard...)
-}
-
-func (w guardedWrite) doc() bson.D {
-	if w.update != nil {
-		return w.update
-	}
-	return bson.D{{Key: "$set", Value: w.set}}
 }
 
 // guardedMany writes ws together. With uniform (every write has the same
@@ -571,14 +562,14 @@ func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite,
 	var err error
 	if uniform {
 		var res *mongo.UpdateResult
-		res, err = s.tasks.UpdateMany(ctx, ws[0].filter(ids), ws[0].doc())
+		res, err = s.tasks.UpdateMany(ctx, ws[0].filter(ids), ws[0].update)
 		if err == nil {
 			matched = res.MatchedCount
 		}
 	} else {
 		models := make([]mongo.WriteModel, len(ws))
 		for i, w := range ws {
-			models[i] = mongo.NewUpdateOneModel().SetFilter(w.filter(nil)).SetUpdate(w.doc())
+			models[i] = mongo.NewUpdateOneModel().SetFilter(w.filter(nil)).SetUpdate(w.update)
 		}
 		var res *mongo.BulkWriteResult
 		res, err = s.tasks.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
