@@ -6,5 +6,5 @@
 //
 // The requests themselves are document changes (store.TaskKill,
 // TaskCancel, TaskRetry); the node that must act hears them from its own
-// change stream (store.StreamSignals).
+// wake-up change stream (store.StreamWakeups).
 package control

@@ -21,6 +21,7 @@ const (
 	TopicTasks  = "disbatch.tasks"
 	TopicQueues = "disbatch.queues"
 	TopicRescan = "disbatch.rescan"
+	TopicKills  = "disbatch.kills"
 )
 
 // Op is the kind of change.
@@ -54,6 +55,13 @@ type QueueChanged struct {
 	ID bson.ObjectID `json:"id"`
 }
 
+// KillRequested is an operator's request to kill a task, for the node it
+// names (Request.Node) to carry out.
+type KillRequested struct {
+	ID      bson.ObjectID      `json:"id"`
+	Request schema.KillRequest `json:"request"`
+}
+
 // Rescan says events were lost: re-read the database.
 type Rescan struct {
 	Reason string `json:"reason"`
@@ -84,7 +92,7 @@ func Encode(ev any) (*message.Message, error) {
 var msgSeq atomic.Uint64
 
 // Decode reads the event of a message published on topic into a
-// TaskChanged, QueueChanged or Rescan.
+// TaskChanged, QueueChanged, KillRequested or Rescan.
 func Decode(topic string, msg *message.Message) (any, error) {
 	var err error
 	switch topic {
@@ -98,6 +106,10 @@ func Decode(topic string, msg *message.Message) (any, error) {
 		return ev, err
 	case TopicRescan:
 		var ev Rescan
+		err = json.Unmarshal(msg.Payload, &ev)
+		return ev, err
+	case TopicKills:
+		var ev KillRequested
 		err = json.Unmarshal(msg.Payload, &ev)
 		return ev, err
 	}

@@ -144,6 +144,12 @@ func (s *Stream) handle(ctx context.Context, ev store.ChangeEvent) {
 	case schema.CollQueues:
 		s.publish(ctx, TopicQueues, QueueChanged{Op: Op(ev.Op), ID: id})
 	case schema.CollTasks:
+		if kd, ok := ev.Updated.Lookup(schema.TaskKill).DocumentOK(); ok && ev.Op == "update" {
+			s.publish(ctx, TopicKills, KillRequested{ID: id, Request: schema.DecodeKillRequest(kd)})
+			if !has(ev.Updated, schema.TaskStatus) && !has(ev.Updated, schema.TaskQueue) {
+				return // a kill request alone is no work for a claimer
+			}
+		}
 		s.publish(ctx, TopicTasks, s.taskChanged(ev, id))
 	}
 }
@@ -216,6 +222,11 @@ func (s *Stream) publish(ctx context.Context, topic string, ev any) {
 		return
 	}
 	s.events.Add(1)
+}
+
+func has(doc bson.Raw, key string) bool {
+	_, err := doc.LookupErr(key)
+	return err == nil
 }
 
 // integer reads an int32, int64 or integral double.

@@ -5,29 +5,33 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/disbatch-go/disbatch/events"
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
-	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
-// signalStore is what the signals listener reads.
-type signalStore interface {
-	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
+// killStore is what the kill-request listener reads.
+type killStore interface {
 	TaskKillsPending(ctx context.Context, node string) ([]store.TaskKillRequest, error)
 }
 
 // killRequests carries out operators' kill requests for the tasks this node
-// holds. It follows the node's StreamSignals change stream, so a request
-// reaches the plugin milliseconds after it is committed; every tick it
-// also reads the pending requests (a change event missed while the stream
-// was resuming, or a request older than this run), the safety net.
+// holds. It hears them on the node's bus (events.TopicKills, from the one
+// wake-up change stream the node follows), so a request reaches the plugin
+// milliseconds after it is committed; every tick it also reads the pending
+// requests (an event missed while the stream was resuming, or a request
+// older than this run), the safety net.
 type killRequests struct {
 	lifecycle.Base
 	node  string
-	store signalStore
+	store killStore
+	// events is the node's bus; nil when the node polls only (the sweep
+	// alone then).
+	events message.Subscriber
 	// kill kills a held task (see runner.kill); it reports whether the
 	// node holds it.
 	kill func(id bson.ObjectID, cause error) bool
@@ -42,42 +46,37 @@ type killRequests struct {
 	handled func(id bson.ObjectID)
 }
 
-// Start opens the stream before it returns (every request committed after
-// Start is heard), then listens and sweeps until Stop.
+// Start subscribes before it returns, then listens and sweeps until Stop.
 func (s *killRequests) Start(ctx context.Context) error {
 	return s.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
 		run.Every(s.clock, s.tick, s.sweep)
-		if s.pollOnly {
+		if s.events == nil {
 			return nil
 		}
-		r, err := s.store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamSignals, Node: s.node, Name: "signals:" + s.node,
-			Clock: s.clock, Logger: s.log})
+		ch, err := s.events.Subscribe(run.Context(), events.TopicKills)
 		if err != nil {
 			return err
 		}
-		run.Cleanup(r.Close)
-		run.Go(func(ctx context.Context) { s.listen(ctx, r) })
+		run.Go(func(ctx context.Context) { s.listen(ctx, ch) })
 		return nil
 	})
 }
 
-func (s *killRequests) listen(ctx context.Context, r *store.StreamReader) {
+func (s *killRequests) listen(ctx context.Context, ch <-chan *message.Message) {
 	for {
-		b, err := r.Next(ctx)
-		if err != nil {
-			return // ctx ended
+		var msg *message.Message
+		select {
+		case <-ctx.Done():
+			return
+		case msg = <-ch:
 		}
-		if b.Lost != "" {
-			s.sweep(ctx)
+		if msg == nil {
+			return // the bus closed
 		}
-		for _, ev := range b.Events {
-			if ev.Coll != schema.CollTasks || ev.Doc == nil {
-				continue
-			}
-			if k, ok := store.KillRequestOf(ev.Doc); ok {
-				k.ID, _ = ev.ID.ObjectIDOK()
-				s.carryOut(k, "change stream")
-			}
+		ev, err := events.Decode(events.TopicKills, msg)
+		msg.Ack()
+		if k, ok := ev.(events.KillRequested); ok && err == nil {
+			s.carryOut(store.TaskKillRequest{ID: k.ID, Request: k.Request}, "change stream")
 		}
 	}
 }
@@ -99,7 +98,9 @@ func (s *killRequests) sweep(ctx context.Context) {
 }
 
 func (s *killRequests) carryOut(k store.TaskKillRequest, via string) {
-	if k.Request.Node != s.node || (k.Status != schema.StatusClaimed && k.Status != schema.StatusRunning) {
+	// The runner acts only on a task it holds (claimed or running), so a
+	// request on a task that has ended since is ignored there.
+	if k.Request.Node != s.node {
 		return
 	}
 	if s.kill(k.ID, killRequested(k.Request)) {

@@ -73,8 +73,11 @@ func New(cfg Config) (*Node, error) {
 		Name: cfg.Name, Store: cfg.Store, MaxThreads: cfg.MaxThreads,
 		Heartbeat: cfg.Heartbeat, FenceAfter: cfg.FenceAfter, DeadAfter: cfg.DeadAfter, beatFault: cfg.beatFault, beaten: cfg.beaten,
 	}, (*nodeTarget)(n), cfg.Clock, log)
-	n.kills = &killRequests{node: cfg.Name, store: cfg.Store, kill: n.runner.kill, tick: cfg.Tick, pollOnly: cfg.PollOnly,
-		clock: n.clock, log: log.With("component", "signals"), handled: cfg.killHandled}
+	n.kills = &killRequests{node: cfg.Name, store: cfg.Store, kill: n.runner.kill, tick: cfg.Tick,
+		clock: n.clock, log: log.With("component", "kills"), handled: cfg.killHandled}
+	if n.bus != nil {
+		n.kills.events = n.bus
+	}
 	n.strays = &strays{node: cfg.Name, store: cfg.Store, holds: n.runner.holds, fenced: n.live.isFenced, clock: n.clock, log: log}
 	n.reaper = reaper.New(reaper.Config{
 		Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Clock: cfg.Clock, Logger: log,

@@ -27,9 +27,9 @@ const (
 	// update-then-find claim), so the claimer reads back exactly those. It
 	// is this project's own field and means nothing once read.
 	TaskClaimToken = "claim_token"
-	// TaskKill is reserved for an operator's request to kill a task
-	// ({node, by, at, reason}): the change stream of a node's signals
-	// (store.StreamSignals) delivers it to the node named in it.
+	// TaskKill is an operator's request to kill a task ({node, by, at,
+	// reason}): the nodes' wake-up change stream (store.StreamWakeups)
+	// delivers it to the node named in it.
 	TaskKill = "kill"
 )
 

@@ -227,7 +227,7 @@ type TaskKillResult struct {
 
 // TaskKill records an operator's kill request. A running or claimed task
 // gets {kill: {node, by, at, reason}} (the node named there hears it on its
-// StreamSignals and kills the plugin, or does not start it); a queued or
+// wake-up stream and kills the plugin, or does not start it); a queued or
 // held one is cancelled at once, an orphaned one finished as killed. Each
 // write is guarded by the state it changes: a finished task is never
 // touched, and a second request for a task already being killed changes

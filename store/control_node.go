@@ -67,8 +67,7 @@ func (s *Store) TaskKillsPending(ctx context.Context, node string) ([]TaskKillRe
 }
 
 // KillRequestOf reads a task's kill request from a document holding at
-// least status and kill (a StreamSignals event's Doc, whose _id is the
-// event's ID, or a read).
+// least status and kill.
 func KillRequestOf(doc bson.Raw) (TaskKillRequest, bool) {
 	var k TaskKillRequest
 	k.ID, _ = doc.Lookup("_id").ObjectIDOK()

@@ -38,8 +38,6 @@ func (p Position) IsZero() bool { return p.Token == nil && p.Time.IsZero() }
 // StreamParams configure a StreamReader.
 type StreamParams struct {
 	Profile StreamProfile
-	// Node is the node whose signals StreamSignals carries.
-	Node string
 	// Tasks are the tasks whose states StreamTaskStates carries (at most
 	// MaxControlIDs).
 	Tasks []bson.ObjectID
@@ -78,7 +76,7 @@ type ChangeEvent struct {
 	ClusterTime bson.Timestamp
 	WallTime    time.Time
 	// Doc is the document after the change (inserts and replaces; every
-	// event of StreamSignals), Before the document before it (profiles
+	// event of a profile that looks documents up), Before the document before it (profiles
 	// with pre-images, when MongoDB still had it), Updated and Removed
 	// what an update set and removed. Each holds only what the profile
 	// keeps; nil when absent.

@@ -18,11 +18,15 @@ import (
 type StreamProfile int
 
 const (
-	// StreamWakeups is what wakes a node's claimer: queues created,
-	// changed or deleted; tasks inserted, replaced or deleted; task updates
-	// that make a task queued (-2) or move it to another queue. The claim,
-	// start and finish updates, two thirds of all task events, stay on the
-	// server. Events carry the task's queue, status and node.
+	// StreamWakeups is what a node must hear: queues created, changed or
+	// deleted; tasks inserted, replaced or deleted; task updates that make
+	// a task queued (-2) or move it to another queue (the claimer's work);
+	// and kill requests (an update setting schema.TaskKill: the node named
+	// in it kills the task). The claim, start and finish updates, two
+	// thirds of all task events, stay on the server. Events carry the
+	// task's queue, status and node, and a kill request whole. One stream
+	// per node reads the oplog for all of it: a second one for the rare
+	// kills cost the nodes about a tenth of their throughput.
 	StreamWakeups StreamProfile = iota + 1
 	// StreamCounters is what changes the queues' counters: every task
 	// insert, replace and delete, and every update of a task's status or
@@ -36,12 +40,6 @@ const (
 	// maxthreads; inserts and deletes): for live subscribers. Documents
 	// come whole but for a task's parameters and output.
 	StreamTransitions
-	// StreamSignals is what an operator asks of one node
-	// (StreamParams.Node): changes of its drain request or maxthreads on
-	// its document in nodes, and kill requests (schema.TaskKill) on tasks
-	// whose request names it. Rare events: each carries the changed
-	// document, looked up after the change.
-	StreamSignals
 	// StreamTaskStates is the status changes (and deletes) of the tasks
 	// StreamParams.Tasks names, for waiting on them: events carry the new
 	// status and reason.
@@ -60,8 +58,6 @@ func (p StreamProfile) String() string {
 		return "counters"
 	case StreamTransitions:
 		return "transitions"
-	case StreamSignals:
-		return "signals"
 	case StreamTaskStates:
 		return "task-states"
 	case StreamTimers:
@@ -104,7 +100,6 @@ var databaseEnd = bson.D{{Key: "operationType", Value: in("dropDatabase", "inval
 type streamShape struct {
 	pipeline  mongo.Pipeline
 	preImages bool // fullDocumentBeforeChange: whenAvailable
-	lookup    bool // fullDocument: updateLookup
 }
 
 // options returns fresh change stream options for the shape.
@@ -113,15 +108,11 @@ func (sh streamShape) options(maxAwait time.Duration) *options.ChangeStreamOptio
 	if sh.preImages {
 		o.SetFullDocumentBeforeChange(options.WhenAvailable)
 	}
-	if sh.lookup {
-		o.SetFullDocument(options.UpdateLookup)
-	}
 	return o
 }
 
 // shape returns the profile's server-side pipeline and options.
 func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
-	node := sp.Node
 	switch p {
 	case StreamWakeups:
 		return streamShape{pipeline: mongo.Pipeline{
@@ -131,11 +122,13 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
 					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: int32(schema.StatusQueued)}},
 					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskQueue, Value: exists()}},
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskKill, Value: exists()}},
 				}}},
 				databaseEnd,
 			),
 			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskNode,
-				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue),
+				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue,
+				"updateDescription.updatedFields."+schema.TaskKill),
 		}}, nil
 	case StreamCounters:
 		return streamShape{preImages: true, pipeline: mongo.Pipeline{
@@ -179,32 +172,6 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				databaseEnd,
 			),
 			{{Key: "$project", Value: drop}},
-		}}, nil
-	case StreamSignals:
-		if node == "" {
-			return streamShape{}, fmt.Errorf("change stream profile %s: no node", p)
-		}
-		return streamShape{lookup: true, pipeline: mongo.Pipeline{
-			match(
-				bson.D{{Key: "ns.coll", Value: schema.CollNodes}, {Key: "operationType", Value: in("insert", "replace")}},
-				bson.D{{Key: "ns.coll", Value: schema.CollNodes}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
-					bson.D{{Key: "updateDescription.updatedFields." + schema.NodeDrain, Value: exists()}},
-					bson.D{{Key: "updateDescription.updatedFields." + schema.NodeMaxThreads, Value: exists()}},
-					bson.D{{Key: "updateDescription.removedFields", Value: in(schema.NodeDrain, schema.NodeMaxThreads)}},
-				}}},
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"},
-					{Key: "updateDescription.updatedFields." + schema.TaskKill + "." + schema.TaskNode, Value: node}},
-				databaseEnd,
-			),
-			match(
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}},
-				bson.D{{Key: "fullDocument." + schema.NodeNode, Value: node}},
-				databaseEnd,
-			),
-			project("fullDocument."+schema.NodeNode, "fullDocument."+schema.NodeDrain, "fullDocument."+schema.NodeMaxThreads,
-				"fullDocument."+schema.TaskKill, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskQueue,
-				"updateDescription.updatedFields."+schema.NodeDrain, "updateDescription.updatedFields."+schema.NodeMaxThreads,
-				"updateDescription.updatedFields."+schema.TaskKill, "updateDescription.removedFields"),
 		}}, nil
 	case StreamTaskStates:
 		if len(sp.Tasks) == 0 || len(sp.Tasks) > MaxControlIDs {

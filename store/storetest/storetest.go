@@ -75,7 +75,6 @@ func Run(t *testing.T, newStore Factory) {
 		{"StreamWakeups", testStreamWakeups},
 		{"StreamCountersCarryPreImages", testStreamCountersCarryPreImages},
 		{"StreamTransitions", testStreamTransitions},
-		{"StreamSignals", testStreamSignals},
 		{"StreamCheckpointAndPositions", testStreamCheckpointAndPositions},
 		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},
 		{"StreamBatches", testStreamBatches},

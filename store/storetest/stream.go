@@ -134,6 +134,19 @@ func testStreamWakeups(t *testing.T, newStore Factory) {
 	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}})
 	ev = f.next(isOp("update", schema.CollTasks, id))
 	require.Equal(t, int32(schema.StatusQueued), ev.Updated.Lookup(schema.TaskStatus).Int32())
+
+	// So is a kill request, whole, for the node it names (running on n1:
+	// the start itself is no event).
+	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}})
+	_, err = s.TaskKill(ctxT(t), store.TaskKillParams{Target: store.TaskTarget{IDs: []bson.ObjectID{id}}, By: "op", Reason: "testing"})
+	require.NoError(t, err)
+	ev = f.next(isOp("update", schema.CollTasks, id))
+	kd, ok := ev.Updated.Lookup(schema.TaskKill).DocumentOK()
+	require.True(t, ok, "%s", ev.Updated)
+	k := schema.DecodeKillRequest(kd)
+	require.Equal(t, "n1", k.Node)
+	require.Equal(t, "op", k.By)
+	require.Equal(t, "testing", k.Reason)
 }
 
 func testStreamCountersCarryPreImages(t *testing.T, newStore Factory) {
@@ -202,49 +215,6 @@ func testStreamTransitions(t *testing.T, newStore Factory) {
 	drain := f.next(isOp("update", schema.CollNodes, nil))
 	require.Equal(t, ev.ID, drain.ID)
 	require.True(t, drain.Updated.Lookup(schema.NodeDrain).Boolean())
-}
-
-func testStreamSignals(t *testing.T, newStore Factory) {
-	s, db := newStore(t, store.Options{})
-	ctx := ctxT(t)
-	for _, n := range []string{"n1", "n2"} {
-		_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: n, State: schema.NodeStateRunning})
-		require.NoError(t, err)
-	}
-	_, err := s.StreamOpen(ctx, store.StreamParams{Profile: store.StreamSignals})
-	require.ErrorContains(t, err, "no node")
-	n1 := openStream(t, s, store.StreamParams{Profile: store.StreamSignals, Node: "n1"})
-	n2 := openStream(t, s, store.StreamParams{Profile: store.StreamSignals, Node: "n2"})
-
-	// Heartbeats are no signal; an operator's maxthreads and drain for n2 are.
-	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", State: schema.NodeStateRunning})
-	require.NoError(t, err)
-	set(t, db, schema.CollNodes, bson.D{{Key: schema.NodeNode, Value: "n2"}}, bson.D{{Key: schema.NodeMaxThreads, Value: 3}})
-	ev := n2.next(isOp("update", schema.CollNodes, nil))
-	require.Equal(t, int32(3), ev.Doc.Lookup(schema.NodeMaxThreads).Int32())
-	require.Equal(t, "n2", ev.Doc.Lookup(schema.NodeNode).StringValue())
-	_, err = s.NodeDrain(ctx, store.NodeDrainParams{Node: "n2"})
-	require.NoError(t, err)
-	ev = n2.next(isOp("update", schema.CollNodes, nil))
-	require.True(t, ev.Doc.Lookup(schema.NodeDrain).Boolean())
-
-	// A kill request goes to the node it names.
-	q := newQueue(t, s, "q", schema.SortFIFO)
-	ids := insertTasks(t, s, q.ID, 2)
-	kill := func(id bson.ObjectID, node string) {
-		set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskKill, Value: bson.D{
-			{Key: schema.TaskNode, Value: node}, {Key: "by", Value: "test"}, {Key: "reason", Value: "testing"}}}})
-	}
-	kill(ids[0], "n2")
-	kill(ids[1], "n1")
-	ev = n1.next(isOp("update", schema.CollTasks, ids[1]))
-	require.Equal(t, "testing", ev.Updated.Lookup(schema.TaskKill, "reason").StringValue())
-	n2.next(isOp("update", schema.CollTasks, ids[0]))
-	// And n1 saw nothing of n2's: its next signal is its own drain.
-	_, err = s.NodeDrain(ctx, store.NodeDrainParams{Node: "n1"})
-	require.NoError(t, err)
-	ev = n1.next(isOp("update", schema.CollNodes, nil))
-	require.Equal(t, "n1", ev.Doc.Lookup(schema.NodeNode).StringValue())
 }
 
 func testStreamCheckpointAndPositions(t *testing.T, newStore Factory) {
