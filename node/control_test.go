@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -298,4 +299,62 @@ func TestKillRacingNodeShutdownEndsTheTaskOnce(t *testing.T) {
 		c := b.control(id)
 		require.LessOrEqual(t, c.Attempt, 1)
 	}
+}
+
+// controlObserver records what the node tells its Observer of task control.
+type controlObserver struct {
+	noObserver
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (o *controlObserver) TaskControlled(queue, action string, n int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[string]int{}
+	}
+	o.n[queue+"/"+action] += n
+}
+
+func (o *controlObserver) count(key string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[key]
+}
+
+func TestTimeoutsAndRetriesAreCountedAndTraced(t *testing.T) {
+	b := setup(t)
+	rec, _ := recorded()
+	q := b.shellQueue("observed", 1, func(p *store.QueueUpdateParams) {
+		p.Retries = ptr(1)
+		p.RetryBackoff = &schema.Backoff{}
+	})
+	obs := &controlObserver{}
+	cfg := b.config("n1")
+	cfg.Observer = obs
+	b.start(cfg)
+	id := b.insert(q, &store.TaskInsertControl{Timeout: 300 * time.Millisecond}, bson.D{{Key: "command", Value: "sleep 30"}})[0]
+	require.Eventually(t, func() bool {
+		return b.control(id).Attempt == 2 && b.task(id).Lookup("status").AsInt64() == int64(schema.StatusFailed)
+	}, 20*time.Second, 10*time.Millisecond, "%s", b.task(id))
+	require.Equal(t, 2, obs.count("observed/"+ControlTimeout), "both attempts timed out")
+	require.Equal(t, 1, obs.count("observed/"+ControlRetry), "one retry")
+	// The two attempts are two task spans; their events say what happened.
+	events := map[string]int{}
+	require.Eventually(t, func() bool {
+		clear(events)
+		spans := 0
+		for _, s := range rec.Ended() {
+			if s.Name() == "disbatch.task" && attrs(s)["disbatch.task.id"].AsString() == id.Hex() {
+				spans++
+				for _, e := range s.Events() {
+					events[e.Name]++
+				}
+			}
+		}
+		return spans == 2
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, 2, events["disbatch."+ControlTimeout])
+	require.Equal(t, 1, events["disbatch."+ControlRetry])
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,12 +28,34 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 	return m
 }
 
-func TestTaskLifecycleIsOneTraceJoinedToTheSubmitter(t *testing.T) {
-	b := setup(t)
+// recorded installs, once for the package's parallel tests, a tracer
+// provider that records every span: tests filter them by task id.
+var recorded = sync.OnceValues(func() (*tracetest.SpanRecorder, *sdktrace.TracerProvider) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	otel.SetTracerProvider(tp) // other tests' spans are recorded too: filtered by task id below
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	otel.SetTracerProvider(tp)
+	return rec, tp
+})
+
+// taskSpan waits for the ended disbatch.task span of a task.
+func taskSpan(t *testing.T, rec *tracetest.SpanRecorder, id bson.ObjectID) sdktrace.ReadOnlySpan {
+	t.Helper()
+	var task sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, s := range rec.Ended() {
+			if s.Name() == "disbatch.task" && attrs(s)["disbatch.task.id"].AsString() == id.Hex() {
+				task = s
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond)
+	return task
+}
+
+func TestTaskLifecycleIsOneTraceJoinedToTheSubmitter(t *testing.T) {
+	b := setup(t)
+	rec, tp := recorded()
 
 	q := b.queue("traced", plugin.DemoConstructor, 2, schema.SortFIFO)
 	ctx, submit := tp.Tracer("test").Start(context.Background(), "submitter")
@@ -49,15 +72,7 @@ func TestTaskLifecycleIsOneTraceJoinedToTheSubmitter(t *testing.T) {
 	b.waitDone(nil, 2, 10*time.Second)
 
 	byTask := func(id bson.ObjectID) (task sdktrace.ReadOnlySpan, children map[string]sdktrace.ReadOnlySpan) {
-		require.Eventually(t, func() bool {
-			for _, s := range rec.Ended() {
-				if s.Name() == "disbatch.task" && attrs(s)["disbatch.task.id"].AsString() == id.Hex() {
-					task = s
-					return true
-				}
-			}
-			return false
-		}, 5*time.Second, 10*time.Millisecond)
+		task = taskSpan(t, rec, id)
 		children = map[string]sdktrace.ReadOnlySpan{}
 		for _, s := range rec.Ended() {
 			if s.Parent().SpanID() == task.SpanContext().SpanID() {
