@@ -224,26 +224,15 @@ func (c *Claimer) signal() {
 }
 
 func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.Message) {
-	for {
-		var msg *message.Message
-		select {
-		case <-ctx.Done():
-			return
-		case msg = <-ch:
-		}
-		if msg == nil {
-			return // the bus closed
-		}
-		ev, err := events.Decode(topic, msg)
-		msg.Ack()
+	events.Consume(ctx, topic, ch, func(ev any, err error) {
 		if err != nil {
 			c.log.Warn("undecodable event", "topic", topic, "error", err)
-			continue
+			return
 		}
 		switch ev := ev.(type) {
 		case events.TaskChanged:
 			if ev.Status == nil || *ev.Status != schema.StatusQueued {
-				continue // only queued tasks are work
+				return // only queued tasks are work
 			}
 			if ev.Queue.IsZero() {
 				c.WakeAll() // a requeue: the event does not say which queue
@@ -259,7 +248,7 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 			c.log.Info("rescan", "reason", ev.Reason)
 			c.WakeAll()
 		}
-	}
+	})
 }
 
 func (c *Claimer) loop(ctx context.Context) {

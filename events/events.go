@@ -1,6 +1,7 @@
 package events
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -90,6 +91,27 @@ func Encode(ev any) (*message.Message, error) {
 // msgSeq numbers messages: the bus is in-process, so a counter is as
 // unique as a UUID, without a tenth of the node's CPU spent making them.
 var msgSeq atomic.Uint64
+
+// Consume reads the messages of a subscription to topic until ctx ends or
+// the bus closes: it acknowledges each at once (the bus holds its
+// publisher until every subscriber has) and hands handle the decoded
+// event, or an error for a message that does not decode.
+func Consume(ctx context.Context, topic string, ch <-chan *message.Message, handle func(ev any, err error)) {
+	for {
+		var msg *message.Message
+		select {
+		case <-ctx.Done():
+			return
+		case msg = <-ch:
+		}
+		if msg == nil {
+			return // the bus closed
+		}
+		ev, err := Decode(topic, msg)
+		msg.Ack()
+		handle(ev, err)
+	}
+}
 
 // Decode reads the event of a message published on topic into a
 // TaskChanged, QueueChanged, KillRequested or Rescan.

@@ -63,22 +63,11 @@ func (s *killRequests) Start(ctx context.Context) error {
 }
 
 func (s *killRequests) listen(ctx context.Context, ch <-chan *message.Message) {
-	for {
-		var msg *message.Message
-		select {
-		case <-ctx.Done():
-			return
-		case msg = <-ch:
-		}
-		if msg == nil {
-			return // the bus closed
-		}
-		ev, err := events.Decode(events.TopicKills, msg)
-		msg.Ack()
+	events.Consume(ctx, events.TopicKills, ch, func(ev any, err error) {
 		if k, ok := ev.(events.KillRequested); ok && err == nil {
 			s.carryOut(store.TaskKillRequest{ID: k.ID, Request: k.Request}, "change stream")
 		}
-	}
+	})
 }
 
 // sweep carries out the pending requests.
