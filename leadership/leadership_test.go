@@ -102,6 +102,13 @@ func TestOneLeaderAndAQuickSuccessorOnStop(t *testing.T) {
 	require.Eventually(t, func() bool { second = leaderOf(es); return second != "" }, 10*time.Second, 5*time.Millisecond,
 		"no follower took the released lease")
 	require.NotEqual(t, first, second)
+	// The elector says it leads just before its duty starts: wait for the
+	// duty to record its term.
+	require.Eventually(t, func() bool {
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		return len(ts.epochs) >= 2
+	}, 10*time.Second, 5*time.Millisecond)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	require.Equal(t, 1, ts.most, "two terms overlapped")

@@ -276,8 +276,12 @@ func TestChangeStreamWakeUpBeatsTheTick(t *testing.T) {
 			cfg := b.config("n1")
 			cfg.Tick = 10 * time.Second
 			cfg.PollOnly = pollOnly
+			var passes atomic.Int64
+			cfg.passed = func() { passes.Add(1) }
 			n := b.start(cfg)
-			time.Sleep(300 * time.Millisecond) // past the first pass
+			// Past the first pass (the start's own), which a loaded machine
+			// may delay: a task it claimed would not count as woken.
+			require.Eventually(t, func() bool { return passes.Load() > 0 }, 10*time.Second, time.Millisecond)
 			id := b.tasks(q, 1, nil)[0]
 			if pollOnly {
 				// The control: without change streams nothing happens until the tick.
