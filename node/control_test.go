@@ -167,7 +167,7 @@ func TestRetriesReachExactlyRetriesAttempts(t *testing.T) {
 		p.RetryBackoff = &schema.Backoff{Base: 100 * time.Millisecond, Max: 100 * time.Millisecond}
 	})
 	b.start(b.config("n1"))
-	failing := b.insert(q, nil, bson.D{{Key: "command", Value: "echo try; exit 3"}})[0]
+	failing := b.insert(q, nil, bson.D{{Key: "command", Value: `echo "try $DISBATCH_ATTEMPT"; exit 3`}})[0]
 	ok := b.insert(q, nil, bson.D{{Key: "command", Value: "true"}})[0]
 	b.waitStatus(ok, schema.StatusSucceeded, 10*time.Second)
 	require.Eventually(t, func() bool {
@@ -183,6 +183,7 @@ func TestRetriesReachExactlyRetriesAttempts(t *testing.T) {
 		gap := c.Attempts[i].Started.Sub(c.Attempts[i-1].Finished)
 		require.GreaterOrEqual(t, gap, 90*time.Millisecond, "retry %d came %s after the failure, before its backoff", i, gap)
 	}
+	require.Equal(t, "try 3\n", b.task(failing).Lookup("stdout").StringValue(), "the plugin is told its attempt")
 	require.Equal(t, 1, b.control(ok).Attempt)
 	// No fourth attempt comes.
 	time.Sleep(500 * time.Millisecond)

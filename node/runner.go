@@ -325,7 +325,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		log.Debug("task running")
 		res = plugin.Run(runCtx, p, plugin.Task{
 			ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,
-			Parameters: t.Parameters, Document: t.Raw,
+			Attempt: t.Control.Attempt + 1, Parameters: t.Parameters, Document: t.Raw,
 		}, cfg.PluginTimeout)
 	} else {
 		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}

@@ -21,6 +21,7 @@ type externalInput struct {
 	QueueID     string          `json:"queue_id"` // queue _id, hex
 	Constructor string          `json:"constructor"`
 	Node        string          `json:"node"`
+	Attempt     int             `json:"attempt"`    // 1 for the first attempt
 	Parameters  json.RawMessage `json:"parameters"` // relaxed extended JSON; {} when the task has none
 }
 
@@ -38,7 +39,10 @@ type externalAnswer struct {
 // one JSON object:
 //
 //	{"id": "<hex>", "queue": "<name>", "queue_id": "<hex>", "constructor": "...",
-//	 "node": "...", "parameters": <parameters as relaxed extended JSON>}
+//	 "node": "...", "attempt": N, "parameters": <parameters as relaxed extended JSON>}
+//
+// attempt is 1 for the task's first attempt and one more for each attempt
+// that ended before (a queue's retries, a requeue).
 //
 // It must answer on stdout with one JSON object (blank space around it is
 // allowed, fields other than these are ignored) and exit 0:
@@ -121,6 +125,7 @@ func encodeInput(t Task) ([]byte, error) {
 		QueueID:     t.QueueID.Hex(),
 		Constructor: t.Constructor,
 		Node:        t.Node,
+		Attempt:     max(t.Attempt, 1),
 		Parameters:  pj,
 	}
 	var buf bytes.Buffer

@@ -41,6 +41,7 @@ func externalTask(t *testing.T) Task {
 		Queue:       "ext queue",
 		Constructor: "My::Plugin",
 		Node:        "node-b",
+		Attempt:     3,
 		Parameters: params(t, bson.D{
 			{Key: "who", Value: `world "<&>"`},
 			{Key: "n", Value: int32(42)},
@@ -74,6 +75,7 @@ func TestExternalValid(t *testing.T) {
 		"queue_id":    tk.QueueID.Hex(),
 		"constructor": "My::Plugin",
 		"node":        "node-b",
+		"attempt":     3.0,
 		"parameters": map[string]any{
 			"who":  `world "<&>"`,
 			"n":    42.0,
@@ -89,7 +91,7 @@ func TestExternalValid(t *testing.T) {
 	// No parameters: {}.
 	res = External(script(t, echoInput)).Run(t.Context(), Task{})
 	require.Equal(t, schema.StatusSucceeded, res.Status, res.Stderr)
-	require.Contains(t, res.Stdout, `"parameters":{}`)
+	require.Contains(t, res.Stdout, `"attempt":1,"parameters":{}`, "a task that never ran is on its first attempt")
 }
 
 func TestExternalArgsAndAnswers(t *testing.T) {

@@ -17,6 +17,7 @@ type Task struct {
 	Queue       string   // queue name
 	Constructor string   // the queue's constructor (plugin name)
 	Node        string   // the node running it
+	Attempt     int      // this run's attempt: 1 for the first, one more for each that ended before (retries, reruns)
 	Parameters  bson.Raw // the task's parameters object (may be nil: treat as {})
 	Document    bson.Raw // the whole task document as read
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"time"
 
@@ -38,8 +39,9 @@ const (
 // array of strings, optional), without a shell. parameters.dir (optional)
 // sets the working directory and parameters.env (an optional object of
 // strings) adds variables to the node's environment, after
-// DISBATCH_TASK_ID, DISBATCH_QUEUE_ID, DISBATCH_QUEUE, DISBATCH_CONSTRUCTOR
-// and DISBATCH_NODE, which every process plugin gets. stdin is /dev/null.
+// DISBATCH_TASK_ID, DISBATCH_QUEUE_ID, DISBATCH_QUEUE, DISBATCH_CONSTRUCTOR,
+// DISBATCH_NODE and DISBATCH_ATTEMPT (1 for a task's first attempt), which
+// every process plugin gets. stdin is /dev/null.
 //
 // Exit status 0 gives status 1; anything else gives status 2 with "exit
 // status N" (or "signal: ...") appended to stderr on a line of its own. Bad
@@ -122,6 +124,7 @@ func taskEnv(t Task) []string {
 		"DISBATCH_QUEUE=" + t.Queue,
 		"DISBATCH_CONSTRUCTOR=" + t.Constructor,
 		"DISBATCH_NODE=" + t.Node,
+		"DISBATCH_ATTEMPT=" + strconv.Itoa(max(t.Attempt, 1)),
 	}
 }
 

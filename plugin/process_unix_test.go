@@ -94,7 +94,7 @@ func TestExecBadParameters(t *testing.T) {
 func TestExecEnvAndDir(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	tk := execTask(t, append(sh(`pwd; echo "$FOO|$BAR|$DISBATCH_TASK_ID|$DISBATCH_QUEUE_ID|$DISBATCH_QUEUE|$DISBATCH_CONSTRUCTOR|$DISBATCH_NODE|$DISBATCH_NODE_X"`),
+	tk := execTask(t, append(sh(`pwd; echo "$FOO|$BAR|$DISBATCH_TASK_ID|$DISBATCH_QUEUE_ID|$DISBATCH_QUEUE|$DISBATCH_CONSTRUCTOR|$DISBATCH_NODE|$DISBATCH_ATTEMPT|$DISBATCH_NODE_X"`),
 		bson.E{Key: "dir", Value: dir},
 		bson.E{Key: "env", Value: bson.D{{Key: "FOO", Value: "foo value"}, {Key: "BAR", Value: ""}, {Key: "DISBATCH_NODE_X", Value: "x"}}},
 	))
@@ -107,7 +107,7 @@ func TestExecEnvAndDir(t *testing.T) {
 	got, err := filepath.EvalSymlinks(lines[0])
 	require.NoError(t, err)
 	require.Equal(t, want, got)
-	require.Equal(t, "foo value||"+tk.ID.Hex()+"|"+tk.QueueID.Hex()+"|q1|exec|node-a|x", lines[1])
+	require.Equal(t, "foo value||"+tk.ID.Hex()+"|"+tk.QueueID.Hex()+"|q1|exec|node-a|1|x", lines[1])
 
 	// The task's env overrides the node's (PATH here).
 	res = Exec().Run(t.Context(), execTask(t, append(sh(`echo "$PATH"`), bson.E{Key: "env", Value: bson.D{{Key: "PATH", Value: "/nowhere"}}})))
