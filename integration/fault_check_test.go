@@ -24,9 +24,12 @@ type execRecord struct {
 	Task string `json:"task"`
 	Node string `json:"node"`
 	Run  string `json:"run"`
-	PID  int    `json:"pid"`
-	MS   int64  `json:"ms"`
-	T    int64  `json:"t"` // wall time, Unix ns
+	// Attempt is the task's attempt the run was (1 for the first; a
+	// queue's retries run a failed task again as the next attempt).
+	Attempt int   `json:"attempt"`
+	PID     int   `json:"pid"`
+	MS      int64 `json:"ms"`
+	T       int64 `json:"t"` // wall time, Unix ns
 }
 
 // readRecords reads the recorder's file; a missing file is no records.
@@ -54,6 +57,7 @@ func readRecords(path string) ([]execRecord, error) {
 // execution is one run of the plugin, from its start and end records.
 type execution struct {
 	Task, Node, Run string
+	Attempt         int
 	PID             int
 	MS              int64
 	Start, End      time.Time // End is zero without an end record
@@ -77,7 +81,7 @@ func (e execution) String() string {
 	if e.ended() {
 		end = e.End.Format("15:04:05.000")
 	}
-	return fmt.Sprintf("run %s on %s [%s, %s]", e.Run, e.Node, e.Start.Format("15:04:05.000"), end)
+	return fmt.Sprintf("run %s (attempt %d) on %s [%s, %s]", e.Run, e.Attempt, e.Node, e.Start.Format("15:04:05.000"), end)
 }
 
 // finalTask is a task as it is at the end of a scenario.
@@ -88,6 +92,12 @@ type finalTask struct {
 	Stdout string
 	Stderr string
 	Detail string // for reports: mtime, claim token
+	// Attempt is the task's count of ended attempts (its attempt field),
+	// Reason its reason, FailUntil its parameters.fail_until: the recorder
+	// fails its attempts up to that one.
+	Attempt   int
+	Reason    string
+	FailUntil int
 }
 
 // overwrite is a change the watcher saw to a task that was already
@@ -116,6 +126,9 @@ type checkInput struct {
 	Records    []execRecord
 	Overwrites []overwrite
 	Counters   []queueCounts
+	// Retries is the queue's retries: a failed attempt runs again as the
+	// next, up to attempt 1 + Retries.
+	Retries int
 	// Margin is how long past start + ms a run without end record may have
 	// lasted (default 100 ms).
 	Margin time.Duration
@@ -126,6 +139,7 @@ type checkReport struct {
 	Submitted, Found int
 	ByStatus         map[int]int
 	Runs, Ended      int // executions started, and run to the end
+	Retried          int // tasks that ran more than one attempt
 	// EndedOrphaned counts tasks orphaned (-6) although a run of theirs
 	// ended: the work was done, its result not recorded (allowed: its
 	// node died or was cut off before it could write it).
@@ -135,15 +149,25 @@ type checkReport struct {
 	Extra    []string // in the database, never submitted
 	Stuck    []string // not finished: status -2, -1, 0 (or another non-final one)
 	Overlaps []string // two runs of one task at overlapping times
-	RunTwice []string // tasks with more than one run that ended (any status)
+	// RunTwice are tasks with more than one run of one attempt that ended
+	// (any status); the runs of successive attempts are retries, not runs
+	// twice.
+	RunTwice []string
 	// RunTwiceSucceeded are the RunTwice tasks that ended in status 1: a
 	// result recorded although the task's work was done twice.
 	RunTwiceSucceeded []string
-	BadResult         []string // status 1 whose stdout names no ended run of its node
-	Records           []string // records that do not pair up
-	Overwrite         []overwrite
-	Drift             []string // counters that differ from a recount
-	DriftSum          int64    // sum of |count - recount| over queues and counters
+	// BadResult: status 1 whose stdout names no ended run of its node, or
+	// a run of another attempt than the task's last.
+	BadResult []string
+	// TooManyAttempts are tasks run as more attempts than 1 + Retries.
+	TooManyAttempts []string
+	// NotRetried are tasks that failed as their plugin said (no reason)
+	// while the queue's retries were not spent.
+	NotRetried []string
+	Records    []string // records that do not pair up
+	Overwrite  []overwrite
+	Drift      []string // counters that differ from a recount
+	DriftSum   int64    // sum of |count - recount| over queues and counters
 }
 
 // Lost is how many submitted tasks vanished or never finished.
@@ -167,7 +191,9 @@ func (r checkReport) Problems() []string {
 	add("tasks not finished (not 1, 2 or -6)", r.Stuck)
 	add("runs of one task at overlapping times", r.Overlaps)
 	add("succeeded tasks run to the end more than once", r.RunTwiceSucceeded)
-	add("succeeded tasks whose stdout names no ended run on their node", r.BadResult)
+	add("succeeded tasks whose stdout names no ended run of their last attempt on their node", r.BadResult)
+	add("tasks run as more attempts than the queue's retries allow", r.TooManyAttempts)
+	add("tasks failed with retries left, not retried", r.NotRetried)
 	add("records that do not pair up", r.Records)
 	var ow []string
 	for _, o := range r.Overwrite {
@@ -180,8 +206,8 @@ func (r checkReport) Problems() []string {
 
 // Summary is the one-line account of a scenario's tasks.
 func (r checkReport) Summary() string {
-	return fmt.Sprintf("tasks=%d runs=%d ended=%d succeeded=%d failed=%d orphaned=%d (ended but orphaned %d) lost=%d run_twice=%d overlaps=%d overwrites=%d drift=%d",
-		r.Submitted, r.Runs, r.Ended, r.ByStatus[1], r.ByStatus[2], r.ByStatus[-6], r.EndedOrphaned,
+	return fmt.Sprintf("tasks=%d runs=%d ended=%d succeeded=%d failed=%d orphaned=%d (ended but orphaned %d) retried=%d lost=%d run_twice=%d overlaps=%d overwrites=%d drift=%d",
+		r.Submitted, r.Runs, r.Ended, r.ByStatus[1], r.ByStatus[2], r.ByStatus[-6], r.EndedOrphaned, r.Retried,
 		r.Lost(), len(r.RunTwice), len(r.Overlaps), len(r.Overwrite), r.DriftSum)
 }
 
@@ -190,11 +216,13 @@ func (r checkReport) Summary() string {
 //   - every submitted task is in the database and none other; each ended
 //     in 1, 2 or -6;
 //   - no task had two runs at overlapping times (a run without end record
-//     lasted at most start + ms + margin), and no succeeded task ran to the
-//     end twice (RunTwice also counts the others, which are reported but
-//     allowed);
-//   - the stdout of each succeeded task names a run that ended, on the node
-//     the task names;
+//     lasted at most start + ms + margin), and no succeeded task ran one
+//     attempt to the end twice (RunTwice also counts the others, which are
+//     reported but allowed);
+//   - no task ran as more than 1 + Retries attempts, and none failed as
+//     its plugin said with retries left;
+//   - the stdout of each succeeded task names a run of its last attempt
+//     that ended, on the node the task names;
 //   - no finished task was changed afterwards;
 //   - the queue counters equal a recount.
 func checkInvariants(in checkInput) checkReport {
@@ -239,7 +267,7 @@ func checkInvariants(in checkInput) checkReport {
 				r.Records = append(r.Records, fmt.Sprintf("run %s of task %s started twice", rec.Run, rec.Task))
 				continue
 			}
-			runs[rec.Run] = &execution{Task: rec.Task, Node: rec.Node, Run: rec.Run, PID: rec.PID, MS: rec.MS, Start: at}
+			runs[rec.Run] = &execution{Task: rec.Task, Node: rec.Node, Run: rec.Run, Attempt: rec.Attempt, PID: rec.PID, MS: rec.MS, Start: at}
 			order = append(order, rec.Run)
 		case "end":
 			switch {
@@ -275,18 +303,27 @@ func checkInvariants(in checkInput) checkReport {
 	for _, id := range ids {
 		es := byTask[id]
 		sort.Slice(es, func(i, j int) bool { return es[i].Start.Before(es[j].Start) })
-		ended := 0
+		ended := map[int]int{} // attempt -> runs that ended
+		twice, attempts := false, 0
 		for i, a := range es {
 			if a.ended() {
-				ended++
+				ended[a.Attempt]++
+				twice = twice || ended[a.Attempt] > 1
 			}
+			attempts = max(attempts, a.Attempt)
 			for _, b := range es[i+1:] {
 				if b.Start.Before(a.until(margin)) {
 					r.Overlaps = append(r.Overlaps, fmt.Sprintf("task %s: %v overlaps %v", id, a, b))
 				}
 			}
 		}
-		if ended > 1 {
+		if attempts > 1 {
+			r.Retried++
+		}
+		if attempts > 1+in.Retries {
+			r.TooManyAttempts = append(r.TooManyAttempts, fmt.Sprintf("task %s ran attempt %d, retries %d", id, attempts, in.Retries))
+		}
+		if twice {
 			var desc []string
 			for _, e := range es {
 				desc = append(desc, e.String())
@@ -297,7 +334,7 @@ func checkInvariants(in checkInput) checkReport {
 				r.RunTwiceSucceeded = append(r.RunTwiceSucceeded, line)
 			}
 		}
-		if ended > 0 && tasks[id].Status == -6 {
+		if len(ended) > 0 && tasks[id].Status == -6 {
 			r.EndedOrphaned++
 		}
 	}
@@ -317,6 +354,13 @@ func checkInvariants(in checkInput) checkReport {
 			r.BadResult = append(r.BadResult, fmt.Sprintf("task %s on %s: run %s never ended", t.ID, t.Node, run))
 		case e.Node != t.Node:
 			r.BadResult = append(r.BadResult, fmt.Sprintf("task %s on %s: run %s was on node %s", t.ID, t.Node, run, e.Node))
+		case e.Attempt != t.Attempt:
+			r.BadResult = append(r.BadResult, fmt.Sprintf("task %s on %s: run %s was attempt %d, the task records %d attempts", t.ID, t.Node, run, e.Attempt, t.Attempt))
+		}
+	}
+	for _, t := range in.Tasks {
+		if t.Status == 2 && t.Reason == "" && t.Attempt <= in.Retries {
+			r.NotRetried = append(r.NotRetried, fmt.Sprintf("task %s on %s failed on attempt %d of %d", t.ID, t.Node, t.Attempt, 1+in.Retries))
 		}
 	}
 

@@ -18,12 +18,15 @@ func TestInvariantChecker(t *testing.T) {
 	t.Parallel()
 	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	at := func(ms int) int64 { return base.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
-	run := func(task, node, id string, ms int64, start int, end int) []execRecord {
-		recs := []execRecord{{Ev: "start", Task: task, Node: node, Run: id, MS: ms, T: at(start)}}
+	attemptRun := func(task, node, id string, attempt int, ms int64, start int, end int) []execRecord {
+		recs := []execRecord{{Ev: "start", Task: task, Node: node, Run: id, Attempt: attempt, MS: ms, T: at(start)}}
 		if end >= 0 {
-			recs = append(recs, execRecord{Ev: "end", Task: task, Node: node, Run: id, MS: ms, T: at(end)})
+			recs = append(recs, execRecord{Ev: "end", Task: task, Node: node, Run: id, Attempt: attempt, MS: ms, T: at(end)})
 		}
 		return recs
+	}
+	run := func(task, node, id string, ms int64, start int, end int) []execRecord {
+		return attemptRun(task, node, id, 1, ms, start, end)
 	}
 	// A clean outcome: a succeeded on n1; b orphaned (its node was killed
 	// mid-run, no end record); c failed; d requeued from a dead node before
@@ -36,10 +39,10 @@ func TestInvariantChecker(t *testing.T) {
 		return checkInput{
 			Submitted: []string{"a", "b", "c", "d"},
 			Tasks: []finalTask{
-				{ID: "a", Status: 1, Node: "n1", Stdout: "run=r1\n"},
-				{ID: "b", Status: -6, Node: "n2"},
-				{ID: "c", Status: 2, Node: "n3"},
-				{ID: "d", Status: 1, Node: "n2", Stdout: "run=r4\n"},
+				{ID: "a", Status: 1, Node: "n1", Stdout: "run=r1\n", Attempt: 1},
+				{ID: "b", Status: -6, Node: "n2", Attempt: 1},
+				{ID: "c", Status: 2, Node: "n3", Attempt: 1},
+				{ID: "d", Status: 1, Node: "n2", Stdout: "run=r4\n", Attempt: 1},
 			},
 			Records:  recs,
 			Counters: []queueCounts{{Queue: "q", Todo: 1, Total: 4, RecountTodo: 1, RecountTotal: 4}},
@@ -65,8 +68,8 @@ func TestInvariantChecker(t *testing.T) {
 		in.Records = append(in.Records, run("b", "n3", "r5", 20, 150, 170)...)
 		r := checkInvariants(in)
 		require.Len(t, r.Overlaps, 1, problems(r))
-		require.Contains(t, r.Overlaps[0], "run r2 on n2")
-		require.Contains(t, r.Overlaps[0], "run r5 on n3")
+		require.Contains(t, r.Overlaps[0], "run r2 (attempt 1) on n2")
+		require.Contains(t, r.Overlaps[0], "run r5 (attempt 1) on n3")
 		require.Contains(t, problems(r), "overlapping times")
 		// Later than that, it is a second run but no overlap.
 		in = clean()
@@ -84,6 +87,64 @@ func TestInvariantChecker(t *testing.T) {
 		require.Len(t, r.RunTwice, 1)
 		require.Contains(t, problems(r), "run to the end more than once")
 		require.Contains(t, r.Summary(), "run_twice=1")
+	})
+
+	// e failed its first attempt on n1 and succeeded on its second on n2,
+	// with the queue's retries at 2.
+	retried := func() checkInput {
+		in := clean()
+		in.Retries = 2
+		in.Tasks[2].Attempt = 3 // c failed all three attempts
+		in.Submitted = append(in.Submitted, "e")
+		in.Tasks = append(in.Tasks, finalTask{ID: "e", Status: 1, Node: "n2", Stdout: "run=r7\n", Attempt: 2, FailUntil: 1})
+		in.Records = append(in.Records, attemptRun("e", "n1", "r6", 1, 20, 100, 120)...)
+		in.Records = append(in.Records, attemptRun("e", "n2", "r7", 2, 20, 300, 320)...)
+		return in
+	}
+
+	t.Run("retries are not runs twice", func(t *testing.T) {
+		r := checkInvariants(retried())
+		require.Empty(t, r.Problems())
+		require.Empty(t, r.RunTwice)
+		require.Equal(t, 1, r.Retried)
+		require.Contains(t, r.Summary(), "retried=1")
+	})
+
+	t.Run("one attempt run twice", func(t *testing.T) {
+		in := retried()
+		in.Records = append(in.Records, attemptRun("e", "n3", "r8", 2, 20, 500, 520)...)
+		r := checkInvariants(in)
+		require.Len(t, r.RunTwiceSucceeded, 1, problems(r))
+		require.Contains(t, r.RunTwiceSucceeded[0], "run r8 (attempt 2) on n3")
+	})
+
+	t.Run("more attempts than retries", func(t *testing.T) {
+		in := retried()
+		in.Retries = 0
+		r := checkInvariants(in)
+		require.Len(t, r.TooManyAttempts, 1, problems(r))
+		require.Contains(t, problems(r), "task e ran attempt 2, retries 0")
+	})
+
+	t.Run("result of an earlier attempt", func(t *testing.T) {
+		in := retried()
+		in.Tasks[len(in.Tasks)-1].Stdout = "run=r6\n"
+		in.Tasks[len(in.Tasks)-1].Node = "n1"
+		r := checkInvariants(in)
+		require.Len(t, r.BadResult, 1, problems(r))
+		require.Contains(t, r.BadResult[0], "run r6 was attempt 1, the task records 2 attempts")
+	})
+
+	t.Run("failed with retries left", func(t *testing.T) {
+		in := retried()
+		in.Tasks[2].Attempt = 2 // c failed on its second attempt of three
+		r := checkInvariants(in)
+		require.Len(t, r.NotRetried, 1, problems(r))
+		require.Contains(t, problems(r), "task c on n3 failed on attempt 2 of 3")
+		in.Tasks[2].Reason = "killed" // a kill is never retried
+		require.Empty(t, checkInvariants(in).NotRetried)
+		in.Tasks[2].Reason, in.Tasks[2].Attempt = "", 3 // its retries spent
+		require.Empty(t, checkInvariants(in).NotRetried)
 	})
 
 	t.Run("lost tasks", func(t *testing.T) {

@@ -35,6 +35,8 @@ const (
 	recorderConstructor = "Fault::Recorder"
 	faultQueue          = "work"
 	faultMaxThreads     = 8 // per node
+	faultRetries        = 2 // the queue's retries
+	faultFailOneIn      = 5 // one workload task in this many fails its first attempt
 
 	// The workload: faultRate tasks per second for faultWorkload, each
 	// sleeping 10..200 ms.
@@ -199,6 +201,7 @@ func (s *faultSuite) newScenario(t *testing.T) *scenario {
 	sc := &scenario{t: t, s: s, dbName: name, db: s.client.Database(name), records: filepath.Join(t.TempDir(), "records.jsonl")}
 	cli(t, s.uri, name, "", "queue", "create", faultQueue, "--constructor", recorderConstructor,
 		"--maxthreads", fmt.Sprint(faultMaxThreads), "--sort", "fifo")
+	cli(t, s.uri, name, "", "queue", "set", faultQueue, "--retries", fmt.Sprint(faultRetries), "--retry-backoff", "20ms,200ms,0.2")
 	sc.queue = sc.queueID(faultQueue)
 	sc.watch = startWatcher(t, sc.db)
 	sc.sub = &submitter{coll: sc.db.Collection("tasks", options.Collection().SetWriteConcern(writeconcern.Majority()))}
@@ -303,7 +306,7 @@ func (sc *scenario) stopNodes() {
 }
 
 // newTask is a task document of seed 000: queued, unclaimed.
-func newTask(queue bson.ObjectID, ms int) (bson.ObjectID, bson.D) {
+func newTask(queue bson.ObjectID, ms int, params ...bson.E) (bson.ObjectID, bson.D) {
 	id := bson.NewObjectID()
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	return id, bson.D{
@@ -313,7 +316,7 @@ func newTask(queue bson.ObjectID, ms int) (bson.ObjectID, bson.D) {
 		{Key: "mtime", Value: now},
 		{Key: "node", Value: int32(-1)},
 		{Key: "status", Value: int32(-2)},
-		{Key: "parameters", Value: bson.D{{Key: "ms", Value: int32(ms)}}},
+		{Key: "parameters", Value: append(bson.D{{Key: "ms", Value: int32(ms)}}, params...)},
 		{Key: "stdout", Value: nil},
 		{Key: "stderr", Value: nil},
 	}
@@ -381,7 +384,12 @@ func batch(queue bson.ObjectID, n, ms int) ([]bson.ObjectID, []any) {
 		if m < 0 {
 			m = 10 + rand.IntN(191)
 		}
-		id, doc := newTask(queue, m)
+		var params []bson.E
+		if ms < 0 && rand.IntN(faultFailOneIn) == 0 {
+			// Fails its first attempt: the queue's retries run it again.
+			params = append(params, bson.E{Key: "fail_until", Value: int32(1)})
+		}
+		id, doc := newTask(queue, m, params...)
 		ids = append(ids, id)
 		docs = append(docs, doc)
 	}
@@ -604,6 +612,11 @@ func (sc *scenario) finalTasks() []finalTask {
 		Stderr   bson.RawValue `bson:"stderr"`
 		MTime    time.Time     `bson:"mtime"`
 		ClaimTok bson.RawValue `bson:"claim_token"`
+		Attempt  int           `bson:"attempt"`
+		Reason   string        `bson:"reason"`
+		Params   struct {
+			FailUntil int `bson:"fail_until"`
+		} `bson:"parameters"`
 	}
 	require.NoError(sc.t, cur.All(ctx, &docs))
 	out := make([]finalTask, 0, len(docs))
@@ -613,7 +626,8 @@ func (sc *scenario) finalTasks() []finalTask {
 		if tok, ok := x.ClaimTok.ObjectIDOK(); ok {
 			detail += " claim_token=" + tok.Hex()
 		}
-		out = append(out, finalTask{ID: t.ID.Hex(), Status: t.Status, Node: t.node(), Stdout: t.stdout(), Stderr: t.stderr(), Detail: detail})
+		out = append(out, finalTask{ID: t.ID.Hex(), Status: t.Status, Node: t.node(), Stdout: t.stdout(), Stderr: t.stderr(), Detail: detail,
+			Attempt: x.Attempt, Reason: x.Reason, FailUntil: x.Params.FailUntil})
 	}
 	return out
 }
@@ -749,6 +763,7 @@ func (sc *scenario) finish(waitWorkload func()) {
 		Records:    recs,
 		Overwrites: sc.watch.overwritten(),
 		Counters:   counts,
+		Retries:    faultRetries,
 	})
 	first, outage, recovered := recovery(recs, sc.fault, sc.submitDone)
 	resumes, watchProblems := sc.watch.stats()
@@ -773,6 +788,9 @@ func (sc *scenario) finish(waitWorkload func()) {
 	}
 	if first < 0 {
 		t.Errorf("no task started after the fault")
+	}
+	if r.Retried == 0 {
+		t.Errorf("no task was retried: one in %d fails its first attempt, so the scenario tested no retry", faultFailOneIn)
 	}
 	sc.stopNodes()
 }

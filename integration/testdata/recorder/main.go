@@ -5,11 +5,13 @@
 // It reads the task as JSON on stdin, appends a "start" record to the file
 // named by $FAULT_RECORDER_FILE, sleeps parameters.ms milliseconds, appends
 // an "end" record, and answers {"status": 1, "stdout": "run=<run id>\n"}, so
-// that the task document shows which execution finished it. Each record is
+// that the task document shows which execution finished it. With
+// parameters.fail_until N it answers status 2 instead (same stdout) on the
+// task's attempts 1 to N, so that a queue's retries send it back. Each record is
 // one JSON line written with a single write(2) on an O_APPEND descriptor, so
 // records of concurrent executions (of several nodes) never interleave:
 //
-//	{"ev":"start","task":"<hex>","node":"n1","run":"<run id>","pid":123,"ms":50,"t":<unix ns>}
+//	{"ev":"start","task":"<hex>","node":"n1","run":"<run id>","attempt":1,"pid":123,"ms":50,"t":<unix ns>}
 package main
 
 import (
@@ -25,19 +27,22 @@ import (
 type input struct {
 	ID         string `json:"id"`
 	Node       string `json:"node"`
+	Attempt    int    `json:"attempt"`
 	Parameters struct {
-		MS json.Number `json:"ms"`
+		MS        json.Number `json:"ms"`
+		FailUntil int         `json:"fail_until"`
 	} `json:"parameters"`
 }
 
 type record struct {
-	Ev   string `json:"ev"`
-	Task string `json:"task"`
-	Node string `json:"node"`
-	Run  string `json:"run"`
-	PID  int    `json:"pid"`
-	MS   int64  `json:"ms"`
-	T    int64  `json:"t"`
+	Ev      string `json:"ev"`
+	Task    string `json:"task"`
+	Node    string `json:"node"`
+	Run     string `json:"run"`
+	Attempt int    `json:"attempt"`
+	PID     int    `json:"pid"`
+	MS      int64  `json:"ms"`
+	T       int64  `json:"t"`
 }
 
 func main() {
@@ -71,7 +76,7 @@ func run() error {
 	defer f.Close()
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	rec := record{Task: in.ID, Node: in.Node, Run: hex.EncodeToString(id[:]), PID: os.Getpid(), MS: ms}
+	rec := record{Task: in.ID, Node: in.Node, Run: hex.EncodeToString(id[:]), Attempt: in.Attempt, PID: os.Getpid(), MS: ms}
 	write := func(ev string) error {
 		rec.Ev, rec.T = ev, time.Now().UnixNano()
 		line, err := json.Marshal(rec)
@@ -88,7 +93,11 @@ func run() error {
 	if err := write("end"); err != nil {
 		return fmt.Errorf("end record: %w", err)
 	}
-	ans, _ := json.Marshal(map[string]any{"status": 1, "stdout": "run=" + rec.Run + "\n", "stderr": ""})
+	status := 1
+	if in.Attempt <= in.Parameters.FailUntil {
+		status = 2
+	}
+	ans, _ := json.Marshal(map[string]any{"status": status, "stdout": "run=" + rec.Run + "\n", "stderr": ""})
 	_, err = os.Stdout.Write(append(ans, '\n'))
 	return err
 }
