@@ -187,6 +187,23 @@ func TestMetricsOfARealNode(t *testing.T) {
 	require.Positive(t, value("go_goroutines"))
 	require.Positive(t, value("process_resident_memory_bytes"))
 
+	// Cancels made with the CLI (no node carries them out) are counted by
+	// the projector from its stream, with the reasons nodes write.
+	cli(t, uri, db.Name(), "", "queue", "create", "held", "--constructor", demo, "--maxthreads", "0")
+	cli(t, uri, db.Name(), jsonLines(t, map[string]string{"commands": "a"}, map[string]string{"commands": "a"}), "task", "submit", "held")
+	cli(t, uri, db.Name(), "", "task", "cancel", "--queue", "held", "--by", "metrics-test")
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		s = scrapeMetrics(t, base)
+		if v, _ := s.sum("disbatch_task_reasons_total", "queue", "held", "reason", "cancelled"); v == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("disbatch_task_reasons_total{queue=held,reason=cancelled} is not 2: %v", s["disbatch_task_reasons_total"])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
 	n.signal(syscall.SIGTERM)
 	require.Zero(t, n.wait(15*time.Second))
 	_, _, err := httpGet(base + "/healthz")

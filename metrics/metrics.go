@@ -160,11 +160,15 @@ var (
 		"1 while this node holds the \"leader\" lease and runs the cluster-wide duties (stale-claim sweep, dead-node recovery), else 0.", nil, nil)
 	descDrift = prometheus.NewDesc("disbatch_projection_drift_queues_total",
 		"Queues whose counters differed from a recount (should stay 0).", nil, nil)
+	descReasons = prometheus.NewDesc("disbatch_task_reasons_total",
+		"Reasons written on tasks (why a task ended or is held: cancelled, killed, timeout, expired, retrying, requeued, rerun, orphaned, ...), "+
+			"by queue, whoever wrote them (a node, the CLI, the web API, another program): counted from the change stream by the counter "+
+			"projector while this node held its lease. Sum over the nodes for the cluster.", []string{"queue", "reason"}, nil)
 )
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descClusterLeader} {
+		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descClusterLeader, descReasons} {
 		ch <- d
 	}
 }
@@ -191,7 +195,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	sums := map[string]*queueSums{}
 	var names []string
-	for _, q := range src.Queues() {
+	queues := src.Queues()
+	nameOf := make(map[bson.ObjectID]string, len(queues))
+	for _, q := range queues {
+		nameOf[q.ID] = q.Name
 		s := sums[q.Name]
 		if s == nil {
 			s = &queueSums{}
@@ -249,4 +256,17 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descLag, ps.LagP99.Seconds(), "0.99")
 	counter(descProjEvents, ps.Events)
 	counter(descDrift, ps.DriftQueues)
+	// By queue name (same-named queues added up; a queue gone since is
+	// named by its id).
+	reasons := map[[2]string]int64{}
+	for k, n := range ps.Reasons {
+		name, ok := nameOf[k.Queue]
+		if !ok {
+			name = k.Queue.Hex()
+		}
+		reasons[[2]string{name, k.Reason}] += n
+	}
+	for k, n := range reasons {
+		counter(descReasons, n, k[0], k[1])
+	}
 }

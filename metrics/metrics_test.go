@@ -171,7 +171,7 @@ func (f *fakeSource) LeaderStatus() leadership.Status   { return f.leader }
 func ptr[T any](v T) *T { return &v }
 
 func TestCollector(t *testing.T) {
-	a, b, c, d1, d2 := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	a, b, c, d1, d2, gone := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
 	src := &fakeSource{
 		queues: []schema.Queue{
 			{ID: a, Name: "alpha", CountTodo: ptr[int64](3), CountTotal: ptr[int64](10)},
@@ -181,10 +181,15 @@ func TestCollector(t *testing.T) {
 			{ID: d1, Name: "twin", CountTodo: ptr[int64](1), CountTotal: ptr[int64](2)},
 			{ID: d2, Name: "twin", CountTodo: ptr[int64](4), CountTotal: ptr[int64](8)},
 		},
-		running:   map[bson.ObjectID]int{a: 2, b: 1, d1: 1, d2: 1},
-		claimer:   claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3},
-		stream:    events.Stats{Events: 100, Resumes: 2, Rescans: 1},
-		projector: projections.Stats{Leader: true, Events: 77, DriftQueues: 0, LagP50: 40 * time.Millisecond, LagP99: 75 * time.Millisecond},
+		running: map[bson.ObjectID]int{a: 2, b: 1, d1: 1, d2: 1},
+		claimer: claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3},
+		stream:  events.Stats{Events: 100, Resumes: 2, Rescans: 1},
+		projector: projections.Stats{Leader: true, Events: 77, DriftQueues: 0, LagP50: 40 * time.Millisecond, LagP99: 75 * time.Millisecond,
+			Reasons: map[projections.ReasonKey]int64{
+				{Queue: a, Reason: "cancelled"}: 4, {Queue: a, Reason: "retrying"}: 2,
+				{Queue: d1, Reason: "killed"}: 1, {Queue: d2, Reason: "killed"}: 2,
+				{Queue: gone, Reason: "timeout"}: 5,
+			}},
 	}
 	m := New()
 	m.Attach(src)
@@ -222,6 +227,11 @@ func TestCollector(t *testing.T) {
 	require.Equal(t, 1.0, value(t, mfs, "disbatch_node_state", "state", "serving"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_node_state", "state", "fenced"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_cluster_leader"))
+	require.Equal(t, 4.0, value(t, mfs, "disbatch_task_reasons_total", "queue", "alpha", "reason", "cancelled"))
+	require.Equal(t, 2.0, value(t, mfs, "disbatch_task_reasons_total", "queue", "alpha", "reason", "retrying"))
+	require.Equal(t, 3.0, value(t, mfs, "disbatch_task_reasons_total", "queue", "twin", "reason", "killed"), "same-named queues added up")
+	require.Equal(t, 5.0, value(t, mfs, "disbatch_task_reasons_total", "queue", gone.Hex(), "reason", "timeout"), "a queue gone is named by its id")
+	require.Equal(t, dto.MetricType_COUNTER, mfs["disbatch_task_reasons_total"].GetType())
 
 	// Read at scrape time: a change shows at the next gather.
 	src.fenced = true

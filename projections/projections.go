@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -60,6 +61,18 @@ type Stats struct {
 	DriftQueues int64
 	LagP50      time.Duration
 	LagP99      time.Duration
+	// Reasons counts the reasons written on tasks (why a task ended or is
+	// held: cancelled, killed, timeout, retrying, orphaned, ...), by queue,
+	// whoever wrote them (a node, the CLI, the web API, another program),
+	// in the events this node applied while it led. Events a recount
+	// covered instead (a lost stream position) are not in it.
+	Reasons map[ReasonKey]int64
+}
+
+// ReasonKey is a queue and a reason.
+type ReasonKey struct {
+	Queue  bson.ObjectID
+	Reason string
 }
 
 // Service stands for the projector's lease among the nodes and, while this
@@ -121,6 +134,7 @@ func (s *Service) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
+	st.Reasons = maps.Clone(s.stats.Reasons)
 	status := s.elector.Status()
 	st.Leader, st.Epoch = status.Leader, status.Epoch
 	if n := len(s.lags); n > 0 {
@@ -162,11 +176,18 @@ func (s *Service) commit(ctx context.Context, p store.CountersApplyParams) ([]bs
 	return s.cfg.Store.CountersApply(tctx, p)
 }
 
-func (s *Service) recordLags(lags []time.Duration, events int) {
+// recorded adds a committed batch to the stats.
+func (s *Service) recorded(lags []time.Duration, events int, reasons map[ReasonKey]int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.Events += int64(events)
 	s.stats.Batches++
+	for k, n := range reasons {
+		if s.stats.Reasons == nil {
+			s.stats.Reasons = map[ReasonKey]int64{}
+		}
+		s.stats.Reasons[k] += n
+	}
 	for _, l := range lags {
 		if len(s.lags) < cap(s.lags) {
 			s.lags = append(s.lags, l)
@@ -304,6 +325,7 @@ func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 // checkpoint in one fenced transaction.
 func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token bson.Raw) error {
 	deltas := map[bson.ObjectID]*store.CounterDelta{}
+	reasons := map[ReasonKey]int64{}
 	at := p.at
 	var walls []time.Time
 	for _, ev := range batch {
@@ -314,6 +336,7 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 			walls = append(walls, ev.WallTime)
 		}
 		p.fold(ev, at, deltas)
+		countReason(ev, reasons)
 	}
 	list := make([]store.CounterDelta, 0, len(deltas))
 	for _, d := range deltas {
@@ -328,7 +351,7 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	for i, w := range walls {
 		lags[i] = now.Sub(w)
 	}
-	p.s.recordLags(lags, len(batch))
+	p.s.recorded(lags, len(batch), reasons)
 	p.token, p.at, p.lastCommit = token, at, now
 	for _, q := range missing {
 		p.recount[q] = true
@@ -408,6 +431,36 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 		}
 		add(oldQ, isTodo(oldS), -1)
 		add(newQ, isTodo(newS), +1)
+	}
+}
+
+// countReason counts a reason the event wrote on a task: an update that
+// set it (a start removes it, so each attempt's is written afresh), or an
+// insert or replace whose document has one its pre-image did not.
+func countReason(ev store.ChangeEvent, reasons map[ReasonKey]int64) {
+	if ev.Coll != schema.CollTasks {
+		return
+	}
+	var reason, queue bson.RawValue
+	switch ev.Op {
+	case "update":
+		reason = ev.Updated.Lookup(schema.TaskReason)
+		queue = ev.Updated.Lookup(schema.TaskQueue)
+		if queue.Type == 0 {
+			queue = ev.Before.Lookup(schema.TaskQueue)
+		}
+	case "insert", "replace":
+		reason, queue = ev.Doc.Lookup(schema.TaskReason), ev.Doc.Lookup(schema.TaskQueue)
+		if ev.Before != nil && ev.Before.Lookup(schema.TaskReason).Equal(reason) {
+			return
+		}
+	default:
+		return
+	}
+	r, ok := reason.StringValueOK()
+	q, qok := queue.ObjectIDOK()
+	if ok && r != "" && qok {
+		reasons[ReasonKey{Queue: q, Reason: r}]++
 	}
 }
 

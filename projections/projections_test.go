@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -384,4 +385,70 @@ func TestServiceLifecycle(t *testing.T) {
 	lifecycletest.Check(t, func(t *testing.T) lifecycle.Service {
 		return projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: time.Second})
 	}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()})
+}
+
+// TestReasonsAreCountedWhoeverWritesThem: the projector counts the reasons
+// written on tasks, by queue, from its stream: a cancel made through the
+// store (as the CLI and the web API make it) and reasons written by another
+// program alike; a reason written again after a start removed it counts
+// again; a change that keeps a reason does not.
+func TestReasonsAreCountedWhoeverWritesThem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	q := newQueue(t, db, "q", 0, true)
+	other := newQueue(t, db, "other", 0, true)
+	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second})
+	require.NoError(t, svc.Start(ctx))
+	t.Cleanup(svc.Stop)
+	require.Eventually(t, func() bool { return svc.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
+
+	ids := insertBurst(t, db, q, 0, 5, func(int) any { return -2 })
+	oids := make([]bson.ObjectID, len(ids))
+	for i, id := range ids {
+		oids[i] = id.(bson.ObjectID)
+	}
+	res, err := s.TaskCancel(ctx, store.TaskCancelParams{Target: store.TaskTarget{IDs: oids[:3]}, By: "test"})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, res.Cancelled)
+
+	tasks := db.Collection("tasks")
+	update := func(id bson.ObjectID, u bson.D) {
+		t.Helper()
+		_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, u)
+		require.NoError(t, err)
+	}
+	setf := func(kv ...any) bson.D {
+		d := bson.D{}
+		for i := 0; i < len(kv); i += 2 {
+			d = append(d, bson.E{Key: kv[i].(string), Value: kv[i+1]})
+		}
+		return bson.D{{Key: "$set", Value: d}}
+	}
+	// Task 3 fails twice and is retried each time: a start removes the
+	// reason in between, so the second "retrying" is written afresh.
+	update(oids[3], setf("status", -4, "reason", schema.ReasonRetrying))
+	update(oids[3], setf("status", -2)) // released: the reason stays, not a new one
+	update(oids[3], bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 0}}}, {Key: "$unset", Value: bson.D{{Key: "reason", Value: ""}}}})
+	update(oids[3], setf("status", -4, "reason", schema.ReasonRetrying))
+	// Task 4 times out in another queue (moved there by another program).
+	update(oids[4], setf("queue", other, "status", 2, "reason", schema.ReasonTimeout))
+	// A replace that keeps the reason is no new reason.
+	var doc bson.D
+	require.NoError(t, tasks.FindOne(ctx, bson.D{{Key: "_id", Value: oids[0]}}).Decode(&doc))
+	_, err = tasks.ReplaceOne(ctx, bson.D{{Key: "_id", Value: oids[0]}}, doc)
+	require.NoError(t, err)
+
+	want := map[projections.ReasonKey]int64{
+		{Queue: q, Reason: schema.ReasonCancelled}:   3,
+		{Queue: q, Reason: schema.ReasonRetrying}:    2,
+		{Queue: other, Reason: schema.ReasonTimeout}: 1,
+	}
+	require.Eventually(t, func() bool { return reflect.DeepEqual(svc.Stats().Reasons, want) }, 10*time.Second, 10*time.Millisecond,
+		"reasons counted: %v", svc.Stats().Reasons)
+	// Nothing more comes in later.
+	update(oids[0], setf("stdout", "x"))
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, want, svc.Stats().Reasons)
 }

@@ -30,9 +30,11 @@ const (
 	StreamWakeups StreamProfile = iota + 1
 	// StreamCounters is what changes the queues' counters: every task
 	// insert, replace and delete, and every update of a task's status or
-	// queue (set or removed), with the task's queue and status before the
-	// change (pre-images: TasksPreImagesEnable); and queue inserts and
-	// replaces (a new queue gets its counters). The counter projector's.
+	// queue (set or removed) or reason (set), with the task's queue and
+	// status before the change (pre-images: TasksPreImagesEnable); and
+	// queue inserts and replaces (a new queue gets its counters). Events
+	// carry the task's reason as written (the projector counts reasons).
+	// The counter projector's.
 	StreamCounters
 	// StreamTransitions is every task transition (insert, delete, replace,
 	// a change of status, queue or node) with its pre-image, every queue
@@ -137,15 +139,16 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
 					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: exists()}},
 					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskQueue, Value: exists()}},
+					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskReason, Value: exists()}},
 					bson.D{{Key: "updateDescription.removedFields", Value: in(schema.TaskStatus, schema.TaskQueue)}},
 				}}},
 				bson.D{{Key: "ns.coll", Value: schema.CollQueues}, {Key: "operationType", Value: in("insert", "replace", "drop", "rename")}},
 				databaseEnd,
 			),
-			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus,
-				"fullDocumentBeforeChange."+schema.TaskQueue, "fullDocumentBeforeChange."+schema.TaskStatus,
+			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskReason,
+				"fullDocumentBeforeChange."+schema.TaskQueue, "fullDocumentBeforeChange."+schema.TaskStatus, "fullDocumentBeforeChange."+schema.TaskReason,
 				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue,
-				"updateDescription.removedFields"),
+				"updateDescription.updatedFields."+schema.TaskReason, "updateDescription.removedFields"),
 		}}, nil
 	case StreamTransitions:
 		heavy := []string{schema.TaskParameters, schema.TaskParams, schema.TaskStdout, schema.TaskStderr}

@@ -486,10 +486,16 @@ func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []
 		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, guard: startable(now), update: bson.D{{Key: "$set", Value: bson.D{
 			{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
 			{Key: schema.TaskMTime, Value: now},
-		}}}}
+		}}, startClears}}
 	}
 	return s.guardedMany(ctx, "start", ws, sameNode(ps))
 }
+
+// startClears is the start's $unset: a running task has no reason (the
+// reason says why a task ended or is held, e.g. retrying), so that every
+// reason an attempt ends with is written afresh, and the counter projector
+// counts it (projections.Stats.Reasons).
+var startClears = bson.E{Key: "$unset", Value: bson.D{{Key: schema.TaskReason, Value: ""}}}
 
 // TaskFinishMany is TaskFinish for many tasks: results small enough for the
 // task document go in one bulk write (see TaskStartMany for the errors);

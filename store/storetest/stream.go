@@ -164,6 +164,16 @@ func testStreamCountersCarryPreImages(t *testing.T, newStore Factory) {
 	require.Equal(t, q.ID, ev.Before.Lookup(schema.TaskQueue).ObjectID())
 	require.Equal(t, int32(schema.StatusClaimed), ev.Updated.Lookup(schema.TaskStatus).Int32())
 
+	// A reason written is an event that carries it; a start removes it.
+	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskReason, Value: schema.ReasonRequeued}})
+	ev = f.next(isOp("update", schema.CollTasks, id))
+	require.Equal(t, schema.ReasonRequeued, ev.Updated.Lookup(schema.TaskReason).StringValue())
+	require.NoError(t, s.TaskStart(ctxT(t), store.TaskTransitionParams{ID: id, Node: "n1"}))
+	ev = f.next(isOp("update", schema.CollTasks, id))
+	require.Equal(t, int32(schema.StatusRunning), ev.Updated.Lookup(schema.TaskStatus).Int32())
+	require.Equal(t, schema.ReasonRequeued, ev.Before.Lookup(schema.TaskReason).StringValue(), "pre-images carry the reason")
+	require.Equal(t, []string{schema.TaskReason}, ev.Removed, "a running task has no reason")
+
 	// Output and parameters do not change counters: no event. A queue
 	// update neither (only inserts and replaces: a new queue is recounted).
 	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStdout, Value: "out"}})
