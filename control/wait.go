@@ -66,6 +66,11 @@ func CheckIDs(ids []bson.ObjectID) ([]bson.ObjectID, error) {
 // ended before the stream opened) and an error wrapping ErrWaitTimeout
 // (and ctx's).
 func Wait(ctx context.Context, st WaitStore, ids []bson.ObjectID) ([]store.TaskState, error) {
+	return wait(ctx, st, ids, time.Second)
+}
+
+// wait is Wait re-reading at least every reread.
+func wait(ctx context.Context, st WaitStore, ids []bson.ObjectID, reread time.Duration) ([]store.TaskState, error) {
 	ids, err := CheckIDs(ids)
 	if err != nil {
 		return nil, err
@@ -75,7 +80,7 @@ func Wait(ctx context.Context, st WaitStore, ids []bson.ObjectID) ([]store.TaskS
 		defer cancel()
 		return st.TaskStates(rctx, ids)
 	}
-	r, err := st.StreamOpen(ctx, store.StreamParams{Profile: store.StreamTaskStates, Tasks: ids, Name: "wait", MaxAwait: time.Second})
+	r, err := st.StreamOpen(ctx, store.StreamParams{Profile: store.StreamTaskStates, Tasks: ids, Name: "wait", MaxAwait: reread})
 	if err != nil {
 		if ctx.Err() == nil {
 			return nil, fmt.Errorf("wait for tasks: %w", err)

@@ -73,6 +73,41 @@ func TestWaitReturnsWhenTheLastTaskEnds(t *testing.T) {
 	}
 }
 
+// readCounter signals each TaskStates read.
+type readCounter struct {
+	*store.Store
+	reads chan []store.TaskState
+}
+
+func (r readCounter) TaskStates(ctx context.Context, ids []bson.ObjectID) ([]store.TaskState, error) {
+	states, err := r.Store.TaskStates(ctx, ids)
+	r.reads <- states
+	return states, err
+}
+
+// TestWaitIsWokenByTheChangeStream: with the periodic re-read an hour
+// away, a wait that has read its task unfinished still returns as soon as
+// the task ends: the change stream woke it.
+func TestWaitIsWokenByTheChangeStream(t *testing.T) {
+	s, ids, set := setup(t)
+	rc := readCounter{Store: s, reads: make(chan []store.TaskState, 10)}
+	done := make(chan error, 1)
+	go func() {
+		_, err := wait(context.Background(), rc, ids[:1], time.Hour)
+		done <- err
+	}()
+	first := <-rc.reads
+	require.False(t, Ended(first[0]), "the first read sees the task queued")
+	set(ids[0], schema.StatusFailed)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the wait was not woken by the task's change (its re-read is an hour away)")
+	}
+	require.Len(t, rc.reads, 1, "one read after the change")
+}
+
 func TestWaitTimesOutWithTheStatesSoFar(t *testing.T) {
 	s, ids, _ := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
