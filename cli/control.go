@@ -176,27 +176,44 @@ func (c *controlCmd) add(cmd *cobra.Command, withReasonFilter bool) {
 	cmd.Flags().BoolVar(&c.asJSON, "json", false, "print the result as JSON")
 }
 
-// prepare reads the target, connects and resolves the filter's queue. On
-// success the caller must call done.
-func (c *controlCmd) prepare(cmd *cobra.Command, args []string) (*store.Store, store.TaskTarget, func(), error) {
-	t, err := c.target.target(cmd, args, time.Now())
-	if err != nil {
-		return nil, t, nil, err
+// outcome is what a control command did: the counts to print, the ids
+// left alone, how many of those are failures, and what failed (e.g.
+// "could not be killed").
+type outcome struct {
+	counts  []count
+	skipped []store.TaskSkip
+	failed  int
+	what    string
+}
+
+// runE is a control command's RunE: it reads the target, connects,
+// resolves the filter's queue, acts and reports.
+func (c *controlCmd) runE(act func(ctx context.Context, s *store.Store, t store.TaskTarget) (outcome, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		t, err := c.target.target(cmd, args, time.Now())
+		if err != nil {
+			return err
+		}
+		s, done, err := c.g.open(cmd)
+		if err != nil {
+			return err
+		}
+		defer done()
+		if err := c.target.resolveQueue(cmd.Context(), s, t); err != nil {
+			return err
+		}
+		o, err := act(cmd.Context(), s, t)
+		if err != nil {
+			return err
+		}
+		return c.report(o)
 	}
-	s, done, err := c.g.open(cmd)
-	if err != nil {
-		return nil, t, nil, err
-	}
-	if err := c.target.resolveQueue(cmd.Context(), s, t); err != nil {
-		done()
-		return nil, t, nil, err
-	}
-	return s, t, done, nil
 }
 
 // report prints counts and skips, as text or JSON, and returns an error
-// (exit 1) naming how many ids failed when failed > 0.
-func (c *controlCmd) report(counts []count, skipped []store.TaskSkip, failed int, what string) error {
+// (exit 1) naming how many ids failed when any did.
+func (c *controlCmd) report(o outcome) error {
+	counts, skipped, failed, what := o.counts, o.skipped, o.failed, o.what
 	w := c.g.io.Out
 	if c.asJSON {
 		m := map[string]any{}
@@ -260,16 +277,10 @@ finished, ...), so that scripts notice; a filter matching nothing is not an
 error.`,
 		Example: `  disbatch task kill 6572c0ffee0123456789abcd --reason "stuck on a lock"
   disbatch task kill --queue demo --status running --node worker-3`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, t, done, err := c.prepare(cmd, args)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx := cmd.Context()
+		RunE: c.runE(func(ctx context.Context, s *store.Store, t store.TaskTarget) (outcome, error) {
 			res, err := s.TaskKill(ctx, store.TaskKillParams{Target: t, By: g.who(), Reason: reason})
 			if err != nil {
-				return err
+				return outcome{}, err
 			}
 			// A kill already under way is what was asked for; any other
 			// id left alone is a failure.
@@ -279,12 +290,12 @@ error.`,
 					failed++
 				}
 			}
-			return c.report([]count{
+			return outcome{[]count{
 				{"requested", res.Requested, "running or claimed: their nodes kill them"},
 				{"cancelled", res.Cancelled, "had not started"},
 				{"settled", res.Settled, "orphaned: finished as killed"},
-			}, res.Skipped, failed, "could not be killed")
-		},
+			}, res.Skipped, failed, "could not be killed"}, nil
+		}),
 	}
 	c.add(cmd, false)
 	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded with the kill")
@@ -311,18 +322,13 @@ running, ...), so that scripts notice; a filter matching nothing is not an
 error.`,
 		Example: `  disbatch task cancel 6572c0ffee0123456789abcd
   disbatch task cancel --queue demo --status queued --reason "wrong input file"`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, t, done, err := c.prepare(cmd, args)
+		RunE: c.runE(func(ctx context.Context, s *store.Store, t store.TaskTarget) (outcome, error) {
+			res, err := s.TaskCancel(ctx, store.TaskCancelParams{Target: t, By: g.who(), Reason: reason})
 			if err != nil {
-				return err
+				return outcome{}, err
 			}
-			defer done()
-			res, err := s.TaskCancel(cmd.Context(), store.TaskCancelParams{Target: t, By: g.who(), Reason: reason})
-			if err != nil {
-				return err
-			}
-			return c.report([]count{{"cancelled", res.Cancelled, "had not started"}}, res.Skipped, len(res.Skipped), "could not be cancelled")
-		},
+			return outcome{[]count{{"cancelled", res.Cancelled, "had not started"}}, res.Skipped, len(res.Skipped), "could not be cancelled"}, nil
+		}),
 	}
 	c.add(cmd, false)
 	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded with the cancel")
@@ -354,26 +360,21 @@ requeued and changes nothing. It exits 1 when any id was left alone.`,
 		Example: `  disbatch task retry --queue demo --status failed --since 2h --dry-run
   disbatch task retry --queue demo --reason orphaned
   disbatch task retry 6572c0ffee0123456789abcd`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, t, done, err := c.prepare(cmd, args)
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: c.runE(func(ctx context.Context, s *store.Store, t store.TaskTarget) (outcome, error) {
 			p := store.TaskRetryParams{Target: t, By: g.who(), DryRun: dryRun}
 			if t.Filter != nil && !dryRun {
 				p.Progress = newProgress(g.io.Err, g.io.ErrTerminal, "requeued").update
 			}
-			res, err := s.TaskRetry(cmd.Context(), p)
+			res, err := s.TaskRetry(ctx, p)
 			if err != nil {
-				return err
+				return outcome{}, err
 			}
 			n := count{"requeued", res.Requeued, ""}
 			if dryRun {
 				n = count{"would requeue", res.Requeued, "(dry run: nothing was changed)"}
 			}
-			return c.report([]count{n}, res.Skipped, len(res.Skipped), "could not be requeued")
-		},
+			return outcome{[]count{n}, res.Skipped, len(res.Skipped), "could not be requeued"}, nil
+		}),
 	}
 	c.add(cmd, true)
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print how many tasks would be requeued; change nothing")
