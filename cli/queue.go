@@ -323,7 +323,8 @@ How the queue's tasks are controlled (Disbatch 4 nodes ignore these):
                            default when unset)
   --rerun-orphans=BOOL     whether the running tasks of a node that died go
                            back to the queue (true) or stay orphaned for an
-                           operator to retry or kill (false)
+                           operator to retry or kill (false); a rerun spends
+                           one of --retries (one rerun at least)
 
 Every value is checked before anything is written. maxthreads and constructor
 are written under both their seed-000 and their Disbatch 4.103 names.`,

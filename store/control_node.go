@@ -87,7 +87,9 @@ func KillRequestOf(doc bson.Raw) (TaskKillRequest, bool) {
 // restarting), within filter (which names the node): claimed ones asked to
 // be killed finish unrun; running ones asked to be killed finish as
 // killed; running ones of a queue with rerun_orphans go back to the queue
-// as a new attempt; the other running ones are orphaned (-6), their attempt
+// as a new attempt, spending one of the queue's retries (at least one rerun
+// even with retries 0), so that a task that kills its node is not rerun on
+// every death; the other running ones are orphaned (-6), their attempt
 // recorded. Claimed ones not asked to be killed are left to the caller.
 func (s *Store) settleGone(ctx context.Context, filter bson.D, claimedToo bool) (settled goneTasks, err error) {
 	withStatus := func(st bson.D, more ...bson.E) bson.D {
@@ -110,24 +112,25 @@ func (s *Store) settleGone(ctx context.Context, filter bson.D, claimedToo bool) 
 		return settled, fmt.Errorf("settle kills: %w", err)
 	}
 	settled.Killed = r.ModifiedCount
-	rerun := s.queues.Distinct(ctx, "_id", bson.D{{Key: schema.QueueRerunOrphans, Value: bson.D{{Key: "$in", Value: bson.A{true, 1, int64(1), 1.0}}}}})
-	var queues bson.A
-	if err := rerun.Decode(&queues); err != nil {
-		return settled, fmt.Errorf("read queues with rerun_orphans: %w", err)
+	budgets, err := s.rerunBudgets(ctx)
+	if err != nil {
+		return settled, err
 	}
-	if len(queues) > 0 {
+	for budget, queues := range budgets {
 		r, err = s.tasks.UpdateMany(ctx, withStatus(bson.D{{Key: "$eq", Value: int32(schema.StatusRunning)}}, notKilled,
-			bson.E{Key: schema.TaskQueue, Value: bson.D{{Key: "$in", Value: queues}}}),
+			bson.E{Key: schema.TaskQueue, Value: bson.D{{Key: "$in", Value: queues}}},
+			bson.E{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{triesExpr, budget}}}}),
 			mongo.Pipeline{{{Key: "$set", Value: append(attemptEnded(schema.StatusOrphaned, schema.ReasonOrphaned),
 				bson.E{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 				bson.E{Key: schema.TaskNode, Value: int32(schema.Unclaimed)},
 				bson.E{Key: schema.TaskReason, Value: schema.ReasonRerun},
+				bson.E{Key: schema.TaskTries, Value: bson.D{{Key: "$add", Value: bson.A{triesExpr, 1}}}},
 				bson.E{Key: schema.TaskMTime, Value: "$$NOW"},
 			)}}})
 		if err != nil {
 			return settled, fmt.Errorf("requeue orphans of queues with rerun_orphans: %w", err)
 		}
-		settled.Rerun = r.ModifiedCount
+		settled.Rerun += r.ModifiedCount
 	}
 	r, err = s.tasks.UpdateMany(ctx, withStatus(bson.D{{Key: "$eq", Value: int32(schema.StatusRunning)}}, notKilled),
 		mongo.Pipeline{{{Key: "$set", Value: append(attemptEnded(schema.StatusOrphaned, schema.ReasonOrphaned),
@@ -140,6 +143,36 @@ func (s *Store) settleGone(ctx context.Context, filter bson.D, claimedToo bool) 
 	}
 	settled.Orphaned = r.ModifiedCount
 	return settled, nil
+}
+
+// triesExpr is the task's tries, 0 when it has none.
+var triesExpr = bson.D{{Key: "$cond", Value: bson.A{bson.D{{Key: "$isNumber", Value: "$" + schema.TaskTries}}, "$" + schema.TaskTries, 0}}}
+
+// rerunBudgets groups the queues with rerun_orphans by how many tries a
+// rerun may reach: the queue's retries, at least 1.
+func (s *Store) rerunBudgets(ctx context.Context) (map[int][]bson.ObjectID, error) {
+	cur, err := s.queues.Find(ctx, bson.D{{Key: schema.QueueRerunOrphans, Value: bson.D{{Key: "$in", Value: bson.A{true, 1, int64(1), 1.0}}}}},
+		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: schema.QueueRetries, Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("read queues with rerun_orphans: %w", err)
+	}
+	var qs []bson.Raw
+	if err := cur.All(ctx, &qs); err != nil {
+		return nil, fmt.Errorf("read queues with rerun_orphans: %w", err)
+	}
+	out := map[int][]bson.ObjectID{}
+	for _, q := range qs {
+		id, ok := q.Lookup("_id").ObjectIDOK()
+		if !ok {
+			continue // tasks name queues by ObjectId
+		}
+		budget := 1
+		if n, ok := q.Lookup(schema.QueueRetries).AsInt64OK(); ok && n > 1 {
+			budget = int(min(n, schema.MaxRetries))
+		}
+		out[budget] = append(out[budget], id)
+	}
+	return out, nil
 }
 
 type goneTasks struct {

@@ -234,8 +234,9 @@ func testTaskTimers(t *testing.T, newStore Factory) {
 
 // testDeadNodeSettlesKillsAndRerunsOrphans: a dead node's running task
 // asked to be killed finishes killed, one of a rerun_orphans queue goes
-// back as a new attempt, the others are orphaned with their attempt
-// recorded.
+// back as a new attempt spending a try (one whose tries reached the
+// queue's retries, at least 1, is orphaned instead), the others are
+// orphaned with their attempt recorded.
 func testDeadNodeSettlesKillsAndRerunsOrphans(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
@@ -243,18 +244,21 @@ func testDeadNodeSettlesKillsAndRerunsOrphans(t *testing.T, newStore Factory) {
 	rerun := newQueue(t, s, "rerun", schema.SortFIFO)
 	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: rerun.ID, RerunOrphans: ptr(true)}))
 	a := insertTasks(t, s, plain.ID, 2)
-	b := insertTasks(t, s, rerun.ID, 1)
+	b := insertTasks(t, s, rerun.ID, 2)
 	for _, id := range append(a, b...) {
 		setStatus(t, db, id, schema.StatusRunning, "ghost")
 	}
-	_, err := s.TaskKill(ctx, store.TaskKillParams{Target: store.TaskTarget{IDs: a[1:]}, By: "op"})
+	// b[1] was rerun once already: the queue's retries (0) allow one rerun.
+	_, err := db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: b[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "tries", Value: 1}}}})
+	require.NoError(t, err)
+	_, err = s.TaskKill(ctx, store.TaskKillParams{Target: store.TaskTarget{IDs: a[1:]}, By: "op"})
 	require.NoError(t, err)
 	_, err = db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "ghost"}, {Key: "timestamp", Value: time.Now().Add(-time.Hour)}})
 	require.NoError(t, err)
 	dead, err := s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: time.Minute, By: "n1"})
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
-	require.Equal(t, store.DeadNode{Node: "ghost", Since: dead[0].Since, Requeued: 1, Orphaned: 1, Killed: 1}, dead[0])
+	require.Equal(t, store.DeadNode{Node: "ghost", Since: dead[0].Since, Requeued: 1, Orphaned: 2, Killed: 1}, dead[0])
 	st, reason := statusOf(t, db, a[0])
 	require.Equal(t, schema.StatusOrphaned, st)
 	require.Equal(t, schema.ReasonOrphaned, reason)
@@ -270,4 +274,22 @@ func testDeadNodeSettlesKillsAndRerunsOrphans(t *testing.T, newStore Factory) {
 	require.Len(t, task.Control.Attempts, 1)
 	require.Equal(t, "ghost", task.Control.Attempts[0].Node)
 	require.Equal(t, schema.StatusOrphaned, task.Control.Attempts[0].Status)
+	require.Equal(t, 1, task.Control.Tries, "a rerun spends a try")
+	st, reason = statusOf(t, db, b[1])
+	require.Equal(t, schema.StatusOrphaned, st, "its rerun spent: orphaned, not rerun on every death")
+	require.Equal(t, schema.ReasonOrphaned, reason)
+
+	// With retries 3, a task that has spent 2 tries is rerun once more.
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: rerun.ID, Retries: ptr(3)}))
+	c := insertTasks(t, s, rerun.ID, 1)[0]
+	setStatus(t, db, c, schema.StatusRunning, "ghost2")
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: c}}, bson.D{{Key: "$set", Value: bson.D{{Key: "tries", Value: 2}}}})
+	require.NoError(t, err)
+	_, err = db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "ghost2"}, {Key: "timestamp", Value: time.Now().Add(-time.Hour)}})
+	require.NoError(t, err)
+	_, err = s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: time.Minute, By: "n1"})
+	require.NoError(t, err)
+	st, reason = statusOf(t, db, c)
+	require.Equal(t, schema.StatusQueued, st)
+	require.Equal(t, schema.ReasonRerun, reason)
 }
