@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,6 +36,9 @@ type Queue struct {
 	// Control is the queue's task control (timeout, retries), for the
 	// runner.
 	Control schema.QueueControl
+	// Sched orders the queues of a pass (priority, weight) and bounds a
+	// claim (max_getwork). Paused queues are not given to the claimer.
+	Sched schema.QueueSched
 }
 
 // Config configures a Claimer.
@@ -310,7 +315,7 @@ func (c *Claimer) pass(ctx context.Context) int {
 			}
 		}
 	}
-	claimed := 0
+	var open []Queue // the queues this pass tries
 	for _, id := range c.order {
 		work, marked := dirty[id]
 		if !all && !marked && !retry {
@@ -322,23 +327,71 @@ func (c *Claimer) pass(ctx context.Context) int {
 		if c.empty[id] {
 			continue // a slot freed up, but the queue had nothing
 		}
-		claimed += c.claim(ctx, c.queues[id])
-		if ctx.Err() != nil {
-			break
+		open = append(open, c.queues[id])
+	}
+	claimed := 0
+	for len(open) > 0 && ctx.Err() == nil {
+		i, limit := c.next(open)
+		n, more := c.claim(ctx, open[i], limit)
+		claimed += n
+		if !more {
+			open = slices.Delete(open, i, i+1)
 		}
 	}
 	return claimed
 }
 
-// claim fills q's free slots. The first claim of a pass is one
-// findOneAndUpdate, the fastest way to take a task that just arrived. Once
-// a claim succeeded and slots are still free, a backlog may be waiting, so
-// the rest are taken in batches of up to Batch with one update-then-find
-// claim each (store.TaskClaimMany): three round trips per batch instead of
-// one per task, and no fight over the queue's head document with other
-// nodes.
-func (c *Claimer) claim(ctx context.Context, q Queue) int {
-	n := 0
+// next picks the queue to claim from (seed 001's scheduler): the highest
+// priority; among equal priorities the one with the fewest running tasks
+// for its weight (ties: the earlier in name order). limit is how many to
+// claim from it before choosing again: until it passes the runner-up's
+// share (no limit without a runner-up of its priority).
+func (c *Claimer) next(open []Queue) (i, limit int) {
+	share := func(q Queue) float64 {
+		if q.Sched.Weight <= 0 {
+			return math.Inf(1) // weight 0: only when nothing else has work
+		}
+		return float64(c.slots.running(q.ID)) / q.Sched.Weight
+	}
+	better := func(a, b Queue) bool {
+		if a.Sched.Priority != b.Sched.Priority {
+			return a.Sched.Priority > b.Sched.Priority
+		}
+		return share(a) < share(b)
+	}
+	best := 0
+	for j := 1; j < len(open); j++ {
+		if better(open[j], open[best]) {
+			best = j
+		}
+	}
+	limit = math.MaxInt
+	for j, q := range open {
+		if j == best || q.Sched.Priority != open[best].Sched.Priority || math.IsInf(share(q), 1) {
+			continue
+		}
+		// Claim until best's share passes q's: running/w > share(q).
+		b := open[best]
+		k := int(math.Floor(share(q)*b.Sched.Weight)) - c.slots.running(b.ID) + 1
+		limit = min(limit, max(k, 1))
+	}
+	return best, limit
+}
+
+// claim takes up to limit tasks of q into its free slots. The first claim
+// of a pass is one findOneAndUpdate, the fastest way to take a task that
+// just arrived. Once a claim succeeded and slots are still free, a backlog
+// may be waiting, so the rest are taken in batches of up to Batch (and
+// the queue's max_getwork) with one update-then-find claim each
+// (store.TaskClaimMany): three round trips per batch instead of one per
+// task, and no fight over the queue's head document with other nodes. more
+// reports whether q may give more in this pass (limit reached with slots
+// and work left).
+func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bool) {
+	batch := c.cfg.Batch
+	if q.Sched.MaxGetwork > 0 {
+		batch = min(batch, q.Sched.MaxGetwork)
+	}
 	defer func() {
 		if c.slots.nodeFull() {
 			c.mu.Lock()
@@ -348,16 +401,19 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 	}()
 	batched := false
 	for {
+		if n >= limit {
+			return n, true
+		}
 		want := 1
 		if batched {
-			want = c.cfg.Batch
+			want = min(batch, limit-n)
 		}
 		got := 0
 		for got < want && c.slots.tryAcquire(q.ID, q.MaxThreads) {
 			got++
 		}
 		if got == 0 {
-			return n
+			return n, false
 		}
 		release := func(k int) {
 			for range k {
@@ -366,7 +422,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 		}
 		if ctx.Err() != nil {
 			release(got)
-			return n
+			return n, false
 		}
 		var won int
 		var err error
@@ -382,14 +438,14 @@ func (c *Claimer) claim(ctx context.Context, q Queue) int {
 			if ctx.Err() == nil {
 				c.log.Warn("claim failed; retrying on the next wake-up or tick", "queue", q.Name, "error", err)
 			}
-			return n
+			return n, false
 		case won == 0:
 			release(got)
 			c.empty[q.ID] = true
 			c.mu.Lock()
 			c.stats.EmptyClaims++
 			c.mu.Unlock()
-			return n
+			return n, false
 		}
 		release(got - won)
 		batched = true

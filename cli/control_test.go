@@ -328,6 +328,43 @@ func TestTaskShowControlFields(t *testing.T) {
 	require.Regexp(t, `(?m)^`+ids[0].Hex()+`\s+running\s+rerun\s+n2\s+`, e.ok("", "task", "list", "q"))
 }
 
+func TestQueueSetScheduling(t *testing.T) {
+	e := setup(t)
+	e.ok("", "queue", "create", "q", "--constructor", "C")
+	require.Contains(t, e.ok("", "queue", "show", "q"), "scheduling:    priority 0, weight 20\n")
+
+	e.ok("", "queue", "set", "q", "priority=10", "weight=2.5", "max_getwork=16")
+	raw, err := e.db.Collection("queues").FindOne(context.Background(), bson.D{}).Raw()
+	require.NoError(t, err)
+	require.EqualValues(t, 10, raw.Lookup("priority").AsFloat64())
+	require.EqualValues(t, 2.5, raw.Lookup("weight").AsFloat64())
+	require.EqualValues(t, 16, raw.Lookup("max_getwork").AsInt64())
+	require.Contains(t, e.ok("", "queue", "show", "q"), "scheduling:    priority 10, weight 2.5, at most 16 per claim\n")
+
+	require.Equal(t, "paused queue q\n", e.ok("", "queue", "pause", "q"))
+	require.Contains(t, e.ok("", "queue", "show", "q"), ", paused\n")
+	var shown map[string]any
+	require.NoError(t, json.Unmarshal([]byte(e.ok("", "queue", "show", "q", "--json")), &shown))
+	require.Equal(t, true, shown["paused"])
+	require.EqualValues(t, 10, shown["priority"])
+	require.Equal(t, "resumed queue q\n", e.ok("", "queue", "resume", "q"))
+	require.NoError(t, json.Unmarshal([]byte(e.ok("", "queue", "show", "q", "--json")), &shown))
+	require.Equal(t, false, shown["paused"])
+
+	e.ok("", "queue", "set", "q", "nice=25", "max_getwork=0")
+	require.Contains(t, e.ok("", "queue", "show", "q"), "scheduling:    priority 10, weight -5, not scheduled (negative weight)\n")
+
+	for _, bad := range [][]string{{"weight=heavy"}, {"priority=NaN"}, {"max_getwork=-1"}, {"max_getwork=1.5"}, {"paused=maybe"}, {"weight=1", "nice=2"}} {
+		before, err := e.db.Collection("queues").FindOne(context.Background(), bson.D{}).Raw()
+		require.NoError(t, err)
+		r := e.run("", append([]string{"queue", "set", "q"}, bad...)...)
+		require.Equal(t, 2, r.code, "%v: a usage error: %s", bad, r.err)
+		after, err := e.db.Collection("queues").FindOne(context.Background(), bson.D{}).Raw()
+		require.NoError(t, err)
+		require.Equal(t, before, after, "%v changed the queue", bad)
+	}
+}
+
 func TestQueueSetControl(t *testing.T) {
 	e := setup(t)
 	e.ok("", "queue", "create", "q", "--constructor", "C")

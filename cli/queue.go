@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -22,8 +23,43 @@ func newQueueCmd(g *globals) *cobra.Command {
 		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newQueueCreate(g), newQueueList(g), newQueueShow(g), newQueueSet(g), newQueueDelete(g))
+	cmd.AddCommand(newQueueCreate(g), newQueueList(g), newQueueShow(g), newQueueSet(g), newQueueDelete(g),
+		newQueuePause(g, true), newQueuePause(g, false))
 	return cmd
+}
+
+// newQueuePause is queue pause (paused) or queue resume.
+func newQueuePause(g *globals, paused bool) *cobra.Command {
+	use, short, long, done := "resume", "Resume a paused queue", `Resume a paused queue: every node hears it at once and claims its tasks.`, "resumed"
+	if paused {
+		use, short, done = "pause", "Pause a queue: no new task of it starts", "paused"
+		long = `Pause a queue: no node claims its tasks until it is resumed; tasks already
+claimed or running finish. The same as queue set NAME paused=true.`
+	}
+	return &cobra.Command{
+		Use:     use + " NAME",
+		Short:   short,
+		Long:    long,
+		Example: "  disbatch queue " + use + " demo",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("want one queue NAME (or id)")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, q, release, err := g.openQueue(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			defer release()
+			if err := s.QueueUpdate(cmd.Context(), store.QueueUpdateParams{ID: q.ID, Paused: &paused}); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.io.Out, "%s queue %s\n", done, q.Name)
+			return nil
+		},
+	}
 }
 
 // groupArgs is the Args of a command that only groups subcommands: any
@@ -196,6 +232,8 @@ func queueJSON(q schema.Queue, c *store.QueueCounts) map[string]any {
 	m["retries"] = ctl.Retries
 	m["retry_backoff"] = map[string]any{"base": ctl.Backoff.Base.Seconds(), "max": ctl.Backoff.Max.Seconds(), "jitter": ctl.Backoff.Jitter}
 	m["rerun_orphans"] = ctl.RerunOrphans
+	sc := q.Sched
+	m["priority"], m["weight"], m["max_getwork"], m["paused"] = sc.Priority, sc.Weight, sc.MaxGetwork, sc.Paused
 	return m
 }
 
@@ -249,6 +287,7 @@ for an operator. Change them with "disbatch queue set".`,
 				fmt.Fprintf(w, "nodes_ignore:  %s\n", strings.Join(q.NodesIgnore, ", "))
 			}
 			fmt.Fprintf(w, "tasks:         %d to do, %d in all\n", c.Todo, c.Total)
+			fmt.Fprintf(w, "scheduling:    %s\n", fmtSched(q.Sched))
 			fmt.Fprintf(w, "timeout:       %s\n", fmtTimeout(q.Control.Timeout))
 			fmt.Fprintf(w, "retries:       %s\n", fmtRetries(q.Control))
 			fmt.Fprintf(w, "rerun_orphans: %t\n", q.Control.RerunOrphans)
@@ -257,6 +296,21 @@ for an operator. Change them with "disbatch queue set".`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the queue as JSON")
 	return cmd
+}
+
+// fmtSched describes a queue's scheduling fields.
+func fmtSched(sc schema.QueueSched) string {
+	out := fmt.Sprintf("priority %s, weight %s", strconv.FormatFloat(sc.Priority, 'g', -1, 64), strconv.FormatFloat(sc.Weight, 'g', -1, 64))
+	if sc.MaxGetwork > 0 {
+		out += fmt.Sprintf(", at most %d per claim", sc.MaxGetwork)
+	}
+	switch {
+	case sc.Paused:
+		out += ", paused"
+	case sc.Weight < 0:
+		out += ", not scheduled (negative weight)"
+	}
+	return out
 }
 
 func fmtTimeout(d time.Duration) string {
@@ -299,7 +353,8 @@ func parseBackoff(s string) (schema.Backoff, error) {
 	return b, nil
 }
 
-const queueSetKeys = "name, constructor (or plugin), maxthreads (or threads: integer >= 0 or null), sort (fifo|lifo|default), nodes_pin, nodes_ignore (comma-separated node names; empty to remove)"
+const queueSetKeys = "name, constructor (or plugin), maxthreads (or threads: integer >= 0 or null), sort (fifo|lifo|default), nodes_pin, nodes_ignore (comma-separated node names; empty to remove), " +
+	"priority (a number), weight (a number; negative: never scheduled), nice (weight = 20 - nice), max_getwork (tasks per claim, 0: no limit), paused (true|false)"
 
 func newQueueSet(g *globals) *cobra.Command {
 	var timeout time.Duration
@@ -310,6 +365,12 @@ func newQueueSet(g *globals) *cobra.Command {
 		Use:   "set NAME [KEY=VALUE...] [--timeout D] [--retries N] [--retry-backoff B,M,J] [--rerun-orphans=BOOL]",
 		Short: "Change fields of a queue",
 		Long: `Change fields of a queue. Keys: ` + queueSetKeys + `.
+
+Scheduling across queues (docs/scheduling.md; Disbatch 4 nodes ignore these):
+among the queues a node could claim from, only the highest priority is
+tried; among equal priorities, the one with the fewest running tasks for its
+weight goes first (default weight 20). A paused queue runs nothing new; its
+running tasks finish; resuming it wakes the nodes at once.
 
 How the queue's tasks are controlled (Disbatch 4 nodes ignore these):
   --timeout DURATION       time limit of each task once started: its node kills
@@ -331,6 +392,7 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
 		Example: `  disbatch queue set demo maxthreads=8 sort=lifo
   disbatch queue set demo nodes_pin=node1,node2
   disbatch queue set demo maxthreads=null
+  disbatch queue set demo priority=10 weight=4 max_getwork=16
   disbatch queue set demo --timeout 10m --retries 3 --retry-backoff 5s,10m,0.2 --rerun-orphans`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) < 1 {
@@ -346,7 +408,7 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
 				if !ok {
 					return usagef("%q is not KEY=VALUE", kv)
 				}
-				canon := map[string]string{"plugin": "constructor", "threads": "maxthreads"}[k]
+				canon := map[string]string{"plugin": "constructor", "threads": "maxthreads", "nice": "weight"}[k]
 				if canon == "" {
 					canon = k
 				}
@@ -384,6 +446,31 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
 					} else {
 						p.NodesIgnore = &list
 					}
+				case "priority", "weight":
+					f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+					if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+						return usagef("%s must be a number, got %q", k, v)
+					}
+					if k == "nice" {
+						f = schema.DefaultWeight - f
+					}
+					if canon == "priority" {
+						p.Priority = &f
+					} else {
+						p.Weight = &f
+					}
+				case "max_getwork":
+					n, err := strconv.Atoi(strings.TrimSpace(v))
+					if err != nil || n < 0 || n > schema.MaxGetworkLimit {
+						return usagef("max_getwork must be an integer from 0 (no limit) to %d, got %q", schema.MaxGetworkLimit, v)
+					}
+					p.MaxGetwork = &n
+				case "paused":
+					b, err := strconv.ParseBool(v)
+					if err != nil {
+						return usagef("paused must be true or false, got %q", v)
+					}
+					p.Paused = &b
 				default:
 					return usagef("unknown key %q: keys are %s", k, queueSetKeys)
 				}

@@ -75,7 +75,8 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 			continue
 		}
 		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
-		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads, Control: q.Control})
+		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads,
+			Control: q.Control, Sched: q.Sched})
 	}
 	qs.mu.Lock()
 	qs.all = res.Queues
@@ -128,8 +129,13 @@ func (qs *queueSet) ignoreReason(q schema.Queue, cfg schema.Config) string {
 	if _, ok := qs.plugins.Lookup(q.Constructor); !ok {
 		return "no plugin for constructor " + q.Constructor + " on this node"
 	}
-	if q.Threads() == 0 {
+	switch {
+	case q.Threads() == 0:
 		return "maxthreads is 0 or null: the queue runs nothing"
+	case q.Sched.Paused:
+		return "paused"
+	case q.Sched.Weight < 0:
+		return "its weight is negative: not scheduled"
 	}
 	return ""
 }

@@ -45,6 +45,8 @@ type Queue struct {
 	NodesIgnore []string
 	// Control: timeout, retries and backoff, rerun_orphans.
 	Control QueueControl
+	// Sched: priority, weight, max_getwork, paused.
+	Sched QueueSched
 
 	// Warnings lists non-fatal oddities found while decoding.
 	Warnings []string
@@ -82,6 +84,7 @@ func DecodeQueue(raw bson.Raw) (Queue, error) {
 		Raw:         raw,
 	}
 	q.Control = decodeQueueControl(r)
+	q.Sched = decodeQueueSched(r)
 	if r.err != nil {
 		return Queue{}, r.err
 	}

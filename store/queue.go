@@ -179,6 +179,12 @@ type QueueUpdateParams struct {
 	Retries      *int
 	RetryBackoff *schema.Backoff
 	RerunOrphans *bool
+	// Scheduling (docs/scheduling.md): priority, weight (nice is removed
+	// when weight is set), max_getwork (0 removes it), paused.
+	Priority   *float64
+	Weight     *float64
+	MaxGetwork *int
+	Paused     *bool
 }
 
 // QueueUpdate applies p with $set/$unset, keeping both dialects in step.

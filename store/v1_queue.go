@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -115,6 +116,9 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 	if p.RerunOrphans != nil {
 		set = append(set, bson.E{Key: schema.QueueRerunOrphans, Value: *p.RerunOrphans})
 	}
+	if err := schedUpdate(p, &set, &unset); err != nil {
+		return nil, err
+	}
 	update := bson.D{}
 	if len(set) > 0 {
 		update = append(update, bson.E{Key: "$set", Value: set})
@@ -126,6 +130,40 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 		return nil, errors.New("nothing to update")
 	}
 	return update, nil
+}
+
+// schedUpdate adds the scheduling fields of p to the update.
+func schedUpdate(p QueueUpdateParams, set, unset *bson.D) error {
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{{schema.QueuePriority, p.Priority}, {schema.QueueWeight, p.Weight}} {
+		if f.v == nil {
+			continue
+		}
+		if math.IsNaN(*f.v) || math.IsInf(*f.v, 0) {
+			return fmt.Errorf("%s must be a finite number, got %v", f.name, *f.v)
+		}
+		*set = append(*set, bson.E{Key: f.name, Value: *f.v})
+	}
+	if p.Weight != nil {
+		*unset = append(*unset, bson.E{Key: schema.QueueNice, Value: ""}) // weight wins; no stale nice
+	}
+	if p.MaxGetwork != nil {
+		switch n := *p.MaxGetwork; {
+		case n < 0 || n > schema.MaxGetworkLimit:
+			return fmt.Errorf("max_getwork must be from 0 to %d, got %d", schema.MaxGetworkLimit, n)
+		case n == 0:
+			*unset = append(*unset, bson.E{Key: schema.QueueMaxGetwork, Value: ""})
+		default:
+			*set = append(*set, bson.E{Key: schema.QueueMaxGetwork, Value: n})
+		}
+	}
+	if p.Paused != nil {
+		*set = append(*set, bson.E{Key: schema.QueuePaused, Value: *p.Paused})
+		*unset = append(*unset, bson.E{Key: schema.QueueDisabled, Value: ""}) // paused says it now
+	}
+	return nil
 }
 
 // ValidateBackoff checks a retry backoff: base and max from 0 to a year,

@@ -1,0 +1,87 @@
+package claimer_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// sched is queue with scheduling fields.
+func sched(name string, maxThreads int, priority, weight float64) claimer.Queue {
+	q := queue(name, maxThreads)
+	q.Sched = schema.QueueSched{Priority: priority, Weight: weight}
+	return q
+}
+
+// TestPriorityTakesEverySlotWhileItHasWork: of two queues with work, only
+// the higher priority gets the node's slots; the lower one gets them when
+// the higher has nothing left.
+func TestPriorityTakesEverySlotWhileItHasWork(t *testing.T) {
+	t.Parallel()
+	lo, hi := sched("a-lo", 10, 0, 20), sched("b-hi", 10, 1, 20)
+	h := newHarness(t, func(c *claimer.Config) { c.Batch = 1 }, lo, hi)
+	h.st.set(alwaysTask)
+	three := 3
+	require.True(t, h.c.SetNodeMax(&three))
+	h.start()
+	h.pass()
+	require.Equal(t, ids(hi, hi, hi), h.st.take(), "the higher priority first, though a-lo comes first by name")
+
+	// A slot frees up: the higher priority takes it again.
+	h.c.Finished(hi.ID)
+	h.pass()
+	require.Equal(t, ids(hi), h.st.take())
+
+	// The higher priority runs dry: the lower one gets the freed slot.
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		if p.Queue == hi.ID {
+			return schema.Task{}, store.ErrNoTask
+		}
+		return alwaysTask(ctx, p)
+	})
+	h.c.Finished(hi.ID)
+	h.pass()
+	require.Equal(t, ids(hi, lo), h.st.take())
+	require.Equal(t, 1, h.c.Running(lo.ID))
+}
+
+// TestWeightsShareTheSlots: three queues of one priority with weights
+// 1:2:4 and a backlog each share 7 slots 1:2:4, and 14 slots 2:4:8.
+func TestWeightsShareTheSlots(t *testing.T) {
+	t.Parallel()
+	a, b, c := sched("a", 100, 0, 1), sched("b", 100, 0, 2), sched("c", 100, 0, 4)
+	h := newHarness(t, nil, a, b, c)
+	h.st.set(alwaysTask)
+	seven := 7
+	require.True(t, h.c.SetNodeMax(&seven))
+	h.start()
+	h.pass()
+	require.Equal(t, []int{1, 2, 4}, []int{h.c.Running(a.ID), h.c.Running(b.ID), h.c.Running(c.ID)})
+
+	fourteen := 14
+	require.True(t, h.c.SetNodeMax(&fourteen))
+	h.c.WakeAll()
+	h.pass()
+	require.Equal(t, []int{2, 4, 8}, []int{h.c.Running(a.ID), h.c.Running(b.ID), h.c.Running(c.ID)})
+}
+
+// TestMaxGetworkBoundsEachClaim: a queue's max_getwork bounds each batch.
+func TestMaxGetworkBoundsEachClaim(t *testing.T) {
+	t.Parallel()
+	bs := &batchStore{left: 10}
+	q := queue("q", 200)
+	q.Sched.MaxGetwork = 3
+	h := newHarness(t, func(c *claimer.Config) { c.Store = bs; c.Batch = 64 }, q)
+	h.start()
+	h.pass()
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	require.Equal(t, 1, bs.single)
+	require.Equal(t, []int{3, 3, 3, 3}, bs.limits, "batches of max_getwork until one comes back short")
+	require.Equal(t, 10, h.claimedCount())
+}
