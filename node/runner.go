@@ -344,7 +344,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 	r.ran(t.ID)
 	steps.ran(res)
 	fp := store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
-		Reason: reason, Claimed: claimed, Started: started}
+		Reason: reason, Claimed: claimed, Started: started, Extra: res.Extra}
 	if fp.Retry = r.retry(q, t, res.Status, reason); fp.Retry != nil {
 		wait := fp.Retry.NotBefore.Sub(r.clock.Now()).Round(time.Millisecond)
 		log.Info("task failed; retrying it", "try", fp.Retry.Tries, "retries", q.Control.Retries, "in", wait)

@@ -51,7 +51,7 @@ func TestDemo(t *testing.T) {
 		{"**", 1, "", ""}, // only exactly "*" means "abc"
 	} {
 		res := runDemoCommands(t, tc.commands)
-		require.Equal(t, Result{tc.status, tc.stdout, tc.stderr}, res, "commands %q", tc.commands)
+		require.Equal(t, Result{Status: tc.status, Stdout: tc.stdout, Stderr: tc.stderr}, res, "commands %q", tc.commands)
 	}
 }
 
@@ -102,5 +102,5 @@ func TestDemoThroughRegistryAndRun(t *testing.T) {
 	p, ok := r.Lookup("Disbatch::Plugin::Demo")
 	require.True(t, ok)
 	res := Run(t.Context(), p, Task{Parameters: params(t, bson.D{{Key: "commands", Value: "*"}})}, 0)
-	require.Equal(t, Result{schema.StatusFailed, apple, banana + cry}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: apple, Stderr: banana + cry}, res)
 }

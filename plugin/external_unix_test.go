@@ -97,14 +97,14 @@ func TestExternalValid(t *testing.T) {
 func TestExternalArgsAndAnswers(t *testing.T) {
 	t.Parallel()
 	p := External(script(t, `cat > /dev/null; printf '{"status": %s, "stdout": "%s", "extra": [1]}' "$1" "$2"`), "3", "three")
-	require.Equal(t, Result{3, "three", ""}, p.Run(t.Context(), Task{}))
+	require.Equal(t, Result{Status: 3, Stdout: "three"}, p.Run(t.Context(), Task{}))
 
 	// Not reading stdin, blank space around the answer, 1.0, null stderr.
 	p = External(script(t, `printf '\n  {"stderr": null, "status": 1.0, "stdout": "ok"}  \n\n'`))
-	require.Equal(t, Result{1, "ok", ""}, p.Run(t.Context(), externalTask(t)))
+	require.Equal(t, Result{Status: 1, Stdout: "ok"}, p.Run(t.Context(), externalTask(t)))
 
 	p = External(script(t, `echo '{"status": 2, "stderr": "plugin failure"}'; echo dropped >&2`))
-	require.Equal(t, Result{2, "", "plugin failure"}, p.Run(t.Context(), Task{}))
+	require.Equal(t, Result{Status: 2, Stderr: "plugin failure"}, p.Run(t.Context(), Task{}))
 }
 
 func TestExternalGarbage(t *testing.T) {
@@ -140,8 +140,8 @@ func TestExternalInvalidStatus(t *testing.T) {
 	for _, st := range []string{"0", "-1", "1.5", "2147483648", "-0.5", "1e100"} {
 		path := script(t, `cat > /dev/null; echo 'own' >&2; echo '{"status": `+st+`, "stdout": "o", "stderr": "e"}'`)
 		res := External(path).Run(t.Context(), Task{})
-		require.Equal(t, Result{schema.StatusFailed, "o",
-			"e\nown\nplugin " + path + " answered an invalid status " + st + ": want a positive integer\n"}, res, st)
+		require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "o",
+			Stderr: "e\nown\nplugin " + path + " answered an invalid status " + st + ": want a positive integer\n"}, res, st)
 	}
 }
 
@@ -149,12 +149,12 @@ func TestExternalCrash(t *testing.T) {
 	t.Parallel()
 	path := script(t, `echo 'something broke' >&2; exit 3`)
 	res := External(path).Run(t.Context(), externalTask(t))
-	require.Equal(t, Result{schema.StatusFailed, "", "something broke\nplugin " + path + " exited with status 3\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "something broke\nplugin " + path + " exited with status 3\n"}, res)
 
 	// A valid answer does not save a crash.
 	path = script(t, `echo '{"status": 1}'; exit 1`)
 	res = External(path).Run(t.Context(), Task{})
-	require.Equal(t, Result{schema.StatusFailed, "{\"status\": 1}\n", "plugin " + path + " exited with status 1\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "{\"status\": 1}\n", Stderr: "plugin " + path + " exited with status 1\n"}, res)
 
 	path = script(t, `echo '{"status": 1}'; kill -SEGV $$`)
 	res = External(path).Run(t.Context(), Task{})
@@ -176,7 +176,7 @@ func TestExternalTimeout(t *testing.T) {
 	start := time.Now()
 	res := Run(t.Context(), External(path), Task{}, 200*time.Millisecond)
 	require.Less(t, time.Since(start), 200*time.Millisecond+slack)
-	require.Equal(t, Result{schema.StatusFailed, "", "started\nplugin " + path + " killed after timeout of 200ms\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "started\nplugin " + path + " killed after timeout of 200ms\n"}, res)
 
 	// Called directly, it returns as soon as the group is killed (the sleep
 	// child would otherwise hold stdout open for WaitDelay).
@@ -185,7 +185,7 @@ func TestExternalTimeout(t *testing.T) {
 	start = time.Now()
 	res = External(path).Run(ctx, Task{})
 	require.Less(t, time.Since(start), 100*time.Millisecond+1500*time.Millisecond)
-	require.Equal(t, Result{schema.StatusFailed, "", "started\nplugin " + path + " killed: node shutdown\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "started\nplugin " + path + " killed: node shutdown\n"}, res)
 }
 
 func TestExternalThroughRegistry(t *testing.T) {
@@ -194,5 +194,5 @@ func TestExternalThroughRegistry(t *testing.T) {
 	r.Register("My::Plugin", External(script(t, `cat > /dev/null; echo '{"status": 1, "stdout": "registered"}'`)))
 	p, ok := r.Lookup("My::Plugin")
 	require.True(t, ok)
-	require.Equal(t, Result{1, "registered", ""}, Run(t.Context(), p, externalTask(t), time.Minute))
+	require.Equal(t, Result{Status: 1, Stdout: "registered"}, Run(t.Context(), p, externalTask(t), time.Minute))
 }

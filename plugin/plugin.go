@@ -27,6 +27,10 @@ type Result struct {
 	Status schema.Status
 	Stdout string
 	Stderr string
+	// Extra are more fields for the task document: exec and shell set
+	// schema.TaskResult and schema.TaskMixedout. The store writes only
+	// those two and drops any other key (store.TaskFinishParams.Extra).
+	Extra bson.D
 }
 
 // Plugin runs tasks. Run must return when ctx is done; Run (the package

@@ -12,7 +12,7 @@ import (
 )
 
 func answer(status schema.Status, stdout, stderr string) Plugin {
-	return Func(func(context.Context, Task) Result { return Result{status, stdout, stderr} })
+	return Func(func(context.Context, Task) Result { return Result{Status: status, Stdout: stdout, Stderr: stderr} })
 }
 
 func TestFunc(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -47,6 +48,16 @@ const (
 // status N" (or "signal: ...") appended to stderr on a line of its own. Bad
 // parameters, or a command that cannot be run, give status 2 with the
 // reason.
+//
+// A command that ran also leaves, in Result.Extra, schema.TaskResult: its
+// exit code as an int32, or -N when signal N ended it (-9 when it was
+// killed for a timeout or a kill request); and schema.TaskMixedout: its
+// stdout and stderr interleaved, chunk by chunk, in the order the node read
+// them from the two pipes. That order is the order of the writes for writes
+// apart in time, and best-effort for writes that race each other.
+// Mixedout holds only what the command wrote (none of the notes appended to
+// stderr) and is left out when the output passes MaxMixedout. Neither is
+// set when the command could not be started or the parameters were bad.
 func Exec() Plugin { return Func(runExec) }
 
 // Shell returns the shell plugin: bash -c parameters.command (a string,
@@ -91,9 +102,9 @@ func runCommand(ctx context.Context, t Task, params bson.Raw, path string, args 
 	if err != nil {
 		return badParameters(err)
 	}
-	p := process{path: path, args: args, dir: dir, env: append(taskEnv(t), env...)}
+	p := process{path: path, args: args, dir: dir, env: append(taskEnv(t), env...), interleave: true}
 	r := p.run(ctx)
-	res := Result{Status: schema.StatusFailed, Stdout: r.stdout, Stderr: r.stderr}
+	res := Result{Status: schema.StatusFailed, Stdout: r.stdout, Stderr: r.stderr, Extra: r.extra()}
 	switch {
 	case r.err != nil:
 		res.Stderr = appendLine(res.Stderr, fmt.Sprintf("cannot run %s: %v", path, r.err))
@@ -128,6 +139,11 @@ func taskEnv(t Task) []string {
 	}
 }
 
+// MaxMixedout bounds the interleaved output exec and shell keep: more than
+// fits in a BSON document could never be written, so past it mixedout is
+// left out altogether rather than cut.
+const MaxMixedout = 16 << 20
+
 // process is one run of an executable.
 type process struct {
 	path  string
@@ -135,6 +151,9 @@ type process struct {
 	dir   string
 	env   []string // added to the node's environment; later entries win
 	stdin []byte   // nil: /dev/null
+	// interleave also keeps stdout and stderr together, in the order they
+	// were read (processResult.mixed).
+	interleave bool
 }
 
 type processResult struct {
@@ -145,6 +164,36 @@ type processResult struct {
 	pipesHeld      bool             // exited, but the output stayed open past waitDelay
 	rawStdout      []byte           // stdout before any truncation note
 	stdoutCut      bool
+	mixed          []byte // with interleave: stdout and stderr as read
+	mixedCut       bool   // mixed passed MaxMixedout
+}
+
+// extra is what exec and shell add to the task document: the exit code
+// and the interleaved output, when the process ran.
+func (r processResult) extra() bson.D {
+	if r.state == nil {
+		return nil
+	}
+	var d bson.D
+	if code, ok := exitCode(r.state); ok {
+		d = append(d, bson.E{Key: schema.TaskResult, Value: code})
+	}
+	if !r.mixedCut {
+		d = append(d, bson.E{Key: schema.TaskMixedout, Value: string(r.mixed)})
+	}
+	return d
+}
+
+// exitCode is how the process ended: its exit code, or -N when signal N
+// ended it; false when neither is known.
+func exitCode(st *os.ProcessState) (int32, bool) {
+	if sig, ok := signalled(st); ok {
+		return -int32(sig), true
+	}
+	if c := st.ExitCode(); c >= 0 {
+		return int32(c), true
+	}
+	return 0, false
 }
 
 // run starts the process in its own process group, kills the group when
@@ -158,12 +207,19 @@ func (p process) run(ctx context.Context) processResult {
 	}
 	var stdout, stderr capped
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// Each pipe has its own copier goroutine; with interleave both also
+	// append what they read to one buffer, under its lock.
+	mixed := capped{limit: MaxMixedout}
+	if p.interleave {
+		cmd.Stdout, cmd.Stderr = io.MultiWriter(&stdout, &mixed), io.MultiWriter(&stderr, &mixed)
+	}
 	killGroupOnCancel(cmd)
 	cmd.WaitDelay = waitDelay
 
 	err := cmd.Run()
 	r := processResult{stdout: stdout.String(), stderr: stderr.String(), state: cmd.ProcessState}
 	r.rawStdout, r.stdoutCut = stdout.Bytes()
+	r.mixed, r.mixedCut = mixed.Bytes()
 	switch {
 	case ctx.Err() != nil && cmd.Process != nil:
 		r.killed = context.Cause(ctx)
@@ -178,10 +234,12 @@ func (p process) run(ctx context.Context) processResult {
 	return r
 }
 
-// capped keeps the first MaxOutput bytes written to it and counts the rest.
-// It never fails a write, so the process is not stopped by a broken pipe.
+// capped keeps the first limit bytes written to it (0: MaxOutput) and
+// counts the rest. It never fails a write, so the process is not stopped by
+// a broken pipe.
 type capped struct {
 	mu      sync.Mutex
+	limit   int
 	buf     bytes.Buffer
 	dropped int64
 }
@@ -189,7 +247,11 @@ type capped struct {
 func (c *capped) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	keep := min(len(p), MaxOutput-c.buf.Len())
+	limit := c.limit
+	if limit == 0 {
+		limit = MaxOutput
+	}
+	keep := min(len(p), limit-c.buf.Len())
 	c.buf.Write(p[:keep])
 	c.dropped += int64(len(p) - keep)
 	return len(p), nil

@@ -3,6 +3,7 @@
 package plugin
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 )
@@ -18,4 +19,13 @@ func killGroupOnCancel(cmd *exec.Cmd) {
 		}
 		return nil
 	}
+}
+
+// signalled reports the signal that ended the process, if one did.
+func signalled(st *os.ProcessState) (int, bool) {
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() {
+		return 0, false
+	}
+	return int(ws.Signal()), true
 }

@@ -36,29 +36,49 @@ func sh(script string) bson.D {
 	return bson.D{{Key: "command", Value: "/bin/sh"}, {Key: "args", Value: bson.A{"-c", script}}}
 }
 
+// extra is what exec and shell record for a command that ran.
+func extra(code int32, mixedout string) bson.D {
+	return bson.D{{Key: schema.TaskResult, Value: code}, {Key: schema.TaskMixedout, Value: mixedout}}
+}
+
+// racing checks the exit code recorded in res and that its mixedout is one
+// of orders (writes to stdout and stderr close together may be read in
+// either order), and returns res without Extra.
+func racing(t *testing.T, res Result, code int32, orders ...string) Result {
+	t.Helper()
+	require.Len(t, res.Extra, 2, "%v", res.Extra)
+	require.Equal(t, bson.E{Key: schema.TaskResult, Value: code}, res.Extra[0])
+	require.Equal(t, schema.TaskMixedout, res.Extra[1].Key)
+	require.Contains(t, orders, res.Extra[1].Value)
+	res.Extra = nil
+	return res
+}
+
 func TestExecEcho(t *testing.T) {
 	t.Parallel()
 	res := Exec().Run(t.Context(), execTask(t, bson.D{
 		{Key: "command", Value: "/bin/echo"},
 		{Key: "args", Value: bson.A{"hello", "two words", "$HOME", "*"}},
 	}))
-	require.Equal(t, Result{schema.StatusSucceeded, "hello two words $HOME *\n", ""}, res)
+	require.Equal(t, Result{Status: schema.StatusSucceeded, Stdout: "hello two words $HOME *\n", Extra: extra(0, "hello two words $HOME *\n")}, res)
 
 	// No args; found in PATH.
 	res = Exec().Run(t.Context(), execTask(t, bson.D{{Key: "command", Value: "echo"}}))
-	require.Equal(t, Result{schema.StatusSucceeded, "\n", ""}, res)
+	require.Equal(t, Result{Status: schema.StatusSucceeded, Stdout: "\n", Extra: extra(0, "\n")}, res)
 }
 
 func TestExecExitStatus(t *testing.T) {
 	t.Parallel()
 	res := Exec().Run(t.Context(), execTask(t, sh("echo out; echo err >&2; exit 3")))
-	require.Equal(t, Result{schema.StatusFailed, "out\n", "err\nexit status 3\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "out\n", Stderr: "err\nexit status 3\n"},
+		racing(t, res, 3, "out\nerr\n", "err\nout\n"))
 
 	res = Exec().Run(t.Context(), execTask(t, sh("printf 'no newline' >&2; exit 1")))
-	require.Equal(t, Result{schema.StatusFailed, "", "no newline\nexit status 1\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "no newline\nexit status 1\n", Extra: extra(1, "no newline")}, res,
+		"the note on stderr is not in mixedout")
 
 	res = Exec().Run(t.Context(), execTask(t, sh("kill -TERM $$")))
-	require.Equal(t, Result{schema.StatusFailed, "", "signal: terminated\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "signal: terminated\n", Extra: extra(-15, "")}, res)
 }
 
 func TestExecBadParameters(t *testing.T) {
@@ -85,6 +105,7 @@ func TestExecBadParameters(t *testing.T) {
 		require.Equal(t, schema.StatusFailed, res.Status, "%v", tc.params)
 		require.Contains(t, res.Stderr, tc.reason, "%v", tc.params)
 		require.Empty(t, res.Stdout)
+		require.Nil(t, res.Extra, "nothing ran: no result, no mixedout")
 	}
 	res := Exec().Run(t.Context(), Task{Parameters: bson.Raw{9, 0, 0}})
 	require.Equal(t, schema.StatusFailed, res.Status)
@@ -111,13 +132,13 @@ func TestExecEnvAndDir(t *testing.T) {
 
 	// The task's env overrides the node's (PATH here).
 	res = Exec().Run(t.Context(), execTask(t, append(sh(`echo "$PATH"`), bson.E{Key: "env", Value: bson.D{{Key: "PATH", Value: "/nowhere"}}})))
-	require.Equal(t, Result{schema.StatusSucceeded, "/nowhere\n", ""}, res)
+	require.Equal(t, Result{Status: schema.StatusSucceeded, Stdout: "/nowhere\n", Extra: extra(0, "/nowhere\n")}, res)
 }
 
 func TestExecStdinIsEmpty(t *testing.T) {
 	t.Parallel()
 	res := Exec().Run(t.Context(), execTask(t, bson.D{{Key: "command", Value: "cat"}}))
-	require.Equal(t, Result{schema.StatusSucceeded, "", ""}, res)
+	require.Equal(t, Result{Status: schema.StatusSucceeded, Extra: extra(0, "")}, res)
 }
 
 func TestExecOutputCap(t *testing.T) {
@@ -129,6 +150,7 @@ func TestExecOutputCap(t *testing.T) {
 	require.True(t, strings.HasSuffix(res.Stdout, "x"+TruncatedNote))
 	require.Equal(t, strings.Repeat("x", MaxOutput), res.Stdout[:MaxOutput])
 	require.Equal(t, strings.Repeat("y", 100), res.Stderr)
+	require.Equal(t, bson.D{{Key: schema.TaskResult, Value: int32(0)}}, res.Extra, "mixedout past MaxMixedout is left out")
 }
 
 func TestCapped(t *testing.T) {
@@ -155,6 +177,13 @@ func TestCapped(t *testing.T) {
 	var exact capped
 	_, _ = exact.Write(big)
 	require.Equal(t, string(big), exact.String(), "exactly MaxOutput is not truncated")
+
+	small := capped{limit: 4}
+	_, _ = small.Write([]byte("abc"))
+	_, _ = small.Write([]byte("de"))
+	b, cut = small.Bytes()
+	require.True(t, cut)
+	require.Equal(t, "abcd", string(b))
 }
 
 func TestShell(t *testing.T) {
@@ -165,26 +194,26 @@ func TestShell(t *testing.T) {
 		return tk
 	}
 	res := Shell().Run(t.Context(), shell("echo hi; echo err >&2"))
-	require.Equal(t, Result{schema.StatusSucceeded, "hi\n", "err\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusSucceeded, Stdout: "hi\n", Stderr: "err\n"}, racing(t, res, 0, "hi\nerr\n", "err\nhi\n"))
 
 	res = Shell().Run(t.Context(), shell("echo before; exit 4"))
-	require.Equal(t, Result{schema.StatusFailed, "before\n", "exit status 4\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "before\n", Stderr: "exit status 4\n", Extra: extra(4, "before\n")}, res)
 
 	// bash, not sh.
 	res = Shell().Run(t.Context(), shell(`a=(x y z); echo "${#a[@]} $BASH_VERSION" | cut -c1-2; echo "$DISBATCH_CONSTRUCTOR"`))
-	require.Equal(t, Result{schema.StatusSucceeded, "3 \nshell\n", ""}, res)
+	require.Equal(t, Result{Status: schema.StatusSucceeded, Stdout: "3 \nshell\n", Extra: extra(0, "3 \nshell\n")}, res)
 
 	dir := t.TempDir()
 	tk := shell(`echo "$X" > out.txt`)
 	tk.Parameters = params(t, bson.D{{Key: "command", Value: `echo "$X" > out.txt`}, {Key: "dir", Value: dir}, {Key: "env", Value: bson.D{{Key: "X", Value: "written"}}}})
 	res = Shell().Run(t.Context(), tk)
-	require.Equal(t, Result{schema.StatusSucceeded, "", ""}, res)
+	require.Equal(t, Result{Status: schema.StatusSucceeded, Extra: extra(0, "")}, res)
 	b, err := os.ReadFile(filepath.Join(dir, "out.txt"))
 	require.NoError(t, err)
 	require.Equal(t, "written\n", string(b))
 
 	res = Shell().Run(t.Context(), Task{})
-	require.Equal(t, Result{schema.StatusFailed, "", "parameters.command is missing: want a non-empty string\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "parameters.command is missing: want a non-empty string\n"}, res)
 }
 
 // gone reports whether pid has exited (or is a zombie nobody reaps: the
@@ -235,6 +264,7 @@ func TestShellTimeoutKillsTheGroup(t *testing.T) {
 	require.Equal(t, schema.StatusFailed, res.Status)
 	require.Equal(t, "started\n", res.Stdout)
 	require.Equal(t, "command killed: context deadline exceeded\n", res.Stderr)
+	require.Equal(t, extra(-9, "started\n"), res.Extra, "the group is killed with SIGKILL")
 	requireGone(t, pidFile)
 
 	// Through Run, with a timeout.
@@ -244,6 +274,7 @@ func TestShellTimeoutKillsTheGroup(t *testing.T) {
 	require.Less(t, time.Since(start), 200*time.Millisecond+slack)
 	require.Equal(t, schema.StatusFailed, res.Status)
 	require.Contains(t, res.Stderr, "timeout")
+	require.Equal(t, extra(-9, "started\n"), res.Extra)
 	requireGone(t, pidFile)
 }
 
@@ -253,7 +284,8 @@ func TestShellRunTimeoutKeepsOutputAndSaysSoOnce(t *testing.T) {
 	start := time.Now()
 	res := Run(t.Context(), Shell(), tk, 200*time.Millisecond)
 	require.Less(t, time.Since(start), 200*time.Millisecond+slack)
-	require.Equal(t, Result{schema.StatusFailed, "partial\n", "oops\ncommand killed after timeout of 200ms\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "partial\n", Stderr: "oops\ncommand killed after timeout of 200ms\n"},
+		racing(t, res, -9, "partial\noops\n", "oops\npartial\n"))
 }
 
 func TestExecParentCancel(t *testing.T) {
@@ -261,7 +293,7 @@ func TestExecParentCancel(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(t.Context())
 	time.AfterFunc(100*time.Millisecond, func() { cancel(errors.New("node shutdown")) })
 	res := Run(ctx, Exec(), execTask(t, bson.D{{Key: "command", Value: "sleep"}, {Key: "args", Value: bson.A{"30"}}}), 0)
-	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "command killed: node shutdown\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stderr: "command killed: node shutdown\n", Extra: extra(-9, "")}, res)
 }
 
 // TestExecPipesHeld: a background process that leaves the group keeps the
@@ -278,6 +310,7 @@ func TestExecPipesHeld(t *testing.T) {
 	require.Equal(t, schema.StatusSucceeded, res.Status)
 	require.Equal(t, "done\n", res.Stdout)
 	require.Contains(t, res.Stderr, "kept its output open")
+	require.Equal(t, extra(0, "done\n"), res.Extra)
 	require.GreaterOrEqual(t, elapsed, waitDelay)
 	require.Less(t, elapsed, waitDelay+slack+time.Second)
 	// Leave no process behind.
@@ -286,4 +319,36 @@ func TestExecPipesHeld(t *testing.T) {
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	require.NoError(t, err)
 	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// TestCommandResultAndMixedout: exec and shell record the exit code (-N for
+// signal N) and stdout and stderr interleaved as they were written, beside
+// stdout and stderr unchanged.
+func TestCommandResultAndMixedout(t *testing.T) {
+	t.Parallel()
+	shell := func(cmd string) Task {
+		tk := execTask(t, bson.D{{Key: "command", Value: cmd}})
+		tk.Constructor = ShellConstructor
+		return tk
+	}
+	for _, tc := range []struct {
+		script string
+		status schema.Status
+		code   int32
+	}{
+		{"exit 0", schema.StatusSucceeded, 0},
+		{"exit 3", schema.StatusFailed, 3},
+		{"kill -TERM $$", schema.StatusFailed, -15},
+		{"kill -KILL $$", schema.StatusFailed, -9},
+	} {
+		res := Exec().Run(t.Context(), execTask(t, sh(tc.script)))
+		require.Equal(t, tc.status, res.Status, tc.script)
+		require.Equal(t, extra(tc.code, ""), res.Extra, tc.script)
+	}
+
+	// Writes apart in time are interleaved in order, through Run as the
+	// node calls it.
+	res := Run(t.Context(), Shell(), shell("echo a; sleep 0.3; echo b >&2; sleep 0.3; echo c; sleep 0.3; printf d >&2; exit 3"), 0)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "a\nc\n", Stderr: "b\nd\nexit status 3\n", Extra: extra(3, "a\nb\nc\nd")}, res)
+	require.IsType(t, int32(0), res.Extra[0].Value, "result is an int32")
 }

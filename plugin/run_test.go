@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/schema"
 )
@@ -21,12 +22,14 @@ const slack = time.Second
 func TestRunPassesResultsThrough(t *testing.T) {
 	t.Parallel()
 	for _, want := range []Result{
-		{1, "out", "err"},
-		{2, "", "failed on purpose"},
-		{3, "custom", ""},
+		{Status: 1, Stdout: "out", Stderr: "err"},
+		{Status: 2, Stderr: "failed on purpose"},
+		{Status: 3, Stdout: "custom"},
+		{Status: 1, Stdout: "x", Extra: bson.D{{Key: "result", Value: int32(0)}}},
 	} {
-		require.Equal(t, want, Run(t.Context(), answer(want.Status, want.Stdout, want.Stderr), Task{}, time.Minute))
-		require.Equal(t, want, Run(t.Context(), answer(want.Status, want.Stdout, want.Stderr), Task{}, 0))
+		p := Func(func(context.Context, Task) Result { return want })
+		require.Equal(t, want, Run(t.Context(), p, Task{}, time.Minute))
+		require.Equal(t, want, Run(t.Context(), p, Task{}, 0))
 	}
 }
 
@@ -140,7 +143,7 @@ func TestRunTimeoutWithAPluginThatHonoursCtx(t *testing.T) {
 	start := time.Now()
 	res := Run(t.Context(), p, Task{}, 100*time.Millisecond)
 	require.Less(t, time.Since(start), 100*time.Millisecond+slack)
-	require.Equal(t, Result{schema.StatusFailed, "partial", "stopping\ntask killed after timeout of 100ms\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "partial", Stderr: "stopping\ntask killed after timeout of 100ms\n"}, res)
 	require.ErrorIs(t, cause, ErrTimeout)
 	require.Equal(t, "timeout of 100ms", cause.Error())
 }
@@ -203,7 +206,7 @@ func TestRunFailsALateSuccess(t *testing.T) {
 		<-ctx.Done()
 		return Result{Status: 1, Stdout: "done"}
 	}), Task{}, 50*time.Millisecond)
-	require.Equal(t, Result{schema.StatusFailed, "done", "task killed after timeout of 50ms\n"}, res)
+	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "done", Stderr: "task killed after timeout of 50ms\n"}, res)
 }
 
 func TestRunCancelsThePluginContextOnReturn(t *testing.T) {

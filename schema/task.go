@@ -31,6 +31,12 @@ const (
 	// reason}): the nodes' wake-up change stream (store.StreamWakeups)
 	// delivers it to the node named in it.
 	TaskKill = "kill"
+	// TaskResult and TaskMixedout are written by the exec and shell
+	// plugins (seed 002's command nodes): the process's exit code (-N when
+	// signal N killed it) and its stdout and stderr interleaved. This
+	// project's own fields.
+	TaskResult   = "result"
+	TaskMixedout = "mixedout"
 )
 
 // Unclaimed is the node value of a task nobody has claimed (seed 000). The

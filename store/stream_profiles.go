@@ -151,7 +151,7 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				"updateDescription.updatedFields."+schema.TaskReason, "updateDescription.removedFields"),
 		}}, nil
 	case StreamTransitions:
-		heavy := []string{schema.TaskParameters, schema.TaskParams, schema.TaskStdout, schema.TaskStderr}
+		heavy := []string{schema.TaskParameters, schema.TaskParams, schema.TaskStdout, schema.TaskStderr, schema.TaskMixedout}
 		drop := bson.D{}
 		for _, f := range heavy {
 			drop = append(drop, bson.E{Key: "fullDocument." + f, Value: 0}, bson.E{Key: "fullDocumentBeforeChange." + f, Value: 0},

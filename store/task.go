@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -146,7 +147,8 @@ type TaskListParams struct {
 	Queue  bson.ObjectID
 	Status *schema.Status
 	Limit  int64 // 0: no limit
-	// WithoutOutput leaves stdout and stderr out of the documents read.
+	// WithoutOutput leaves stdout, stderr and mixedout out of the documents
+	// read.
 	WithoutOutput bool
 }
 
@@ -167,7 +169,7 @@ func (s *Store) TaskList(ctx context.Context, p TaskListParams) (TaskListResult,
 		o.SetLimit(p.Limit)
 	}
 	if p.WithoutOutput {
-		o.SetProjection(bson.D{{Key: schema.TaskStdout, Value: 0}, {Key: schema.TaskStderr, Value: 0}})
+		o.SetProjection(bson.D{{Key: schema.TaskStdout, Value: 0}, {Key: schema.TaskStderr, Value: 0}, {Key: schema.TaskMixedout, Value: 0}})
 	}
 	cur, err := s.tasks.Find(ctx, filter, o)
 	if err != nil {
@@ -509,11 +511,11 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 		switch {
 		case !p.Status.Finished():
 			errs[i] = fmt.Errorf("finish task %s: status %d is not a finished status (> 0)", p.ID.Hex(), p.Status)
-		case len(ps) == 1 || len(p.Stdout)+len(p.Stderr) > s.threshold/16:
+		case len(ps) == 1 || len(p.Stdout)+len(p.Stderr)+len(mixedout(p.Extra)) > s.threshold/16:
 			errs[i] = s.TaskFinish(ctx, p)
 		default:
 			at = append(at, i)
-			ws = append(ws, finishWrite(p, validUTF8(p.Stdout), validUTF8(p.Stderr), now))
+			ws = append(ws, finishWrite(p, validUTF8(p.Stdout), validUTF8(p.Stderr), s.finishExtra(p, true), now))
 		}
 	}
 	if len(ws) > 0 {
@@ -669,6 +671,57 @@ type TaskFinishParams struct {
 	// finishing it: held (-4) until NotBefore, or queued (-2) when that is
 	// not in the future, with its tries counted.
 	Retry *TaskRetryAt
+	// Extra are more fields for the task document, from its plugin
+	// (plugin.Result.Extra), written with the result (retry or not). Only
+	// schema.TaskResult (an integer) and schema.TaskMixedout (a string)
+	// are written; any other key or type is dropped without an error, so
+	// a plugin can never overwrite a field of the protocol. Mixedout, a
+	// copy of stdout and stderr, is dropped too when stdout, stderr and it
+	// together pass the output threshold, or when the document would not
+	// fit: it never makes a finish fail or send output to GridFS. Either
+	// field not written is removed, so that a document never shows an
+	// earlier attempt's.
+	Extra bson.D
+}
+
+// extraFields are the keys of TaskFinishParams.Extra a finish writes.
+var extraFields = []string{schema.TaskResult, schema.TaskMixedout}
+
+// mixedout is the mixedout in extra, or "".
+func mixedout(extra bson.D) string {
+	for _, e := range extra {
+		if e.Key == schema.TaskMixedout {
+			s, _ := e.Value.(string)
+			return s
+		}
+	}
+	return ""
+}
+
+// finishExtra is what of p.Extra a finish writes; keepMixed false drops
+// mixedout whatever its size.
+func (s *Store) finishExtra(p TaskFinishParams, keepMixed bool) bson.D {
+	var set bson.D
+	has := func(k string) bool {
+		return slices.ContainsFunc(set, func(e bson.E) bool { return e.Key == k })
+	}
+	for _, e := range p.Extra {
+		if has(e.Key) {
+			continue // the first of a key counts
+		}
+		switch e.Key {
+		case schema.TaskResult:
+			switch e.Value.(type) {
+			case int32, int64, int:
+				set = append(set, e)
+			}
+		case schema.TaskMixedout:
+			if m, ok := e.Value.(string); ok && keepMixed && len(p.Stdout)+len(p.Stderr)+len(m) <= s.threshold {
+				set = append(set, bson.E{Key: e.Key, Value: validUTF8(m)})
+			}
+		}
+	}
+	return set
 }
 
 // TaskRetryAt schedules a failed attempt's retry.
@@ -679,7 +732,9 @@ type TaskRetryAt struct {
 
 // finishWrite is the guarded write that ends an attempt: the task finishes
 // (or, with Retry, goes back), its attempt is recorded and counted.
-func finishWrite(p TaskFinishParams, stdout, stderr any, now time.Time) guardedWrite {
+// extra are the TaskFinishParams.Extra fields to set (finishExtra); the
+// others of extraFields are removed.
+func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Time) guardedWrite {
 	rec := bson.D{{Key: "node", Value: p.Node}}
 	if !p.Claimed.IsZero() {
 		rec = append(rec, bson.E{Key: "claimed", Value: p.Claimed.UTC().Truncate(time.Millisecond)})
@@ -716,11 +771,21 @@ func finishWrite(p TaskFinishParams, stdout, stderr any, now time.Time) guardedW
 			bson.E{Key: schema.TaskNotBefore, Value: p.Retry.NotBefore.UTC().Truncate(time.Millisecond)},
 			bson.E{Key: schema.TaskTries, Value: p.Retry.Tries})
 	}
+	var unset bson.D
+	for _, k := range extraFields {
+		if !slices.ContainsFunc(extra, func(e bson.E) bool { return e.Key == k }) {
+			unset = append(unset, bson.E{Key: k, Value: ""})
+		}
+	}
+	set = append(set, extra...)
 	w.update = bson.D{
 		{Key: "$set", Value: set},
 		{Key: "$inc", Value: bson.D{{Key: schema.TaskAttempt, Value: 1}}},
 		{Key: "$push", Value: bson.D{{Key: schema.TaskAttempts, Value: bson.D{
 			{Key: "$each", Value: bson.A{rec}}, {Key: "$slice", Value: -schema.MaxAttemptsKept}}}}},
+	}
+	if len(unset) > 0 {
+		w.update = append(w.update, bson.E{Key: "$unset", Value: unset})
 	}
 	return w
 }
@@ -729,7 +794,9 @@ func finishWrite(p TaskFinishParams, stdout, stderr any, now time.Time) guardedW
 // {_id, node, status: 0}, so a node that lost its task can never overwrite a
 // newer owner. Output over the store's threshold goes to GridFS (stdout
 // first, as Disbatch 4 does); if the document would still be too large, both
-// go to GridFS, so a task never stays running because its output did not fit.
+// go to GridFS and mixedout is dropped, so a task never stays running
+// because its output did not fit. Mixedout itself never goes to GridFS:
+// see TaskFinishParams.Extra.
 func (s *Store) TaskFinish(ctx context.Context, p TaskFinishParams) error {
 	if !p.Status.Finished() {
 		return fmt.Errorf("finish task %s: status %d is not a finished status (> 0)", p.ID.Hex(), p.Status)
@@ -739,14 +806,17 @@ func (s *Store) TaskFinish(ctx context.Context, p TaskFinishParams) error {
 		stdoutGFS = true
 		stderrGFS = len(p.Stderr) > s.threshold
 	}
-	err := s.finish(ctx, p, stdoutGFS, stderrGFS)
-	if isTooLarge(err) && !(stdoutGFS && stderrGFS) {
-		err = s.finish(ctx, p, true, true)
+	extra := s.finishExtra(p, true)
+	err := s.finish(ctx, p, stdoutGFS, stderrGFS, extra)
+	if isTooLarge(err) {
+		if fewer := s.finishExtra(p, false); !(stdoutGFS && stderrGFS) || len(fewer) < len(extra) {
+			err = s.finish(ctx, p, true, true, fewer)
+		}
 	}
 	return err
 }
 
-func (s *Store) finish(ctx context.Context, p TaskFinishParams, stdoutGFS, stderrGFS bool) error {
+func (s *Store) finish(ctx context.Context, p TaskFinishParams, stdoutGFS, stderrGFS bool, extra bson.D) error {
 	var written []bson.ObjectID
 	value := func(name, text string, gfs bool) (any, error) {
 		if !gfs {
@@ -765,7 +835,7 @@ func (s *Store) finish(ctx context.Context, p TaskFinishParams, stdoutGFS, stder
 	}
 	stderr, err := value(schema.TaskStderr, p.Stderr, stderrGFS)
 	if err == nil {
-		err = s.guardedMany(ctx, "finish", []guardedWrite{finishWrite(p, stdout, stderr, s.nowMS())}, false)[0]
+		err = s.guardedMany(ctx, "finish", []guardedWrite{finishWrite(p, stdout, stderr, extra, s.nowMS())}, false)[0]
 	}
 	if err != nil && len(written) > 0 {
 		// The files belong to no task: remove them with a context that

@@ -53,6 +53,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskListClaimedAndUnstart", testTaskListClaimedUnstart},
 		{"TaskFinishGridFS", testTaskFinishGridFS},
 		{"TaskFinishTooLargeFallsBackToGridFS", testTaskFinishTooLarge},
+		{"TaskFinishExtra", testTaskFinishExtra},
+		{"TaskFinishExtraMixedoutNeverTooLarge", testTaskFinishExtraTooLarge},
 		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
 		{"TaskListFiltersAndMalformed", testTaskList},
 		{"NodeUpsertKeepsOperatorFields", testNodeUpsert},

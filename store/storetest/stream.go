@@ -208,10 +208,13 @@ func testStreamTransitions(t *testing.T, newStore Factory) {
 	require.Equal(t, "n1", ev.Updated.Lookup(schema.TaskNode).StringValue())
 	require.NoError(t, s.TaskStart(ctxT(t), store.TaskTransitionParams{ID: claimed.ID, Node: "n1"}))
 	f.next(isOp("update", schema.CollTasks, id))
-	require.NoError(t, s.TaskFinish(ctxT(t), store.TaskFinishParams{ID: claimed.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: strings.Repeat("x", 1000)}))
+	require.NoError(t, s.TaskFinish(ctxT(t), store.TaskFinishParams{ID: claimed.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: strings.Repeat("x", 1000),
+		Extra: bson.D{{Key: schema.TaskResult, Value: int32(0)}, {Key: schema.TaskMixedout, Value: strings.Repeat("x", 1000)}}}))
 	ev = f.next(isOp("update", schema.CollTasks, id))
 	require.Equal(t, int32(schema.StatusSucceeded), ev.Updated.Lookup(schema.TaskStatus).Int32())
 	require.Equal(t, bson.Type(0), ev.Updated.Lookup(schema.TaskStdout).Type, "output never travels")
+	require.Equal(t, bson.Type(0), ev.Updated.Lookup(schema.TaskMixedout).Type, "output never travels")
+	require.Equal(t, int32(0), ev.Updated.Lookup(schema.TaskResult).Int32(), "the exit code does")
 
 	// Heartbeats are not transitions; a drain request is.
 	_, err = s.NodeUpsert(ctxT(t), store.NodeUpsertParams{Node: "n1", State: schema.NodeStateRunning})

@@ -1,0 +1,156 @@
+package storetest
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// running claims and starts the next task of q on node n1.
+func running(t *testing.T, s *store.Store, q bson.ObjectID) bson.ObjectID {
+	t.Helper()
+	task, err := s.TaskClaim(ctxT(t), store.TaskClaimParams{Queue: q, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.NoError(t, s.TaskStart(ctxT(t), store.TaskTransitionParams{ID: task.ID, Node: "n1"}))
+	return task.ID
+}
+
+// extra is what the exec and shell plugins record.
+func extra(code int32, mixedout string) bson.D {
+	return bson.D{{Key: schema.TaskResult, Value: code}, {Key: schema.TaskMixedout, Value: mixedout}}
+}
+
+// testTaskFinishExtra: a finish writes result and mixedout beside stdout and
+// stderr, only those, on every path (alone, in a bulk write, a retry);
+// mixedout is dropped when it would take the output over the threshold,
+// and the fields a finish does not write are removed.
+func testTaskFinishExtra(t *testing.T, newStore Factory) {
+	const threshold = 1000
+	s, db := newStore(t, store.Options{OutputThreshold: threshold})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 8)
+	doc := func(id bson.ObjectID) bson.Raw { return rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}}) }
+	absent := func(id bson.ObjectID, fields ...string) {
+		t.Helper()
+		for _, f := range fields {
+			require.Equal(t, bson.Type(0), doc(id).Lookup(f).Type, "%s: %s", f, doc(id))
+		}
+	}
+
+	// Written with the result; keys other than result and mixedout, and
+	// values of the wrong type, are dropped without an error.
+	id := running(t, s, q.ID)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusFailed, Stdout: "o\n", Stderr: "e\nexit status 3\n",
+		Extra: append(extra(3, "o\ne\n"),
+			bson.E{Key: schema.TaskStatus, Value: int32(1)}, bson.E{Key: schema.TaskNode, Value: "evil"}, bson.E{Key: schema.TaskStdout, Value: "forged"},
+			bson.E{Key: "_id", Value: 1}, bson.E{Key: schema.TaskAttempts, Value: bson.A{}}, bson.E{Key: "other", Value: 1},
+			bson.E{Key: schema.TaskResult, Value: int32(99)}, bson.E{Key: schema.TaskMixedout, Value: "second"})}))
+	d := doc(id)
+	require.Equal(t, int32(3), d.Lookup(schema.TaskResult).Int32())
+	require.Equal(t, "o\ne\n", d.Lookup(schema.TaskMixedout).StringValue())
+	require.Equal(t, int32(schema.StatusFailed), d.Lookup(schema.TaskStatus).Int32())
+	require.Equal(t, "n1", d.Lookup(schema.TaskNode).StringValue())
+	require.Equal(t, "o\n", d.Lookup(schema.TaskStdout).StringValue())
+	require.Equal(t, "e\nexit status 3\n", d.Lookup(schema.TaskStderr).StringValue())
+	attempts, err := d.Lookup(schema.TaskAttempts).Array().Values()
+	require.NoError(t, err)
+	require.Len(t, attempts, 1)
+	absent(id, "other")
+
+	id = running(t, s, q.ID)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusSucceeded,
+		Extra: bson.D{{Key: schema.TaskResult, Value: "0"}, {Key: schema.TaskMixedout, Value: 5}}}))
+	absent(id, schema.TaskResult, schema.TaskMixedout)
+
+	// Invalid UTF-8 is replaced, as in stdout and stderr.
+	id = running(t, s, q.ID)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusSucceeded, Stdout: "a\xffb", Extra: extra(0, "a\xffb")}))
+	require.Equal(t, "a\uFFFDb", doc(id).Lookup(schema.TaskMixedout).StringValue())
+
+	// Over the threshold with stdout and stderr: mixedout is dropped, they
+	// stay inline; result stays.
+	id = running(t, s, q.ID)
+	out, errText := strings.Repeat("o", 400), strings.Repeat("e", 400)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusSucceeded, Stdout: out, Stderr: errText,
+		Extra: extra(0, out+errText)}))
+	require.Equal(t, out, doc(id).Lookup(schema.TaskStdout).StringValue())
+	require.Equal(t, errText, doc(id).Lookup(schema.TaskStderr).StringValue())
+	require.Equal(t, int32(0), doc(id).Lookup(schema.TaskResult).Int32())
+	absent(id, schema.TaskMixedout)
+
+	// Output in GridFS: mixedout dropped, stdout read back whole.
+	id = running(t, s, q.ID)
+	big := strings.Repeat("b", threshold+1)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusSucceeded, Stdout: big, Extra: extra(0, big)}))
+	got, err := s.TaskGet(ctx, id)
+	require.NoError(t, err)
+	require.True(t, got.Stdout.InGridFS())
+	text, err := s.TaskOutputRead(ctx, got.Stdout)
+	require.NoError(t, err)
+	require.Equal(t, big, text)
+	absent(id, schema.TaskMixedout)
+
+	// A failed attempt sent back for a retry keeps its result and mixedout;
+	// a later finish without them removes them.
+	id = running(t, s, q.ID)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusFailed, Stdout: "try 1\n",
+		Retry: &store.TaskRetryAt{NotBefore: time.Now().Add(-time.Second), Tries: 1}, Extra: extra(3, "try 1\n")}))
+	require.Equal(t, int32(schema.StatusQueued), doc(id).Lookup(schema.TaskStatus).Int32())
+	require.Equal(t, int32(3), doc(id).Lookup(schema.TaskResult).Int32())
+	require.Equal(t, "try 1\n", doc(id).Lookup(schema.TaskMixedout).StringValue())
+	require.Equal(t, id, running(t, s, q.ID), "queued again, first in fifo order")
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusFailed, Stderr: "cannot run\n"}))
+	absent(id, schema.TaskResult, schema.TaskMixedout)
+
+	// The bulk path of TaskFinishMany writes them too.
+	last, id2 := running(t, s, q.ID), running(t, s, q.ID)
+	errs := s.TaskFinishMany(ctx, []store.TaskFinishParams{
+		{ID: last, Node: "n1", Status: schema.StatusSucceeded, Stdout: "one", Extra: extra(0, "one")},
+		{ID: id2, Node: "n1", Status: schema.StatusFailed, Stderr: "two", Extra: extra(-9, "two")},
+	})
+	require.Equal(t, []error{nil, nil}, errs)
+	require.Equal(t, int32(0), doc(last).Lookup(schema.TaskResult).Int32())
+	require.Equal(t, "one", doc(last).Lookup(schema.TaskMixedout).StringValue())
+	require.Equal(t, int32(-9), doc(id2).Lookup(schema.TaskResult).Int32())
+	require.Equal(t, "two", doc(id2).Lookup(schema.TaskMixedout).StringValue())
+
+	// Listings without output leave mixedout out too.
+	list, err := s.TaskList(ctx, store.TaskListParams{Queue: q.ID, WithoutOutput: true})
+	require.NoError(t, err)
+	require.NotEmpty(t, list.Tasks)
+	for _, task := range list.Tasks {
+		require.Equal(t, bson.Type(0), task.Raw.Lookup(schema.TaskMixedout).Type)
+	}
+}
+
+// testTaskFinishExtraTooLarge: with a threshold above what a document
+// holds, output and mixedout within it but together too large for the
+// document: the finish still lands, with the output in GridFS and no
+// mixedout.
+func testTaskFinishExtraTooLarge(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{OutputThreshold: 64 << 20})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1)
+	id := running(t, s, q.ID)
+	out := strings.Repeat("y", 6<<20)
+	mixed := strings.Repeat("y", 11<<20)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusSucceeded, Stdout: out, Stderr: "e", Extra: extra(0, mixed)}))
+	got, err := s.TaskGet(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusSucceeded, got.Status)
+	require.True(t, got.Stdout.InGridFS())
+	text, err := s.TaskOutputRead(ctx, got.Stdout)
+	require.NoError(t, err)
+	require.Equal(t, len(out), len(text))
+	d := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}})
+	require.Equal(t, bson.Type(0), d.Lookup(schema.TaskMixedout).Type)
+	require.Equal(t, int32(0), d.Lookup(schema.TaskResult).Int32())
+}
