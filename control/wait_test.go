@@ -98,6 +98,16 @@ func TestWaitIsWokenByTheChangeStream(t *testing.T) {
 	}()
 	first := <-rc.reads
 	require.False(t, Ended(first[0]), "the first read sees the task queued")
+	// Reads that follow at once (a first empty batch of the stream) are
+	// not what this tests: wait until the wait rests in the stream.
+	for quiet := false; !quiet; {
+		select {
+		case st := <-rc.reads:
+			require.False(t, Ended(st[0]))
+		case <-time.After(300 * time.Millisecond):
+			quiet = true
+		}
+	}
 	set(ids[0], schema.StatusFailed)
 	select {
 	case err := <-done:
@@ -105,7 +115,6 @@ func TestWaitIsWokenByTheChangeStream(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the wait was not woken by the task's change (its re-read is an hour away)")
 	}
-	require.Len(t, rc.reads, 1, "one read after the change")
 }
 
 func TestWaitTimesOutWithTheStatesSoFar(t *testing.T) {

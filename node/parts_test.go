@@ -11,6 +11,7 @@ import (
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
+	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
@@ -39,11 +40,11 @@ func TestLivenessAndStraysKeepTheLifecycle(t *testing.T) {
 		lifecycletest.Check(t, func(*testing.T) lifecycle.Service {
 			return newLiveness(livenessConfig{Name: "n", Store: fakeParts{}, Heartbeat: time.Millisecond, FenceAfter: time.Second, DeadAfter: 3 * time.Second},
 				fakeParts{}, clock.Real(), log)
-		}, lifecycletest.Options{})
+		}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()}) // other tests' clients run meanwhile
 	})
 	t.Run("strays", func(t *testing.T) {
 		lifecycletest.Check(t, func(*testing.T) lifecycle.Service {
 			return &strays{node: "n", store: fakeParts{}, holds: func(bson.ObjectID) bool { return false }, fenced: func() bool { return false }, clock: clock.Real(), log: log}
-		}, lifecycletest.Options{})
+		}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()}) // other tests' clients run meanwhile
 	})
 }

@@ -53,9 +53,18 @@ func TestPriorityAcrossQueuesOnANode(t *testing.T) {
 	for i, id := range b.rec.order {
 		pos[id] = i
 	}
+	firstLo := len(b.rec.order)
+	for _, l := range loIDs {
+		firstLo = min(firstLo, pos[l])
+	}
+	// The lower priority gets a slot only once the higher one has no task
+	// left to claim; its last tasks may still be starting on the other slot
+	// (the plugin runs record their start in any order).
+	late := 0
 	for _, h := range hiIDs {
-		for _, l := range loIDs {
-			require.Less(t, pos[h], pos[l], "a task of the higher priority started after one of the lower")
+		if pos[h] > firstLo {
+			late++
 		}
 	}
+	require.LessOrEqual(t, late, 1, "tasks of the higher priority started after the lower priority's first (2 slots): %v", b.rec.order)
 }

@@ -22,6 +22,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
 )
 
 const (
@@ -779,8 +780,9 @@ func (rs *ReplicaSet) initiate(ctx context.Context) (initiated bool, _ error) {
 	for dropped := 0; ; {
 		err = c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetInitiate", Value: cfg}}).Err()
 		var se mongo.ServerError
+		var cleared driver.RetryablePoolError // the pool cleared by such a drop
 		switch {
-		case mongo.IsNetworkError(err) && dropped < 20:
+		case (mongo.IsNetworkError(err) || errors.As(err, &cleared)) && dropped < 20:
 			// A member whose stored config does not name it closes its
 			// connections as it changes state on start-up; ask again (it
 			// then answers AlreadyInitialized, and checkConfig explains).
