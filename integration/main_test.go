@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/internal/syncbuf"
 )
 
 // Paths of the binaries TestMain builds.
@@ -107,23 +107,8 @@ func childEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// syncBuffer is a Buffer that is safe for a process and a test at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is safe for a process and a test at once.
+type syncBuffer = syncbuf.Buffer
 
 // proc is a running disbatchd.
 type proc struct {

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +23,7 @@ import (
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/internal/syncbuf"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -81,28 +81,7 @@ func (r *recorder) max(key string) int {
 }
 
 // logBuf collects a node's logs for assertions.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) count(sub string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), sub)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuf = syncbuf.Buffer
 
 type bundle struct {
 	t     *testing.T
@@ -333,8 +312,8 @@ func TestQueuesTheNodeDoesNotServe(t *testing.T) {
 	b.waitDone(bson.D{{Key: "queue", Value: good}}, 3, 5*time.Second)
 	time.Sleep(600 * time.Millisecond) // several ticks
 	require.Equal(t, int64(6), b.count(bson.D{{Key: "status", Value: -2}}))
-	require.Equal(t, 1, b.logs.count("no plugin for constructor No::Such::Plugin"), "logged once, not every tick:\n%s", b.logs)
-	require.Equal(t, 1, b.logs.count("maxthreads is 0 or null"))
+	require.Equal(t, 1, b.logs.Count("no plugin for constructor No::Such::Plugin"), "logged once, not every tick:\n%s", b.logs)
+	require.Equal(t, 1, b.logs.Count("maxthreads is 0 or null"))
 
 	// Re-checked each tick: once the queue names a plugin this node has, it runs.
 	c := "test"
@@ -733,7 +712,7 @@ func TestDeadNodeTasksAreRecoveredOnce(t *testing.T) {
 	}
 	require.Equal(t, int64(-1), b.task(ids[0]).Lookup("status").AsInt64(), "judged before serving dead-after")
 	require.Equal(t, int64(0), b.task(ids[1]).Lookup("status").AsInt64())
-	require.Equal(t, 0, b.logs.count("declared a node dead"))
+	require.Equal(t, 0, b.logs.Count("declared a node dead"))
 
 	sig.advance(t, fake, time.Second, "n1/beat", "n2/beat", "swept")
 	b.waitStatus(ids[0], schema.StatusSucceeded, 10*time.Second) // claimed, never started: back to the queue and run
@@ -747,8 +726,8 @@ func TestDeadNodeTasksAreRecoveredOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, n.Dead)
 	require.Contains(t, []string{"n1", "n2"}, n.DeadBy)
-	require.Equal(t, 1, b.logs.count("declared a node dead"), "one live node recovers it:\n%s", b.logs)
-	require.Equal(t, 1, b.logs.count("leading: sweeping stale claims and dead nodes"), "only the leader sweeps")
+	require.Equal(t, 1, b.logs.Count("declared a node dead"), "one live node recovers it:\n%s", b.logs)
+	require.Equal(t, 1, b.logs.Count("leading: sweeping stale claims and dead nodes"), "only the leader sweeps")
 	for _, live := range []string{"n1", "n2"} {
 		n, err := b.store.NodeGet(ctx, live)
 		require.NoError(t, err)

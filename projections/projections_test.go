@@ -21,6 +21,7 @@ import (
 	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
 	"github.com/disbatch-go/disbatch/internal/mongod"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/internal/syncbuf"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/projections"
@@ -30,23 +31,7 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(mongotest.Main(m)) }
 
-type logBuf struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.b = append(l.b, p...)
-	return len(p), nil
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return string(l.b)
-}
+type logBuf = syncbuf.Buffer
 
 func logger(l *logBuf) *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 

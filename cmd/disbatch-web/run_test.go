@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/internal/cmdline"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/internal/syncbuf"
 	"github.com/disbatch-go/disbatch/web/auth"
 )
 
@@ -154,23 +154,8 @@ func TestServesAndStopsOnSignal(t *testing.T) {
 	require.Contains(t, errOut.String(), "stopped")
 }
 
-// syncBuffer is a Buffer that the server and the test may use at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is safe for a process and a test at once.
+type syncBuffer = syncbuf.Buffer
 
 // TestHealthzWhileMongoDBIsUnreachable: the server listens at once; the
 // API and /readyz answer 503 until MongoDB answers, and a signal stops it.
