@@ -347,32 +347,32 @@ func (c *Claimer) pass(ctx context.Context) int {
 // claim from it before choosing again: until it passes the runner-up's
 // share (no limit without a runner-up of its priority).
 func (c *Claimer) next(open []Queue) (i, limit int) {
-	share := func(q Queue) float64 {
-		if q.Sched.Weight <= 0 {
-			return math.Inf(1) // weight 0: only when nothing else has work
+	// Each queue's share is read once (a lock per queue), not per
+	// comparison: a pass may hold a thousand queues.
+	share := make([]float64, len(open))
+	running := make([]int, len(open))
+	for j, q := range open {
+		running[j] = c.slots.running(q.ID)
+		share[j] = math.Inf(1) // weight 0: only when nothing else has work
+		if q.Sched.Weight > 0 {
+			share[j] = float64(running[j]) / q.Sched.Weight
 		}
-		return float64(c.slots.running(q.ID)) / q.Sched.Weight
-	}
-	better := func(a, b Queue) bool {
-		if a.Sched.Priority != b.Sched.Priority {
-			return a.Sched.Priority > b.Sched.Priority
-		}
-		return share(a) < share(b)
 	}
 	best := 0
 	for j := 1; j < len(open); j++ {
-		if better(open[j], open[best]) {
+		a, b := open[j].Sched.Priority, open[best].Sched.Priority
+		if a > b || (a == b && share[j] < share[best]) {
 			best = j
 		}
 	}
+	b := open[best]
 	limit = math.MaxInt
 	for j, q := range open {
-		if j == best || q.Sched.Priority != open[best].Sched.Priority || math.IsInf(share(q), 1) {
+		if j == best || q.Sched.Priority != b.Sched.Priority || math.IsInf(share[j], 1) {
 			continue
 		}
 		// Claim until best's share passes q's: running/w > share(q).
-		b := open[best]
-		k := int(math.Floor(share(q)*b.Sched.Weight)) - c.slots.running(b.ID) + 1
+		k := int(math.Floor(share[j]*b.Sched.Weight)) - running[best] + 1
 		limit = min(limit, max(k, 1))
 	}
 	return best, limit

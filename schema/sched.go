@@ -21,9 +21,6 @@ type QueueSched struct {
 	Paused bool
 }
 
-// Scheduled reports whether the queue may be claimed from at all.
-func (s QueueSched) Scheduled() bool { return !s.Paused && s.Weight >= 0 }
-
 // Queue scheduling field names.
 const (
 	QueuePriority   = "priority"

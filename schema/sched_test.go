@@ -12,25 +12,23 @@ func TestDecodeQueueSched(t *testing.T) {
 	for _, tc := range []struct {
 		name, fields string
 		want         QueueSched
-		scheduled    bool
 	}{
-		{name: "defaults", fields: ``, want: QueueSched{Weight: 20}, scheduled: true},
+		{name: "defaults", fields: ``, want: QueueSched{Weight: 20}},
 		{name: "all set", fields: `,"priority":{"$numberInt":"5"},"weight":{"$numberDouble":"2.5"},"max_getwork":{"$numberLong":"3"},"paused":true`,
 			want: QueueSched{Priority: 5, Weight: 2.5, MaxGetwork: 3, Paused: true}},
-		{name: "nice gives 20 - nice", fields: `,"nice":{"$numberInt":"5"}`, want: QueueSched{Weight: 15}, scheduled: true},
-		{name: "weight wins over nice", fields: `,"weight":{"$numberInt":"1"},"nice":{"$numberInt":"5"}`, want: QueueSched{Weight: 1}, scheduled: true},
+		{name: "nice gives 20 - nice", fields: `,"nice":{"$numberInt":"5"}`, want: QueueSched{Weight: 15}},
+		{name: "weight wins over nice", fields: `,"weight":{"$numberInt":"1"},"nice":{"$numberInt":"5"}`, want: QueueSched{Weight: 1}},
 		{name: "negative weight is not scheduled", fields: `,"weight":{"$numberInt":"-1"}`, want: QueueSched{Weight: -1}},
 		{name: "nice above 20 is not scheduled", fields: `,"nice":{"$numberInt":"21"}`, want: QueueSched{Weight: -1}},
 		{name: "disabled at creation is paused", fields: `,"disabled":true`, want: QueueSched{Weight: 20, Paused: true}},
-		{name: "paused false wins over disabled", fields: `,"disabled":true,"paused":false`, want: QueueSched{Weight: 20}, scheduled: true},
-		{name: "negative priority", fields: `,"priority":{"$numberDouble":"-1.5"}`, want: QueueSched{Priority: -1.5, Weight: 20}, scheduled: true},
-		{name: "nulls are defaults", fields: `,"priority":null,"weight":null,"max_getwork":null,"paused":null`, want: QueueSched{Weight: 20}, scheduled: true},
+		{name: "paused false wins over disabled", fields: `,"disabled":true,"paused":false`, want: QueueSched{Weight: 20}},
+		{name: "negative priority", fields: `,"priority":{"$numberDouble":"-1.5"}`, want: QueueSched{Priority: -1.5, Weight: 20}},
+		{name: "nulls are defaults", fields: `,"priority":null,"weight":null,"max_getwork":null,"paused":null`, want: QueueSched{Weight: 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q, err := DecodeQueue(doc(t, base+tc.fields+`}`))
 			require.NoError(t, err)
 			require.Equal(t, tc.want, q.Sched)
-			require.Equal(t, tc.scheduled, q.Sched.Scheduled())
 		})
 	}
 	for _, tc := range []struct{ name, fields, field string }{
