@@ -2,8 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -91,16 +95,57 @@ func (s *Store) IndexesEnsure(ctx context.Context, collections ...string) error 
 		if len(models) == 0 {
 			continue
 		}
-		_, err = c.Indexes().CreateMany(ctx, models)
+		err = createIndexes(ctx, c, models)
 		if isDuplicateKey(err) {
 			models = relaxUniqueness(models, byColl[coll])
-			_, err = c.Indexes().CreateMany(ctx, models)
+			err = createIndexes(ctx, c, models)
 		}
 		if err != nil {
 			return fmt.Errorf("create indexes on %s (%s): %w", coll, describeModels(models), err)
 		}
 	}
 	return nil
+}
+
+// indexBuildTries bounds how often createIndexes runs for one collection
+// when MongoDB interrupts the build.
+const indexBuildTries = 5
+
+// createIndexes creates models on c, again when MongoDB interrupted the
+// build (an index build yields and can be interrupted on a busy or
+// failing-over server). createIndexes is idempotent: an index another
+// try already built is left as it is.
+func createIndexes(ctx context.Context, c *mongo.Collection, models []mongo.IndexModel) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, 2*time.Second, 0
+	for try := 1; ; try++ {
+		_, err := c.Indexes().CreateMany(ctx, models)
+		if err == nil || try == indexBuildTries || !isInterrupted(err) {
+			return err
+		}
+		t := time.NewTimer(b.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// isInterrupted reports whether MongoDB interrupted an operation that may
+// succeed when run again: Interrupted, InterruptedDueToReplStateChange,
+// IndexBuildAborted, or a driver error labelled retryable.
+func isInterrupted(err error) bool {
+	var ce mongo.CommandError
+	if errors.As(err, &ce) {
+		switch ce.Code {
+		case 11601, 11602, 276:
+			return true
+		}
+		return ce.HasErrorLabel("RetryableWriteError")
+	}
+	return false
 }
 
 // relaxUniqueness drops uniqueness from the models of indexes that allow it.
