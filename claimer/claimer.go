@@ -24,6 +24,7 @@ import (
 type Store interface {
 	TaskClaim(ctx context.Context, p store.TaskClaimParams) (schema.Task, error)
 	TaskClaimMany(ctx context.Context, p store.TaskClaimManyParams) (store.TaskClaimManyResult, error)
+	TaskClaimCapped(ctx context.Context, p store.TaskClaimCappedParams) (store.TaskClaimManyResult, error)
 }
 
 // Queue is a queue this node serves.
@@ -83,6 +84,7 @@ type Stats struct {
 	TickPasses  int64 // passes started by the tick that claimed something
 	EmptyClaims int64 // claims that found nothing
 	Batches     int64 // batched claims that won tasks
+	CapReached  int64 // claims refused by the queue's max_running
 }
 
 // Claimer runs the claim loop, and counts the node's tasks (claimed or
@@ -426,9 +428,12 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		}
 		var won int
 		var err error
-		if got == 1 {
+		switch {
+		case q.Sched.Capped():
+			won, err = c.claimMany(ctx, q, got)
+		case got == 1:
 			won, err = c.claimOne(ctx, q)
-		} else {
+		default:
 			won, err = c.claimMany(ctx, q, got)
 		}
 		n += won
@@ -485,7 +490,22 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (int, error
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
 	start := c.clock.Now()
-	res, err := c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit})
+	var res store.TaskClaimManyResult
+	var err error
+	if q.Sched.Capped() {
+		// max_running: the claim and its admissions are one transaction.
+		res, err = c.cfg.Store.TaskClaimCapped(ctx, store.TaskClaimCappedParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Max: q.Sched.MaxRunning})
+		if errors.Is(err, store.ErrCapReached) {
+			// Full: the release that frees an admission writes the queue,
+			// and that change wakes this queue again.
+			c.mu.Lock()
+			c.stats.CapReached++
+			c.mu.Unlock()
+			return 0, nil
+		}
+	} else {
+		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit})
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -34,9 +34,10 @@ const quiet = 200 * time.Millisecond
 // fakeStore records the queues it is asked to claim in and answers with
 // claim (ErrNoTask when nil).
 type fakeStore struct {
-	mu    sync.Mutex
-	calls []store.TaskClaimParams
-	claim func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error)
+	mu     sync.Mutex
+	calls  []store.TaskClaimParams
+	capped []store.TaskClaimCappedParams // the capped claims asked
+	claim  func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error)
 }
 
 func (f *fakeStore) TaskClaim(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
@@ -73,6 +74,15 @@ func (f *fakeStore) TaskClaimMany(ctx context.Context, p store.TaskClaimManyPara
 		}
 	}
 	return res, nil
+}
+
+// TaskClaimCapped is TaskClaimMany: the cap itself is the store's (its
+// conformance suite proves it); the claimer only routes capped queues here.
+func (f *fakeStore) TaskClaimCapped(ctx context.Context, p store.TaskClaimCappedParams) (store.TaskClaimManyResult, error) {
+	f.mu.Lock()
+	f.capped = append(f.capped, p)
+	f.mu.Unlock()
+	return f.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: p.Queue, Node: p.Node, Sort: p.Sort, Limit: p.Limit})
 }
 
 // set replaces the answer.
@@ -673,6 +683,25 @@ type batchStore struct {
 	left   int
 	single int
 	limits []int
+	// capFree is what a capped queue's max_running leaves; capped records
+	// the capped claims asked.
+	capFree int
+	capped  []store.TaskClaimCappedParams
+}
+
+func (b *batchStore) TaskClaimCapped(_ context.Context, p store.TaskClaimCappedParams) (store.TaskClaimManyResult, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.capped = append(b.capped, p)
+	if b.capFree == 0 {
+		return store.TaskClaimManyResult{}, store.ErrCapReached
+	}
+	var res store.TaskClaimManyResult
+	for ; b.left > 0 && b.capFree > 0 && len(res.Tasks) < p.Limit; b.left-- {
+		b.capFree--
+		res.Tasks = append(res.Tasks, schema.Task{ID: bson.NewObjectID(), Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed})
+	}
+	return res, nil
 }
 
 func (b *batchStore) TaskClaim(_ context.Context, p store.TaskClaimParams) (schema.Task, error) {

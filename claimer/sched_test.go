@@ -85,3 +85,27 @@ func TestMaxGetworkBoundsEachClaim(t *testing.T) {
 	require.Equal(t, []int{3, 3, 3, 3}, bs.limits, "batches of max_getwork until one comes back short")
 	require.Equal(t, 10, h.claimedCount())
 }
+
+// TestCappedQueueClaimsOnlyThroughAdmissions: every claim from a queue
+// with max_running is a capped claim carrying the cap (never the plain
+// findOneAndUpdate), and a cap reached stops the queue without an error.
+func TestCappedQueueClaimsOnlyThroughAdmissions(t *testing.T) {
+	t.Parallel()
+	bs := &batchStore{left: 10, capFree: 4}
+	q := queue("q", 200)
+	q.Sched.MaxRunning = 4
+	h := newHarness(t, func(c *claimer.Config) { c.Store = bs; c.Batch = 64 }, q)
+	h.start()
+	h.pass()
+	require.Equal(t, 4, h.claimedCount())
+	bs.mu.Lock()
+	require.Zero(t, bs.single, "no uncapped claim")
+	require.Empty(t, bs.limits, "no uncapped batch")
+	require.Len(t, bs.capped, 3, "1, then a batch of 3, then refused")
+	for _, p := range bs.capped {
+		require.Equal(t, 4, p.Max)
+	}
+	require.Equal(t, []int{1, 64}, []int{bs.capped[0].Limit, bs.capped[1].Limit})
+	bs.mu.Unlock()
+	require.Equal(t, int64(1), h.c.Stats().CapReached)
+}

@@ -74,8 +74,8 @@ func TestQueueCommands(t *testing.T) {
 
 	e.ok(`{"commands":"a"}`+"\n"+`{"commands":"b"}`, "task", "submit", "demo")
 	list := e.ok("", "queue", "list")
-	require.Regexp(t, `(?m)^NAME\s+CONSTRUCTOR\s+MAXTHREADS\s+SORT\s+TODO\s+TOTAL\s+ID$`, list)
-	require.Regexp(t, `(?m)^demo\s+Disbatch::Plugin::Demo\s+1\s+fifo\s+2\s+2\s+[0-9a-f]{24}$`, list)
+	require.Regexp(t, `(?m)^NAME\s+CONSTRUCTOR\s+MAXTHREADS\s+SORT\s+TODO\s+RUNNING\s+TOTAL\s+ID$`, list)
+	require.Regexp(t, `(?m)^demo\s+Disbatch::Plugin::Demo\s+1\s+fifo\s+2\s+0\s+2\s+[0-9a-f]{24}$`, list, "no counters yet: recounted")
 
 	e.ok("", "queue", "set", "demo", "maxthreads=5", "sort=lifo", "nodes_ignore=n1, n2")
 	var queues []map[string]any
@@ -85,11 +85,32 @@ func TestQueueCommands(t *testing.T) {
 	require.Equal(t, "lifo", queues[0]["sort"])
 	require.Equal(t, []any{"n1", "n2"}, queues[0]["nodes_ignore"])
 	require.EqualValues(t, 2, queues[0]["count_todo"])
+	require.EqualValues(t, 0, queues[0]["count_running"])
+	require.EqualValues(t, 2, queues[0]["count_total"])
+
+	// One task claimed, one running (by another program): a recount
+	// counts both while the counters are not all there.
+	_, err := e.db.Collection("tasks").UpdateOne(context.Background(), bson.D{{Key: "parameters.commands", Value: "a"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -1}}}})
+	require.NoError(t, err)
+	_, err = e.db.Collection("tasks").UpdateOne(context.Background(), bson.D{{Key: "parameters.commands", Value: "b"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 0}}}})
+	require.NoError(t, err)
+	_, err = e.db.Collection("queues").UpdateOne(context.Background(), bson.D{{Key: "name", Value: "demo"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_todo", Value: 7}, {Key: "count_total", Value: 9}}}})
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^demo\s+\S+\s+5\s+lifo\s+2\s+2\s+2\s`, e.ok("", "queue", "list"), "count_running missing: the queue is recounted")
+	require.Contains(t, e.ok("", "queue", "show", "demo"), "tasks:         2 to do (2 claimed or running), 2 in all\n")
 
 	// Stored counters (kept by the nodes) are shown as they are.
-	_, err := e.db.Collection("queues").UpdateOne(context.Background(), bson.D{{Key: "name", Value: "demo"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_todo", Value: 7}, {Key: "count_total", Value: 9}}}})
+	_, err = e.db.Collection("queues").UpdateOne(context.Background(), bson.D{{Key: "name", Value: "demo"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_running", Value: 3}}}})
 	require.NoError(t, err)
-	require.Regexp(t, `(?m)^demo\s+\S+\s+5\s+lifo\s+7\s+9\s`, e.ok("", "queue", "list"))
+	require.Regexp(t, `(?m)^demo\s+\S+\s+5\s+lifo\s+7\s+3\s+9\s`, e.ok("", "queue", "list"))
+	require.NoError(t, json.Unmarshal([]byte(e.ok("", "queue", "list", "--json")), &queues))
+	require.EqualValues(t, 7, queues[0]["count_todo"])
+	require.EqualValues(t, 3, queues[0]["count_running"])
+	require.EqualValues(t, 9, queues[0]["count_total"])
+	require.Contains(t, e.ok("", "queue", "show", "demo"), "tasks:         7 to do (3 claimed or running), 9 in all\n")
+	var shown map[string]any
+	require.NoError(t, json.Unmarshal([]byte(e.ok("", "queue", "show", "demo", "--json")), &shown))
+	require.EqualValues(t, 3, shown["count_running"])
 
 	for _, bad := range [][]string{
 		{"queue", "set", "demo", "color=blue"},

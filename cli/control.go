@@ -356,7 +356,11 @@ running ones belong to their node.
 
 A filter's tasks are requeued 1000 at a time with a progress bar on stderr; an
 interrupted retry can simply be run again. --dry-run prints how many would be
-requeued and changes nothing. It exits 1 when any id was left alone.`,
+requeued and changes nothing. It exits 1 when any id was left alone.
+
+A requeued task runs whatever its own parents (task graphs); its descendants
+that had ended with reason parent_failed are held again (status -4) until
+their parents allow them ("blocked again").`,
 		Example: `  disbatch task retry --queue demo --status failed --since 2h --dry-run
   disbatch task retry --queue demo --reason orphaned
   disbatch task retry 6572c0ffee0123456789abcd`,
@@ -373,7 +377,11 @@ requeued and changes nothing. It exits 1 when any id was left alone.`,
 			if dryRun {
 				n = count{"would requeue", res.Requeued, "(dry run: nothing was changed)"}
 			}
-			return outcome{[]count{n}, res.Skipped, len(res.Skipped), "could not be requeued"}, nil
+			counts := []count{n}
+			if res.Reblocked > 0 {
+				counts = append(counts, count{"blocked again", res.Reblocked, "(descendants that had ended with parent_failed, waiting for their parents again)"})
+			}
+			return outcome{counts, res.Skipped, len(res.Skipped), "could not be requeued"}, nil
 		}),
 	}
 	c.add(cmd, true)

@@ -354,7 +354,32 @@ func TestQueueSetScheduling(t *testing.T) {
 	e.ok("", "queue", "set", "q", "nice=25", "max_getwork=0")
 	require.Contains(t, e.ok("", "queue", "show", "q"), "scheduling:    priority 10, weight -5, not scheduled (negative weight)\n")
 
-	for _, bad := range [][]string{{"weight=heavy"}, {"priority=NaN"}, {"max_getwork=-1"}, {"max_getwork=1.5"}, {"paused=maybe"}, {"weight=1", "nice=2"}} {
+	e.ok("", "queue", "set", "q", "maxthreads=3", "max_running=5")
+	raw, err = e.db.Collection("queues").FindOne(context.Background(), bson.D{}).Raw()
+	require.NoError(t, err)
+	require.EqualValues(t, 5, raw.Lookup("max_running").AsInt64())
+	require.EqualValues(t, 5, raw.Lookup("threads").AsInt64(), "4.103's name of the cap")
+	require.EqualValues(t, 3, raw.Lookup("maxthreads").AsInt64(), "per node, unchanged")
+	require.Contains(t, e.ok("", "queue", "show", "q"), ", at most 5 running across all nodes (0 admitted)")
+	require.NoError(t, json.Unmarshal([]byte(e.ok("", "queue", "show", "q", "--json")), &shown))
+	require.EqualValues(t, 5, shown["max_running"])
+
+	e.ok("", "queue", "set", "q", `config={"bucket": "b1", "n": 2}`)
+	require.NoError(t, json.Unmarshal([]byte(e.ok("", "queue", "show", "q", "--json")), &shown))
+	require.Equal(t, map[string]any{"bucket": "b1", "n": 2.0}, shown["config"])
+
+	e.ok("", "queue", "create", "next", "--constructor", "C")
+	e.ok("", "queue", "set", "q", "then=next", "continuous=true", "interval=90")
+	show := e.ok("", "queue", "show", "q")
+	require.Contains(t, show, ", output then to next, continuous every 1m30s")
+	r := e.run("", "queue", "set", "q", "then=nowhere")
+	require.Equal(t, 1, r.code, "then to a missing queue")
+	require.Contains(t, r.err, `no queue is named "nowhere"`)
+	require.Contains(t, e.ok("", "queue", "show", "q"), ", output then to next,", "nothing written")
+
+	for _, bad := range [][]string{{"weight=heavy"}, {"priority=NaN"}, {"max_getwork=-1"}, {"max_getwork=1.5"}, {"paused=maybe"}, {"weight=1", "nice=2"},
+		{"max_running=-1"}, {"max_running=five"}, {"max_running=2147483648"}, {"config=nope"}, {"config=[1]"}, {`config="s"`},
+		{"interval=-1"}, {"continuous=often"}} {
 		before, err := e.db.Collection("queues").FindOne(context.Background(), bson.D{}).Raw()
 		require.NoError(t, err)
 		r := e.run("", append([]string{"queue", "set", "q"}, bad...)...)

@@ -91,6 +91,17 @@ func addControlJSON(m map[string]any, t schema.Task) {
 			m[f] = map[string]any{"by": r.by, "at": fmtTime(r.at), "reason": r.reason}
 		}
 	}
+	if len(t.Graph.Parents) > 0 {
+		ps := make([]string, len(t.Graph.Parents))
+		for i, p := range t.Graph.Parents {
+			ps[i] = p.Hex()
+		}
+		m["parents"] = ps
+		m["awaiting_parents"] = t.Graph.AwaitingParents
+	}
+	if t.Graph.OnParentFailure != "" {
+		m["on_parent_failure"] = t.Graph.OnParentFailure
+	}
 	if c.Attempt > 0 {
 		m["attempt"] = c.Attempt
 	}

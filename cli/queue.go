@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -146,9 +147,10 @@ func newQueueList(g *globals) *cobra.Command {
 		Use:   "list",
 		Short: "List queues with their task counts",
 		Long: `List every queue: name, constructor, maxthreads, sort, tasks to do
-(status <= 0) and total. Counts come from the queue's count_todo/count_total,
-kept by the nodes; a queue without them is recounted. Documents that cannot be
-read are reported on stderr and skipped.`,
+(status <= 0), tasks running (claimed or running, -1 or 0, on any node) and
+total. Counts come from the queue's count_todo/count_running/count_total, kept
+by the nodes; a queue missing any of them is recounted. Documents that cannot
+be read are reported on stderr and skipped.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, done, err := g.open(cmd)
@@ -165,37 +167,36 @@ read are reported on stderr and skipped.`,
 			}
 			var recount map[bson.ObjectID]store.QueueCounts
 			for _, q := range res.Queues {
-				if q.CountTodo == nil || q.CountTotal == nil {
+				if _, ok := storedCounts(q); !ok {
 					if recount, err = s.QueueCountsGet(cmd.Context()); err != nil {
 						return err
 					}
 					break
 				}
 			}
-			counts := func(q schema.Queue) (int64, int64) {
-				if q.CountTodo != nil && q.CountTotal != nil {
-					return *q.CountTodo, *q.CountTotal
+			counts := func(q schema.Queue) store.QueueCounts {
+				if c, ok := storedCounts(q); ok {
+					return c
 				}
-				c := recount[q.ID]
-				return c.Todo, c.Total
+				return recount[q.ID]
 			}
 			if asJSON {
 				out := make([]map[string]any, 0, len(res.Queues))
 				for _, q := range res.Queues {
-					todo, total := counts(q)
-					out = append(out, queueJSON(q, &store.QueueCounts{Todo: todo, Total: total}))
+					c := counts(q)
+					out = append(out, queueJSON(q, &c))
 				}
 				return writeJSON(g.io.Out, out)
 			}
 			tw := tabwriter.NewWriter(g.io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tCONSTRUCTOR\tMAXTHREADS\tSORT\tTODO\tTOTAL\tID")
+			fmt.Fprintln(tw, "NAME\tCONSTRUCTOR\tMAXTHREADS\tSORT\tTODO\tRUNNING\tTOTAL\tID")
 			for _, q := range res.Queues {
-				todo, total := counts(q)
+				c := counts(q)
 				sort := q.Sort
 				if sort == "" {
 					sort = schema.SortDefault
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", q.Name, q.Constructor, fmtMaxThreads(q.MaxThreads), sort, todo, total, q.ID.Hex())
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", q.Name, q.Constructor, fmtMaxThreads(q.MaxThreads), sort, c.Todo, c.Running, c.Total, q.ID.Hex())
 				for _, w := range q.Warnings {
 					fmt.Fprintf(g.io.Err, "warning: queue %s: %s\n", q.Name, w)
 				}
@@ -205,6 +206,14 @@ read are reported on stderr and skipped.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return cmd
+}
+
+// storedCounts are the queue's projected counters, when it has all three.
+func storedCounts(q schema.Queue) (store.QueueCounts, bool) {
+	if q.CountTodo == nil || q.CountTotal == nil || q.CountRunning == nil {
+		return store.QueueCounts{}, false
+	}
+	return store.QueueCounts{Todo: *q.CountTodo, Total: *q.CountTotal, Running: *q.CountRunning}, true
 }
 
 func queueJSON(q schema.Queue, c *store.QueueCounts) map[string]any {
@@ -225,7 +234,7 @@ func queueJSON(q schema.Queue, c *store.QueueCounts) map[string]any {
 		m["nodes_ignore"] = q.NodesIgnore
 	}
 	if c != nil {
-		m["count_todo"], m["count_total"] = c.Todo, c.Total
+		m["count_todo"], m["count_total"], m["count_running"] = c.Todo, c.Total, c.Running
 	}
 	ctl := q.Control
 	m["timeout"] = ctl.Timeout.Seconds()
@@ -234,6 +243,16 @@ func queueJSON(q schema.Queue, c *store.QueueCounts) map[string]any {
 	m["rerun_orphans"] = ctl.RerunOrphans
 	sc := q.Sched
 	m["priority"], m["weight"], m["max_getwork"], m["paused"] = sc.Priority, sc.Weight, sc.MaxGetwork, sc.Paused
+	m["max_running"], m["admitted"] = sc.MaxRunning, sc.Admitted
+	m["continuous"], m["interval"] = sc.Continuous, sc.Interval.Seconds()
+	if sc.Then != "" {
+		m["then"] = sc.Then
+	}
+	if sc.Config != nil {
+		if cj, err := bson.MarshalExtJSON(sc.Config, false, false); err == nil {
+			m["config"] = json.RawMessage(cj)
+		}
+	}
 	return m
 }
 
@@ -254,10 +273,8 @@ for an operator. Change them with "disbatch queue set".`,
 				return err
 			}
 			defer done()
-			var c store.QueueCounts
-			if q.CountTodo != nil && q.CountTotal != nil {
-				c = store.QueueCounts{Todo: *q.CountTodo, Total: *q.CountTotal}
-			} else {
+			c, ok := storedCounts(q)
+			if !ok {
 				all, err := s.QueueCountsGet(cmd.Context())
 				if err != nil {
 					return err
@@ -286,7 +303,7 @@ for an operator. Change them with "disbatch queue set".`,
 			if len(q.NodesIgnore) > 0 {
 				fmt.Fprintf(w, "nodes_ignore:  %s\n", strings.Join(q.NodesIgnore, ", "))
 			}
-			fmt.Fprintf(w, "tasks:         %d to do, %d in all\n", c.Todo, c.Total)
+			fmt.Fprintf(w, "tasks:         %d to do (%d claimed or running), %d in all\n", c.Todo, c.Running, c.Total)
 			fmt.Fprintf(w, "scheduling:    %s\n", fmtSched(q.Sched))
 			fmt.Fprintf(w, "timeout:       %s\n", fmtTimeout(q.Control.Timeout))
 			fmt.Fprintf(w, "retries:       %s\n", fmtRetries(q.Control))
@@ -303,6 +320,15 @@ func fmtSched(sc schema.QueueSched) string {
 	out := fmt.Sprintf("priority %s, weight %s", strconv.FormatFloat(sc.Priority, 'g', -1, 64), strconv.FormatFloat(sc.Weight, 'g', -1, 64))
 	if sc.MaxGetwork > 0 {
 		out += fmt.Sprintf(", at most %d per claim", sc.MaxGetwork)
+	}
+	if sc.Then != "" {
+		out += ", output then to " + sc.Then
+	}
+	if sc.Continuous {
+		out += fmt.Sprintf(", continuous every %s", sc.Interval)
+	}
+	if sc.Capped() {
+		out += fmt.Sprintf(", at most %d running across all nodes (%d admitted)", sc.MaxRunning, sc.Admitted)
 	}
 	switch {
 	case sc.Paused:
@@ -354,7 +380,7 @@ func parseBackoff(s string) (schema.Backoff, error) {
 }
 
 const queueSetKeys = "name, constructor (or plugin), maxthreads (or threads: integer >= 0 or null), sort (fifo|lifo|default), nodes_pin, nodes_ignore (comma-separated node names; empty to remove), " +
-	"priority (a number), weight (a number; negative: never scheduled), nice (weight = 20 - nice), max_getwork (tasks per claim, 0: no limit), paused (true|false)"
+	"priority (a number), weight (a number; negative: never scheduled), nice (weight = 20 - nice), max_getwork (tasks per claim, 0: no limit), max_running (claimed and running tasks across all nodes, 0: no cap), config (a JSON object for the plugin; {} removes it), continuous (true|false), interval (seconds between a continuous queue's tasks), then (a queue a succeeded task's output becomes tasks of; empty removes it), paused (true|false)"
 
 func newQueueSet(g *globals) *cobra.Command {
 	var timeout time.Duration
@@ -370,7 +396,10 @@ Scheduling across queues (docs/scheduling.md; Disbatch 4 nodes ignore these):
 among the queues a node could claim from, only the highest priority is
 tried; among equal priorities, the one with the fewest running tasks for its
 weight goes first (default weight 20). A paused queue runs nothing new; its
-running tasks finish; resuming it wakes the nodes at once.
+running tasks finish; resuming it wakes the nodes at once. max_running caps
+the queue's claimed and running tasks across all nodes, exactly (each claim
+takes an admission in a transaction); it is written as threads too, the
+name Disbatch 4.103 nodes read as the same cap.
 
 How the queue's tasks are controlled (Disbatch 4 nodes ignore these):
   --timeout DURATION       time limit of each task once started: its node kills
@@ -393,6 +422,7 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
   disbatch queue set demo nodes_pin=node1,node2
   disbatch queue set demo maxthreads=null
   disbatch queue set demo priority=10 weight=4 max_getwork=16
+  disbatch queue set demo max_running=5
   disbatch queue set demo --timeout 10m --retries 3 --retry-backoff 5s,10m,0.2 --rerun-orphans`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) < 1 {
@@ -465,6 +495,34 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
 						return usagef("max_getwork must be an integer from 0 (no limit) to %d, got %q", schema.MaxGetworkLimit, v)
 					}
 					p.MaxGetwork = &n
+				case "then":
+					name := strings.TrimSpace(v)
+					p.Then = &name
+				case "continuous":
+					b, err := strconv.ParseBool(v)
+					if err != nil {
+						return usagef("continuous must be true or false, got %q", v)
+					}
+					p.Continuous = &b
+				case "interval":
+					f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+					if err != nil || math.IsNaN(f) || f < 0 || f > schema.MaxSeconds {
+						return usagef("interval must be a number of seconds from 0 to %d, got %q", schema.MaxSeconds, v)
+					}
+					d := time.Duration(f * float64(time.Second))
+					p.Interval = &d
+				case "config":
+					var doc bson.Raw
+					if err := bson.UnmarshalExtJSON([]byte(v), false, &doc); err != nil {
+						return usagef("config must be a JSON object, got %q: %v", v, err)
+					}
+					p.Config = doc
+				case "max_running":
+					n, err := strconv.Atoi(strings.TrimSpace(v))
+					if err != nil || n < 0 || n > schema.MaxRunningLimit {
+						return usagef("max_running must be an integer from 0 (no cap) to %d, got %q", schema.MaxRunningLimit, v)
+					}
+					p.MaxRunning = &n
 				case "paused":
 					b, err := strconv.ParseBool(v)
 					if err != nil {

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/tracing"
 )
@@ -137,7 +138,7 @@ func toParams(b []byte) (bson.Raw, string) {
 }
 
 func newTaskSubmit(g *globals) *cobra.Command {
-	var skipInvalid, asJSON bool
+	var skipInvalid, asJSON, graph bool
 	var batchSize, parallel int
 	var timeout time.Duration
 	var expiresAt, notBefore string
@@ -161,10 +162,23 @@ ignore them):
                       its node kills it then and it fails with reason timeout
   --not-before TIME   it is held (status -4) until then, then queued
   --expires-at TIME   if not started by then it fails unrun, reason expired
-TIME is an RFC 3339 time (2030-01-02T15:04:05Z) or +DURATION from now (+90m).`,
+TIME is an RFC 3339 time (2030-01-02T15:04:05Z) or +DURATION from now (+90m).
+
+With --graph, each line is a task of a graph (seed 002), submitted whole in
+one call, of the keys (all optional):
+  {"ref": "build", "queue": "other", "parents": ["fetch", "6572c0ffee0123456789abcd"],
+   "on_parent_failure": "run", "parameters": {...}}
+ref names the task within the input; parents are refs of the input or ids of
+stored tasks (of any queue); queue (a name or an id) overrides QUEUE. A task
+is held (status -4) until every parent has succeeded, then queued; if a
+parent fails it finishes unrun (reason parent_failed) unless
+on_parent_failure is "run" (it then runs once every parent has ended).
+Unknown refs, duplicate refs, self-parents, cycles, unknown tasks or queues
+and more than ` + fmt.Sprint(schema.MaxParents) + ` parents are reported by line, and nothing is inserted.`,
 		Example: `  printf '{"commands":"a"}\n{"commands":"ab"}\n' | disbatch task submit demo
   disbatch task submit demo tasks.json
-  disbatch task submit demo tasks.json --timeout 10m --not-before +1h --expires-at +6h`,
+  disbatch task submit demo tasks.json --timeout 10m --not-before +1h --expires-at +6h
+  printf '{"ref":"a"}\n{"ref":"b","parents":["a"]}\n' | disbatch task submit demo --graph`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) < 1 || len(args) > 2 {
 				return usagef("want QUEUE and optionally FILE (or - for stdin)")
@@ -200,6 +214,25 @@ TIME is an RFC 3339 time (2030-01-02T15:04:05Z) or +DURATION from now (+90m).`,
 			items, problems, err := parseTasks(in)
 			if err != nil {
 				return err
+			}
+			if graph {
+				if skipInvalid {
+					return usagef("--skip-invalid does not go with --graph: a graph is inserted whole or not at all")
+				}
+				if len(problems) > 0 {
+					reportProblems(g.io.Err, name, problems)
+					return fmt.Errorf("%d items in %s are invalid; nothing was inserted", len(problems), name)
+				}
+				if len(items) == 0 {
+					return fmt.Errorf("no tasks in %s: want JSON objects, one per line, or a JSON array of objects", name)
+				}
+				return submitGraph(cmd, g, s, q, name, items, ctl, asJSON)
+			}
+			for _, it := range items {
+				if looksLikeGraphLine(it) {
+					fmt.Fprintf(g.io.Err, "%s: line %d has \"parameters\" beside \"ref\" or \"parents\": submitted as parameters; for a task graph use --graph\n", name, it.line)
+					break
+				}
 			}
 			for i, p := range problems {
 				if i == 20 {
@@ -246,6 +279,7 @@ TIME is an RFC 3339 time (2030-01-02T15:04:05Z) or +DURATION from now (+90m).`,
 	cmd.Flags().IntVar(&batchSize, "batch-size", 1000, "tasks per insert")
 	cmd.Flags().IntVar(&parallel, "parallel", 4, "inserts in flight at once")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	cmd.Flags().BoolVar(&graph, "graph", false, "each line is a task of a graph: {ref, queue, parents, on_parent_failure, parameters}")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "each task's time limit once started, e.g. 30s or 2h (0: the queue's)")
 	cmd.Flags().StringVar(&notBefore, "not-before", "", "hold the tasks until TIME (RFC 3339, or +DURATION from now)")
 	cmd.Flags().StringVar(&expiresAt, "expires-at", "", "tasks not started by TIME (RFC 3339, or +DURATION from now) fail unrun, reason expired")

@@ -20,7 +20,7 @@ func newTaskCmd(g *globals) *cobra.Command {
 		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newTaskSubmit(g), newTaskList(g), newTaskShow(g),
+	cmd.AddCommand(newTaskSubmit(g), newTaskList(g), newTaskShow(g), newTaskGraph(g),
 		newTaskKill(g), newTaskCancel(g), newTaskRetry(g), newTaskWait(g))
 	return cmd
 }

@@ -132,7 +132,8 @@ type nodeCollector struct{ m *Metrics }
 
 var (
 	descQueueTasks = prometheus.NewDesc("disbatch_queue_tasks",
-		"Tasks in each queue by state, from the queue's projected counters (todo: status <= 0; done = count_total - count_todo). Absent while a queue has no counters.",
+		"Tasks in each queue by state, from the queue's projected counters (todo: status <= 0; done = count_total - count_todo; running: count_running, "+
+			"the tasks in -1 or 0 on any node, which todo includes). Absent while a queue has no counters (running: no count_running).",
 		[]string{"queue", "state"}, nil)
 	descRunning = prometheus.NewDesc("disbatch_node_tasks_running",
 		"Tasks of each queue this node holds (claimed or running).", []string{"queue"}, nil)
@@ -192,6 +193,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		todo, total     int64
 		running         int
 		counted, broken bool
+		// cluster is count_running (all nodes), apart from running (this
+		// node's): a queue may have todo and total but not it yet.
+		cluster                       int64
+		clusterCounted, clusterBroken bool
 	}
 	sums := map[string]*queueSums{}
 	var names []string
@@ -206,6 +211,12 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 			names = append(names, q.Name)
 		}
 		s.running += src.Running(q.ID)
+		if q.CountRunning == nil {
+			s.clusterBroken = true
+		} else {
+			s.cluster += *q.CountRunning
+			s.clusterCounted = true
+		}
 		if q.CountTodo == nil || q.CountTotal == nil {
 			s.broken = true // one same-named queue without counters: no sum
 			continue
@@ -220,6 +231,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		if s.counted && !s.broken {
 			gauge(descQueueTasks, float64(s.todo), name, "todo")
 			gauge(descQueueTasks, float64(s.total-s.todo), name, "done")
+		}
+		if s.clusterCounted && !s.clusterBroken {
+			gauge(descQueueTasks, float64(s.cluster), name, "running")
 		}
 	}
 

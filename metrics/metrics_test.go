@@ -172,14 +172,20 @@ func ptr[T any](v T) *T { return &v }
 
 func TestCollector(t *testing.T) {
 	a, b, c, d1, d2, gone := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	e, f1, f2 := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
 	src := &fakeSource{
 		queues: []schema.Queue{
-			{ID: a, Name: "alpha", CountTodo: ptr[int64](3), CountTotal: ptr[int64](10)},
+			{ID: a, Name: "alpha", CountTodo: ptr[int64](3), CountTotal: ptr[int64](10), CountRunning: ptr[int64](3)},
 			{ID: b, Name: "beta"}, // no counters yet
-			{ID: c, Name: "gamma", CountTodo: ptr[int64](0), CountTotal: ptr[int64](0)},
+			{ID: c, Name: "gamma", CountTodo: ptr[int64](0), CountTotal: ptr[int64](0), CountRunning: ptr[int64](0)},
 			// Two queues may share a name: added up, never collected twice.
-			{ID: d1, Name: "twin", CountTodo: ptr[int64](1), CountTotal: ptr[int64](2)},
-			{ID: d2, Name: "twin", CountTodo: ptr[int64](4), CountTotal: ptr[int64](8)},
+			{ID: d1, Name: "twin", CountTodo: ptr[int64](1), CountTotal: ptr[int64](2), CountRunning: ptr[int64](1)},
+			{ID: d2, Name: "twin", CountTodo: ptr[int64](4), CountTotal: ptr[int64](8), CountRunning: ptr[int64](2)},
+			// From before count_running: todo and done, no running yet.
+			{ID: e, Name: "older", CountTodo: ptr[int64](6), CountTotal: ptr[int64](6)},
+			// Same-named, one without count_running: no running sum.
+			{ID: f1, Name: "half", CountTodo: ptr[int64](1), CountTotal: ptr[int64](1), CountRunning: ptr[int64](1)},
+			{ID: f2, Name: "half", CountTodo: ptr[int64](1), CountTotal: ptr[int64](1)},
 		},
 		running: map[bson.ObjectID]int{a: 2, b: 1, d1: 1, d2: 1},
 		claimer: claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3},
@@ -204,6 +210,15 @@ func TestCollector(t *testing.T) {
 	require.Equal(t, 5.0, value(t, mfs, "disbatch_queue_tasks", "queue", "twin", "state", "todo"))
 	require.Equal(t, 5.0, value(t, mfs, "disbatch_queue_tasks", "queue", "twin", "state", "done"))
 	require.Equal(t, dto.MetricType_GAUGE, mfs["disbatch_queue_tasks"].GetType())
+	// count_running, cluster-wide, beside this node's own running tasks.
+	require.Equal(t, 3.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "running"))
+	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "beta", "state", "running"), "no counters: no gauge")
+	require.Equal(t, 0.0, value(t, mfs, "disbatch_queue_tasks", "queue", "gamma", "state", "running"))
+	require.Equal(t, 3.0, value(t, mfs, "disbatch_queue_tasks", "queue", "twin", "state", "running"))
+	require.Equal(t, 6.0, value(t, mfs, "disbatch_queue_tasks", "queue", "older", "state", "todo"))
+	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "older", "state", "running"), "no count_running yet: no gauge")
+	require.Equal(t, 2.0, value(t, mfs, "disbatch_queue_tasks", "queue", "half", "state", "todo"))
+	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "half", "state", "running"), "one of the same-named queues has no count_running")
 
 	require.Equal(t, 2.0, value(t, mfs, "disbatch_node_tasks_running", "queue", "alpha"))
 	require.Equal(t, 1.0, value(t, mfs, "disbatch_node_tasks_running", "queue", "beta"))
@@ -243,7 +258,9 @@ func TestCollector(t *testing.T) {
 	src.projector = projections.Stats{}
 	src.queues = src.queues[:1]
 	src.queues[0].CountTodo = ptr[int64](0)
+	src.queues[0].CountRunning = ptr[int64](7)
 	mfs = gather(t, m)
+	require.Equal(t, 7.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "running"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_projector_leader"))
 	require.Equal(t, 10.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "done"))
 	require.Nil(t, find(mfs, "disbatch_node_tasks_running", "queue", "beta"))

@@ -80,6 +80,7 @@ type Config struct {
 	passed      func()              // the claimer ended a pass
 	reaped      func(int64)         // the leader swept (tasks recovered)
 	killHandled func(bson.ObjectID) // a kill request was carried out
+	graphEvery  time.Duration       // the graph sweep's period (default graph.DefaultEvery)
 }
 
 // Observer receives task lifecycle events, e.g. to count them. Its methods

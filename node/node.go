@@ -10,8 +10,12 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/disbatch-go/disbatch/admissions"
+	"github.com/disbatch-go/disbatch/chain"
 	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/continuous"
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/graph"
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/leadership"
@@ -40,6 +44,10 @@ type Node struct {
 	kills   *killRequests        // operators' kill requests
 	reaper  *reaper.Reaper       // own leftovers; the leader's sweeps
 	timers  *timers.Timers       // the leader's delayed and expiring tasks
+	admits  *admissions.Sweeper  // the leader's max_running admissions
+	contin  *continuous.Creator  // the leader's continuous queues
+	chain   *chain.Sweeper       // the leader's then chaining left by crashes
+	graph   *graph.Graph         // the leader's task graphs
 	leader  *leadership.Elector  // the cluster-wide duties
 	bus     *bus                 // change events to the claimer
 	stream  *events.Stream       // nil when polling only
@@ -91,8 +99,12 @@ func New(cfg Config) (*Node, error) {
 			cfg.Observer.TaskControlled(n.queueName(q), ControlExpiredWaiting, int(k))
 		},
 	})
+	n.graph = graph.New(graph.Config{Store: cfg.Store, Every: cfg.graphEvery, Clock: cfg.Clock, Logger: log})
+	n.admits = admissions.New(admissions.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log})
+	n.contin = continuous.New(continuous.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log})
+	n.chain = chain.New(chain.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log})
 	n.leader = leadership.New(leadership.Config{Lease: LeaderLease, Owner: cfg.Name, Store: cfg.Store, TTL: cfg.FenceAfter, Clock: cfg.Clock, Logger: log},
-		n.reaper.Lead, n.timers.Lead)
+		n.reaper.Lead, n.timers.Lead, n.graph.Lead, n.admits.Lead, n.contin.Lead, n.chain.Lead)
 	if !cfg.NoProjector {
 		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, Clock: cfg.Clock, Logger: log})
 	}

@@ -53,7 +53,7 @@ func newRecorder() *recorder {
 }
 
 func (r *recorder) Run(ctx context.Context, t plugin.Task) plugin.Result {
-	keys := []string{t.Node, t.Node + "/" + t.Queue}
+	keys := []string{t.Node, t.Node + "/" + t.Queue, "queue:" + t.Queue}
 	r.mu.Lock()
 	for _, k := range keys {
 		r.cur[k]++

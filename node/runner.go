@@ -29,6 +29,8 @@ type runnerStore interface {
 	TaskUnstart(ctx context.Context, p store.TaskTransitionParams) error
 	TaskFail(ctx context.Context, p store.TaskFailParams) error
 	TaskEndClaimed(ctx context.Context, p store.TaskEndClaimedParams) error
+	AdmissionsRelease(ctx context.Context, queue bson.ObjectID, ids []bson.ObjectID) (int64, error)
+	ThenCreate(ctx context.Context, id bson.ObjectID) (store.ThenResult, error)
 }
 
 // runnerConfig is what the runner needs of the node's config.
@@ -64,7 +66,11 @@ type runner struct {
 	// Concurrent tasks' start and finish writes share round trips.
 	starts   *coalescer[store.TaskTransitionParams]
 	finishes *coalescer[store.TaskFinishParams]
+	releases *coalescer[admission]
 }
+
+// admission is a task of a capped queue whose admission to release.
+type admission struct{ queue, task bson.ObjectID }
 
 // writeBatch bounds how many tasks' writes go in one round trip.
 const writeBatch = 128
@@ -82,6 +88,25 @@ func newRunner(cfg runnerConfig, finished func(bson.ObjectID), c clock.Clock, lo
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 		defer cancel()
 		return st.TaskFinishMany(ctx, ps)
+	})
+	r.releases = newCoalescer(writeBatch, func(as []admission) []error {
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+		defer cancel()
+		byQueue := map[bson.ObjectID][]bson.ObjectID{}
+		for _, a := range as {
+			byQueue[a.queue] = append(byQueue[a.queue], a.task)
+		}
+		errs := make([]error, len(as))
+		for q, ids := range byQueue {
+			if _, err := st.AdmissionsRelease(ctx, q, ids); err != nil {
+				for i, a := range as {
+					if a.queue == q {
+						errs[i] = err
+					}
+				}
+			}
+		}
+		return errs
 	})
 	return r
 }
@@ -113,7 +138,38 @@ func (r *runner) handle(q claimer.Queue, t schema.Task, work func()) {
 		defer r.finished(q.ID)
 		defer r.hold(t.ID, false)
 		work()
+		if q.Sched.Capped() {
+			r.release(q, t.ID)
+		}
 	}()
+}
+
+// release gives back the max_running admission of a task of a capped queue
+// once it is no longer claimed or running here (finished, handed back,
+// lost): before its slot, so that the next claim finds it free. A release
+// that fails is left to the leader's sweep.
+func (r *runner) release(q claimer.Queue, id bson.ObjectID) {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	if err := r.releases.do(ctx, admission{queue: q.ID, task: id}); err != nil {
+		r.log.Warn("release of a max_running admission failed; the leader's sweep will release it", "queue", q.Name, "task_id", id.Hex(), "error", err)
+	}
+}
+
+// then turns a succeeded task's output into tasks of its queue's then
+// queue; a failure is left to the leader's sweep (package chain).
+func (r *runner) then(log *slog.Logger, id bson.ObjectID) {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	res, err := r.cfg.Store.ThenCreate(ctx, id)
+	switch {
+	case err != nil:
+		log.Warn("then: creating tasks from the output failed; the leader's sweep will", "error", err)
+	case res.Problem != "":
+		log.Warn("then: the output could not become tasks", "problem", res.Problem)
+	default:
+		log.Debug("then: tasks created from the output", "created", res.Created)
+	}
 }
 
 // hold records (or forgets) a task this node received from a claim.
@@ -325,7 +381,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		log.Debug("task running")
 		res = plugin.Run(runCtx, p, plugin.Task{
 			ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,
-			Attempt: t.Control.Attempt + 1, Parameters: t.Parameters, Document: t.Raw,
+			Attempt: t.Control.Attempt + 1, Parameters: t.Parameters, Document: t.Raw, Config: q.Sched.Config,
 		}, cfg.PluginTimeout)
 	} else {
 		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
@@ -344,7 +400,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 	r.ran(t.ID)
 	steps.ran(res)
 	fp := store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
-		Reason: reason, Claimed: claimed, Started: started, Extra: res.Extra}
+		Reason: reason, Claimed: claimed, Started: started, Extra: res.Extra, Output: res.Output, Then: q.Sched.Then}
 	if fp.Retry = r.retry(q, t, res.Status, reason); fp.Retry != nil {
 		wait := fp.Retry.NotBefore.Sub(r.clock.Now()).Round(time.Millisecond)
 		log.Info("task failed; retrying it", "try", fp.Retry.Tries, "retries", q.Control.Retries, "in", wait)
@@ -358,6 +414,9 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 	log.Debug("task finished", "status", int(res.Status))
 	if fp.Retry != nil {
 		return "retrying"
+	}
+	if fp.Then != "" && res.Status == schema.StatusSucceeded && res.Output.Type != 0 {
+		r.then(log, t.ID)
 	}
 	return res.Status.String()
 }

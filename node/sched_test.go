@@ -2,13 +2,16 @@ package node
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
@@ -67,4 +70,113 @@ func TestPriorityAcrossQueuesOnANode(t *testing.T) {
 		}
 	}
 	require.LessOrEqual(t, late, 1, "tasks of the higher priority started after the lower priority's first (2 slots): %v", b.rec.order)
+}
+
+// TestMaxRunningCapsTheQueueAcrossNodes: three nodes with 10 slots each on
+// a queue capped at 3 never run more than 3 of its tasks at once, and do
+// reach 3; every task runs once, and no admission is left behind.
+func TestMaxRunningCapsTheQueueAcrossNodes(t *testing.T) {
+	b := setup(t)
+	q := b.queue("capped", "test", 10, schema.SortFIFO)
+	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: q, MaxRunning: ptr(3)}))
+	b.rec.sleep = 20 * time.Millisecond
+	ids := b.tasks(q, 45, nil)
+	for _, name := range []string{"n1", "n2", "n3"} {
+		b.start(b.config(name))
+	}
+	b.waitDone(bson.D{{Key: "queue", Value: q}}, int64(len(ids)), time.Minute)
+	require.Equal(t, 3, b.rec.max("queue:capped"), "at most max_running at once, and the cap reached")
+	for _, id := range ids {
+		require.Len(t, b.rec.runs[id], 1, "task %s", id.Hex())
+	}
+	require.Eventually(t, func() bool {
+		got, err := b.store.QueueGet(context.Background(), store.QueueGetParams{Ref: q.Hex()})
+		return err == nil && got.Sched.Admitted == 0 && b.count(bson.D{{Key: schema.TaskAdmitted, Value: true}}) == 0
+	}, 10*time.Second, 20*time.Millisecond, "every admission released")
+}
+
+// TestQueueConfigReachesThePlugin: a queue's config is handed to the plugin
+// with each task (DISBATCH_CONFIG for shell), and a change reaches the next
+// task.
+func TestQueueConfigReachesThePlugin(t *testing.T) {
+	b := setup(t)
+	conf, err := bson.Marshal(bson.D{{Key: "bucket", Value: "b1"}})
+	require.NoError(t, err)
+	q := b.shellQueue("configured", 1, func(p *store.QueueUpdateParams) { p.Config = conf })
+	b.start(b.config("n1"))
+	id := b.insert(q, nil, bson.D{{Key: "command", Value: `echo "$DISBATCH_CONFIG"`}})[0]
+	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
+	require.Equal(t, "{\"bucket\":\"b1\"}\n", b.task(id).Lookup("stdout").StringValue())
+
+	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: q, Config: bson.Raw{5, 0, 0, 0, 0}}))
+	require.True(t, queueHasNo(b, q, schema.QueueConfig), "{} removes the config")
+	id = b.insert(q, nil, bson.D{{Key: "command", Value: `echo "$DISBATCH_CONFIG"`}})[0]
+	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
+	require.Equal(t, "{}\n", b.task(id).Lookup("stdout").StringValue(), "config removed: {}")
+}
+
+func queueHasNo(b *bundle, q bson.ObjectID, field string) bool {
+	raw, err := b.db.Collection("queues").FindOne(context.Background(), bson.D{{Key: "_id", Value: q}}).Raw()
+	require.NoError(b.t, err)
+	_, err = raw.LookupErr(field)
+	return err != nil
+}
+
+// TestContinuousQueueOneTaskPerIntervalWithThreeNodes: three nodes (any of
+// which may lead) create one task at a time on a continuous queue: each
+// after the previous one finished and the interval passed since it was
+// created.
+func TestContinuousQueueOneTaskPerIntervalWithThreeNodes(t *testing.T) {
+	b := setup(t)
+	q := b.queue("cont", "test", 5, schema.SortFIFO)
+	interval := 400 * time.Millisecond
+	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: q, Continuous: ptr(true), Interval: &interval}))
+	for _, name := range []string{"n1", "n2", "n3"} {
+		b.start(b.config(name))
+	}
+	b.waitDone(bson.D{{Key: "queue", Value: q}}, 4, 30*time.Second)
+	cur, err := b.db.Collection("tasks").Find(context.Background(), bson.D{{Key: "queue", Value: q}}, options.Find().SetSort(bson.D{{Key: "ctime", Value: 1}}))
+	require.NoError(t, err)
+	var tasks []struct {
+		Name   string    `bson:"name"`
+		CTime  time.Time `bson:"ctime"`
+		MTime  time.Time `bson:"mtime"`
+		Status int       `bson:"status"`
+	}
+	require.NoError(t, cur.All(context.Background(), &tasks))
+	require.GreaterOrEqual(t, len(tasks), 4)
+	for i := 1; i < len(tasks); i++ {
+		prev, cur := tasks[i-1], tasks[i]
+		require.Equal(t, 1, prev.Status, "task %d finished before the next", i-1)
+		require.False(t, cur.CTime.Before(prev.MTime), "task %d created after task %d finished", i, i-1)
+		require.GreaterOrEqual(t, cur.CTime.Sub(prev.CTime), interval, "tasks %d and %d an interval apart", i-1, i)
+		require.Equal(t, strconv.FormatInt(cur.CTime.Unix(), 10), cur.Name)
+	}
+}
+
+// fanOut answers success with an output of two objects.
+type fanOut struct{}
+
+func (fanOut) Run(_ context.Context, t plugin.Task) plugin.Result {
+	raw, _ := bson.Marshal(bson.D{{Key: "v", Value: bson.A{bson.D{{Key: "part", Value: 1}}, bson.D{{Key: "part", Value: 2}}}}})
+	return plugin.Result{Status: schema.StatusSucceeded, Output: bson.Raw(raw).Lookup("v")}
+}
+
+// TestThenChainsTheOutputIntoTasks: a task that succeeds with an output of
+// two objects on a queue with then gives two tasks of the then queue, run
+// there, each made once.
+func TestThenChainsTheOutputIntoTasks(t *testing.T) {
+	b := setup(t)
+	b.reg.Register("fan", fanOut{})
+	src := b.queue("src", "fan", 2, schema.SortFIFO)
+	dst := b.queue("dst", "test", 2, schema.SortFIFO)
+	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: src, Then: ptr("dst")}))
+	b.start(b.config("n1"))
+	id := b.tasks(src, 1, nil)[0]
+	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
+	b.waitDone(bson.D{{Key: "queue", Value: dst}}, 2, 10*time.Second)
+	require.Equal(t, int64(2), b.count(bson.D{{Key: "queue", Value: dst}, {Key: schema.TaskChainedFrom, Value: id}}))
+	require.Equal(t, int64(2), b.count(bson.D{{Key: "queue", Value: dst}}), "each once")
+	_, err := b.task(id).LookupErr(schema.TaskThenPending)
+	require.Error(t, err, "the mark is removed once the tasks exist")
 }

@@ -23,6 +23,7 @@ type externalInput struct {
 	Node        string          `json:"node"`
 	Attempt     int             `json:"attempt"`    // 1 for the first attempt
 	Parameters  json.RawMessage `json:"parameters"` // relaxed extended JSON; {} when the task has none
+	Config      json.RawMessage `json:"config"`     // the queue's config, relaxed extended JSON; {} when it has none
 }
 
 // externalAnswer is the JSON object an External plugin writes on stdout.
@@ -32,6 +33,7 @@ type externalAnswer struct {
 	rawStatus string // status as written
 	stdout    string
 	stderr    string
+	output    bson.RawValue // an object or a list of objects
 }
 
 // External returns a plugin that runs the executable at path with args, in
@@ -39,7 +41,8 @@ type externalAnswer struct {
 // one JSON object:
 //
 //	{"id": "<hex>", "queue": "<name>", "queue_id": "<hex>", "constructor": "...",
-//	 "node": "...", "attempt": N, "parameters": <parameters as relaxed extended JSON>}
+//	 "node": "...", "attempt": N, "parameters": <parameters as relaxed extended JSON>,
+//	 "config": <the queue's config object, relaxed extended JSON; {} without one>}
 //
 // attempt is 1 for the task's first attempt and one more for each attempt
 // that ended before (a queue's retries, a requeue).
@@ -47,7 +50,10 @@ type externalAnswer struct {
 // It must answer on stdout with one JSON object (blank space around it is
 // allowed, fields other than these are ignored) and exit 0:
 //
-//	{"status": N, "stdout": "...", "stderr": "..."}
+//	{"status": N, "stdout": "...", "stderr": "...", "output": {...} or [{...}, ...]}
+//
+// output (optional; extended JSON) is written to a task that succeeds, and
+// becomes tasks of the queue's then queue: an object one, a list one each.
 //
 // N must be a positive integer (1.0 counts as 1) that fits 32 bits; stdout
 // and stderr may be absent or null.
@@ -107,7 +113,7 @@ func (e *external) Run(ctx context.Context, t Task) Result {
 		return fail(ans.stdout, appendBlock(ans.stderr, r.stderr),
 			fmt.Sprintf("%s answered an invalid status %s: want a positive integer", name, ans.rawStatus))
 	}
-	return Result{Status: schema.Status(ans.status), Stdout: ans.stdout, Stderr: ans.stderr}
+	return Result{Status: schema.Status(ans.status), Stdout: ans.stdout, Stderr: ans.stderr, Output: ans.output}
 }
 
 func encodeInput(t Task) ([]byte, error) {
@@ -119,7 +125,12 @@ func encodeInput(t Task) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parameters: %w", err)
 	}
+	cj, err := configJSON(t)
+	if err != nil {
+		return nil, err
+	}
 	in := externalInput{
+		Config:      cj,
 		ID:          t.ID.Hex(),
 		Queue:       t.Queue,
 		QueueID:     t.QueueID.Hex(),
@@ -180,7 +191,38 @@ func parseExternalAnswer(out []byte) (externalAnswer, error) {
 			return a, fmt.Errorf("%s is not a string", f.key)
 		}
 	}
+	if raw, ok := fields["output"]; ok && string(raw) != "null" {
+		var wrap bson.Raw
+		if err := bson.UnmarshalExtJSON(append(append([]byte(`{"output":`), raw...), '}'), false, &wrap); err != nil {
+			return a, fmt.Errorf("output is not JSON MongoDB can store: %v", err)
+		}
+		a.output = wrap.Lookup("output")
+		if !validOutput(a.output) {
+			return a, fmt.Errorf("output must be an object or a list of objects")
+		}
+	}
 	return a, nil
+}
+
+// validOutput reports whether v is an object or a list of objects.
+func validOutput(v bson.RawValue) bool {
+	if _, ok := v.DocumentOK(); ok {
+		return true
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return false
+	}
+	vals, err := arr.Values()
+	if err != nil {
+		return false
+	}
+	for _, e := range vals {
+		if _, ok := e.DocumentOK(); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // integer parses a JSON number with an integral value that fits a status
@@ -203,4 +245,16 @@ func snippet(b []byte) string {
 		return strconv.Quote(string(b[:max])) + "..."
 	}
 	return strconv.Quote(string(b))
+}
+
+// configJSON is the queue's config as relaxed extended JSON ({} for none).
+func configJSON(t Task) ([]byte, error) {
+	if len(t.Config) == 0 {
+		return []byte("{}"), nil
+	}
+	cj, err := bson.MarshalExtJSON(t.Config, false, false)
+	if err != nil {
+		return nil, fmt.Errorf("queue config: %w", err)
+	}
+	return cj, nil
 }

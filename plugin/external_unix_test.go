@@ -50,6 +50,7 @@ func externalTask(t *testing.T) Task {
 			{Key: "ref", Value: bson.ObjectID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}},
 			{Key: "list", Value: bson.A{"x", 1.5}},
 		}),
+		Config: params(t, bson.D{{Key: "bucket", Value: "b1"}, {Key: "depth", Value: int32(2)}}),
 	}
 }
 
@@ -84,6 +85,7 @@ func TestExternalValid(t *testing.T) {
 			"ref":  map[string]any{"$oid": "0102030405060708090a0b0c"},
 			"list": []any{"x", 1.5},
 		},
+		"config": map[string]any{"bucket": "b1", "depth": 2.0},
 	}, in)
 	require.NotContains(t, res.Stdout, `\u003c`, "no HTML escaping")
 	require.True(t, strings.HasPrefix(res.Stdout, `{"id":`), "keys in documented order")
@@ -91,7 +93,7 @@ func TestExternalValid(t *testing.T) {
 	// No parameters: {}.
 	res = External(script(t, echoInput)).Run(t.Context(), Task{})
 	require.Equal(t, schema.StatusSucceeded, res.Status, res.Stderr)
-	require.Contains(t, res.Stdout, `"attempt":1,"parameters":{}`, "a task that never ran is on its first attempt")
+	require.Contains(t, res.Stdout, `"attempt":1,"parameters":{},"config":{}`, "a task that never ran is on its first attempt; no config: {}")
 }
 
 func TestExternalArgsAndAnswers(t *testing.T) {

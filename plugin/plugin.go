@@ -20,6 +20,7 @@ type Task struct {
 	Attempt     int      // this run's attempt: 1 for the first, one more for each that ended before (retries, reruns)
 	Parameters  bson.Raw // the task's parameters object (may be nil: treat as {})
 	Document    bson.Raw // the whole task document as read
+	Config      bson.Raw // the queue's config object (nil: none; treat as {})
 }
 
 // Result is what a plugin answers. Status must be > 0 (finished).
@@ -31,6 +32,9 @@ type Result struct {
 	// schema.TaskResult and schema.TaskMixedout. The store writes only
 	// those two and drops any other key (store.TaskFinishParams.Extra).
 	Extra bson.D
+	// Output, when the task succeeds, is written to the task; an object
+	// or a list of objects, it becomes tasks of the queue's then queue.
+	Output bson.RawValue
 }
 
 // Plugin runs tasks. Run must return when ctx is done; Run (the package

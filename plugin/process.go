@@ -41,8 +41,9 @@ const (
 // sets the working directory and parameters.env (an optional object of
 // strings) adds variables to the node's environment, after
 // DISBATCH_TASK_ID, DISBATCH_QUEUE_ID, DISBATCH_QUEUE, DISBATCH_CONSTRUCTOR,
-// DISBATCH_NODE and DISBATCH_ATTEMPT (1 for a task's first attempt), which
-// every process plugin gets. stdin is /dev/null.
+// DISBATCH_NODE, DISBATCH_ATTEMPT (1 for a task's first attempt) and
+// DISBATCH_CONFIG (the queue's config object as relaxed extended JSON, {}
+// without one), which every process plugin gets. stdin is /dev/null.
 //
 // Exit status 0 gives status 1; anything else gives status 2 with "exit
 // status N" (or "signal: ...") appended to stderr on a line of its own. Bad
@@ -129,6 +130,10 @@ func badParameters(err error) Result {
 
 // taskEnv describes the task to a process.
 func taskEnv(t Task) []string {
+	cj, err := configJSON(t)
+	if err != nil {
+		cj = []byte("{}") // a config the node read decodes; never here
+	}
 	return []string{
 		"DISBATCH_TASK_ID=" + t.ID.Hex(),
 		"DISBATCH_QUEUE_ID=" + t.QueueID.Hex(),
@@ -136,6 +141,7 @@ func taskEnv(t Task) []string {
 		"DISBATCH_CONSTRUCTOR=" + t.Constructor,
 		"DISBATCH_NODE=" + t.Node,
 		"DISBATCH_ATTEMPT=" + strconv.Itoa(max(t.Attempt, 1)),
+		"DISBATCH_CONFIG=" + string(cj),
 	}
 }
 

@@ -115,7 +115,7 @@ func TestExecBadParameters(t *testing.T) {
 func TestExecEnvAndDir(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	tk := execTask(t, append(sh(`pwd; echo "$FOO|$BAR|$DISBATCH_TASK_ID|$DISBATCH_QUEUE_ID|$DISBATCH_QUEUE|$DISBATCH_CONSTRUCTOR|$DISBATCH_NODE|$DISBATCH_ATTEMPT|$DISBATCH_NODE_X"`),
+	tk := execTask(t, append(sh(`pwd; echo "$FOO|$BAR|$DISBATCH_TASK_ID|$DISBATCH_QUEUE_ID|$DISBATCH_QUEUE|$DISBATCH_CONSTRUCTOR|$DISBATCH_NODE|$DISBATCH_ATTEMPT|$DISBATCH_NODE_X|$DISBATCH_CONFIG"`),
 		bson.E{Key: "dir", Value: dir},
 		bson.E{Key: "env", Value: bson.D{{Key: "FOO", Value: "foo value"}, {Key: "BAR", Value: ""}, {Key: "DISBATCH_NODE_X", Value: "x"}}},
 	))
@@ -128,7 +128,10 @@ func TestExecEnvAndDir(t *testing.T) {
 	got, err := filepath.EvalSymlinks(lines[0])
 	require.NoError(t, err)
 	require.Equal(t, want, got)
-	require.Equal(t, "foo value||"+tk.ID.Hex()+"|"+tk.QueueID.Hex()+"|q1|exec|node-a|1|x", lines[1])
+	require.Equal(t, "foo value||"+tk.ID.Hex()+"|"+tk.QueueID.Hex()+"|q1|exec|node-a|1|x|{}", lines[1])
+	tk.Config = params(t, bson.D{{Key: "k", Value: "v"}})
+	res = Exec().Run(t.Context(), tk)
+	require.True(t, strings.HasSuffix(strings.Split(res.Stdout, "\n")[1], `|{"k":"v"}`), res.Stdout)
 
 	// The task's env overrides the node's (PATH here).
 	res = Exec().Run(t.Context(), execTask(t, append(sh(`echo "$PATH"`), bson.E{Key: "env", Value: bson.D{{Key: "PATH", Value: "/nowhere"}}})))

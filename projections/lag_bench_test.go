@@ -61,11 +61,12 @@ func BenchmarkProjectionLag(b *testing.B) {
 				b.Fatal(err)
 			}
 			c := stored[q.ID]
-			if c[0] != nil && c[1] != nil && *c[0] == counts[q.ID].Todo && *c[1] == counts[q.ID].Total && counts[q.ID].Todo == 0 {
+			want := counts[q.ID]
+			if c.Complete() && *c.Todo == want.Todo && *c.Total == want.Total && *c.Running == want.Running && want.Todo == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
-				b.Fatalf("counters never settled: %v/%v vs %+v", c[0], c[1], counts[q.ID])
+				b.Fatalf("counters never settled: %v/%v/%v vs %+v", c.Todo, c.Total, c.Running, want)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

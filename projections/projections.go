@@ -27,7 +27,7 @@ type Store interface {
 	leadership.Store
 	CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error)
 	QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error)
-	QueueCounters(ctx context.Context) (map[bson.ObjectID][2]*int64, error)
+	QueueCounters(ctx context.Context) (map[bson.ObjectID]store.StoredCounters, error)
 	TasksPreImagesEnable(ctx context.Context) error
 	LeaseSessionStart(ctx context.Context, ref store.LeaseRef) (*store.LeaseSession, error)
 	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
@@ -378,7 +378,7 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 		}
 		return
 	}
-	add := func(q bson.RawValue, todo bool, sign int64) {
+	add := func(q bson.RawValue, status bson.RawValue, sign int64) {
 		id, ok := q.ObjectIDOK()
 		if !ok {
 			return // a task with no (valid) queue counts nowhere
@@ -392,8 +392,11 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 			deltas[id] = d
 		}
 		d.Total += sign
-		if todo {
+		if isTodo(status) {
 			d.Todo += sign
+		}
+		if isRunning(status) {
+			d.Running += sign
 		}
 	}
 	after, before := ev.Doc, ev.Before
@@ -403,12 +406,12 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 	}
 	switch ev.Op {
 	case "insert":
-		add(after.Lookup(schema.TaskQueue), isTodo(after.Lookup(schema.TaskStatus)), +1)
+		add(after.Lookup(schema.TaskQueue), after.Lookup(schema.TaskStatus), +1)
 	case "replace":
-		add(before.Lookup(schema.TaskQueue), isTodo(before.Lookup(schema.TaskStatus)), -1)
-		add(after.Lookup(schema.TaskQueue), isTodo(after.Lookup(schema.TaskStatus)), +1)
+		add(before.Lookup(schema.TaskQueue), before.Lookup(schema.TaskStatus), -1)
+		add(after.Lookup(schema.TaskQueue), after.Lookup(schema.TaskStatus), +1)
 	case "delete":
-		add(before.Lookup(schema.TaskQueue), isTodo(before.Lookup(schema.TaskStatus)), -1)
+		add(before.Lookup(schema.TaskQueue), before.Lookup(schema.TaskStatus), -1)
 	case "update":
 		oldQ, oldS := before.Lookup(schema.TaskQueue), before.Lookup(schema.TaskStatus)
 		newQ, newS := oldQ, oldS
@@ -426,11 +429,11 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 				newS = bson.RawValue{}
 			}
 		}
-		if oldQ.Equal(newQ) && isTodo(oldS) == isTodo(newS) {
+		if oldQ.Equal(newQ) && isTodo(oldS) == isTodo(newS) && isRunning(oldS) == isRunning(newS) {
 			return
 		}
-		add(oldQ, isTodo(oldS), -1)
-		add(newQ, isTodo(newS), +1)
+		add(oldQ, oldS, -1)
+		add(newQ, newS, +1)
 	}
 }
 
@@ -480,6 +483,28 @@ func isTodo(v bson.RawValue) bool {
 		return err == nil && f <= 0
 	}
 	return false
+}
+
+// isRunning is {$or: [{$eq: [status, -1]}, {$eq: [status, 0]}]} as
+// MongoDB compares: a number equal to -1 or 0, whatever its type (-1.0, a
+// decimal 0); a missing, null or non-numeric status is not running.
+func isRunning(v bson.RawValue) bool {
+	var f float64
+	switch v.Type {
+	case bson.TypeInt32, bson.TypeInt64:
+		n := v.AsInt64()
+		return n == -1 || n == 0
+	case bson.TypeDouble:
+		f = v.Double()
+	case bson.TypeDecimal128:
+		var err error
+		if f, err = strconvDecimal(v); err != nil {
+			return false
+		}
+	default:
+		return false
+	}
+	return f == -1 || f == 0
 }
 
 // errReposition asks run to restart the stream at the checkpoint.
@@ -536,20 +561,25 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		if !ok {
 			continue // deleted since
 		}
-		if cur[0] == nil || cur[1] == nil {
+		if !cur.Complete() {
+			// A queue made by a client or by 4.103, or from before
+			// count_running existed: the missing ones are created, and
+			// those already there are not drift if they differ.
 			sets[q] = c
-			p.s.log.Info("queue counters created by a recount", "queue", q.Hex(), "count_todo", c.Todo, "count_total", c.Total)
+			p.s.log.Info("queue counters created by a recount", "queue", q.Hex(), "count_todo", c.Todo, "count_total", c.Total, "count_running", c.Running)
 			continue
 		}
-		if *cur[0] == c.Todo && *cur[1] == c.Total {
+		if *cur.Todo == c.Todo && *cur.Total == c.Total && *cur.Running == c.Running {
 			continue
 		}
 		sets[q] = c
+		attrs := []any{"queue", q.Hex(), "count_todo", *cur.Todo, "recount_todo", c.Todo, "count_total", *cur.Total, "recount_total", c.Total,
+			"count_running", *cur.Running, "recount_running", c.Running}
 		if exact {
 			drift++
-			p.s.log.Error("counter drift repaired", "queue", q.Hex(), "count_todo", *cur[0], "recount_todo", c.Todo, "count_total", *cur[1], "recount_total", c.Total)
+			p.s.log.Error("counter drift repaired", attrs...)
 		} else {
-			p.s.log.Warn("counters set from a recount", "queue", q.Hex(), "count_todo", *cur[0], "recount_todo", c.Todo, "count_total", *cur[1], "recount_total", c.Total)
+			p.s.log.Warn("counters set from a recount", attrs...)
 		}
 	}
 	if len(sets) > 0 {

@@ -47,8 +47,9 @@ func requireExact(t *testing.T, s *store.Store, within time.Duration) {
 		require.NoError(t, err)
 		for q, c := range stored {
 			want := counts[q]
-			if c[0] == nil || c[1] == nil || *c[0] != want.Todo || *c[1] != want.Total {
-				last = fmt.Sprintf("queue %s: counters %v/%v, recount %d/%d", q.Hex(), deref(c[0]), deref(c[1]), want.Todo, want.Total)
+			if !c.Complete() || *c.Todo != want.Todo || *c.Total != want.Total || *c.Running != want.Running {
+				last = fmt.Sprintf("queue %s: counters %v/%v/%v, recount %d/%d/%d (todo/total/running)", q.Hex(),
+					deref(c.Todo), deref(c.Total), deref(c.Running), want.Todo, want.Total, want.Running)
 				return false
 			}
 		}
@@ -68,7 +69,7 @@ func newQueue(t *testing.T, db *mongo.Database, name string, maxThreads int, cou
 	id := bson.NewObjectID()
 	doc := bson.D{{Key: "_id", Value: id}, {Key: "name", Value: name}, {Key: "constructor", Value: "noop"}, {Key: "maxthreads", Value: maxThreads}, {Key: "sort", Value: "fifo"}}
 	if counters {
-		doc = append(doc, bson.E{Key: "count_todo", Value: 0}, bson.E{Key: "count_total", Value: 0})
+		doc = append(doc, bson.E{Key: "count_todo", Value: 0}, bson.E{Key: "count_total", Value: 0}, bson.E{Key: "count_running", Value: 0})
 	}
 	_, err := db.Collection("queues").InsertOne(context.Background(), doc)
 	require.NoError(t, err)
@@ -332,9 +333,11 @@ func TestQueuesFilledWhileEveryNodeWasDown(t *testing.T) {
 	requireExact(t, s, 10*time.Second)
 	stored, err := s.QueueCounters(ctx)
 	require.NoError(t, err)
-	require.Equal(t, int64(20), *stored[perl][0])
-	require.Equal(t, int64(40), *stored[perl][1])
-	require.Equal(t, int64(0), *stored[empty][1])
+	require.Equal(t, int64(20), *stored[perl].Todo)
+	require.Equal(t, int64(40), *stored[perl].Total)
+	require.Equal(t, int64(10), *stored[perl].Running)
+	require.Equal(t, int64(0), *stored[empty].Total)
+	require.Equal(t, int64(0), *stored[empty].Running)
 	require.Zero(t, p.Stats().DriftQueues)
 }
 

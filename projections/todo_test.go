@@ -33,3 +33,41 @@ func TestIsTodoFollowsMongoDBComparison(t *testing.T) {
 		require.Equal(t, r.Lookup("todo").Boolean(), isTodo(r.Lookup("status")), "status %v", r.Lookup("status"))
 	}
 }
+
+func TestIsRunningFollowsMongoDBComparison(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	dec := func(s string) bson.Decimal128 {
+		d, err := bson.ParseDecimal128(s)
+		require.NoError(t, err)
+		return d
+	}
+	values := bson.A{nil, int32(-2), int32(-1), int32(0), int32(1), int64(-1), int64(0), -1.0, 0.0, -0.5, -0.0,
+		dec("-1"), dec("0"), dec("-1.00"), dec("-0.5"), "0", "-1", false, true, bson.D{}, bson.A{0}, bson.A{-1}}
+	var docs []any
+	for i, v := range values {
+		docs = append(docs, bson.D{{Key: "i", Value: i}, {Key: "status", Value: v}})
+	}
+	docs = append(docs, bson.D{{Key: "i", Value: len(values)}}) // missing
+	_, err := db.Collection("t").InsertMany(ctx, docs)
+	require.NoError(t, err)
+	// The expression the store's recount uses.
+	cur, err := db.Collection("t").Aggregate(ctx, mongo.Pipeline{{{Key: "$project", Value: bson.D{
+		{Key: "status", Value: 1}, {Key: "running", Value: bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: "$eq", Value: bson.A{"$status", int32(-1)}}},
+			bson.D{{Key: "$eq", Value: bson.A{"$status", int32(0)}}},
+		}}}}}}}})
+	require.NoError(t, err)
+	var rows []bson.Raw
+	require.NoError(t, cur.All(ctx, &rows))
+	require.Len(t, rows, len(docs))
+	running := 0
+	for _, r := range rows {
+		require.Equal(t, r.Lookup("running").Boolean(), isRunning(r.Lookup("status")), "status %v", r.Lookup("status"))
+		if isRunning(r.Lookup("status")) {
+			running++
+		}
+	}
+	require.Equal(t, 10, running, "-1 and 0 of every numeric type")
+}

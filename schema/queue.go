@@ -25,10 +25,11 @@ func (s Sort) Valid() bool {
 // Queue is a document of the queues collection.
 //
 // Field names (seed 000): name, constructor, maxthreads, sort, count_todo,
-// count_total; nodes_pin and nodes_ignore (seed 004). The Disbatch 4.103
-// dialect writes plugin for constructor and threads for maxthreads; those are
-// read when the seed-000 name is missing or null. Writers in this project set
-// both names so that Perl nodes keep working.
+// count_total; nodes_pin and nodes_ignore (seed 004); count_running (seed
+// 001's cluster-wide "pending", projected like count_todo). The Disbatch
+// 4.103 dialect writes plugin for constructor and threads for maxthreads;
+// those are read when the seed-000 name is missing or null. Writers in this
+// project set both names so that Perl nodes keep working.
 type Queue struct {
 	ID          bson.ObjectID
 	Name        string
@@ -37,12 +38,14 @@ type Queue struct {
 	// (null or absent) and 0 both run nothing, as in Disbatch.
 	MaxThreads *int
 	Sort       Sort
-	// CountTodo and CountTotal are nil when null or missing: the node then
-	// creates them with a recount.
-	CountTodo   *int64
-	CountTotal  *int64
-	NodesPin    []string
-	NodesIgnore []string
+	// CountTodo, CountTotal and CountRunning are nil when null or missing:
+	// the projector then creates them with a recount. CountRunning is the
+	// queue's tasks in -1 (claimed) or 0 (running) on any node.
+	CountTodo    *int64
+	CountTotal   *int64
+	CountRunning *int64
+	NodesPin     []string
+	NodesIgnore  []string
 	// Control: timeout, retries and backoff, rerun_orphans.
 	Control QueueControl
 	// Sched: priority, weight, max_getwork, paused.
@@ -64,24 +67,28 @@ const (
 	QueueSort        = "sort"
 	QueueCountTodo   = "count_todo"
 	QueueCountTotal  = "count_total"
-	QueueNodesPin    = "nodes_pin"
-	QueueNodesIgnore = "nodes_ignore"
+	// QueueCountRunning is the projected number of the queue's tasks in
+	// -1 or 0, on any node.
+	QueueCountRunning = "count_running"
+	QueueNodesPin     = "nodes_pin"
+	QueueNodesIgnore  = "nodes_ignore"
 )
 
 // DecodeQueue decodes a queues document.
 func DecodeQueue(raw bson.Raw) (Queue, error) {
 	r := newReader(CollQueues, raw)
 	q := Queue{
-		ID:          r.objectID(true, "_id"),
-		Name:        r.str(true, QueueName),
-		Constructor: r.str(true, QueueConstructor, QueuePlugin),
-		MaxThreads:  r.maxThreads(QueueMaxThreads, QueueThreads),
-		Sort:        Sort(r.str(false, QueueSort)),
-		CountTodo:   r.count(QueueCountTodo),
-		CountTotal:  r.count(QueueCountTotal),
-		NodesPin:    r.strings(QueueNodesPin),
-		NodesIgnore: r.strings(QueueNodesIgnore),
-		Raw:         raw,
+		ID:           r.objectID(true, "_id"),
+		Name:         r.str(true, QueueName),
+		Constructor:  r.str(true, QueueConstructor, QueuePlugin),
+		MaxThreads:   r.maxThreads(QueueMaxThreads, QueueThreads),
+		Sort:         Sort(r.str(false, QueueSort)),
+		CountTodo:    r.count(QueueCountTodo),
+		CountTotal:   r.count(QueueCountTotal),
+		CountRunning: r.count(QueueCountRunning),
+		NodesPin:     r.strings(QueueNodesPin),
+		NodesIgnore:  r.strings(QueueNodesIgnore),
+		Raw:          raw,
 	}
 	q.Control = decodeQueueControl(r)
 	q.Sched = decodeQueueSched(r)
@@ -95,7 +102,10 @@ func DecodeQueue(raw bson.Raw) (Queue, error) {
 		r.warn("constructor %q and plugin %q disagree: using constructor", c, p)
 	}
 	if r.err == nil {
-		if _, v, ok := r.lookup(QueueThreads); ok && q.MaxThreads != nil {
+		// With max_running, threads is its 4.103 name (a cap across all
+		// nodes), not maxthreads'.
+		_, _, capped := r.lookup(QueueMaxRunning)
+		if _, v, ok := r.lookup(QueueThreads); ok && q.MaxThreads != nil && !capped {
 			if t, err := asInt(v, true); err == nil && int(t) != *q.MaxThreads {
 				r.warn("maxthreads %d and threads %d disagree: using maxthreads (set both with `disbatch queue set`)", *q.MaxThreads, t)
 			}

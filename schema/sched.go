@@ -3,6 +3,9 @@ package schema
 import (
 	"fmt"
 	"math"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // QueueSched is what a queue says about its scheduling across queues (seed
@@ -19,7 +22,29 @@ type QueueSched struct {
 	MaxGetwork int
 	// Paused queues are not scheduled; their running tasks finish.
 	Paused bool
+	// MaxRunning is the cluster-wide cap on the queue's claimed and
+	// running tasks (0: none): max_running, else the threads of a queue
+	// Disbatch 4.103 made (threads without maxthreads), which 4.103 nodes
+	// compare with the running count of all nodes. See docs/scheduling.md.
+	MaxRunning int
+	// Continuous queues get one task (empty parameters, named by the Unix
+	// time) whenever they have none queued or running and Interval has
+	// passed since the last one; NextContinuous is when that is.
+	Continuous     bool
+	Interval       time.Duration
+	NextContinuous time.Time
+	// Then names the queue that a task's output, when it succeeds with
+	// one, becomes tasks of ("" for none).
+	Then string
+	// Config is the queue's config object, for its plugin (nil: none).
+	Config bson.Raw
+	// Admitted is the number of the queue's tasks holding an admission
+	// under MaxRunning (the admitted field; see store's TaskClaimCapped).
+	Admitted int64
 }
+
+// Capped reports whether the queue has a cluster-wide cap.
+func (s QueueSched) Capped() bool { return s.MaxRunning > 0 }
 
 // Queue scheduling field names.
 const (
@@ -29,7 +54,38 @@ const (
 	QueueMaxGetwork = "max_getwork"
 	QueuePaused     = "paused"
 	QueueDisabled   = "disabled" // seed 001's name for paused at creation
+	QueueMaxRunning = "max_running"
+	QueueContinuous = "continuous"
+	QueueThen       = "then"
+	// TaskOutput is what a task's plugin answered as output (an object
+	// or a list of objects), written when it succeeds.
+	TaskOutput = "output"
+	// TaskThenPending names the queue a succeeded task's output still has
+	// to become tasks of; it is removed once they exist.
+	TaskThenPending = "then_pending"
+	// TaskChainedFrom is the task whose output a task was made from.
+	TaskChainedFrom = "chained_from"
+	// TaskName names a continuous queue's task: the Unix time it was
+	// created at, in seconds.
+	TaskName      = "name"
+	QueueInterval = "interval" // seconds
+	// QueueNextContinuous is when a continuous queue's next task is due
+	// (written by the leader with each task it creates).
+	QueueNextContinuous = "next_continuous"
+	// QueueConfig is an object handed to the plugin with each task of the
+	// queue.
+	QueueConfig = "config"
+	// QueueAdmitted counts the queue's tasks that hold an admission
+	// (TaskAdmitted); only transactions that add or remove admissions
+	// change it.
+	QueueAdmitted = "admitted"
+	// TaskAdmitted is true on a task that holds one of its queue's
+	// max_running admissions.
+	TaskAdmitted = "admitted"
 )
+
+// MaxRunningLimit bounds max_running.
+const MaxRunningLimit = math.MaxInt32
 
 // DefaultWeight is a queue's weight without weight or nice (seed 001).
 const DefaultWeight = 20
@@ -52,6 +108,40 @@ func decodeQueueSched(r *reader) QueueSched {
 			r.fail(QueueMaxGetwork, fmt.Errorf("%d is out of range: want 0 to %d", *n, MaxGetworkLimit))
 		}
 		s.MaxGetwork = int(*n)
+	}
+	if n := r.count(QueueMaxRunning); n != nil {
+		if *n > MaxRunningLimit {
+			r.fail(QueueMaxRunning, fmt.Errorf("%d is out of range: want 0 to %d", *n, MaxRunningLimit))
+		}
+		s.MaxRunning = int(*n)
+	} else if _, _, hasMax := r.lookup(QueueMaxThreads); !hasMax {
+		// A queue 4.103 made: its threads is a cap across all nodes.
+		if t := r.maxThreads(QueueThreads); t != nil {
+			s.MaxRunning = *t
+		}
+	}
+	if n := r.count(QueueAdmitted); n != nil {
+		s.Admitted = *n
+	}
+	if _, v, ok := r.lookup(QueueConfig); ok {
+		if d, isDoc := v.DocumentOK(); isDoc {
+			s.Config = d
+		} else {
+			r.fail(QueueConfig, wantGot("an object", v))
+		}
+	}
+	s.Then = r.str(false, QueueThen)
+	s.Continuous = r.flag(QueueContinuous)
+	if n := r.number(QueueInterval); n != nil {
+		if *n < 0 || *n > MaxSeconds {
+			r.fail(QueueInterval, fmt.Errorf("%v is out of range: want 0 to %d seconds", *n, MaxSeconds))
+		}
+		s.Interval = time.Duration(*n * float64(time.Second))
+	}
+	if _, v, ok := r.lookup(QueueNextContinuous); ok {
+		if at, isTime := v.TimeOK(); isTime {
+			s.NextContinuous = at
+		}
 	}
 	s.Paused = r.flag(QueuePaused)
 	if _, _, ok := r.lookup(QueuePaused); !ok {

@@ -23,7 +23,7 @@ const qid = `{"$oid":"571f8951b75bf335634ec271"}`
 func TestDecodeQueueSeedExample(t *testing.T) {
 	t.Parallel()
 	q, err := DecodeQueue(doc(t, `{"_id":`+qid+`,"constructor":"Disbatch::Plugin::Demo","name":"demo",
-		"count_total":{"$numberInt":"0"},"count_todo":{"$numberLong":"7"},"maxthreads":{"$numberInt":"0"},"sort":"fifo"}`))
+		"count_total":{"$numberInt":"0"},"count_todo":{"$numberLong":"7"},"count_running":{"$numberDouble":"3.0"},"maxthreads":{"$numberInt":"0"},"sort":"fifo"}`))
 	require.NoError(t, err)
 	require.Equal(t, "571f8951b75bf335634ec271", q.ID.Hex())
 	require.Equal(t, "demo", q.Name)
@@ -32,6 +32,7 @@ func TestDecodeQueueSeedExample(t *testing.T) {
 	require.Equal(t, SortFIFO, q.Sort)
 	require.Equal(t, int64(7), *q.CountTodo)
 	require.Equal(t, int64(0), *q.CountTotal)
+	require.Equal(t, int64(3), *q.CountRunning)
 	require.Empty(t, q.Warnings)
 }
 
@@ -78,6 +79,28 @@ func TestDecodeQueueOddButValid(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// TestDecodeQueueCountRunning: count_running is read like count_todo, and
+// nil when missing or null (an older database, or a 4.103 queue).
+func TestDecodeQueueCountRunning(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, json string
+		want       *int64
+	}{
+		{"missing", `{"_id":` + qid + `,"name":"q","constructor":"C","count_todo":{"$numberInt":"4"},"count_total":{"$numberInt":"9"}}`, nil},
+		{"null", `{"_id":` + qid + `,"name":"q","constructor":"C","count_running":null}`, nil},
+		{"int32", `{"_id":` + qid + `,"name":"q","constructor":"C","count_running":{"$numberInt":"2"}}`, ptr[int64](2)},
+		{"int64", `{"_id":` + qid + `,"name":"q","constructor":"C","count_running":{"$numberLong":"5000000000"}}`, ptr[int64](5000000000)},
+		{"zero", `{"_id":` + qid + `,"name":"q","constructor":"C","count_running":{"$numberInt":"0"}}`, ptr[int64](0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q, err := DecodeQueue(doc(t, tc.json))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, q.CountRunning)
+		})
+	}
+}
+
 func TestDecodeMalformedNamesCollectionIDAndField(t *testing.T) {
 	t.Parallel()
 	tid := `{"$oid":"571fac85ee63413233049fbd"}`
@@ -93,6 +116,8 @@ func TestDecodeMalformedNamesCollectionIDAndField(t *testing.T) {
 		{"queue fractional maxthreads", `{"_id":` + qid + `,"name":"q","constructor":"C","maxthreads":{"$numberDouble":"1.5"}}`, "maxthreads", "integer", decodeQ},
 		{"queue name not a string", `{"_id":` + qid + `,"name":{"$numberInt":"3"},"constructor":"C"}`, "name", "want a string, got 32-bit integer 3", decodeQ},
 		{"queue negative count", `{"_id":` + qid + `,"name":"q","constructor":"C","count_todo":{"$numberInt":"-3"}}`, "count_todo", "negative", decodeQ},
+		{"queue negative running count", `{"_id":` + qid + `,"name":"q","constructor":"C","count_running":{"$numberInt":"-1"}}`, "count_running", "negative", decodeQ},
+		{"queue string running count", `{"_id":` + qid + `,"name":"q","constructor":"C","count_running":"two"}`, "count_running", `string "two"`, decodeQ},
 		{"queue pin list of numbers", `{"_id":` + qid + `,"name":"q","constructor":"C","nodes_pin":[{"$numberInt":"1"}]}`, "nodes_pin.0", "want a string", decodeQ},
 		{"task queue not an ObjectId", `{"_id":` + tid + `,"queue":"demo","status":{"$numberInt":"-2"}}`, "queue", `want an ObjectId, got string "demo"`, decodeT},
 		{"task without queue", `{"_id":` + tid + `,"status":{"$numberInt":"-2"}}`, "queue", "missing", decodeT},

@@ -61,6 +61,8 @@ type Task struct {
 	// Control is what the task says about its control (timeouts, holds,
 	// kill requests, history).
 	Control TaskControl
+	// Graph is its parents and what it does when one fails.
+	Graph TaskGraph
 
 	Raw bson.Raw
 }
@@ -91,6 +93,7 @@ func DecodeTask(raw bson.Raw) (Task, error) {
 		Raw:    raw,
 	}
 	t.Control = decodeControl(r)
+	t.Graph = decodeGraph(r)
 	// A malformed trace context is ignored, never fatal: tracing is optional.
 	if _, v, ok := r.lookup(TaskTraceParent); ok {
 		t.TraceParent, _ = v.StringValueOK()

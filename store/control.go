@@ -417,6 +417,9 @@ type TaskRetryParams struct {
 type TaskRetryResult struct {
 	Requeued int64
 	Skipped  []TaskSkip
+	// Reblocked: descendants of the requeued tasks that had ended with
+	// parent_failed, held again awaiting their parents.
+	Reblocked int64
 }
 
 // retryChunk is how many tasks one write of a retry requeues.
@@ -427,7 +430,9 @@ const retryChunk = 1000
 // delay, expiry and spent retries cleared; their history (attempts) stays.
 // A filter's tasks go in chunks of 1000 in _id order, each chunk one
 // guarded write, so a retry of millions reports progress and an interrupted
-// one can simply be run again.
+// one can simply be run again. A requeued task runs whatever its own
+// parents say (the operator asked for it); its descendants that ended with
+// parent_failed are held again awaiting their parents (Reblocked).
 func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResult, error) {
 	if err := p.Target.validate("retry tasks"); err != nil {
 		return TaskRetryResult{}, err
@@ -456,6 +461,15 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 			return res, fmt.Errorf("requeue tasks: %w", err)
 		}
 		res.Requeued = r.ModifiedCount
+		var requeued []bson.ObjectID
+		for _, b := range before {
+			if b.Found && (b.Status.Finished() || b.Status == schema.StatusOrphaned) {
+				requeued = append(requeued, b.ID)
+			}
+		}
+		if res.Reblocked, err = s.graphReblock(ctx, requeued); err != nil {
+			return res, fmt.Errorf("requeued %d tasks: %w", res.Requeued, err)
+		}
 		if p.Progress != nil {
 			p.Progress(res.Requeued, res.Requeued)
 		}
@@ -501,6 +515,15 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
 		}
 		res.Requeued += r.ModifiedCount
+		chunk := make([]bson.ObjectID, len(docs))
+		for i, d := range docs {
+			chunk[i] = d.ID
+		}
+		n, err := s.graphReblock(ctx, chunk)
+		res.Reblocked += n
+		if err != nil {
+			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
+		}
 		if p.Progress != nil {
 			p.Progress(res.Requeued, total)
 		}
@@ -528,7 +551,7 @@ func requeue(by string) mongo.Pipeline {
 			{Key: schema.TaskRequeued, Value: bson.D{{Key: schema.KillBy, Value: literal(by)}, {Key: schema.KillAt, Value: "$$NOW"}}},
 			{Key: schema.TaskMTime, Value: "$$NOW"},
 		}}},
-		{{Key: "$unset", Value: bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries}}},
+		{{Key: "$unset", Value: bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries, schema.TaskAwaitingParents}}},
 	}
 }
 

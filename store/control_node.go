@@ -185,13 +185,19 @@ type TaskTimersParams struct {
 	Now time.Time
 }
 
+// notAwaitingParents: not held for its parents (schema.TaskAwaitingParents):
+// the timers leave such tasks to the graph duty, which hands them back to
+// the timers (removing the mark) once their parents allow.
+var notAwaitingParents = bson.E{Key: schema.TaskAwaitingParents, Value: bson.D{{Key: "$ne", Value: true}}}
+
 // TaskReleaseDue queues the held tasks whose not_before has come:
-// {status -4, not_before <= Now} to -2 (the claimers hear it at once). It
-// returns how many.
+// {status -4, not_before <= Now} to -2 (the claimers hear it at once),
+// except those still awaiting their parents. It returns how many.
 func (s *Store) TaskReleaseDue(ctx context.Context, p TaskTimersParams) (int64, error) {
 	r, err := s.tasks.UpdateMany(ctx, bson.D{
 		{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)},
 		{Key: schema.TaskNotBefore, Value: bson.D{{Key: "$lte", Value: p.Now}}},
+		notAwaitingParents,
 	}, bson.D{{Key: "$set", Value: bson.D{
 		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 		{Key: schema.TaskMTime, Value: s.nowMS()},
@@ -252,16 +258,16 @@ func (s *Store) TaskExpireDue(ctx context.Context, p TaskTimersParams) (map[bson
 	return out, nil
 }
 
-// TaskTimerNext returns the earliest time a delayed task is due or a
-// waiting task expires (ok false when none), read from the two partial
-// indexes.
+// TaskTimerNext returns the earliest time a delayed task is due (tasks
+// awaiting their parents are not the timers' yet) or a waiting task
+// expires (ok false when none), read from the two partial indexes.
 func (s *Store) TaskTimerNext(ctx context.Context) (time.Time, bool, error) {
 	var next time.Time
 	for _, q := range []struct {
 		filter bson.D
 		field  string
 	}{
-		{bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)}, {Key: schema.TaskNotBefore, Value: bson.D{{Key: "$type", Value: "date"}}}}, schema.TaskNotBefore},
+		{bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)}, {Key: schema.TaskNotBefore, Value: bson.D{{Key: "$type", Value: "date"}}}, notAwaitingParents}, schema.TaskNotBefore},
 		{expirable(time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)), schema.TaskExpiresAt},
 	} {
 		var doc bson.Raw

@@ -51,8 +51,18 @@ var Indexes = []Index{
 	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskExpiresAt, Value: 1}},
 		Why:     "the leader's timer for expiring tasks: the earliest expires_at of the waiting tasks, and those due",
 		Partial: bson.D{{Key: schema.TaskStatus, Value: bson.D{{Key: "$lte", Value: int32(schema.StatusQueued)}}}, {Key: schema.TaskExpiresAt, Value: bson.D{{Key: "$exists", Value: true}}}}},
+	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskParents, Value: 1}},
+		Why: "task graphs: a task's children (the leader settles the waiting ones when a parent ends; a retry blocks the parent_failed ones again; " +
+			"`task graph` walks descendants); only tasks with parents are indexed, and a status change never touches the index",
+		Partial: bson.D{{Key: schema.TaskParents, Value: bson.D{{Key: "$exists", Value: true}}}}},
 	{schema.CollTasksChunks, bson.D{{Key: "files_id", Value: 1}, {Key: "n", Value: 1}}, true,
 		"GridFS chunks in order", false, nil},
+	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskQueue, Value: 1}, {Key: schema.TaskAdmitted, Value: 1}},
+		Why:     "max_running: the tasks of a queue holding an admission (the leader's sweep, releases)",
+		Partial: bson.D{{Key: schema.TaskAdmitted, Value: true}}},
+	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskThenPending, Value: 1}},
+		Why:     "then: succeeded tasks whose output has not yet become tasks (the leader's sweep)",
+		Partial: bson.D{{Key: schema.TaskThenPending, Value: bson.D{{Key: "$exists", Value: true}}}}},
 }
 
 // IndexesEnsure creates the indexes in Indexes. It is idempotent, and an

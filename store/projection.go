@@ -259,9 +259,10 @@ func (s *Store) LeaseGet(ctx context.Context, name string) (Lease, error) {
 
 // CounterDelta is a change to a queue's counters.
 type CounterDelta struct {
-	Queue bson.ObjectID
-	Todo  int64
-	Total int64
+	Queue   bson.ObjectID
+	Todo    int64
+	Total   int64
+	Running int64
 }
 
 // CountersApplyParams are one batch of the projection: deltas to add, exact
@@ -282,8 +283,9 @@ type CountersApplyParams struct {
 // CountersApply applies a batch in one transaction, fenced by the lease: the
 // lease document must still be held at Lease.Epoch (the checkpoint is
 // written there), so a deposed projector's batch can never commit. A delta
-// for a queue whose counters are missing or null is not applied (adding to
-// nothing would be wrong): those queues are returned for a recount. The
+// for a queue whose counters (count_todo, count_total, count_running) are
+// not all numbers is not applied (adding to nothing would be wrong): those
+// queues are returned for a recount. The
 // queues are written in ascending _id order so concurrent transactions
 // cannot deadlock.
 func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missing []bson.ObjectID, err error) {
@@ -311,17 +313,18 @@ func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missi
 		for _, id := range sortedIDs(p.Sets) {
 			c := p.Sets[id]
 			if _, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}},
-				bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: c.Todo}, {Key: schema.QueueCountTotal, Value: c.Total}}}}); err != nil {
+				bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: c.Todo}, {Key: schema.QueueCountTotal, Value: c.Total}, {Key: schema.QueueCountRunning, Value: c.Running}}}}); err != nil {
 				return nil, err
 			}
 		}
 		for _, d := range sortDeltas(p.Deltas) {
-			if d.Todo == 0 && d.Total == 0 {
+			if d.Todo == 0 && d.Total == 0 && d.Running == 0 {
 				continue
 			}
+			number := bson.D{{Key: "$type", Value: "number"}}
 			res, err := s.queues.UpdateOne(ctx,
-				bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountTodo, Value: bson.D{{Key: "$type", Value: "number"}}}, {Key: schema.QueueCountTotal, Value: bson.D{{Key: "$type", Value: "number"}}}},
-				bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total}}}})
+				bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountTodo, Value: number}, {Key: schema.QueueCountTotal, Value: number}, {Key: schema.QueueCountRunning, Value: number}},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total}, {Key: schema.QueueCountRunning, Value: d.Running}}}})
 			if err != nil {
 				return nil, err
 			}
@@ -359,13 +362,15 @@ var ErrSnapshotTooOld = errors.New("the snapshot asked for is no longer availabl
 // Recount is the exact task counts of every queue at one cluster time.
 type Recount struct {
 	At     bson.Timestamp
-	Counts map[bson.ObjectID]QueueCounts // every queue that existed then, with 0/0 for empty ones
+	Counts map[bson.ObjectID]QueueCounts // every queue that existed then, with zeros for empty ones
 }
 
 // QueueRecount counts every queue's tasks with one aggregation, as a
 // snapshot read at cluster time at (or, when at is nil, at a time MongoDB
 // picks, which it returns). count_todo counts what {$lte: ["$status", 0]}
-// does, so a missing status counts as to do and a non-numeric one does not.
+// does, so a missing status counts as to do and a non-numeric one does not;
+// count_running counts a status equal to -1 or 0 (a missing or non-numeric
+// one is not running).
 func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, error) {
 	so := options.Session().SetSnapshot(true)
 	if at != nil {
@@ -415,27 +420,38 @@ func snapshotErr(err error) error {
 	return err
 }
 
-// QueueCounters reads the stored counters of every queue (nil when missing
-// or null).
-func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID][2]*int64, error) {
-	cur, err := s.queues.Find(ctx, bson.D{}, options.Find().SetProjection(bson.D{{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}}))
+// StoredCounters are a queue's counters as stored: each nil when missing,
+// null or not a number.
+type StoredCounters struct {
+	Todo, Total, Running *int64
+}
+
+// Complete reports whether every counter is there.
+func (c StoredCounters) Complete() bool {
+	return c.Todo != nil && c.Total != nil && c.Running != nil
+}
+
+// QueueCounters reads the stored counters of every queue.
+func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCounters, error) {
+	cur, err := s.queues.Find(ctx, bson.D{}, options.Find().SetProjection(bson.D{
+		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}}))
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
 	defer cur.Close(ctx)
-	out := map[bson.ObjectID][2]*int64{}
+	out := map[bson.ObjectID]StoredCounters{}
 	for cur.Next(ctx) {
 		id, ok := cur.Current.Lookup("_id").ObjectIDOK()
 		if !ok {
 			continue
 		}
-		var c [2]*int64
-		for i, f := range []string{schema.QueueCountTodo, schema.QueueCountTotal} {
+		field := func(f string) *int64 {
 			if v, ok := cur.Current.Lookup(f).AsInt64OK(); ok {
-				c[i] = &v
+				return &v
 			}
+			return nil
 		}
-		out[id] = c
+		out[id] = StoredCounters{Todo: field(schema.QueueCountTodo), Total: field(schema.QueueCountTotal), Running: field(schema.QueueCountRunning)}
 	}
 	return out, cur.Err()
 }

@@ -185,6 +185,19 @@ type QueueUpdateParams struct {
 	Weight     *float64
 	MaxGetwork *int
 	Paused     *bool
+	// MaxRunning sets max_running, the cluster-wide cap (0: none), and
+	// threads, its Disbatch 4.103 name, to the same cap.
+	MaxRunning *int
+	// Continuous and Interval make the queue continuous (one task per
+	// interval while it has none to do); Interval from 0 to a year.
+	Continuous *bool
+	Interval   *time.Duration
+	// Then names the queue a succeeded task's output becomes tasks of; it
+	// must exist; "" removes it.
+	Then *string
+	// Config sets the object handed to the plugin with each task; an
+	// empty one removes it.
+	Config bson.Raw
 }
 
 // QueueUpdate applies p with $set/$unset, keeping both dialects in step.
@@ -265,14 +278,23 @@ func (s *Store) QueueDelete(ctx context.Context, p QueueDeleteParams) (QueueDele
 
 // QueueCounts are a queue's task counts by a recount.
 type QueueCounts struct {
-	Todo  int64 // status <= 0
-	Total int64
+	Todo    int64 // status <= 0
+	Total   int64
+	Running int64 // status -1 or 0 (claimed or running, on any node)
 }
 
 // QueueCountsGet recounts the tasks of every queue in one aggregation.
 func (s *Store) QueueCountsGet(ctx context.Context) (map[bson.ObjectID]QueueCounts, error) {
 	return s.queueCounts(ctx, s.tasks)
 }
+
+// isRunningExpr is true for a task counted in count_running: a status
+// equal to -1 or 0 as MongoDB compares numbers (-1.0 and a decimal 0
+// count), so a missing, null or non-numeric status does not.
+var isRunningExpr = bson.D{{Key: "$or", Value: bson.A{
+	bson.D{{Key: "$eq", Value: bson.A{"$" + schema.TaskStatus, int32(schema.StatusClaimed)}}},
+	bson.D{{Key: "$eq", Value: bson.A{"$" + schema.TaskStatus, int32(schema.StatusRunning)}}},
+}}}
 
 func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection) (map[bson.ObjectID]QueueCounts, error) {
 	pipeline := mongo.Pipeline{
@@ -281,6 +303,8 @@ func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection) (map[b
 			{Key: "total", Value: bson.D{{Key: "$sum", Value: 1}}},
 			{Key: "todo", Value: bson.D{{Key: "$sum", Value: bson.D{{Key: "$cond", Value: bson.A{
 				bson.D{{Key: "$lte", Value: bson.A{"$" + schema.TaskStatus, 0}}}, 1, 0}}}}}},
+			{Key: "running", Value: bson.D{{Key: "$sum", Value: bson.D{{Key: "$cond", Value: bson.A{
+				isRunningExpr, 1, 0}}}}}},
 		}}},
 	}
 	cur, err := tasks.Aggregate(ctx, pipeline)
@@ -295,8 +319,9 @@ func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection) (map[b
 			continue // tasks with a malformed queue field belong to no queue
 		}
 		out[id] = QueueCounts{
-			Todo:  cur.Current.Lookup("todo").AsInt64(),
-			Total: cur.Current.Lookup("total").AsInt64(),
+			Todo:    cur.Current.Lookup("todo").AsInt64(),
+			Total:   cur.Current.Lookup("total").AsInt64(),
+			Running: cur.Current.Lookup("running").AsInt64(),
 		}
 	}
 	return out, cur.Err()

@@ -50,6 +50,11 @@ const (
 	// or replaced with a not_before or an expires_at, and updates that set
 	// either. Events carry those two fields.
 	StreamTimers
+	// StreamGraph is what moves task graphs: tasks that end (updates that
+	// set a status > 0 or -6, replaces with such a status) and task
+	// deletes; their waiting children may now be queued or fail (the
+	// leader's graph duty). Events carry the new status.
+	StreamGraph
 )
 
 func (p StreamProfile) String() string {
@@ -64,6 +69,8 @@ func (p StreamProfile) String() string {
 		return "task-states"
 	case StreamTimers:
 		return "timers"
+	case StreamGraph:
+		return "graph"
 	}
 	return fmt.Sprintf("StreamProfile(%d)", int(p))
 }
@@ -212,6 +219,24 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 			),
 			project("fullDocument."+schema.TaskNotBefore, "fullDocument."+schema.TaskExpiresAt,
 				"updateDescription.updatedFields."+schema.TaskNotBefore, "updateDescription.updatedFields."+schema.TaskExpiresAt),
+		}}, nil
+	case StreamGraph:
+		ended := bson.A{bson.D{{Key: "$gt", Value: 0}}, int32(schema.StatusOrphaned)}
+		endedAs := func(field string) bson.D {
+			a := bson.A{}
+			for _, e := range ended {
+				a = append(a, bson.D{{Key: field, Value: e}})
+			}
+			return bson.D{{Key: "$or", Value: a}}
+		}
+		return streamShape{pipeline: mongo.Pipeline{
+			match(
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$and", Value: bson.A{endedAs("updateDescription.updatedFields." + schema.TaskStatus)}}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "replace"}, {Key: "$and", Value: bson.A{endedAs("fullDocument." + schema.TaskStatus)}}},
+				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("delete", "drop", "rename")}},
+				databaseEnd,
+			),
+			project("fullDocument."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskStatus),
 		}}, nil
 	}
 	return streamShape{}, fmt.Errorf("unknown change stream profile %d", int(p))

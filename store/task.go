@@ -330,6 +330,11 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		}
 		won = res.ModifiedCount
 	}
+	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, order)
+}
+
+// readBackClaimed reads the tasks a claim with token won among ids.
+func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node string, ids bson.A, token bson.ObjectID, order bson.D) (TaskClaimManyResult, error) {
 	// Read back what was won. The token, not node and status, says which:
 	// one of these ids could have been requeued and claimed by this node
 	// through another path in between.
@@ -340,11 +345,11 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	cur, err := s.tasks.Find(ctx, bson.D{
 		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
 		{Key: schema.TaskClaimToken, Value: token},
-		{Key: schema.TaskNode, Value: p.Node},
+		{Key: schema.TaskNode, Value: node},
 		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
 	}, ro)
 	if err != nil {
-		return TaskClaimManyResult{}, fmt.Errorf("read back %d claimed tasks of queue %s: %w", won, p.Queue.Hex(), err)
+		return TaskClaimManyResult{}, fmt.Errorf("read back the tasks claimed in queue %s: %w", queue.Hex(), err)
 	}
 	defer cur.Close(ctx)
 	var out TaskClaimManyResult
@@ -353,7 +358,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		t, err := schema.DecodeTask(raw)
 		if err != nil {
 			id, _ := raw.Lookup("_id").ObjectIDOK()
-			out.Malformed = append(out.Malformed, schema.Task{ID: id, Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed, Raw: raw})
+			out.Malformed = append(out.Malformed, schema.Task{ID: id, Queue: queue, Node: node, Status: schema.StatusClaimed, Raw: raw})
 			out.Errors = append(out.Errors, err)
 			continue
 		}
@@ -365,7 +370,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		_, rerr := s.tasks.UpdateMany(cctx,
-			bson.D{{Key: schema.TaskClaimToken, Value: token}, {Key: schema.TaskNode, Value: p.Node}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
+			bson.D{{Key: schema.TaskClaimToken, Value: token}, {Key: schema.TaskNode, Value: node}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
 			bson.D{{Key: "$set", Value: bson.D{
 				{Key: schema.TaskNode, Value: schema.Unclaimed},
 				{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
@@ -374,7 +379,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		if rerr != nil {
 			err = fmt.Errorf("%w; handing them back failed too, so they stay claimed until orphaned: %v", err, rerr)
 		}
-		return TaskClaimManyResult{}, fmt.Errorf("read back %d claimed tasks of queue %s: %w", won, p.Queue.Hex(), err)
+		return TaskClaimManyResult{}, fmt.Errorf("read back the tasks claimed in queue %s: %w", queue.Hex(), err)
 	}
 	return out, nil
 }
@@ -682,6 +687,12 @@ type TaskFinishParams struct {
 	// field not written is removed, so that a document never shows an
 	// earlier attempt's.
 	Extra bson.D
+	// Output, written when the task succeeds (and is not retried): an
+	// object or a list of objects. Then, when set with an Output, is the
+	// queue they become tasks of (ThenCreate); the finish marks the task
+	// then_pending until they exist.
+	Output bson.RawValue
+	Then   string
 }
 
 // extraFields are the keys of TaskFinishParams.Extra a finish writes.
@@ -772,6 +783,14 @@ func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.
 			bson.E{Key: schema.TaskTries, Value: p.Retry.Tries})
 	}
 	var unset bson.D
+	if p.Retry == nil && p.Status == schema.StatusSucceeded && p.Output.Type != 0 {
+		set = append(set, bson.E{Key: schema.TaskOutput, Value: p.Output})
+		if p.Then != "" {
+			set = append(set, bson.E{Key: schema.TaskThenPending, Value: p.Then})
+		}
+	} else {
+		unset = append(unset, bson.E{Key: schema.TaskOutput, Value: ""})
+	}
 	for _, k := range extraFields {
 		if !slices.ContainsFunc(extra, func(e bson.E) bool { return e.Key == k }) {
 			unset = append(unset, bson.E{Key: k, Value: ""})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -116,6 +117,15 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 	if p.RerunOrphans != nil {
 		set = append(set, bson.E{Key: schema.QueueRerunOrphans, Value: *p.RerunOrphans})
 	}
+	if p.Then != nil && *p.Then != "" {
+		n, err := s.queues.CountDocuments(ctx, bson.D{{Key: schema.QueueName, Value: *p.Then}})
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("then: no queue is named %q: %w", *p.Then, ErrNotFound)
+		}
+	}
 	if err := schedUpdate(p, &set, &unset); err != nil {
 		return nil, err
 	}
@@ -157,6 +167,44 @@ func schedUpdate(p QueueUpdateParams, set, unset *bson.D) error {
 			*unset = append(*unset, bson.E{Key: schema.QueueMaxGetwork, Value: ""})
 		default:
 			*set = append(*set, bson.E{Key: schema.QueueMaxGetwork, Value: n})
+		}
+	}
+	if p.MaxRunning != nil {
+		n := *p.MaxRunning
+		if n < 0 || n > schema.MaxRunningLimit {
+			return fmt.Errorf("max_running must be from 0 (no cap) to %d, got %d", schema.MaxRunningLimit, n)
+		}
+		*set = append(*set, bson.E{Key: schema.QueueMaxRunning, Value: n})
+		if n > 0 {
+			// 4.103 nodes read threads as this cap: the two agree.
+			*set = slices.DeleteFunc(*set, func(e bson.E) bool { return e.Key == schema.QueueThreads })
+			*set = append(*set, bson.E{Key: schema.QueueThreads, Value: n})
+		}
+	}
+	if p.Then != nil {
+		if *p.Then == "" {
+			*unset = append(*unset, bson.E{Key: schema.QueueThen, Value: ""})
+		} else {
+			*set = append(*set, bson.E{Key: schema.QueueThen, Value: *p.Then})
+		}
+	}
+	if p.Continuous != nil {
+		*set = append(*set, bson.E{Key: schema.QueueContinuous, Value: *p.Continuous})
+	}
+	if p.Interval != nil {
+		if *p.Interval < 0 || *p.Interval > schema.MaxSeconds*time.Second {
+			return fmt.Errorf("interval must be from 0 to %d seconds, got %s", schema.MaxSeconds, *p.Interval)
+		}
+		*set = append(*set, bson.E{Key: schema.QueueInterval, Value: p.Interval.Seconds()})
+	}
+	if p.Config != nil {
+		if err := p.Config.Validate(); err != nil {
+			return fmt.Errorf("config must be an object: %w", err)
+		}
+		if len(p.Config) <= 5 {
+			*unset = append(*unset, bson.E{Key: schema.QueueConfig, Value: ""})
+		} else {
+			*set = append(*set, bson.E{Key: schema.QueueConfig, Value: p.Config})
 		}
 	}
 	if p.Paused != nil {

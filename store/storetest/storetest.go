@@ -48,6 +48,11 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimConcurrentOnce", testTaskClaimConcurrent},
 		{"TaskClaimManyOrderAndGuard", testTaskClaimMany},
 		{"TaskClaimManyConcurrentOnce", testTaskClaimManyConcurrent},
+		{"TaskClaimCapped", testTaskClaimCapped},
+		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
+		{"AdmissionsSweep", testAdmissionsSweep},
+		{"ContinuousCreateOnePerInterval", testContinuousCreate},
+		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
 		{"TaskGuardedTransitions", testTaskGuarded},
 		{"TaskStartFinishManyGuardEach", testTaskStartFinishMany},
 		{"TaskListClaimedAndUnstart", testTaskListClaimedUnstart},
@@ -91,6 +96,14 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskRetryManyOrphans", testTaskRetryManyOrphans},
 		{"TaskTimers", testTaskTimers},
 		{"DeadNodeSettlesKillsAndRerunsOrphans", testDeadNodeSettlesKillsAndRerunsOrphans},
+		{"TaskGraphInsert", testTaskGraphInsert},
+		{"TaskGraphUnblock", testTaskGraphUnblock},
+		{"TaskGraphParentFailed", testTaskGraphParentFailed},
+		{"TaskGraphRetryReblocks", testTaskGraphRetryReblocks},
+		{"TaskGraphInsertRefuses", testTaskGraphInsertRefuses},
+		{"TaskGraphSweep", testTaskGraphSweep},
+		{"TaskGraphGet", testTaskGraphGet},
+		{"StreamGraph", testStreamGraph},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -192,7 +205,7 @@ func testIndexesEnsureBesidePerl(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.NoError(t, s.IndexesEnsure(ctx))
 	keys := indexKeys(t, db, "tasks")
-	require.Len(t, keys, 7, "_id, the three Perl indexes, our reaper index and the two partial timer indexes: %v", keys)
+	require.Len(t, keys, 10, "_id, the three Perl indexes, our reaper index, the two partial timer indexes, and the partial parents, admitted and then_pending indexes: %v", keys)
 	require.Len(t, indexKeys(t, db, "queues"), 2)
 }
 
@@ -346,9 +359,18 @@ func testQueueCounts(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	_, err = db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: "not an id"}, {Key: "status", Value: -2}})
 	require.NoError(t, err)
+	// Running: -1 and 0 however stored; not a missing, null, string or
+	// fractional status.
+	var odd []any
+	for _, st := range []any{int32(-1), int64(0), -1.0, bson.NewDecimal128(0, 0), nil, "0", -0.5} {
+		odd = append(odd, bson.D{{Key: "queue", Value: b.ID}, {Key: "status", Value: st}})
+	}
+	odd = append(odd, bson.D{{Key: "queue", Value: b.ID}})
+	_, err = db.Collection("tasks").InsertMany(ctx, odd)
+	require.NoError(t, err)
 	counts, err := s.QueueCountsGet(ctx)
 	require.NoError(t, err)
-	require.Equal(t, map[bson.ObjectID]store.QueueCounts{a.ID: {Todo: 1, Total: 6}, b.ID: {Todo: 2, Total: 2}}, counts)
+	require.Equal(t, map[bson.ObjectID]store.QueueCounts{a.ID: {Todo: 1, Total: 6}, b.ID: {Todo: 9, Total: 10, Running: 4}}, counts)
 }
 
 func testTaskInsertMany(t *testing.T, newStore Factory) {

@@ -32,6 +32,8 @@ type Store interface {
 	QueueDelete(ctx context.Context, p store.QueueDeleteParams) (store.QueueDeleteResult, error)
 	TaskRunningCounts(ctx context.Context) (map[bson.ObjectID]int64, error)
 	TaskInsertMany(ctx context.Context, p store.TaskInsertManyParams) ([]bson.ObjectID, error)
+	TaskInsertGraph(ctx context.Context, p store.TaskInsertGraphParams) ([]bson.ObjectID, error)
+	TaskGraphGet(ctx context.Context, p store.TaskGraphGetParams) (store.TaskGraphView, error)
 	TaskSearch(ctx context.Context, p store.TaskSearchParams) (store.TaskSearchResult, error)
 	TaskOutputOpen(ctx context.Context, p store.TaskOutputOpenParams) (*store.TaskOutput, error)
 	NodeList(ctx context.Context) (store.NodeListResult, error)
@@ -216,6 +218,7 @@ func (h *handler) routeTable(events http.Handler) []route {
 		{method: "POST", path: "/api/v1/tasks/{id}/retry", serve: h.taskRetry},
 		{method: "GET", path: "/api/v1/tasks/{id}/stdout", serve: h.taskOutput(schema.TaskStdout)},
 		{method: "GET", path: "/api/v1/tasks/{id}/stderr", serve: h.taskOutput(schema.TaskStderr)},
+		{method: "GET", path: "/api/v1/tasks/{id}/graph", serve: h.taskGraph},
 		{method: "GET", path: "/api/v1/nodes", serve: h.nodeList},
 		{method: "GET", path: "/api/v1/nodes/{node}", serve: h.nodeGet},
 		{method: "PATCH", path: "/api/v1/nodes/{node}", serve: h.nodePatch},

@@ -57,7 +57,7 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	}
 	full := docOperations(t, openAPIDocument)
 	require.Contains(t, full, "GET /api/v1/events")
-	require.Len(t, full, 23)
+	require.Len(t, full, 24)
 }
 
 // TestOpenAPIDocument checks the document's own consistency: every $ref
@@ -178,7 +178,7 @@ func TestCheckerCatches(t *testing.T) {
 	require.NoError(t, err)
 	js := http.Header{"Content-Type": {"application/json"}}
 	jsReq := http.Header{"Content-Type": {"application/json"}}
-	queue := `{"id":"0123456789abcdef01234567","name":"q","plugin":"P","maxthreads":1,"sort":"default","nodes_pin":[],"nodes_ignore":[],"counts":{"queued":null,"running":0,"finished":null,"total":null}}`
+	queue := `{"id":"0123456789abcdef01234567","name":"q","plugin":"P","maxthreads":1,"sort":"default","nodes_pin":[],"nodes_ignore":[],"counts":{"queued":null,"running":0,"finished":null,"total":null,"count_running":null}}`
 	ok := exchange{method: "GET", target: "/api/v1/queues/q", status: 200, header: js, body: []byte(queue)}
 	require.NoError(t, c.check(ok))
 	created := exchange{method: "POST", target: "/api/v1/queues", reqHeader: jsReq, reqBody: []byte(`{"name":"q","plugin":"P"}`), status: 201,

@@ -61,6 +61,8 @@ func (h *handler) taskSubmit(w http.ResponseWriter, r *http.Request) error {
 	}
 	params := make([]bson.Raw, len(tv.arr))
 	controls := make([]store.TaskInsertControl, len(tv.arr))
+	graphs := make([]graphBinding, len(tv.arr))
+	graph := false
 	for i, t := range tv.arr {
 		to, aerr := asObject(t, tat.index(i), taskFields...)
 		if aerr != nil {
@@ -76,6 +78,10 @@ func (h *handler) taskSubmit(w http.ResponseWriter, r *http.Request) error {
 		if controls[i], aerr = bindTaskControl(to); aerr != nil {
 			return aerr
 		}
+		if graphs[i], aerr = bindGraph(to); aerr != nil {
+			return aerr
+		}
+		graph = graph || graphs[i].set
 	}
 	// Contradictions no schema can express, after every field is known
 	// good (the OpenAPI document calls such a body valid: 409, not 400).
@@ -88,6 +94,9 @@ func (h *handler) taskSubmit(w http.ResponseWriter, r *http.Request) error {
 	q, err := h.queueByRef(r, ref, "queue")
 	if err != nil {
 		return err
+	}
+	if graph {
+		return h.submitGraph(w, r, q, tat, params, controls, graphs)
 	}
 	ids, err := h.insertTasks(r, q.ID, params, controls)
 	if err != nil {
@@ -104,7 +113,7 @@ func (h *handler) taskSubmit(w http.ResponseWriter, r *http.Request) error {
 }
 
 // taskFields are the fields of a task in POST /api/v1/tasks.
-var taskFields = []string{"params", "timeout", "expires_at", "not_before"}
+var taskFields = append([]string{"params", "timeout", "expires_at", "not_before"}, graphFields...)
 
 // bindTaskControl reads a task's own time limit (seconds), expiry and
 // delay.

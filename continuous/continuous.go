@@ -1,0 +1,98 @@
+// Package continuous is the leader's duty for continuous queues (seed
+// 001): a queue with continuous: true gets one task (empty parameters,
+// named by the Unix time) whenever it has no task held, queued, claimed or
+// running and its interval has passed since the last one. The store makes
+// each creation one transaction guarded by the queue's next_continuous, so
+// there is exactly one task per interval across the cluster, whichever
+// node leads and however often it tries; the duty looks once a tick.
+package continuous
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/leadership"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// Store is what the duty reads and writes.
+type Store interface {
+	QueueList(ctx context.Context) (store.QueueListResult, error)
+	ContinuousCreate(ctx context.Context, queue bson.ObjectID, interval time.Duration) (bson.ObjectID, bool, error)
+}
+
+// Config configures the duty.
+type Config struct {
+	Store  Store
+	Tick   time.Duration // default 1 s
+	Clock  clock.Clock
+	Logger *slog.Logger
+	// Created, when set, is told of each task created.
+	Created func(queue, task bson.ObjectID)
+}
+
+// Creator is the duty; run Lead under a leadership.Elector.
+type Creator struct {
+	cfg   Config
+	clock clock.Clock
+	log   *slog.Logger
+}
+
+// New returns the duty.
+func New(cfg Config) *Creator {
+	if cfg.Tick <= 0 {
+		cfg.Tick = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Creator{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "continuous")}
+}
+
+// Lead looks at once, then every tick, until the term ends.
+func (c *Creator) Lead(ctx context.Context, _ leadership.Term) error {
+	t := c.clock.NewTicker(c.cfg.Tick)
+	defer t.Stop()
+	for {
+		c.Pass(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+		}
+	}
+}
+
+// Pass creates the task of every continuous queue that is due.
+func (c *Creator) Pass(ctx context.Context) {
+	res, err := c.cfg.Store.QueueList(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("list queues", "error", err)
+		}
+		return
+	}
+	now := c.clock.Now()
+	for _, q := range res.Queues {
+		sc := q.Sched
+		if !sc.Continuous || sc.Paused || (!sc.NextContinuous.IsZero() && sc.NextContinuous.After(now)) {
+			continue
+		}
+		id, created, err := c.cfg.Store.ContinuousCreate(ctx, q.ID, sc.Interval)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				c.log.Warn("create the task of a continuous queue", "queue", q.Name, "error", err)
+			}
+		case created:
+			c.log.Info("continuous queue: task created", "queue", q.Name, "task_id", id.Hex(), "next_in", sc.Interval)
+			if c.cfg.Created != nil {
+				c.cfg.Created(q.ID, id)
+			}
+		}
+	}
+}

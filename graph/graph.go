@@ -1,0 +1,181 @@
+// Package graph is the leader's duty that moves task graphs (seed 002):
+// when a task ends, its children held awaiting their parents are queued
+// (every parent succeeded), finish unrun with reason parent_failed (a
+// parent ended otherwise), or, with on_parent_failure "run", are queued
+// once every parent has ended. It follows the parents' finish events (the
+// store's StreamGraph change stream) and settles their children at once;
+// a sweep of every waiting child at the start of each term, every Every
+// (a minute by default) and whenever the stream lost its position catches
+// what a crash or a missed event left behind. The rules themselves are
+// the store's (store.TaskGraphSettle); docs/scheduling.md, "Task graphs",
+// has the design.
+package graph
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/leadership"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// Store is what the graph duty reads and writes.
+type Store interface {
+	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
+	TaskGraphSettle(ctx context.Context, p store.TaskGraphSettleParams) (store.TaskGraphResult, error)
+	TaskGraphSweep(ctx context.Context, p store.TaskGraphSweepParams) (store.TaskGraphResult, error)
+}
+
+// DefaultEvery is the period of the sweep.
+const DefaultEvery = time.Minute
+
+// Config configures the graph duty.
+type Config struct {
+	Store Store
+	// Every is the sweep's period (default DefaultEvery).
+	Every time.Duration
+	// Settled, when set, is told what every sweep did, and every settle
+	// that changed something.
+	Settled func(res store.TaskGraphResult, sweep bool)
+	Clock   clock.Clock
+	Logger  *slog.Logger
+}
+
+// Graph is the duty; run Lead under a leadership.Elector.
+type Graph struct {
+	cfg   Config
+	clock clock.Clock
+	log   *slog.Logger
+}
+
+// New returns the duty.
+func New(cfg Config) *Graph {
+	if cfg.Every <= 0 {
+		cfg.Every = DefaultEvery
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Graph{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "graph")}
+}
+
+// batch is what the stream reader hands the loop: the tasks that ended,
+// or lost (the position was lost: sweep).
+type batch struct {
+	ended []bson.ObjectID
+	lost  bool
+}
+
+// Lead settles task graphs until the term ends. The stream is opened
+// before the first sweep, so a parent that ends after the sweep read its
+// children is heard.
+func (g *Graph) Lead(ctx context.Context, _ leadership.Term) error {
+	r, err := g.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamGraph, Name: "graph", Clock: g.cfg.Clock, Logger: g.log})
+	if err != nil {
+		return err
+	}
+	batches := make(chan batch)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.listen(ctx, r, batches)
+	}()
+	defer func() {
+		<-done
+		r.Close()
+	}()
+	g.log.Info("leading: settling task graphs as parents end", "sweep_every", g.cfg.Every)
+	ticker := g.clock.NewTicker(g.cfg.Every)
+	defer ticker.Stop()
+	g.sweep(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case b := <-batches:
+			if b.lost {
+				g.sweep(ctx)
+				continue
+			}
+			g.settle(ctx, b.ended)
+		case <-ticker.C():
+			g.sweep(ctx)
+		}
+	}
+}
+
+// listen turns the stream's batches into the ids of tasks that ended.
+func (g *Graph) listen(ctx context.Context, r *store.StreamReader, out chan<- batch) {
+	for {
+		sb, err := r.Next(ctx)
+		if err != nil {
+			return
+		}
+		var b batch
+		if sb.Lost != "" {
+			b.lost = true
+		}
+		for _, ev := range sb.Events {
+			switch ev.Op {
+			case "update", "replace", "delete":
+				if id, ok := ev.ID.ObjectIDOK(); ok {
+					b.ended = append(b.ended, id)
+				}
+			case "drop", "rename", "dropDatabase", "invalidate":
+				b.lost = true // whatever was there is gone: look again
+			}
+		}
+		if !b.lost && len(b.ended) == 0 {
+			continue
+		}
+		select {
+		case out <- b:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// settle settles the waiting children of tasks that ended. A failure is
+// logged and left to the sweep.
+func (g *Graph) settle(ctx context.Context, ended []bson.ObjectID) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := g.cfg.Store.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: ended, Now: g.clock.Now()})
+	if err != nil && ctx.Err() == nil {
+		g.log.Warn("settle children of ended tasks; the sweep will retry", "tasks", len(ended), "error", err)
+	}
+	g.report(res, false)
+}
+
+// sweep settles every waiting child.
+func (g *Graph) sweep(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	res, err := g.cfg.Store.TaskGraphSweep(ctx, store.TaskGraphSweepParams{Now: g.clock.Now()})
+	if err != nil && ctx.Err() == nil {
+		g.log.Warn("sweep task graphs", "error", err)
+	}
+	g.report(res, true)
+}
+
+func (g *Graph) report(res store.TaskGraphResult, sweep bool) {
+	if res == (store.TaskGraphResult{}) {
+		if sweep && g.cfg.Settled != nil {
+			g.cfg.Settled(res, sweep)
+		}
+		return
+	}
+	msg := "settled children of ended tasks"
+	if sweep {
+		msg = "sweep settled children whose parents had ended"
+	}
+	g.log.Info(msg, "queued", res.Queued, "held_for_not_before", res.Held, "parent_failed", res.Failed)
+	if g.cfg.Settled != nil {
+		g.cfg.Settled(res, sweep)
+	}
+}

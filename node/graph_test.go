@@ -1,0 +1,126 @@
+package node
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// graphInsert inserts a graph: parents[i] are indexes of earlier tasks.
+func (b *bundle) graphInsert(tasks []store.GraphTask) []bson.ObjectID {
+	b.t.Helper()
+	ids, err := b.store.TaskInsertGraph(context.Background(), store.TaskInsertGraphParams{Tasks: tasks})
+	require.NoError(b.t, err)
+	return ids
+}
+
+// TestGraphRunsEveryTaskAfterItsParentsOnce: a layered graph across two
+// queues, with diamonds, on two nodes: every task runs once, and never
+// before every one of its parents has finished.
+func TestGraphRunsEveryTaskAfterItsParentsOnce(t *testing.T) {
+	b := setup(t)
+	b.rec.sleep = 20 * time.Millisecond
+	qa := b.queue("qa", "test", 3, schema.SortFIFO)
+	qb := b.queue("qb", "test", 3, schema.SortFIFO)
+	// Layers of 1, 4, 4, 1 tasks; every task of a layer has two parents
+	// in the layer above (the first layer has none), alternating queues.
+	layers := []int{1, 4, 4, 1}
+	var tasks []store.GraphTask
+	var prev []bson.ObjectID
+	for l, n := range layers {
+		var cur []bson.ObjectID
+		for i := range n {
+			id := bson.NewObjectID()
+			q := qa
+			if (l+i)%2 == 1 {
+				q = qb
+			}
+			var parents []bson.ObjectID
+			if len(prev) > 0 {
+				parents = []bson.ObjectID{prev[i%len(prev)], prev[(i+1)%len(prev)]}
+			}
+			raw, err := bson.Marshal(bson.D{{Key: "layer", Value: l}, {Key: "i", Value: i}})
+			require.NoError(t, err)
+			tasks = append(tasks, store.GraphTask{ID: id, Queue: q, Parameters: raw, Parents: parents})
+			cur = append(cur, id)
+		}
+		prev = cur
+	}
+	ids := b.graphInsert(tasks)
+	b.start(b.config("n1"))
+	b.start(b.config("n2"))
+	b.waitDone(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, int64(len(ids)), 60*time.Second)
+	require.Equal(t, int64(len(ids)), b.count(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "status", Value: 1}}))
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	for i, task := range tasks {
+		runs := b.rec.runs[task.ID]
+		require.Len(t, runs, 1, "task %d ran %d times", i, len(runs))
+		for _, p := range task.Parents {
+			prun := b.rec.runs[p]
+			require.Len(t, prun, 1)
+			require.False(t, runs[0].start.Before(prun[0].end), "task %d started %s before its parent %s ended", i, prun[0].end.Sub(runs[0].start), p.Hex())
+		}
+	}
+}
+
+// TestGraphFailingParentPropagates: a failing parent finishes its
+// descendants unrun (parent_failed, transitively); a child with
+// on_parent_failure "run" runs anyway.
+func TestGraphFailingParentPropagates(t *testing.T) {
+	b := setup(t)
+	b.reg.Register("fail", plugin.Func(func(context.Context, plugin.Task) plugin.Result {
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "boom"}
+	}))
+	qf := b.queue("failing", "fail", 1, schema.SortFIFO)
+	q := b.queue("work", "test", 2, schema.SortFIFO)
+	a, child, grandchild, runner := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	b.graphInsert([]store.GraphTask{
+		{ID: a, Queue: qf},
+		{ID: child, Queue: q, Parents: []bson.ObjectID{a}},
+		{ID: grandchild, Queue: q, Parents: []bson.ObjectID{child}},
+		{ID: runner, Queue: q, Parents: []bson.ObjectID{a}, OnParentFailure: schema.OnParentFailureRun},
+	})
+	b.start(b.config("n1"))
+	b.waitDone(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{a, child, grandchild, runner}}}}}, 4, 30*time.Second)
+	for _, id := range []bson.ObjectID{child, grandchild} {
+		raw := b.task(id)
+		require.Equal(t, int64(2), raw.Lookup("status").AsInt64())
+		require.Equal(t, schema.ReasonParentFailed, raw.Lookup("reason").StringValue())
+	}
+	require.Equal(t, int64(1), b.task(runner).Lookup("status").AsInt64())
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	require.Empty(t, b.rec.runs[child], "a child of a failed parent never runs")
+	require.Empty(t, b.rec.runs[grandchild])
+	require.Len(t, b.rec.runs[runner], 1)
+}
+
+// TestGraphSweepUnblocksAChildWhoseEventWasMissed: the parent succeeded
+// while no leader was there to hear it; the new leader's sweep at the
+// start of its term queues the child (its stream starts at the present,
+// so only the sweep can).
+func TestGraphSweepUnblocksAChildWhoseEventWasMissed(t *testing.T) {
+	b := setup(t)
+	q := b.queue("q", "test", 1, schema.SortFIFO)
+	parent, child := bson.NewObjectID(), bson.NewObjectID()
+	b.graphInsert([]store.GraphTask{{ID: parent, Queue: q}, {ID: child, Queue: q, Parents: []bson.ObjectID{parent}}})
+	_, err := b.db.Collection("tasks").UpdateOne(context.Background(), bson.D{{Key: "_id", Value: parent}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}, {Key: "node", Value: "gone"}}}})
+	require.NoError(t, err)
+	require.Equal(t, int64(-4), b.task(child).Lookup("status").AsInt64())
+	b.start(b.config("n1"))
+	b.waitStatus(child, schema.StatusSucceeded, 30*time.Second)
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	require.Len(t, b.rec.runs[child], 1)
+	require.Empty(t, b.rec.runs[parent], "the parent had finished before")
+	require.Contains(t, b.logs.String(), "sweep settled children", "the sweep did it")
+}

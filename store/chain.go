@@ -1,0 +1,139 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// ThenResult says what ThenCreate did for one task.
+type ThenResult struct {
+	Created int    // tasks inserted now
+	Existed int    // tasks an earlier try had inserted
+	Problem string // why the output could not become tasks (then recorded on the task as then_error)
+}
+
+// ThenCreate turns the output of a succeeded task marked then_pending into
+// tasks of that queue (an object: one task; a list of objects: one each),
+// then removes the mark. Exactly once, whoever calls it and however often:
+// each follow-up's _id is derived from the task, its attempt and the
+// output's index (its timestamp part is the finish time, so fifo order
+// follows the finishes), so an insert a crash or a retry repeats fails
+// with a duplicate key and counts as done. A task without the mark is a
+// no-op. The node that ran the task calls it after the finish; the
+// leader's sweep (ThenPending) catches what a crash left.
+func (s *Store) ThenCreate(ctx context.Context, id bson.ObjectID) (ThenResult, error) {
+	raw, err := s.tasks.FindOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: schema.TaskThenPending, Value: bson.D{{Key: "$exists", Value: true}}}}).Raw()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return ThenResult{}, nil
+	}
+	if err != nil {
+		return ThenResult{}, fmt.Errorf("then of task %s: %w", id.Hex(), err)
+	}
+	var r ThenResult
+	params, target, problem := s.thenOf(ctx, raw)
+	r.Problem = problem
+	if problem == "" {
+		finished, _ := raw.Lookup(schema.TaskMTime).TimeOK()
+		attempt, _ := raw.Lookup(schema.TaskAttempt).AsInt64OK()
+		for i, p := range params {
+			tid := chainedID(id, attempt, i, finished)
+			_, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: target, Parameters: []bson.Raw{p}, IDs: []bson.ObjectID{tid}})
+			switch {
+			case isDuplicateKey(err):
+				r.Existed++
+				continue
+			case err != nil:
+				return r, fmt.Errorf("then of task %s: %w", id.Hex(), err)
+			}
+			if _, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: tid}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskChainedFrom, Value: id}}}}); err != nil {
+				return r, fmt.Errorf("then of task %s: %w", id.Hex(), err)
+			}
+			r.Created++
+		}
+	}
+	update := bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskThenPending, Value: ""}}}}
+	if problem != "" {
+		update = append(update, bson.E{Key: "$set", Value: bson.D{{Key: "then_error", Value: problem}}})
+	}
+	if _, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, update); err != nil {
+		return r, fmt.Errorf("then of task %s: %w", id.Hex(), err)
+	}
+	return r, nil
+}
+
+// thenOf reads the output's parameters and the then queue's id.
+func (s *Store) thenOf(ctx context.Context, raw bson.Raw) ([]bson.Raw, bson.ObjectID, string) {
+	name, _ := raw.Lookup(schema.TaskThenPending).StringValueOK()
+	var q struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	err := s.queues.FindOne(ctx, bson.D{{Key: schema.QueueName, Value: name}}, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&q)
+	if err != nil {
+		return nil, bson.ObjectID{}, fmt.Sprintf("then queue %q: %v", name, err)
+	}
+	out := raw.Lookup(schema.TaskOutput)
+	if d, ok := out.DocumentOK(); ok {
+		return []bson.Raw{d}, q.ID, ""
+	}
+	arr, ok := out.ArrayOK()
+	if !ok {
+		return nil, q.ID, "output is not an object or a list of objects"
+	}
+	vals, err := arr.Values()
+	if err != nil {
+		return nil, q.ID, "output: " + err.Error()
+	}
+	ps := make([]bson.Raw, 0, len(vals))
+	for _, v := range vals {
+		d, ok := v.DocumentOK()
+		if !ok {
+			return nil, q.ID, "output is not a list of objects"
+		}
+		ps = append(ps, d)
+	}
+	return ps, q.ID, ""
+}
+
+// chainedID is the _id of the i-th task made from a task's output.
+func chainedID(parent bson.ObjectID, attempt int64, i int, finished time.Time) bson.ObjectID {
+	h := sha256.New()
+	h.Write(parent[:])
+	_ = binary.Write(h, binary.BigEndian, attempt)
+	_ = binary.Write(h, binary.BigEndian, int64(i))
+	sum := h.Sum(nil)
+	var id bson.ObjectID
+	binary.BigEndian.PutUint32(id[:4], uint32(finished.Unix()))
+	copy(id[4:], sum[:8])
+	return id
+}
+
+// ThenPending lists up to limit tasks whose output has not yet become
+// tasks (then_pending), for the leader's sweep.
+func (s *Store) ThenPending(ctx context.Context, limit int) ([]bson.ObjectID, error) {
+	cur, err := s.tasks.Find(ctx, bson.D{{Key: schema.TaskThenPending, Value: bson.D{{Key: "$exists", Value: true}}}},
+		options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetLimit(int64(limit)))
+	if err != nil {
+		return nil, fmt.Errorf("tasks with then pending: %w", err)
+	}
+	var docs []struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("tasks with then pending: %w", err)
+	}
+	ids := make([]bson.ObjectID, len(docs))
+	for i, d := range docs {
+		ids[i] = d.ID
+	}
+	return ids, nil
+}

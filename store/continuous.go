@@ -1,0 +1,73 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// notDone are the statuses of a task not yet finished: held, queued,
+// claimed, running.
+var notDone = bson.D{{Key: "$in", Value: bson.A{int32(schema.StatusBlocked), int32(schema.StatusQueued), int32(schema.StatusClaimed), int32(schema.StatusRunning)}}}
+
+// ContinuousCreate creates the task of a continuous queue if it is due: the
+// queue is continuous and not paused, it has no task held, queued, claimed
+// or running, and its next_continuous has passed (or is unset). It is one
+// transaction that moves next_continuous to now + interval and inserts the
+// task (empty parameters, name the Unix time in seconds), so however many
+// leaders or retries try at once, one task is created per interval: two
+// transactions both write the queue document, and one of them aborts. It
+// returns the new task's id, or false when nothing was due.
+func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, interval time.Duration) (bson.ObjectID, bool, error) {
+	sess, err := s.db.Client().StartSession()
+	if err != nil {
+		return bson.ObjectID{}, false, fmt.Errorf("continuous queue %s: %w", queue.Hex(), err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	var id bson.ObjectID
+	var created bool
+	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+		created = false
+		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: schema.TaskQueue, Value: queue}, {Key: schema.TaskStatus, Value: notDone}})
+		if err != nil || n > 0 {
+			return nil, err
+		}
+		now := s.nowMS()
+		res, err := s.queues.UpdateOne(ctx, bson.D{
+			{Key: "_id", Value: queue},
+			{Key: schema.QueueContinuous, Value: true},
+			{Key: schema.QueuePaused, Value: bson.D{{Key: "$ne", Value: true}}},
+			{Key: "$or", Value: bson.A{
+				bson.D{{Key: schema.QueueNextContinuous, Value: bson.D{{Key: "$lte", Value: now}}}},
+				bson.D{{Key: schema.QueueNextContinuous, Value: nil}},
+			}},
+		}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueNextContinuous, Value: now.Add(interval)}}}})
+		if err != nil || res.ModifiedCount == 0 {
+			return nil, err
+		}
+		ids, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: queue, Parameters: []bson.Raw{emptyDoc}})
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[0]}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskName, Value: strconv.FormatInt(now.Unix(), 10)}}}}); err != nil {
+			return nil, err
+		}
+		id, created = ids[0], true
+		return nil, nil
+	}, txnOptions())
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		err = nil
+	}
+	if err != nil {
+		return bson.ObjectID{}, false, fmt.Errorf("continuous queue %s: %w", queue.Hex(), err)
+	}
+	return id, created, nil
+}

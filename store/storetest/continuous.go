@@ -1,0 +1,72 @@
+package storetest
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// testContinuousCreate: many concurrent tries create one task per
+// interval; none while the queue has a task to do, none before the
+// interval has passed, none when the queue is paused or not continuous.
+func testContinuousCreate(t *testing.T, newStore Factory) {
+	var now atomic.Int64
+	now.Store(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC).UnixMilli())
+	s, db := newStore(t, store.Options{Now: func() time.Time { return time.UnixMilli(now.Load()) }})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "cont", schema.SortFIFO)
+	tryAll := func() int {
+		var created atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, ok, err := s.ContinuousCreate(ctx, q.ID, time.Minute)
+				require.NoError(t, err)
+				if ok {
+					created.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		return int(created.Load())
+	}
+	require.Zero(t, tryAll(), "not continuous")
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Continuous: ptr(true), Interval: ptr(time.Minute)}))
+	require.Equal(t, 1, tryAll(), "one of eight concurrent tries")
+	task := rawDoc(t, db, schema.CollTasks, bson.D{{Key: schema.TaskQueue, Value: q.ID}})
+	require.Equal(t, "1795435200", task.Lookup("name").StringValue(), "named by the Unix time")
+	require.Equal(t, int32(-2), task.Lookup("status").Int32())
+	require.Equal(t, bson.Raw{5, 0, 0, 0, 0}, task.Lookup("parameters").Document())
+
+	now.Add((2 * time.Minute).Milliseconds())
+	require.Zero(t, tryAll(), "the last task is still queued")
+	_, err := db.Collection(schema.CollTasks).UpdateMany(ctx, bson.D{}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}}}})
+	require.NoError(t, err)
+	require.Equal(t, 1, tryAll(), "done, and the interval passed")
+	_, err = db.Collection(schema.CollTasks).UpdateMany(ctx, bson.D{}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}}}})
+	require.NoError(t, err)
+	now.Add((30 * time.Second).Milliseconds())
+	require.Zero(t, tryAll(), "within the interval")
+	now.Add((30 * time.Second).Milliseconds())
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Paused: ptr(true)}))
+	require.Zero(t, tryAll(), "paused")
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Paused: ptr(false)}))
+	require.Equal(t, 1, tryAll())
+	n, err := db.Collection(schema.CollTasks).CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n)
+	got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: q.ID.Hex()})
+	require.NoError(t, err)
+	require.True(t, got.Sched.Continuous)
+	require.Equal(t, time.Minute, got.Sched.Interval)
+	require.Equal(t, time.UnixMilli(now.Load()).Add(time.Minute).UTC(), got.Sched.NextContinuous.UTC())
+}

@@ -1,0 +1,438 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// graphTask reads what a graph test looks at.
+type graphTaskState struct {
+	status   schema.Status
+	reason   string
+	awaiting bool
+	stderr   string
+}
+
+func graphStateOf(t *testing.T, db *mongo.Database, id bson.ObjectID) graphTaskState {
+	t.Helper()
+	raw := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}})
+	var st graphTaskState
+	st.status = schema.Status(raw.Lookup("status").AsInt64())
+	st.reason, _ = raw.Lookup("reason").StringValueOK()
+	st.awaiting, _ = raw.Lookup("awaiting_parents").BooleanOK()
+	st.stderr, _ = raw.Lookup("stderr").StringValueOK()
+	return st
+}
+
+// requireGraph checks each task's status, and that it is marked
+// awaiting_parents exactly when it is held (-4): callers list held tasks
+// only while they wait for their parents.
+func requireGraph(t *testing.T, db *mongo.Database, want map[bson.ObjectID]schema.Status, names map[bson.ObjectID]string) {
+	t.Helper()
+	for id, st := range want {
+		got := graphStateOf(t, db, id)
+		require.Equal(t, st, got.status, "task %s (%s): %+v", names[id], id.Hex(), got)
+		require.Equal(t, st == schema.StatusBlocked, got.awaiting, "task %s: awaiting_parents exactly while held for its parents", names[id])
+	}
+}
+
+func graphInsert(t *testing.T, s *store.Store, tasks ...store.GraphTask) []bson.ObjectID {
+	t.Helper()
+	ids, err := s.TaskInsertGraph(ctxT(t), store.TaskInsertGraphParams{Tasks: tasks})
+	require.NoError(t, err)
+	require.Len(t, ids, len(tasks))
+	return ids
+}
+
+// testTaskGraphInsert: a child of a new or unfinished parent is held at
+// -4 awaiting its parents, with its parents stored; a child whose parents
+// all succeeded already is queued (or held for its not_before, by the
+// timers only); a child of an already failed parent fails at once.
+func testTaskGraphInsert(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	qa := newQueue(t, s, "a", schema.SortFIFO)
+	qb := newQueue(t, s, "b", schema.SortFIFO)
+	old := insertTasks(t, s, qa.ID, 3)
+	done, failed, running := old[0], old[1], old[2]
+	setStatus(t, db, done, schema.StatusSucceeded, "n1")
+	setStatus(t, db, failed, schema.StatusFailed, "n1")
+	setStatus(t, db, running, schema.StatusRunning, "n1")
+
+	p, c := bson.NewObjectID(), bson.NewObjectID()
+	later := time.Now().Add(time.Hour)
+	ids := graphInsert(t, s,
+		store.GraphTask{ID: p, Queue: qa.ID},
+		store.GraphTask{ID: c, Queue: qb.ID, Parents: []bson.ObjectID{p, running, p}, OnParentFailure: schema.OnParentFailureRun},
+		store.GraphTask{Queue: qb.ID, Parents: []bson.ObjectID{done}},
+		store.GraphTask{Queue: qb.ID, Parents: []bson.ObjectID{done}, Control: &store.TaskInsertControl{NotBefore: later}},
+		store.GraphTask{Queue: qb.ID, Parents: []bson.ObjectID{failed}},
+	)
+	require.Equal(t, []bson.ObjectID{p, c}, ids[:2], "the ids chosen by the caller")
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{p: schema.StatusQueued, c: schema.StatusBlocked, ids[2]: schema.StatusQueued},
+		map[bson.ObjectID]string{p: "p", c: "c", ids[2]: "child of a succeeded parent"})
+	delayed := graphStateOf(t, db, ids[3])
+	require.Equal(t, schema.StatusBlocked, delayed.status, "a child of a succeeded parent with a not_before ahead")
+	require.False(t, delayed.awaiting, "held for its not_before only: the timers' to release")
+
+	task, err := s.TaskGet(ctx, c)
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{p, running}, task.Graph.Parents, "parents stored once each")
+	require.Equal(t, schema.OnParentFailureRun, task.Graph.OnParentFailure)
+	require.True(t, task.Graph.AwaitingParents)
+	require.Equal(t, qb.ID, task.Queue)
+
+	orphan := graphStateOf(t, db, ids[4])
+	require.Equal(t, schema.StatusFailed, orphan.status, "its parent had failed before the insert")
+	require.Equal(t, schema.ReasonParentFailed, orphan.reason)
+	require.Contains(t, orphan.stderr, failed.Hex())
+
+	// The timers never release a child awaiting its parents, whatever its
+	// not_before, and do not wake up for it.
+	d := graphInsert(t, s, store.GraphTask{Queue: qb.ID, Parents: []bson.ObjectID{running}, Control: &store.TaskInsertControl{NotBefore: time.Now().Add(-time.Minute)}})
+	n, err := s.TaskReleaseDue(ctx, store.TaskTimersParams{Now: time.Now().Add(48 * time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "the delayed child of a succeeded parent only")
+	require.Equal(t, schema.StatusBlocked, graphStateOf(t, db, d[0]).status)
+	_, ok, err := s.TaskTimerNext(ctx)
+	require.NoError(t, err)
+	require.False(t, ok, "nothing the timers may release")
+}
+
+// testTaskGraphUnblock: a diamond across two queues; each child is
+// queued once all its parents succeeded, not before; a child with a
+// future not_before is handed to the timers, which release it at its time.
+func testTaskGraphUnblock(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	qa := newQueue(t, s, "a", schema.SortFIFO)
+	qb := newQueue(t, s, "b", schema.SortFIFO)
+	a, b, c, d, e := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	names := map[bson.ObjectID]string{a: "a", b: "b", c: "c", d: "d", e: "e"}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	graphInsert(t, s,
+		store.GraphTask{ID: a, Queue: qa.ID},
+		store.GraphTask{ID: b, Queue: qb.ID, Parents: []bson.ObjectID{a}},
+		store.GraphTask{ID: c, Queue: qa.ID, Parents: []bson.ObjectID{a}},
+		store.GraphTask{ID: d, Queue: qb.ID, Parents: []bson.ObjectID{b, c}},
+		store.GraphTask{ID: e, Queue: qa.ID, Parents: []bson.ObjectID{a}, Control: &store.TaskInsertControl{NotBefore: now.Add(time.Hour)}},
+	)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{a: -2, b: -4, c: -4, d: -4, e: -4}, names)
+
+	// Settling a parent that has not ended changes nothing.
+	res, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}, Now: now})
+	require.NoError(t, err)
+	require.Zero(t, res)
+
+	setStatus(t, db, a, schema.StatusSucceeded, "n1")
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Queued: 2, Held: 1}, res)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{b: -2, c: -2, d: -4}, names)
+	eState := graphStateOf(t, db, e)
+	require.Equal(t, schema.StatusBlocked, eState.status, "its not_before is an hour away")
+	require.False(t, eState.awaiting, "handed to the timers")
+	n, err := s.TaskReleaseDue(ctx, store.TaskTimersParams{Now: now.Add(2 * time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	require.Equal(t, schema.StatusQueued, graphStateOf(t, db, e).status)
+
+	// Again: nothing more to do (every write is guarded).
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}, Now: now})
+	require.NoError(t, err)
+	require.Zero(t, res)
+
+	setStatus(t, db, b, schema.StatusSucceeded, "n1")
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{b}, Now: now})
+	require.NoError(t, err)
+	require.Zero(t, res, "d still waits for c")
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{d: -4}, names)
+
+	setStatus(t, db, c, schema.StatusSucceeded, "n2")
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{c}, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Queued: 1}, res)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{d: -2}, names)
+	claimed, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: qb.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.Equal(t, d, claimed.ID, "a queued child is claimable")
+}
+
+// testTaskGraphParentFailed: a parent that fails, is orphaned or deleted
+// finishes its waiting descendants unrun, transitively, with reason
+// parent_failed; a child with on_parent_failure "run" is queued once all
+// its parents have ended.
+func testTaskGraphParentFailed(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	a, b, c, r, other, r2 := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	names := map[bson.ObjectID]string{a: "a", b: "b", c: "c", r: "r", other: "other", r2: "r2"}
+	graphInsert(t, s,
+		store.GraphTask{ID: a, Queue: q.ID},
+		store.GraphTask{ID: other, Queue: q.ID},
+		store.GraphTask{ID: b, Queue: q.ID, Parents: []bson.ObjectID{a}},
+		store.GraphTask{ID: c, Queue: q.ID, Parents: []bson.ObjectID{b}},
+		store.GraphTask{ID: r, Queue: q.ID, Parents: []bson.ObjectID{a}, OnParentFailure: schema.OnParentFailureRun},
+		store.GraphTask{ID: r2, Queue: q.ID, Parents: []bson.ObjectID{a, other}, OnParentFailure: schema.OnParentFailureRun},
+	)
+	setStatus(t, db, a, schema.StatusFailed, "n1")
+	res, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Queued: 1, Failed: 2}, res)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{b: 2, c: 2, r: -2, r2: -4}, names)
+	for _, id := range []bson.ObjectID{b, c} {
+		st := graphStateOf(t, db, id)
+		require.Equal(t, schema.ReasonParentFailed, st.reason, names[id])
+	}
+	require.Contains(t, graphStateOf(t, db, b).stderr, "parent_failed: not run: its parent "+a.Hex()+" ended with status failed")
+	require.Contains(t, graphStateOf(t, db, c).stderr, b.Hex(), "c names its own parent, b")
+
+	setStatus(t, db, other, schema.StatusSucceeded, "n1")
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{other}})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Queued: 1}, res, "r2 runs once both parents ended")
+
+	// An orphaned parent (it will not be rerun) and a deleted one fail their children.
+	o, oc, del, dc := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	graphInsert(t, s,
+		store.GraphTask{ID: o, Queue: q.ID}, store.GraphTask{ID: oc, Queue: q.ID, Parents: []bson.ObjectID{o}},
+		store.GraphTask{ID: del, Queue: q.ID}, store.GraphTask{ID: dc, Queue: q.ID, Parents: []bson.ObjectID{del}},
+	)
+	setStatus(t, db, o, schema.StatusOrphaned, "gone")
+	_, err = db.Collection("tasks").DeleteOne(ctx, bson.D{{Key: "_id", Value: del}})
+	require.NoError(t, err)
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{o, del}})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Failed: 2}, res)
+	require.Contains(t, graphStateOf(t, db, oc).stderr, "ended with status orphaned")
+	require.Contains(t, graphStateOf(t, db, dc).stderr, "no longer exists")
+
+	// A cancelled parent (an operator's cancel is status 2, reason cancelled) too.
+	k, kc := bson.NewObjectID(), bson.NewObjectID()
+	graphInsert(t, s, store.GraphTask{ID: k, Queue: q.ID}, store.GraphTask{ID: kc, Queue: q.ID, Parents: []bson.ObjectID{k}})
+	_, err = s.TaskCancel(ctx, store.TaskCancelParams{Target: store.TaskTarget{IDs: []bson.ObjectID{k}}, By: "op"})
+	require.NoError(t, err)
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{k}})
+	require.NoError(t, err)
+	require.Contains(t, graphStateOf(t, db, kc).stderr, "(reason cancelled)")
+}
+
+// testTaskGraphRetryReblocks: retrying a failed parent holds its
+// parent_failed descendants again, transitively; they run once it succeeds.
+func testTaskGraphRetryReblocks(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	a, b, c, keep := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	names := map[bson.ObjectID]string{a: "a", b: "b", c: "c", keep: "keep"}
+	graphInsert(t, s,
+		store.GraphTask{ID: a, Queue: q.ID},
+		store.GraphTask{ID: b, Queue: q.ID, Parents: []bson.ObjectID{a}},
+		store.GraphTask{ID: c, Queue: q.ID, Parents: []bson.ObjectID{b}},
+		store.GraphTask{ID: keep, Queue: q.ID, Parents: []bson.ObjectID{a}},
+	)
+	setStatus(t, db, a, schema.StatusFailed, "n1")
+	_, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}})
+	require.NoError(t, err)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{b: 2, c: 2, keep: 2}, names)
+	// keep was cancelled by an operator afterwards: not a parent_failed
+	// end, so a retry of a leaves it alone.
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: keep}}, bson.D{{Key: "$set", Value: bson.D{{Key: "reason", Value: "cancelled"}}}})
+	require.NoError(t, err)
+
+	res, err := s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{IDs: []bson.ObjectID{a}}, By: "op"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Requeued)
+	require.Equal(t, int64(2), res.Reblocked)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{a: -2, b: -4, c: -4, keep: 2}, names)
+	require.Empty(t, graphStateOf(t, db, b).reason, "held for its parents: no reason")
+
+	setStatus(t, db, a, schema.StatusSucceeded, "n1")
+	gres, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Queued: 1}, gres)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{b: -2, c: -4}, names)
+
+	// By filter too.
+	setStatus(t, db, b, schema.StatusFailed, "n1")
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{b}})
+	require.NoError(t, err)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{c: 2}, names)
+	res, err = s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{Filter: &store.TaskFilter{Queue: q.ID, Statuses: []schema.Status{schema.StatusFailed}, Reason: ""}}, By: "op"})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.Requeued, "b, keep and c")
+	// c itself was failed and matched the filter: an operator's retry of
+	// a task runs it whatever its parents.
+	require.Equal(t, schema.StatusQueued, graphStateOf(t, db, c).status)
+	require.False(t, graphStateOf(t, db, c).awaiting)
+}
+
+// testTaskGraphInsertRefuses: bad graphs are refused whole, with errors
+// that say which task and why, and nothing is inserted.
+func testTaskGraphInsertRefuses(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	existing := insertTasks(t, s, q.ID, 1)[0]
+	// A stored task of a queue that no longer exists.
+	lost := bson.NewObjectID()
+	_, err := db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "_id", Value: lost}, {Key: "queue", Value: bson.NewObjectID()}, {Key: "status", Value: -2}, {Key: "node", Value: -1}})
+	require.NoError(t, err)
+	a, b, c := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	many := make([]bson.ObjectID, 100000)
+	for i := range many {
+		many[i] = bson.NewObjectID()
+	}
+	for _, tc := range []struct {
+		name  string
+		tasks []store.GraphTask
+		want  string
+	}{
+		{"cycle", []store.GraphTask{
+			{ID: a, Queue: q.ID, Parents: []bson.ObjectID{c}, Ref: "a"},
+			{ID: b, Queue: q.ID, Parents: []bson.ObjectID{a}, Ref: "b"},
+			{ID: c, Queue: q.ID, Parents: []bson.ObjectID{b, existing}, Ref: "c"},
+		}, `a cycle of parents: "a" -> "c" -> "b" -> "a" (each waits for the next)`},
+		{"self-parent", []store.GraphTask{{ID: a, Queue: q.ID, Parents: []bson.ObjectID{a}}}, "task 0: a task cannot be its own parent"},
+		{"unknown parent", []store.GraphTask{{Queue: q.ID}, {Queue: q.ID, Parents: []bson.ObjectID{b}, Ref: "x"}}, `task 1 (ref "x"): parent ` + b.Hex() + `: no such task`},
+		{"too many parents", []store.GraphTask{{Queue: q.ID, Parents: many}}, "100000 parents; a task may have at most 1000"},
+		{"unknown queue", []store.GraphTask{{Queue: q.ID}, {Queue: bson.NewObjectID()}}, "task 1: queue"},
+		{"parent in an unknown queue", []store.GraphTask{{Queue: q.ID, Parents: []bson.ObjectID{lost}}}, "which does not exist (it can never run)"},
+		{"duplicate id", []store.GraphTask{{ID: a, Queue: q.ID}, {ID: a, Queue: q.ID}}, "is also task 0's"},
+		{"stored id", []store.GraphTask{{ID: existing, Queue: q.ID}}, "already a stored task's"},
+		{"on_parent_failure", []store.GraphTask{{Queue: q.ID, OnParentFailure: "maybe"}}, `on_parent_failure must be "fail" or "run"`},
+	} {
+		_, err := s.TaskInsertGraph(ctx, store.TaskInsertGraphParams{Tasks: tc.tasks})
+		require.ErrorIs(t, err, store.ErrInvalidGraph, tc.name)
+		require.ErrorContains(t, err, tc.want, tc.name)
+		var ge *store.GraphInputError
+		require.True(t, errors.As(err, &ge), tc.name)
+		n, err := db.Collection("tasks").CountDocuments(ctx, bson.D{})
+		require.NoError(t, err)
+		require.Equal(t, int64(2), n, "%s: nothing inserted", tc.name)
+	}
+}
+
+// testTaskGraphSweep: the sweep settles children whose parents' finish
+// nobody acted on, transitively.
+func testTaskGraphSweep(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ok, okc, bad, badc, badcc, wait, waitc := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	graphInsert(t, s,
+		store.GraphTask{ID: ok, Queue: q.ID}, store.GraphTask{ID: okc, Queue: q.ID, Parents: []bson.ObjectID{ok}},
+		store.GraphTask{ID: bad, Queue: q.ID}, store.GraphTask{ID: badc, Queue: q.ID, Parents: []bson.ObjectID{bad}},
+		store.GraphTask{ID: badcc, Queue: q.ID, Parents: []bson.ObjectID{badc}},
+		store.GraphTask{ID: wait, Queue: q.ID}, store.GraphTask{ID: waitc, Queue: q.ID, Parents: []bson.ObjectID{wait}},
+	)
+	setStatus(t, db, ok, schema.StatusSucceeded, "n1")
+	setStatus(t, db, bad, schema.StatusFailed, "n1")
+	setStatus(t, db, wait, schema.StatusRunning, "n1")
+	res, err := s.TaskGraphSweep(ctx, store.TaskGraphSweepParams{})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Queued: 1, Failed: 2}, res)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{okc: -2, badc: 2, badcc: 2, waitc: -4}, nil)
+	res, err = s.TaskGraphSweep(ctx, store.TaskGraphSweepParams{})
+	require.NoError(t, err)
+	require.Zero(t, res)
+}
+
+// testStreamGraph: the graph profile carries tasks that end (finished,
+// orphaned) and deletes, not other transitions.
+func testStreamGraph(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 4)
+	r, err := s.StreamOpen(ctx, store.StreamParams{Profile: store.StreamGraph, MaxAwait: 100 * time.Millisecond})
+	require.NoError(t, err)
+	defer r.Close()
+	setStatus(t, db, ids[0], schema.StatusRunning, "n1") // not an end
+	setStatus(t, db, ids[0], schema.StatusSucceeded, "n1")
+	setStatus(t, db, ids[1], schema.StatusOrphaned, "n1")
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[2]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "mtime", Value: time.Now()}}}})
+	require.NoError(t, err)
+	_, err = db.Collection("tasks").DeleteOne(ctx, bson.D{{Key: "_id", Value: ids[3]}})
+	require.NoError(t, err)
+	_, err = s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil}}) // not an end
+	require.NoError(t, err)
+	var got []string
+	deadline := time.Now().Add(20 * time.Second)
+	for len(got) < 3 && time.Now().Before(deadline) {
+		b, err := r.Next(ctx)
+		require.NoError(t, err)
+		for _, ev := range b.Events {
+			id, _ := ev.ID.ObjectIDOK()
+			got = append(got, ev.Op+" "+id.Hex())
+		}
+	}
+	require.Equal(t, []string{"update " + ids[0].Hex(), "update " + ids[1].Hex(), "delete " + ids[3].Hex()}, got)
+	// Nothing else follows.
+	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	for {
+		b, err := r.Next(sctx)
+		if err != nil {
+			break
+		}
+		require.Empty(t, b.Events)
+	}
+}
+
+// testTaskGraphGet: a task's ancestors and descendants with their states.
+func testTaskGraphGet(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	root, a, b, c, d := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	graphInsert(t, s,
+		store.GraphTask{ID: root, Queue: q.ID},
+		store.GraphTask{ID: a, Queue: q.ID, Parents: []bson.ObjectID{root}},
+		store.GraphTask{ID: b, Queue: q.ID, Parents: []bson.ObjectID{root}},
+		store.GraphTask{ID: c, Queue: q.ID, Parents: []bson.ObjectID{a, b}},
+		store.GraphTask{ID: d, Queue: q.ID, Parents: []bson.ObjectID{c, root}},
+	)
+	setStatus(t, db, root, schema.StatusSucceeded, "n1")
+	view, err := s.TaskGraphGet(ctx, store.TaskGraphGetParams{ID: a})
+	require.NoError(t, err)
+	var got []string
+	for _, n := range view.Nodes {
+		got = append(got, n.ID.Hex()+" "+n.Status.String()+" "+strings.Repeat("+", max(n.Depth, 0))+strings.Repeat("-", max(-n.Depth, 0)))
+	}
+	require.Equal(t, []string{root.Hex() + " succeeded -", a.Hex() + " blocked ", c.Hex() + " blocked +", d.Hex() + " blocked ++"}, got)
+	require.False(t, view.Truncated)
+	view, err = s.TaskGraphGet(ctx, store.TaskGraphGetParams{ID: root, Limit: 3})
+	require.NoError(t, err)
+	require.Len(t, view.Nodes, 3)
+	require.True(t, view.Truncated)
+	require.Equal(t, 1, view.Nodes[1].Depth)
+	view, err = s.TaskGraphGet(ctx, store.TaskGraphGetParams{ID: d})
+	require.NoError(t, err)
+	require.Len(t, view.Nodes, 5, "d's ancestors are every other task")
+	require.Equal(t, -1, view.Nodes[len(view.Nodes)-2].Depth)
+	_, err = s.TaskGraphGet(ctx, store.TaskGraphGetParams{ID: bson.NewObjectID()})
+	require.ErrorIs(t, err, store.ErrNotFound)
+
+	// Finding children reads the parents index.
+	var plan bson.Raw
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "explain", Value: bson.D{
+		{Key: "find", Value: "tasks"},
+		{Key: "filter", Value: bson.D{{Key: "parents", Value: bson.D{{Key: "$in", Value: bson.A{root}}}}, {Key: "status", Value: -4}, {Key: "awaiting_parents", Value: true}}},
+	}}}).Decode(&plan))
+	require.Contains(t, plan.String(), "parents_1")
+	require.NotContains(t, plan.String(), "COLLSCAN")
+}
