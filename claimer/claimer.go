@@ -40,6 +40,10 @@ type Queue struct {
 	// Sched orders the queues of a pass (priority, weight) and bounds a
 	// claim (max_getwork). Paused queues are not given to the claimer.
 	Sched schema.QueueSched
+	// CountRunning is the queue's count_running as read (all nodes' tasks
+	// in -1/0, a projection), nil when unknown: weights compare
+	// cluster-wide shares with it.
+	CountRunning *int64
 }
 
 // Config configures a Claimer.
@@ -112,6 +116,9 @@ type Claimer struct {
 	queues map[bson.ObjectID]Queue
 	order  []bson.ObjectID
 	empty  map[bson.ObjectID]bool // last claim found nothing
+	// readRunning is this node's running count per queue when the queues
+	// were last read: claims since count on top of count_running.
+	readRunning map[bson.ObjectID]int
 }
 
 // New returns a claimer; nothing runs until Start.
@@ -311,9 +318,11 @@ func (c *Claimer) pass(ctx context.Context) int {
 		} else {
 			c.queues = make(map[bson.ObjectID]Queue, len(qs))
 			c.order = c.order[:0]
+			c.readRunning = make(map[bson.ObjectID]int, len(qs))
 			for _, q := range qs {
 				c.queues[q.ID] = q
 				c.order = append(c.order, q.ID)
+				c.readRunning[q.ID] = c.slots.running(q.ID)
 			}
 		}
 	}
@@ -354,7 +363,7 @@ func (c *Claimer) next(open []Queue) (i, limit int) {
 	share := make([]float64, len(open))
 	running := make([]int, len(open))
 	for j, q := range open {
-		running[j] = c.slots.running(q.ID)
+		running[j] = c.clusterRunning(q)
 		share[j] = math.Inf(1) // weight 0: only when nothing else has work
 		if q.Sched.Weight > 0 {
 			share[j] = float64(running[j]) / q.Sched.Weight
@@ -378,6 +387,17 @@ func (c *Claimer) next(open []Queue) (i, limit int) {
 		limit = min(limit, max(k, 1))
 	}
 	return best, limit
+}
+
+// clusterRunning is q's running tasks across the cluster as best known:
+// its count_running as last read, plus what this node took (or gave back)
+// since; this node's own count when the queue has no count_running yet.
+func (c *Claimer) clusterRunning(q Queue) int {
+	local := c.slots.running(q.ID)
+	if q.CountRunning == nil {
+		return local
+	}
+	return max(int(*q.CountRunning)+local-c.readRunning[q.ID], local)
 }
 
 // claim takes up to limit tasks of q into its free slots. The first claim

@@ -109,3 +109,21 @@ func TestCappedQueueClaimsOnlyThroughAdmissions(t *testing.T) {
 	bs.mu.Unlock()
 	require.Equal(t, int64(1), h.c.Stats().CapReached)
 }
+
+// TestWeightsCountTheWholeCluster: two queues of equal weight, one of which
+// other nodes already run 4 tasks of (its count_running): this node's
+// free slots go to the other until the cluster-wide shares are level.
+func TestWeightsCountTheWholeCluster(t *testing.T) {
+	t.Parallel()
+	busy, idle := sched("a-busy", 100, 0, 20), sched("b-idle", 100, 0, 20)
+	four, zero := int64(4), int64(0)
+	busy.CountRunning, idle.CountRunning = &four, &zero
+	h := newHarness(t, nil, busy, idle)
+	h.st.set(alwaysTask)
+	six := 6
+	require.True(t, h.c.SetNodeMax(&six))
+	h.start()
+	h.pass()
+	require.Equal(t, []int{1, 5}, []int{h.c.Running(busy.ID), h.c.Running(idle.ID)},
+		"idle catches up to 4, then they alternate: 4+1 and 0+5")
+}

@@ -76,7 +76,7 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		}
 		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
 		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads,
-			Control: q.Control, Sched: q.Sched})
+			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning})
 	}
 	qs.mu.Lock()
 	qs.all = res.Queues
