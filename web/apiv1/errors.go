@@ -35,7 +35,7 @@ const (
 	// CodeMethodNotAllowed (405): the route exists; the Allow header lists
 	// its methods.
 	CodeMethodNotAllowed = "method_not_allowed"
-	// CodeConflict (409): the queue name is taken.
+	// CodeConflict (409): the queue name is taken, or then names no queue.
 	CodeConflict = "conflict"
 	// CodeUnfinishedTasks (409): the queue still has unfinished tasks.
 	CodeUnfinishedTasks = "unfinished_tasks"

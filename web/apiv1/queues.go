@@ -2,6 +2,7 @@ package apiv1
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -15,7 +16,8 @@ import (
 
 // queueFields are the writable fields of a queue, in the order of the
 // document.
-var queueFields = []string{"name", "plugin", "maxthreads", "sort", "nodes_pin", "nodes_ignore", "timeout", "retries", "retry_backoff", "rerun_orphans"}
+var queueFields = []string{"name", "plugin", "maxthreads", "sort", "nodes_pin", "nodes_ignore", "timeout", "retries", "retry_backoff", "rerun_orphans",
+	"priority", "weight", "max_getwork", "max_running", "paused", "continuous", "interval", "then", "config"}
 
 // maxNodeList bounds nodes_pin and nodes_ignore.
 const maxNodeList = 1000
@@ -32,7 +34,14 @@ type queueChange struct {
 	retries      *int
 	retryBackoff *schema.Backoff
 	rerunOrphans *bool
-	fieldsSet    int
+	// Scheduling (docs/scheduling.md).
+	priority, weight       *float64
+	maxGetwork, maxRunning *int
+	paused, continuous     *bool
+	interval               *time.Duration
+	then                   *string
+	config                 bson.Raw
+	fieldsSet              int
 }
 
 // control reports whether the change sets any of the control fields.
@@ -40,11 +49,37 @@ func (c queueChange) control() bool {
 	return c.timeout != nil || c.retries != nil || c.retryBackoff != nil || c.rerunOrphans != nil
 }
 
+// sched reports whether the change sets any of the scheduling fields.
+func (c queueChange) sched() bool {
+	return c.priority != nil || c.weight != nil || c.maxGetwork != nil || c.maxRunning != nil || c.paused != nil ||
+		c.continuous != nil || c.interval != nil || c.then != nil || c.config != nil
+}
+
+// checkThen answers 409 (conflict with the stored state) when then names
+// no queue.
+func (h *handler) checkThen(r *http.Request, c queueChange) error {
+	if c.then == nil || *c.then == "" {
+		return nil
+	}
+	qs, err := h.st.QueueList(r.Context())
+	if err != nil {
+		return err
+	}
+	for _, q := range qs.Queues {
+		if q.Name == *c.then {
+			return nil
+		}
+	}
+	return errorf(http.StatusConflict, CodeConflict, "then", "then: no queue is named %q", clip(*c.then))
+}
+
 // update is the change as the store takes it.
 func (c queueChange) update(id bson.ObjectID) store.QueueUpdateParams {
 	return store.QueueUpdateParams{ID: id, Name: c.name, Constructor: c.plugin,
 		SetMaxThreads: c.setMaxThreads, MaxThreads: c.maxThreads, Sort: c.sort, NodesPin: c.nodesPin, NodesIgnore: c.nodesIgnore,
-		Timeout: c.timeout, Retries: c.retries, RetryBackoff: c.retryBackoff, RerunOrphans: c.rerunOrphans}
+		Timeout: c.timeout, Retries: c.retries, RetryBackoff: c.retryBackoff, RerunOrphans: c.rerunOrphans,
+		Priority: c.priority, Weight: c.weight, MaxGetwork: c.maxGetwork, MaxRunning: c.maxRunning, Paused: c.paused,
+		Continuous: c.continuous, Interval: c.interval, Then: c.then, Config: c.config}
 }
 
 func (h *handler) bindQueue(v value) (queueChange, *apiError) {
@@ -133,6 +168,62 @@ func (h *handler) bindQueue(v value) (queueChange, *apiError) {
 				return c, err
 			}
 			c.rerunOrphans = &b
+		case "priority", "weight":
+			f, err := wantNumber(m.val, at, -math.MaxFloat64, math.MaxFloat64)
+			if err != nil {
+				return c, err
+			}
+			if m.key == "priority" {
+				c.priority = &f
+			} else {
+				c.weight = &f
+			}
+		case "max_getwork", "max_running":
+			n, err := wantInt(m.val, at, 0, math.MaxInt32)
+			if err != nil {
+				return c, err
+			}
+			if m.key == "max_getwork" {
+				c.maxGetwork = ptrTo(int(n))
+			} else {
+				c.maxRunning = ptrTo(int(n))
+			}
+		case "paused", "continuous":
+			b, err := wantBool(m.val, at)
+			if err != nil {
+				return c, err
+			}
+			if m.key == "paused" {
+				c.paused = &b
+			} else {
+				c.continuous = &b
+			}
+		case "interval":
+			d, err := wantSeconds(m.val, at)
+			if err != nil {
+				return c, err
+			}
+			c.interval = &d
+		case "then":
+			s, err := wantString(m.val, at)
+			if err != nil {
+				return c, err
+			}
+			if s != "" {
+				if msg := checkQueueName(s); msg != "" {
+					return c, invalidField(at, "the queue name %s", msg)
+				}
+			}
+			c.then = &s
+		case "config":
+			if m.val.kind != kindObject {
+				return c, invalidField(at, "want an object, got %s", m.val.describe())
+			}
+			raw, err := paramsToBSON(m.val, at)
+			if err != nil {
+				return c, err
+			}
+			c.config = raw
 		}
 	}
 	return c, nil
@@ -228,6 +319,9 @@ func (h *handler) queueCreate(w http.ResponseWriter, r *http.Request) error {
 	if c.sort != nil {
 		p.Sort = *c.sort
 	}
+	if err := h.checkThen(r, c); err != nil {
+		return err
+	}
 	q, err := h.st.QueueCreate(r.Context(), p)
 	if errors.Is(err, store.ErrQueueExists) {
 		return errorf(http.StatusConflict, CodeConflict, "name", "a queue named %q already exists", clip(*c.name))
@@ -235,9 +329,9 @@ func (h *handler) queueCreate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if c.nodesPin != nil || c.nodesIgnore != nil || c.control() {
-		rest := queueChange{nodesPin: c.nodesPin, nodesIgnore: c.nodesIgnore,
-			timeout: c.timeout, retries: c.retries, retryBackoff: c.retryBackoff, rerunOrphans: c.rerunOrphans}
+	if c.nodesPin != nil || c.nodesIgnore != nil || c.control() || c.sched() {
+		rest := c
+		rest.name, rest.plugin, rest.setMaxThreads, rest.maxThreads, rest.sort = nil, nil, false, nil, nil
 		if q, err = h.st.QueueModify(r.Context(), rest.update(q.ID)); err != nil {
 			return err
 		}
@@ -282,6 +376,9 @@ func (h *handler) queuePatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	q, err := h.queueByRef(r, r.PathValue("queue"), "queue")
 	if err != nil {
+		return err
+	}
+	if err := h.checkThen(r, c); err != nil {
 		return err
 	}
 	q, err = h.st.QueueModify(r.Context(), c.update(q.ID))

@@ -200,3 +200,59 @@ func TestContentTypes(t *testing.T) {
 	e.want(200, "GET", "/api/v1/queues", nil).decode(t, &list)
 	require.Len(t, list.Queues, 4)
 }
+
+// TestQueueScheduling: the scheduling fields are set at creation and by a
+// patch, shown with their defaults, and bad values (or a then naming no
+// queue) are refused with nothing written.
+func TestQueueScheduling(t *testing.T) {
+	e := setup(t)
+	var q Queue
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "next", "plugin": "P"}).decode(t, &q)
+	require.Equal(t, 20.0, q.Weight, "the default weight")
+	require.Zero(t, q.MaxRunning)
+	require.False(t, q.Paused)
+
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "q", "plugin": "P", "priority": 5, "max_running": 3,
+		"config": map[string]any{"bucket": "b1"}, "then": "next"}).decode(t, &q)
+	require.Equal(t, 5.0, q.Priority)
+	require.Equal(t, 3, q.MaxRunning)
+	require.Equal(t, "next", q.Then)
+	require.JSONEq(t, `{"bucket":"b1"}`, string(q.Config))
+	raw, err := e.db.Collection(schema.CollQueues).FindOne(ctxT(t), bson.D{{Key: "name", Value: "q"}}).Raw()
+	require.NoError(t, err)
+	require.EqualValues(t, 3, raw.Lookup("threads").AsInt64(), "4.103's name of the cap")
+
+	var got Queue
+	e.want(200, "PATCH", "/api/v1/queues/q", map[string]any{"weight": 2.5, "max_getwork": 8, "paused": true,
+		"continuous": true, "interval": 30, "then": "", "config": map[string]any{}}).decode(t, &got)
+	require.Equal(t, 2.5, got.Weight)
+	require.Equal(t, 8, got.MaxGetwork)
+	require.True(t, got.Paused)
+	require.True(t, got.Continuous)
+	require.Equal(t, 30.0, got.Interval)
+	require.Empty(t, got.Then, "removed")
+	require.Nil(t, got.Config, "removed")
+
+	before, err := e.st.QueueDocs(ctxT(t))
+	require.NoError(t, err)
+	for _, x := range []struct {
+		method, target string
+		body           map[string]any
+		field          string
+	}{
+		{"PATCH", "/api/v1/queues/q", map[string]any{"weight": "heavy"}, "weight"},
+		{"PATCH", "/api/v1/queues/q", map[string]any{"max_running": -1}, "max_running"},
+		{"PATCH", "/api/v1/queues/q", map[string]any{"max_running": 1.5}, "max_running"},
+		{"PATCH", "/api/v1/queues/q", map[string]any{"max_getwork": -1}, "max_getwork"},
+		{"PATCH", "/api/v1/queues/q", map[string]any{"paused": "yes"}, "paused"},
+		{"PATCH", "/api/v1/queues/q", map[string]any{"interval": -1}, "interval"},
+		{"PATCH", "/api/v1/queues/q", map[string]any{"config": []any{1}}, "config"},
+	} {
+		e.wantErr(400, CodeInvalidField, x.field, x.method, x.target, x.body)
+	}
+	e.wantErr(409, CodeConflict, "then", "PATCH", "/api/v1/queues/q", map[string]any{"then": "missing"})
+	e.wantErr(409, CodeConflict, "then", "POST", "/api/v1/queues", map[string]any{"name": "x", "plugin": "P", "then": "missing"})
+	after, err := e.st.QueueDocs(ctxT(t))
+	require.NoError(t, err)
+	require.Equal(t, before, after, "nothing was written")
+}

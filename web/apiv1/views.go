@@ -30,6 +30,18 @@ type Queue struct {
 	Retries      *int     `json:"retries,omitempty"`
 	RetryBackoff *Backoff `json:"retry_backoff,omitempty"`
 	RerunOrphans *bool    `json:"rerun_orphans,omitempty"`
+	// Scheduling (docs/scheduling.md), as the nodes read it: defaults
+	// filled in.
+	Priority   float64         `json:"priority"`
+	Weight     float64         `json:"weight"`
+	MaxGetwork int             `json:"max_getwork"`
+	MaxRunning int             `json:"max_running"`
+	Admitted   int64           `json:"admitted"`
+	Paused     bool            `json:"paused"`
+	Continuous bool            `json:"continuous"`
+	Interval   float64         `json:"interval"`
+	Then       string          `json:"then,omitempty"`
+	Config     json.RawMessage `json:"config,omitempty"`
 }
 
 // Backoff is a queue's retry backoff: the delay before retry n is
@@ -97,6 +109,14 @@ func queueView(q schema.Queue, running map[bson.ObjectID]int64) Queue {
 	}
 	if q.CountRunning != nil {
 		v.Counts.CountRunning = ptrTo(*q.CountRunning)
+	}
+	sc := q.Sched
+	v.Priority, v.Weight, v.MaxGetwork, v.MaxRunning, v.Admitted = sc.Priority, sc.Weight, sc.MaxGetwork, sc.MaxRunning, sc.Admitted
+	v.Paused, v.Continuous, v.Interval, v.Then = sc.Paused, sc.Continuous, sc.Interval.Seconds(), sc.Then
+	if sc.Config != nil {
+		if cj, err := paramsJSON(sc.Config); err == nil {
+			v.Config = cj
+		}
 	}
 	return v
 }
