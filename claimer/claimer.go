@@ -345,6 +345,12 @@ func (c *Claimer) pass(ctx context.Context) int {
 		i, limit := c.next(open)
 		n, more := c.claim(ctx, open[i], limit)
 		claimed += n
+		if c.slots.nodeFull() {
+			// Every slot is taken: the pass ends here, so that a slot freed
+			// from now on goes to the queue the order puts first (a freed
+			// slot starts a new pass), not to the next one in this pass.
+			break
+		}
 		if !more {
 			open = slices.Delete(open, i, i+1)
 		}
