@@ -54,18 +54,9 @@ func New(cfg Config) *Sweeper {
 	return &Sweeper{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "admissions")}
 }
 
-// Lead sweeps at once, then every tick, until the term ends.
-func (a *Sweeper) Lead(ctx context.Context, _ leadership.Term) error {
-	t := a.clock.NewTicker(a.cfg.Tick)
-	defer t.Stop()
-	for {
-		a.Sweep(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-		}
-	}
+// Lead runs Sweep at once, then every tick, until the term ends.
+func (a *Sweeper) Lead(ctx context.Context, term leadership.Term) error {
+	return leadership.Every(a.clock, a.cfg.Tick, a.Sweep)(ctx, term)
 }
 
 // Sweep sweeps every queue with a cap or with admissions once.

@@ -53,18 +53,9 @@ func New(cfg Config) *Sweeper {
 // batch bounds the tasks one sweep reads at a time.
 const batch = 100
 
-// Lead sweeps at once, then every tick, until the term ends.
-func (c *Sweeper) Lead(ctx context.Context, _ leadership.Term) error {
-	t := c.clock.NewTicker(c.cfg.Tick)
-	defer t.Stop()
-	for {
-		c.Sweep(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-		}
-	}
+// Lead runs Sweep at once, then every tick, until the term ends.
+func (c *Sweeper) Lead(ctx context.Context, term leadership.Term) error {
+	return leadership.Every(c.clock, c.cfg.Tick, c.Sweep)(ctx, term)
 }
 
 // Sweep turns every pending output into tasks.

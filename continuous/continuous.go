@@ -53,18 +53,9 @@ func New(cfg Config) *Creator {
 	return &Creator{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "continuous")}
 }
 
-// Lead looks at once, then every tick, until the term ends.
-func (c *Creator) Lead(ctx context.Context, _ leadership.Term) error {
-	t := c.clock.NewTicker(c.cfg.Tick)
-	defer t.Stop()
-	for {
-		c.Pass(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-		}
-	}
+// Lead runs Pass at once, then every tick, until the term ends.
+func (c *Creator) Lead(ctx context.Context, term leadership.Term) error {
+	return leadership.Every(c.clock, c.cfg.Tick, c.Pass)(ctx, term)
 }
 
 // Pass creates the task of every continuous queue that is due.

@@ -243,3 +243,20 @@ func (e *Elector) release(lease store.Lease) {
 	}
 	e.log.Info("lease released", "epoch", lease.Epoch)
 }
+
+// Every is a duty that runs pass at once and then every period (on c)
+// until the term ends: the shape of the leader's sweeps.
+func Every(c clock.Clock, period time.Duration, pass func(ctx context.Context)) Duty {
+	return func(ctx context.Context, _ Term) error {
+		t := clock.Or(c).NewTicker(period)
+		defer t.Stop()
+		for {
+			pass(ctx)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C():
+			}
+		}
+	}
+}

@@ -228,3 +228,22 @@ func TestElectorLifecycle(t *testing.T) {
 			func(ctx context.Context, _ leadership.Term) error { <-ctx.Done(); return nil })
 	}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()})
 }
+
+// TestEveryRunsAtOnceThenEachPeriod: the sweep duty's shape.
+func TestEveryRunsAtOnceThenEachPeriod(t *testing.T) {
+	t.Parallel()
+	fake := clock.NewFake(time.Now())
+	passes := make(chan struct{}, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- leadership.Every(fake, time.Second, func(context.Context) { passes <- struct{}{} })(ctx, leadership.Term{})
+	}()
+	<-passes // at once
+	require.NoError(t, fake.BlockUntil(ctx, 1))
+	require.Empty(t, passes, "not before the period")
+	fake.Advance(time.Second)
+	<-passes
+	cancel()
+	require.NoError(t, <-done)
+}
