@@ -340,6 +340,7 @@ func (c *Claimer) pass(ctx context.Context) int {
 		}
 		open = append(open, c.queues[id])
 	}
+	open = c.withHigherPriorities(open)
 	claimed := 0
 	for len(open) > 0 && ctx.Err() == nil {
 		i, limit := c.next(open)
@@ -356,6 +357,28 @@ func (c *Claimer) pass(ctx context.Context) int {
 		}
 	}
 	return claimed
+}
+
+// withHigherPriorities adds to open every queue not known to be empty whose
+// priority is above the lowest in open: a pass woken for a queue (a task
+// inserted, a slot freed, a queue changed) must not serve it while a
+// higher priority may still have work.
+func (c *Claimer) withHigherPriorities(open []Queue) []Queue {
+	if len(open) == 0 {
+		return open
+	}
+	lowest := open[0].Sched.Priority
+	in := make(map[bson.ObjectID]bool, len(open))
+	for _, q := range open {
+		lowest = min(lowest, q.Sched.Priority)
+		in[q.ID] = true
+	}
+	for _, id := range c.order {
+		if q := c.queues[id]; !in[id] && !c.empty[id] && q.Sched.Priority > lowest {
+			open = append(open, q)
+		}
+	}
+	return open
 }
 
 // next picks the queue to claim from (seed 001's scheduler): the highest

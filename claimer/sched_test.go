@@ -127,3 +127,23 @@ func TestWeightsCountTheWholeCluster(t *testing.T) {
 	require.Equal(t, []int{1, 5}, []int{h.c.Running(busy.ID), h.c.Running(idle.ID)},
 		"idle catches up to 4, then they alternate: 4+1 and 0+5")
 }
+
+// TestAWakeUpForALowerPriorityServesTheHigherFirst: a pass woken for a
+// lower-priority queue alone (its task inserted, its document changed)
+// still gives a free slot to a higher priority that may have work.
+func TestAWakeUpForALowerPriorityServesTheHigherFirst(t *testing.T) {
+	t.Parallel()
+	lo, hi := sched("a-lo", 10, 0, 20), sched("b-hi", 10, 10, 20)
+	h := newHarness(t, func(c *claimer.Config) { c.Batch = 1 }, lo, hi)
+	h.st.set(alwaysTask)
+	two := 2
+	require.True(t, h.c.SetNodeMax(&two))
+	h.start()
+	h.pass()
+	require.Equal(t, ids(hi, hi), h.st.take())
+	three := 3
+	require.True(t, h.c.SetNodeMax(&three)) // a slot frees without a mark
+	h.c.HasWork(lo.ID)
+	h.pass()
+	require.Equal(t, ids(hi), h.st.take(), "the higher priority, though only the lower one was woken")
+}

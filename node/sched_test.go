@@ -69,7 +69,7 @@ func TestPriorityAcrossQueuesOnANode(t *testing.T) {
 			late++
 		}
 	}
-	require.LessOrEqual(t, late, 1, "tasks of the higher priority started after the lower priority's first (2 slots): %v", b.rec.order)
+	require.LessOrEqual(t, late, 1, "tasks of the higher priority started after the lower priority's first (2 slots): %v\nlo %v\nhi %v\n%s", b.rec.order, loIDs, hiIDs, b.logs)
 }
 
 // TestMaxRunningCapsTheQueueAcrossNodes: three nodes with 10 slots each on
