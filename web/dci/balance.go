@@ -211,13 +211,16 @@ func (h *Handler) monitorNodes(r *http.Request) obj {
 	if err != nil {
 		return obj{"status": "CRITICAL", "message": "Could not get current Disbatch nodes: " + errText(err)}
 	}
+	// As 4.103: ages are whole seconds of the server's clock minus whole
+	// seconds of the heartbeat; fresh is always there, stale only when a
+	// node is.
 	fresh, stale := obj{}, obj{}
 	for _, d := range docs {
 		name, _ := d.Lookup(schema.NodeNode).StringValueOK()
 		ts, ok := d.Lookup(schema.NodeTimestamp).TimeOK()
 		age := int64(-1)
 		if ok {
-			age = int64(now.Sub(ts) / time.Second)
+			age = now.Unix() - ts.Unix()
 		}
 		if ok && age <= 60 {
 			fresh[name] = age
@@ -225,7 +228,10 @@ func (h *Handler) monitorNodes(r *http.Request) obj {
 			stale[name] = age
 		}
 	}
-	nodes := obj{"fresh": fresh, "stale": stale}
+	nodes := obj{"fresh": fresh}
+	if len(stale) > 0 {
+		nodes["stale"] = stale
+	}
 	if len(fresh) > 0 {
 		return obj{"status": "OK", "message": "Disbatch is running on one or more nodes", "nodes": nodes}
 	}
