@@ -102,11 +102,17 @@ func DecodeQueue(raw bson.Raw) (Queue, error) {
 		r.warn("constructor %q and plugin %q disagree: using constructor", c, p)
 	}
 	if r.err == nil {
-		// With max_running, threads is its 4.103 name (a cap across all
-		// nodes), not maxthreads'.
-		_, _, capped := r.lookup(QueueMaxRunning)
-		if _, v, ok := r.lookup(QueueThreads); ok && q.MaxThreads != nil && !capped {
-			if t, err := asInt(v, true); err == nil && int(t) != *q.MaxThreads {
+		// On a capped queue threads is max_running's 4.103 name (a cap
+		// across all nodes); otherwise maxthreads'.
+		_, _, hasMax := r.lookup(QueueMaxRunning)
+		if _, v, ok := r.lookup(QueueThreads); ok {
+			t, err := asInt(v, true)
+			switch {
+			case err != nil:
+			case q.Sched.Capped() && hasMax && int(t) != q.Sched.MaxRunning:
+				r.warn("max_running %d and threads %d disagree (a Disbatch 4.103 tool changed threads?): these nodes cap the queue at %d, 4.103 nodes at %d (set both with `disbatch queue set %s max_running=N`)",
+					q.Sched.MaxRunning, t, q.Sched.MaxRunning, t, q.Name)
+			case !q.Sched.Capped() && q.MaxThreads != nil && int(t) != *q.MaxThreads:
 				r.warn("maxthreads %d and threads %d disagree: using maxthreads (set both with `disbatch queue set`)", *q.MaxThreads, t)
 			}
 		}

@@ -153,7 +153,17 @@ func (s *Store) QueueSet(ctx context.Context, p QueueSetParams) (WriteCounts, er
 		if err := validateMaxThreads(p.Threads); err != nil {
 			return WriteCounts{}, err
 		}
-		set = append(set, bson.E{Key: schema.QueueThreads, Value: *p.Threads}, bson.E{Key: schema.QueueMaxThreads, Value: *p.Threads})
+		// threads is 4.103's name of the cap across all nodes: on a queue
+		// with max_running it sets that cap, elsewhere the per-node limit.
+		_, capped, err := s.queueCap(ctx, refFilter(p.Ref, schema.QueueName))
+		if err != nil {
+			return WriteCounts{}, err
+		}
+		if capped {
+			set = append(set, bson.E{Key: schema.QueueThreads, Value: *p.Threads}, bson.E{Key: schema.QueueMaxRunning, Value: *p.Threads})
+		} else {
+			set = append(set, bson.E{Key: schema.QueueThreads, Value: *p.Threads}, bson.E{Key: schema.QueueMaxThreads, Value: *p.Threads})
+		}
 	}
 	if len(set) == 0 {
 		return WriteCounts{}, errors.New("nothing to update")

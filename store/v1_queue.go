@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"time"
 
@@ -67,7 +66,14 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 		if err := validateMaxThreads(p.MaxThreads); err != nil {
 			return nil, err
 		}
-		set = append(set, bson.E{Key: schema.QueueMaxThreads, Value: p.MaxThreads}, bson.E{Key: schema.QueueThreads, Value: p.MaxThreads})
+		set = append(set, bson.E{Key: schema.QueueMaxThreads, Value: p.MaxThreads})
+	}
+	if p.SetMaxThreads || p.MaxRunning != nil {
+		threads, err := s.threadsAfter(ctx, bson.D{{Key: "_id", Value: p.ID}}, p.MaxRunning, p.SetMaxThreads, p.MaxThreads)
+		if err != nil {
+			return nil, err
+		}
+		set = append(set, bson.E{Key: schema.QueueThreads, Value: threads})
 	}
 	if p.Sort != nil {
 		if !p.Sort.Valid() {
@@ -175,11 +181,6 @@ func schedUpdate(p QueueUpdateParams, set, unset *bson.D) error {
 			return fmt.Errorf("max_running must be from 0 (no cap) to %d, got %d", schema.MaxRunningLimit, n)
 		}
 		*set = append(*set, bson.E{Key: schema.QueueMaxRunning, Value: n})
-		if n > 0 {
-			// 4.103 nodes read threads as this cap: the two agree.
-			*set = slices.DeleteFunc(*set, func(e bson.E) bool { return e.Key == schema.QueueThreads })
-			*set = append(*set, bson.E{Key: schema.QueueThreads, Value: n})
-		}
 	}
 	if p.Then != nil {
 		if *p.Then == "" {
@@ -232,4 +233,43 @@ func ValidateBackoff(b schema.Backoff) error {
 		return fmt.Errorf("retry backoff jitter must be a fraction from 0 to 1, got %v", b.Jitter)
 	}
 	return nil
+}
+
+// threadsAfter is what threads must hold once a write of max_running
+// and/or maxthreads (nil: unchanged) lands on the queue filter matches.
+// Disbatch 4.103 nodes read threads as a cap across all nodes, so it
+// mirrors the queue's max_running when it has one and its maxthreads
+// otherwise: the one rule every writer of either field follows.
+func (s *Store) threadsAfter(ctx context.Context, filter bson.D, maxRunning *int, setMaxThreads bool, maxThreads *int) (*int, error) {
+	if maxRunning != nil && *maxRunning > 0 {
+		return maxRunning, nil
+	}
+	q, capped, err := s.queueCap(ctx, filter)
+	switch {
+	case err != nil:
+		return nil, err
+	case maxRunning == nil && capped:
+		return &q.Sched.MaxRunning, nil
+	case setMaxThreads:
+		return maxThreads, nil
+	}
+	return q.MaxThreads, nil
+}
+
+// queueCap reads the queue filter matches and whether it has a cap of its
+// own (max_running above 0; a zero Queue and false when there is none).
+func (s *Store) queueCap(ctx context.Context, filter bson.D) (schema.Queue, bool, error) {
+	raw, err := s.queues.FindOne(ctx, filter).Raw()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return schema.Queue{}, false, nil // the update matches nothing either
+	}
+	if err != nil {
+		return schema.Queue{}, false, fmt.Errorf("read the queue's limits: %w", err)
+	}
+	q, err := schema.DecodeQueue(raw)
+	if err != nil {
+		return schema.Queue{}, false, fmt.Errorf("read the queue's limits: %w", err)
+	}
+	_, noCap := raw.LookupErr(schema.QueueMaxRunning)
+	return q, noCap == nil && q.Sched.Capped(), nil
 }

@@ -273,3 +273,54 @@ func testTaskClaimCappedConcurrent(t *testing.T, newStore Factory) {
 	require.Zero(t, countWith(t, db, bson.D{{Key: schema.TaskAdmitted, Value: true}}))
 	t.Logf("peak held %d, peak observed %d over %d snapshots", peak.Load(), obsPeak.Load(), observed.Load())
 }
+
+// testThreadsMirrorsTheCap: threads, which Disbatch 4.103 nodes read as a
+// cap across all nodes, holds max_running on a capped queue and maxthreads
+// otherwise, whichever writer changes either (our queue set, 4.103's
+// POST /queues/:queue threads), and a threads another tool changed on a
+// capped queue is reported as a disagreement.
+func testThreadsMirrorsTheCap(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: "q", Constructor: "C", MaxThreads: ptr(2)})
+	require.NoError(t, err)
+	limits := func() (maxThreads, threads, maxRunning any) {
+		raw := rawDoc(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}})
+		get := func(k string) any {
+			v, err := raw.LookupErr(k)
+			if err != nil {
+				return nil
+			}
+			n, _ := v.AsInt64OK()
+			return n
+		}
+		return get(schema.QueueMaxThreads), get(schema.QueueThreads), get(schema.QueueMaxRunning)
+	}
+	check := func(what string, maxThreads, threads, maxRunning any) {
+		t.Helper()
+		a, b, c := limits()
+		require.Equal(t, []any{maxThreads, threads, maxRunning}, []any{a, b, c}, "%s: maxthreads, threads, max_running", what)
+	}
+	check("created", int64(2), int64(2), nil)
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, MaxRunning: ptr(5)}))
+	check("capped", int64(2), int64(5), int64(5))
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, SetMaxThreads: true, MaxThreads: ptr(3)}))
+	check("maxthreads of a capped queue", int64(3), int64(5), int64(5))
+	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "q", Threads: ptr(7)})
+	require.NoError(t, err)
+	check("4.103's threads on a capped queue is its cap", int64(3), int64(7), int64(7))
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, MaxRunning: ptr(0)}))
+	check("uncapped: threads is maxthreads again", int64(3), int64(3), int64(0))
+	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "q", Threads: ptr(4)})
+	require.NoError(t, err)
+	check("4.103's threads on an uncapped queue", int64(4), int64(4), int64(0))
+
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, MaxRunning: ptr(5)}))
+	_, err = db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueThreads, Value: "9"}}}})
+	require.NoError(t, err)
+	got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: "q"})
+	require.NoError(t, err)
+	require.Equal(t, 5, got.Sched.MaxRunning, "max_running decides for these nodes")
+	require.Len(t, got.Warnings, 1)
+	require.Contains(t, got.Warnings[0], "max_running 5 and threads 9 disagree")
+}

@@ -51,6 +51,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimCapped", testTaskClaimCapped},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
 		{"AdmissionsSweep", testAdmissionsSweep},
+		{"ThreadsMirrorsTheCap", testThreadsMirrorsTheCap},
 		{"ContinuousCreateOnePerInterval", testContinuousCreate},
 		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
 		{"TaskGuardedTransitions", testTaskGuarded},
