@@ -80,7 +80,10 @@ type Config struct {
 	passed      func()              // the claimer ended a pass
 	reaped      func(int64)         // the leader swept (tasks recovered)
 	killHandled func(bson.ObjectID) // a kill request was carried out
-	graphEvery  time.Duration       // the graph sweep's period (default graph.DefaultEvery)
+	// safetyNets, when set, is the period of the leader's sweeps that
+	// redo what a node does itself (admissions released, then outputs
+	// chained; default Tick): tests set it long to see the node's own.
+	safetyNets time.Duration
 }
 
 // Observer receives task lifecycle events, e.g. to count them. Its methods

@@ -99,10 +99,14 @@ func New(cfg Config) (*Node, error) {
 			cfg.Observer.TaskControlled(n.queueName(q), ControlExpiredWaiting, int(k))
 		},
 	})
-	n.graph = graph.New(graph.Config{Store: cfg.Store, Every: cfg.graphEvery, Clock: cfg.Clock, Logger: log})
-	n.admits = admissions.New(admissions.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log})
+	n.graph = graph.New(graph.Config{Store: cfg.Store, Clock: cfg.Clock, Logger: log})
+	nets := cfg.Tick
+	if cfg.safetyNets > 0 {
+		nets = cfg.safetyNets
+	}
+	n.admits = admissions.New(admissions.Config{Store: cfg.Store, Tick: nets, Clock: cfg.Clock, Logger: log})
 	n.contin = continuous.New(continuous.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log})
-	n.chain = chain.New(chain.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log})
+	n.chain = chain.New(chain.Config{Store: cfg.Store, Tick: nets, Clock: cfg.Clock, Logger: log})
 	n.leader = leadership.New(leadership.Config{Lease: LeaderLease, Owner: cfg.Name, Store: cfg.Store, TTL: cfg.FenceAfter, Clock: cfg.Clock, Logger: log},
 		n.reaper.Lead, n.timers.Lead, n.graph.Lead, n.admits.Lead, n.contin.Lead, n.chain.Lead)
 	if !cfg.NoProjector {

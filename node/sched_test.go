@@ -82,7 +82,9 @@ func TestMaxRunningCapsTheQueueAcrossNodes(t *testing.T) {
 	b.rec.sleep = 20 * time.Millisecond
 	ids := b.tasks(q, 45, nil)
 	for _, name := range []string{"n1", "n2", "n3"} {
-		b.start(b.config(name))
+		cfg := b.config(name)
+		cfg.safetyNets = time.Hour // the nodes' own releases, not the leader's sweep
+		b.start(cfg)
 	}
 	b.waitDone(bson.D{{Key: "queue", Value: q}}, int64(len(ids)), time.Minute)
 	require.Equal(t, 3, b.rec.max("queue:capped"), "at most max_running at once, and the cap reached")
@@ -171,7 +173,9 @@ func TestThenChainsTheOutputIntoTasks(t *testing.T) {
 	src := b.queue("src", "fan", 2, schema.SortFIFO)
 	dst := b.queue("dst", "test", 2, schema.SortFIFO)
 	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: src, Then: ptr("dst")}))
-	b.start(b.config("n1"))
+	cfg := b.config("n1")
+	cfg.safetyNets = time.Hour // the node's own chaining, not the leader's sweep
+	b.start(cfg)
 	id := b.tasks(src, 1, nil)[0]
 	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
 	b.waitDone(bson.D{{Key: "queue", Value: dst}}, 2, 10*time.Second)
