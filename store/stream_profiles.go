@@ -18,7 +18,8 @@ import (
 type StreamProfile int
 
 const (
-	// StreamWakeups is what a node must hear: queues created, changed or
+	// StreamWakeups is what a node must hear: queues created, changed
+	// (not when only their projected counters or next_continuous moved) or
 	// deleted; tasks inserted, replaced or deleted; task updates that make
 	// a task queued (-2) or move it to another queue (the claimer's work);
 	// and kill requests (an update setting schema.TaskKill: the node named
@@ -89,6 +90,26 @@ func match(or ...bson.D) bson.D {
 	return bson.D{{Key: "$match", Value: bson.D{{Key: "$or", Value: a}}}}
 }
 
+// projected are the queue fields the leader and the projector keep up to
+// date as tasks move: an update of only these changes nothing a node
+// serves (the weights read count_running on the next tick's refresh), so
+// it does not wake every node. admitted is not among them: a release is
+// what a capped queue waits for.
+var projected = []any{schema.QueueCountTodo, schema.QueueCountTotal, schema.QueueCountRunning, schema.QueueNextContinuous}
+
+// updatesBeyond is true for an update event that sets a field other than
+// fields.
+func updatesBeyond(fields ...any) bson.D {
+	keys := bson.D{{Key: "$map", Value: bson.D{
+		{Key: "input", Value: bson.D{{Key: "$objectToArray", Value: "$updateDescription.updatedFields"}}},
+		{Key: "in", Value: "$$this.k"},
+	}}}
+	return bson.D{{Key: "$gt", Value: bson.A{
+		bson.D{{Key: "$size", Value: bson.D{{Key: "$setDifference", Value: bson.A{keys, bson.A(fields)}}}}},
+		0,
+	}}}
+}
+
 func exists() bson.D { return bson.D{{Key: "$exists", Value: true}} }
 
 func in(vals ...any) bson.D { return bson.D{{Key: "$in", Value: bson.A(vals)}} }
@@ -126,7 +147,11 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 	case StreamWakeups:
 		return streamShape{pipeline: mongo.Pipeline{
 			match(
-				bson.D{{Key: "ns.coll", Value: schema.CollQueues}},
+				bson.D{{Key: "ns.coll", Value: schema.CollQueues}, {Key: "$or", Value: bson.A{
+					bson.D{{Key: "operationType", Value: bson.D{{Key: "$ne", Value: "update"}}}},
+					bson.D{{Key: "updateDescription.removedFields.0", Value: exists()}},
+					bson.D{{Key: "$expr", Value: updatesBeyond(projected...)}},
+				}}},
 				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace", "delete", "drop", "rename")}},
 				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
 					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: int32(schema.StatusQueued)}},

@@ -130,6 +130,21 @@ func testStreamWakeups(t *testing.T, newStore Factory) {
 	m := marker(t, db)
 	f.next(isOp("insert", schema.CollQueues, m))
 
+	// A queue's counters moving are not (every claim and finish moves
+	// them): nothing until the marker. A release of an admission, any
+	// other field beside the counters, and a counter removed are.
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 3}, {Key: schema.QueueCountRunning, Value: 1}})
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueNextContinuous, Value: time.Now()}})
+	f.next(isOp("insert", schema.CollQueues, marker(t, db)))
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueAdmitted, Value: 0}})
+	f.next(isOp("update", schema.CollQueues, q.ID))
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 4}, {Key: schema.QueuePriority, Value: 2}})
+	f.next(isOp("update", schema.CollQueues, q.ID))
+	_, err = db.Collection(schema.CollQueues).UpdateOne(ctxT(t), bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: "$unset", Value: bson.D{{Key: schema.QueueCountTodo, Value: ""}}}})
+	require.NoError(t, err)
+	f.next(isOp("update", schema.CollQueues, q.ID))
+	f.next(isOp("insert", schema.CollQueues, marker(t, db)))
+
 	// A requeue is.
 	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}})
 	ev = f.next(isOp("update", schema.CollTasks, id))
