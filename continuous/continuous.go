@@ -31,8 +31,6 @@ type Config struct {
 	Tick   time.Duration // default 1 s
 	Clock  clock.Clock
 	Logger *slog.Logger
-	// Created, when set, is told of each task created.
-	Created func(queue, task bson.ObjectID)
 }
 
 // Creator is the duty; run Lead under a leadership.Elector.
@@ -81,9 +79,6 @@ func (c *Creator) Pass(ctx context.Context) {
 			}
 		case created:
 			c.log.Info("continuous queue: task created", "queue", q.Name, "task_id", id.Hex(), "next_in", sc.Interval)
-			if c.cfg.Created != nil {
-				c.cfg.Created(q.ID, id)
-			}
 		}
 	}
 }

@@ -23,11 +23,22 @@ import (
 // both build on the same count: MongoDB aborts one with a write conflict
 // and the driver runs it again. docs/scheduling.md says why this is exact.
 
-// running is the status filter of tasks that count against the cap.
-var running = bson.D{{Key: "$in", Value: bson.A{int32(schema.StatusClaimed), int32(schema.StatusRunning)}}}
+// runningStatuses are the statuses that count against the cap: claimed
+// and running.
+var runningStatuses = bson.A{int32(schema.StatusClaimed), int32(schema.StatusRunning)}
 
-func txnOptions() *options.TransactionOptionsBuilder {
-	return options.Transaction().SetReadConcern(readconcern.Snapshot()).SetWriteConcern(writeconcern.Majority())
+// inTxn runs fn in one transaction (snapshot reads, majority commit) of a
+// session of its own; the driver runs fn again on a transient error such
+// as a write conflict, so fn must start from nothing each time.
+func (s *Store) inTxn(ctx context.Context, fn func(ctx context.Context) error) error {
+	sess, end, err := s.txnSession(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer end()
+	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) { return nil, fn(ctx) },
+		options.Transaction().SetReadConcern(readconcern.Snapshot()).SetWriteConcern(writeconcern.Majority()))
+	return err
 }
 
 // TaskClaimCappedParams ask for up to Limit tasks of a queue whose claimed
@@ -59,11 +70,6 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 	if p.Max < 1 {
 		return TaskClaimManyResult{}, fmt.Errorf("claim tasks: max_running %d is not positive", p.Max)
 	}
-	sess, err := s.db.Client().StartSession()
-	if err != nil {
-		return TaskClaimManyResult{}, fmt.Errorf("claim tasks in capped queue %s: %w", p.Queue.Hex(), err)
-	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
 	var order bson.D
 	switch p.Sort {
 	case schema.SortFIFO:
@@ -74,108 +80,93 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 	token := bson.NewObjectID()
 	var ids bson.A
 	full := false
-	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+	err := s.inTxn(ctx, func(ctx context.Context) error {
 		ids, full = nil, false
 		var q struct {
 			Admitted *int64 `bson:"admitted"`
 		}
 		err := s.queues.FindOne(ctx, bson.D{{Key: "_id", Value: p.Queue}}, options.FindOne().SetProjection(bson.D{{Key: schema.QueueAdmitted, Value: 1}})).Decode(&q)
 		if errors.Is(err, mongo.ErrNoDocuments) {
-			return nil, nil // the queue is gone
+			return nil // the queue is gone
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		var admitted int64
 		if q.Admitted != nil {
 			admitted = *q.Admitted
 		}
-		free := int64(p.Max) - admitted
 		filter := bson.D{
 			{Key: schema.TaskNode, Value: unclaimed},
 			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 			{Key: schema.TaskQueue, Value: p.Queue},
 			notExpired(s.nowMS()),
 		}
-		find := func(admission any, limit int64) (bson.A, error) {
-			fo := options.Find().SetLimit(limit).SetProjection(bson.D{{Key: "_id", Value: 1}})
-			if order != nil {
-				fo.SetSort(order)
-			}
-			cur, err := s.tasks.Find(ctx, append(bson.D{{Key: schema.TaskAdmitted, Value: admission}}, filter...), fo)
-			if err != nil {
-				return nil, err
-			}
-			var cands []struct {
-				ID any `bson:"_id"`
-			}
-			if err := cur.All(ctx, &cands); err != nil {
-				return nil, err
-			}
-			out := make(bson.A, len(cands))
-			for i, c := range cands {
-				out[i] = c.ID
-			}
-			return out, nil
+		fo := options.Find().SetLimit(int64(p.Limit)).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskAdmitted, Value: 1}})
+		if order != nil {
+			fo.SetSort(order)
 		}
-		// Tasks handed back with their admission first: they need no
-		// free one.
-		kept, err := find(true, int64(p.Limit))
+		cur, err := s.tasks.Find(ctx, filter, fo)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		var fresh bson.A
-		if rest := int64(p.Limit - len(kept)); rest > 0 && free > 0 {
-			if fresh, err = find(bson.D{{Key: "$ne", Value: true}}, min(rest, free)); err != nil {
-				return nil, err
+		var cands []struct {
+			ID       any  `bson:"_id"`
+			Admitted bool `bson:"admitted"`
+		}
+		if err := cur.All(ctx, &cands); err != nil {
+			return err
+		}
+		// In claim order: a task handed back with its admission needs no
+		// free one; the others take what the cap leaves.
+		free := int64(p.Max) - admitted
+		var newly int64
+		for _, c := range cands {
+			if c.Admitted || newly < free {
+				ids = append(ids, c.ID)
+			}
+			if !c.Admitted && newly < free {
+				newly++
 			}
 		}
-		if len(kept)+len(fresh) == 0 {
-			full = free <= 0
-			return nil, nil
-		}
-		ids = append(append(bson.A{}, kept...), fresh...)
-		claim := bson.D{
-			{Key: schema.TaskNode, Value: p.Node},
-			{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
-			{Key: schema.TaskMTime, Value: s.nowMS()},
-			{Key: schema.TaskClaimToken, Value: token},
-			{Key: schema.TaskAdmitted, Value: true},
+		if len(ids) == 0 {
+			full = len(cands) > 0
+			return nil
 		}
 		// The snapshot saw them queued; a claimer that took one since
-		// makes these writes conflict, and the transaction runs again.
-		for _, set := range []bson.A{kept, fresh} {
-			if len(set) == 0 {
-				continue
-			}
-			res, err := s.tasks.UpdateMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: set}}}}, filter...),
-				bson.D{{Key: "$set", Value: claim}})
-			if err != nil {
-				return nil, err
-			}
-			if res.ModifiedCount != int64(len(set)) {
-				return nil, fmt.Errorf("claimed %d of %d tasks read in the same snapshot", res.ModifiedCount, len(set))
-			}
+		// makes this write conflict, and the transaction runs again.
+		res, err := s.tasks.UpdateMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, filter...),
+			bson.D{{Key: "$set", Value: bson.D{
+				{Key: schema.TaskNode, Value: p.Node},
+				{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+				{Key: schema.TaskMTime, Value: s.nowMS()},
+				{Key: schema.TaskClaimToken, Value: token},
+				{Key: schema.TaskAdmitted, Value: true},
+			}}})
+		if err != nil {
+			return err
 		}
-		if len(fresh) == 0 {
-			return nil, nil
+		if res.ModifiedCount != int64(len(ids)) {
+			return fmt.Errorf("claimed %d of %d tasks read in the same snapshot", res.ModifiedCount, len(ids))
 		}
-		newly := int64(len(fresh))
-		res, err := s.queues.UpdateOne(ctx,
+		if newly == 0 {
+			return nil
+		}
+		up, err := s.queues.UpdateOne(ctx,
 			bson.D{{Key: "_id", Value: p.Queue}, {Key: "$or", Value: bson.A{
 				bson.D{{Key: schema.QueueAdmitted, Value: bson.D{{Key: "$lte", Value: int64(p.Max) - newly}}}},
 				bson.D{{Key: schema.QueueAdmitted, Value: nil}},
 			}}},
 			bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueAdmitted, Value: newly}}}})
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if res.MatchedCount == 0 {
+		if up.MatchedCount == 0 {
 			// Not possible within one snapshot; refuse rather than exceed.
-			return nil, fmt.Errorf("admitted changed within the transaction")
+			return fmt.Errorf("admitted changed within the transaction")
 		}
-		return nil, nil
-	}, txnOptions())
+		return nil
+	})
 	if err != nil {
 		return TaskClaimManyResult{}, fmt.Errorf("claim tasks in capped queue %s: %w", p.Queue.Hex(), err)
 	}
@@ -198,28 +189,23 @@ func (s *Store) AdmissionsRelease(ctx context.Context, queue bson.ObjectID, ids 
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	sess, err := s.db.Client().StartSession()
-	if err != nil {
-		return 0, fmt.Errorf("release admissions of queue %s: %w", queue.Hex(), err)
-	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
 	var released int64
-	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+	err := s.inTxn(ctx, func(ctx context.Context) error {
 		released = 0
 		res, err := s.tasks.UpdateMany(ctx, bson.D{
 			{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
 			{Key: schema.TaskQueue, Value: queue},
 			{Key: schema.TaskAdmitted, Value: true},
-			{Key: schema.TaskStatus, Value: bson.D{{Key: "$nin", Value: running[0].Value}}},
+			{Key: schema.TaskStatus, Value: bson.D{{Key: "$nin", Value: runningStatuses}}},
 		}, bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskAdmitted, Value: ""}}}})
 		if err != nil || res.ModifiedCount == 0 {
-			return nil, err
+			return err
 		}
 		released = res.ModifiedCount
 		_, err = s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: queue}},
 			bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueAdmitted, Value: -released}}}})
-		return nil, err
-	}, txnOptions())
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("release admissions of queue %s: %w", queue.Hex(), err)
 	}
@@ -243,47 +229,42 @@ type AdmissionsSweepResult struct {
 // with it). A queue with no cap has its admissions removed. The leader
 // runs it for every queue with a cap or admissions.
 func (s *Store) AdmissionsSweep(ctx context.Context, queue bson.ObjectID, capped bool) (AdmissionsSweepResult, error) {
-	sess, err := s.db.Client().StartSession()
-	if err != nil {
-		return AdmissionsSweepResult{}, fmt.Errorf("sweep admissions of queue %s: %w", queue.Hex(), err)
-	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
 	var r AdmissionsSweepResult
-	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+	err := s.inTxn(ctx, func(ctx context.Context) error {
 		r = AdmissionsSweepResult{}
 		var q struct {
 			Admitted *int64 `bson:"admitted"`
 		}
 		err := s.queues.FindOne(ctx, bson.D{{Key: "_id", Value: queue}}, options.FindOne().SetProjection(bson.D{{Key: schema.QueueAdmitted, Value: 1}})).Decode(&q)
 		if errors.Is(err, mongo.ErrNoDocuments) {
-			return nil, nil
+			return nil
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		release := bson.D{{Key: schema.TaskQueue, Value: queue}, {Key: schema.TaskAdmitted, Value: true}}
 		if capped {
-			release = append(release, bson.E{Key: schema.TaskStatus, Value: bson.D{{Key: "$nin", Value: running[0].Value}}})
+			release = append(release, bson.E{Key: schema.TaskStatus, Value: bson.D{{Key: "$nin", Value: runningStatuses}}})
 		}
 		res, err := s.tasks.UpdateMany(ctx, release, bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskAdmitted, Value: ""}}}})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		r.Released = res.ModifiedCount
 		if capped {
 			res, err = s.tasks.UpdateMany(ctx, bson.D{
 				{Key: schema.TaskQueue, Value: queue},
-				{Key: schema.TaskStatus, Value: running},
+				{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: runningStatuses}}},
 				{Key: schema.TaskAdmitted, Value: bson.D{{Key: "$ne", Value: true}}},
 			}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskAdmitted, Value: true}}}})
 			if err != nil {
-				return nil, err
+				return err
 			}
 			r.Adopted = res.ModifiedCount
 		}
 		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: schema.TaskQueue, Value: queue}, {Key: schema.TaskAdmitted, Value: true}})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		var before int64
 		if q.Admitted != nil {
@@ -292,12 +273,12 @@ func (s *Store) AdmissionsSweep(ctx context.Context, queue bson.ObjectID, capped
 		r.Admitted = n
 		r.Drift = before - r.Released + r.Adopted - n
 		if r.Released == 0 && r.Adopted == 0 && q.Admitted != nil && before == n {
-			return nil, nil // nothing to write: no conflict with claims
+			return nil // nothing to write: no conflict with claims
 		}
 		_, err = s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: queue}},
 			bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueAdmitted, Value: n}}}})
-		return nil, err
-	}, txnOptions())
+		return err
+	})
 	if err != nil {
 		return AdmissionsSweepResult{}, fmt.Errorf("sweep admissions of queue %s: %w", queue.Hex(), err)
 	}

@@ -2,13 +2,11 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/schema"
 )
@@ -26,18 +24,13 @@ var notDone = bson.D{{Key: "$in", Value: bson.A{int32(schema.StatusBlocked), int
 // transactions both write the queue document, and one of them aborts. It
 // returns the new task's id, or false when nothing was due.
 func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, interval time.Duration) (bson.ObjectID, bool, error) {
-	sess, err := s.db.Client().StartSession()
-	if err != nil {
-		return bson.ObjectID{}, false, fmt.Errorf("continuous queue %s: %w", queue.Hex(), err)
-	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
 	var id bson.ObjectID
 	var created bool
-	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+	err := s.inTxn(ctx, func(ctx context.Context) error {
 		created = false
 		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: schema.TaskQueue, Value: queue}, {Key: schema.TaskStatus, Value: notDone}})
 		if err != nil || n > 0 {
-			return nil, err
+			return err
 		}
 		now := s.nowMS()
 		res, err := s.queues.UpdateOne(ctx, bson.D{
@@ -50,22 +43,19 @@ func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, inter
 			}},
 		}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueNextContinuous, Value: now.Add(interval)}}}})
 		if err != nil || res.ModifiedCount == 0 {
-			return nil, err
+			return err
 		}
 		ids, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: queue, Parameters: []bson.Raw{emptyDoc}})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[0]}},
 			bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskName, Value: strconv.FormatInt(now.Unix(), 10)}}}}); err != nil {
-			return nil, err
+			return err
 		}
 		id, created = ids[0], true
-		return nil, nil
-	}, txnOptions())
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		err = nil
-	}
+		return nil
+	})
 	if err != nil {
 		return bson.ObjectID{}, false, fmt.Errorf("continuous queue %s: %w", queue.Hex(), err)
 	}
