@@ -197,32 +197,11 @@ func parseExternalAnswer(out []byte) (externalAnswer, error) {
 			return a, fmt.Errorf("output is not JSON MongoDB can store: %v", err)
 		}
 		a.output = wrap.Lookup("output")
-		if !validOutput(a.output) {
-			return a, fmt.Errorf("output must be an object or a list of objects")
+		if _, err := schema.OutputParams(a.output); err != nil {
+			return a, err
 		}
 	}
 	return a, nil
-}
-
-// validOutput reports whether v is an object or a list of objects.
-func validOutput(v bson.RawValue) bool {
-	if _, ok := v.DocumentOK(); ok {
-		return true
-	}
-	arr, ok := v.ArrayOK()
-	if !ok {
-		return false
-	}
-	vals, err := arr.Values()
-	if err != nil {
-		return false
-	}
-	for _, e := range vals {
-		if _, ok := e.DocumentOK(); !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // integer parses a JSON number with an integral value that fits a status

@@ -126,6 +126,8 @@ func TestExternalGarbage(t *testing.T) {
 		{`{"status": true}`, `status true is not a number`},
 		{`{"status": 1, "stdout": 5}`, "stdout is not a string"},
 		{`{"status": 1, "stderr": ["x"]}`, "stderr is not a string"},
+		{`{"status": 1, "output": "x"}`, "output must be an object or a list of objects"},
+		{`{"status": 1, "output": [{}, 2]}`, "output must be an object or a list of objects: item 1"},
 	} {
 		body := "cat > /dev/null; echo 'own stderr' >&2; printf '%s' '" + tc.out + "'"
 		path := script(t, body)
@@ -197,4 +199,23 @@ func TestExternalThroughRegistry(t *testing.T) {
 	p, ok := r.Lookup("My::Plugin")
 	require.True(t, ok)
 	require.Equal(t, Result{Status: 1, Stdout: "registered"}, Run(t.Context(), p, externalTask(t), time.Minute))
+}
+
+// TestExternalOutput: an answer's output (extended JSON) reaches the
+// Result as an object or a list of objects; null is none.
+func TestExternalOutput(t *testing.T) {
+	t.Parallel()
+	run := func(out string) Result {
+		return External(script(t, "cat > /dev/null; printf '%s' '"+out+"'")).Run(t.Context(), Task{})
+	}
+	res := run(`{"status": 1, "output": {"n": 1, "when": {"$date": "2026-11-23T00:00:00Z"}}}`)
+	require.Equal(t, schema.StatusSucceeded, res.Status, res.Stderr)
+	d := res.Output.Document()
+	require.Equal(t, int32(1), d.Lookup("n").Int32())
+	require.Equal(t, bson.TypeDateTime, d.Lookup("when").Type, "extended JSON")
+	res = run(`{"status": 1, "output": [{"a": 1}, {"a": 2}]}`)
+	ps, err := schema.OutputParams(res.Output)
+	require.NoError(t, err)
+	require.Len(t, ps, 2)
+	require.Zero(t, run(`{"status": 1, "output": null}`).Output.Type, "null: no output")
 }

@@ -163,3 +163,29 @@ func (r *reader) number(name string) *float64 {
 	}
 	return &f
 }
+
+// OutputParams reads a task's output (TaskOutput) as the parameters of the
+// tasks it becomes: an object is one, a list of objects one each;
+// anything else is an error.
+func OutputParams(v bson.RawValue) ([]bson.Raw, error) {
+	if d, ok := v.DocumentOK(); ok {
+		return []bson.Raw{d}, nil
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil, fmt.Errorf("output must be an object or a list of objects, got %s", v.Type)
+	}
+	vals, err := arr.Values()
+	if err != nil {
+		return nil, fmt.Errorf("output: %w", err)
+	}
+	ps := make([]bson.Raw, 0, len(vals))
+	for i, e := range vals {
+		d, ok := e.DocumentOK()
+		if !ok {
+			return nil, fmt.Errorf("output must be an object or a list of objects: item %d is %s", i, e.Type)
+		}
+		ps = append(ps, d)
+	}
+	return ps, nil
+}

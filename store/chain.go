@@ -81,25 +81,9 @@ func (s *Store) thenOf(ctx context.Context, raw bson.Raw) ([]bson.Raw, bson.Obje
 	if err != nil {
 		return nil, bson.ObjectID{}, fmt.Sprintf("then queue %q: %v", name, err)
 	}
-	out := raw.Lookup(schema.TaskOutput)
-	if d, ok := out.DocumentOK(); ok {
-		return []bson.Raw{d}, q.ID, ""
-	}
-	arr, ok := out.ArrayOK()
-	if !ok {
-		return nil, q.ID, "output is not an object or a list of objects"
-	}
-	vals, err := arr.Values()
+	ps, err := schema.OutputParams(raw.Lookup(schema.TaskOutput))
 	if err != nil {
-		return nil, q.ID, "output: " + err.Error()
-	}
-	ps := make([]bson.Raw, 0, len(vals))
-	for _, v := range vals {
-		d, ok := v.DocumentOK()
-		if !ok {
-			return nil, q.ID, "output is not a list of objects"
-		}
-		ps = append(ps, d)
+		return nil, q.ID, err.Error()
 	}
 	return ps, q.ID, ""
 }
