@@ -124,11 +124,11 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 		set = append(set, bson.E{Key: schema.QueueRerunOrphans, Value: *p.RerunOrphans})
 	}
 	if p.Then != nil && *p.Then != "" {
-		n, err := s.queues.CountDocuments(ctx, bson.D{{Key: schema.QueueName, Value: *p.Then}})
+		ok, err := s.QueueNamed(ctx, *p.Then)
 		if err != nil {
 			return nil, err
 		}
-		if n == 0 {
+		if !ok {
 			return nil, fmt.Errorf("then: no queue is named %q: %w", *p.Then, ErrNotFound)
 		}
 	}
@@ -272,4 +272,13 @@ func (s *Store) queueCap(ctx context.Context, filter bson.D) (schema.Queue, bool
 	}
 	_, noCap := raw.LookupErr(schema.QueueMaxRunning)
 	return q, noCap == nil && q.Sched.Capped(), nil
+}
+
+// QueueNamed reports whether a queue has exactly this name.
+func (s *Store) QueueNamed(ctx context.Context, name string) (bool, error) {
+	n, err := s.queues.CountDocuments(ctx, bson.D{{Key: schema.QueueName, Value: name}}, options.Count().SetLimit(1))
+	if err != nil {
+		return false, fmt.Errorf("look up queue %q: %w", name, err)
+	}
+	return n > 0, nil
 }

@@ -26,6 +26,7 @@ import (
 // Store is what the API reads and writes; *store.Store is one.
 type Store interface {
 	QueueList(ctx context.Context) (store.QueueListResult, error)
+	QueueNamed(ctx context.Context, name string) (bool, error)
 	QueueGet(ctx context.Context, p store.QueueGetParams) (schema.Queue, error)
 	QueueCreate(ctx context.Context, p store.QueueCreateParams) (schema.Queue, error)
 	QueueModify(ctx context.Context, p store.QueueUpdateParams) (schema.Queue, error)

@@ -61,14 +61,9 @@ func (h *handler) checkThen(r *http.Request, c queueChange) error {
 	if c.then == nil || *c.then == "" {
 		return nil
 	}
-	qs, err := h.st.QueueList(r.Context())
-	if err != nil {
+	ok, err := h.st.QueueNamed(r.Context(), *c.then)
+	if err != nil || ok {
 		return err
-	}
-	for _, q := range qs.Queues {
-		if q.Name == *c.then {
-			return nil
-		}
 	}
 	return errorf(http.StatusConflict, CodeConflict, "then", "then: no queue is named %q", clip(*c.then))
 }
