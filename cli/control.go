@@ -57,9 +57,9 @@ func parseIDs(args []string) ([]bson.ObjectID, error) {
 	ids := make([]bson.ObjectID, 0, len(args))
 	seen := make(map[bson.ObjectID]bool, len(args))
 	for _, a := range args {
-		id, err := bson.ObjectIDFromHex(a)
+		id, err := parseID(a)
 		if err != nil {
-			return nil, usagef("task id %q is not an ObjectId (24 hex digits)", a)
+			return nil, err
 		}
 		if !seen[id] {
 			seen[id] = true
@@ -67,6 +67,15 @@ func parseIDs(args []string) ([]bson.ObjectID, error) {
 		}
 	}
 	return ids, nil
+}
+
+// parseID reads a task id given as an argument.
+func parseID(arg string) (bson.ObjectID, error) {
+	id, err := bson.ObjectIDFromHex(arg)
+	if err != nil {
+		return id, usagef("task id %q is not an ObjectId (24 hex digits)", arg)
+	}
+	return id, nil
 }
 
 // targetFlags name the tasks of a kill, cancel or retry: ids as arguments,

@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -151,10 +150,7 @@ func resolveGraph(items []graphItem, queueOf func(ref string) (bson.ObjectID, er
 			case !par.id.IsZero():
 				t.Parents = append(t.Parents, par.id)
 			case isRef:
-				if j == i {
-					problems = append(problems, problem{it.line, fmt.Sprintf("ref %q names itself as a parent", par.ref)})
-				}
-				t.Parents = append(t.Parents, ids[j])
+				t.Parents = append(t.Parents, ids[j]) // itself: the store refuses it
 			default:
 				id, err := bson.ObjectIDFromHex(par.ref)
 				if err != nil {
@@ -224,11 +220,7 @@ func submitGraph(cmd *cobra.Command, g *globals, s *store.Store, q schema.Queue,
 		}
 	}
 	if asJSON {
-		all := make([]string, len(ids))
-		for i, id := range ids {
-			all[i] = id.Hex()
-		}
-		out := map[string]any{"queue": q.Name, "queue_id": q.ID.Hex(), "submitted": len(ids), "ids": all, "refs": refs}
+		out := map[string]any{"queue": q.Name, "queue_id": q.ID.Hex(), "submitted": len(ids), "ids": hexes(ids), "refs": refs}
 		if ctl != nil {
 			addInsertControl(out, *ctl)
 		}
@@ -246,16 +238,6 @@ func submitGraph(cmd *cobra.Command, g *globals, s *store.Store, q schema.Queue,
 	return nil
 }
 
-func reportProblems(w io.Writer, name string, problems []problem) {
-	for i, p := range problems {
-		if i == 20 {
-			fmt.Fprintf(w, "%s: ... and %d more invalid items\n", name, len(problems)-i)
-			break
-		}
-		fmt.Fprintf(w, "%s: %s\n", name, p)
-	}
-}
-
 func newTaskGraph(g *globals) *cobra.Command {
 	var asJSON bool
 	var limit int
@@ -271,9 +253,9 @@ ended "failed" with reason parent_failed. At most --limit tasks are shown.`,
   disbatch task graph 6572c0ffee0123456789abcd --json`,
 		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := bson.ObjectIDFromHex(args[0])
+			id, err := parseID(args[0])
 			if err != nil {
-				return usagef("task id %q is not an ObjectId (24 hex digits)", args[0])
+				return err
 			}
 			if limit < 1 || limit > store.MaxGraphView {
 				return usagef("--limit must be from 1 to %d", store.MaxGraphView)
@@ -302,12 +284,8 @@ ended "failed" with reason parent_failed. At most --limit tasks are shown.`,
 			if asJSON {
 				nodes := make([]map[string]any, len(view.Nodes))
 				for i, n := range view.Nodes {
-					parents := make([]string, len(n.Parents))
-					for k, p := range n.Parents {
-						parents[k] = p.Hex()
-					}
 					m := map[string]any{"id": n.ID.Hex(), "depth": n.Depth, "queue": n.Queue.Hex(), "queue_name": queueName(n.Queue),
-						"status": int(n.Status), "status_name": n.Status.String(), "parents": parents, "awaiting_parents": n.AwaitingParents}
+						"status": int(n.Status), "status_name": n.Status.String(), "parents": hexes(n.Parents), "awaiting_parents": n.AwaitingParents}
 					if n.Reason != "" {
 						m["reason"] = n.Reason
 					}
@@ -329,11 +307,7 @@ ended "failed" with reason parent_failed. At most --limit tasks are shown.`,
 				if n.Depth == 0 {
 					mark = "0 *"
 				}
-				parents := make([]string, len(n.Parents))
-				for k, p := range n.Parents {
-					parents[k] = p.Hex()
-				}
-				ps := strings.Join(parents, ",")
+				ps := strings.Join(hexes(n.Parents), ",")
 				if ps == "" {
 					ps = "-"
 				}

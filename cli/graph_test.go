@@ -77,7 +77,7 @@ func TestSubmitGraphRefusesBadGraphs(t *testing.T) {
 		name, in, want string
 	}{
 		{"unknown ref", `{"ref":"a"}` + "\n" + `{"parents":["b"]}`, `line 2: parent "b" is neither a ref of this input nor a task id`},
-		{"self", `{"ref":"a","parents":["a"]}`, `line 1: ref "a" names itself as a parent`},
+		{"self", `{"ref":"a","parents":["a"]}`, `line 1: a task cannot be its own parent`},
 		{"duplicate ref", `{"ref":"a"}` + "\n" + `{"ref":"a"}`, `line 2: ref "a" is also line 1's`},
 		{"cycle", `{"ref":"a","parents":["c"]}` + "\n" + `{"ref":"b","parents":["a"]}` + "\n" + `{"ref":"c","parents":["b"]}`, `line 1: a cycle of parents: "a" -> "c" -> "b" -> "a"`},
 		{"unknown parent id", `{"parents":["` + ghost + `"]}`, "line 1: parent " + ghost + ": no such task"},

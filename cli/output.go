@@ -92,11 +92,7 @@ func addControlJSON(m map[string]any, t schema.Task) {
 		}
 	}
 	if len(t.Graph.Parents) > 0 {
-		ps := make([]string, len(t.Graph.Parents))
-		for i, p := range t.Graph.Parents {
-			ps[i] = p.Hex()
-		}
-		m["parents"] = ps
+		m["parents"] = hexes(t.Graph.Parents)
 		m["awaiting_parents"] = t.Graph.AwaitingParents
 	}
 	if t.Graph.OnParentFailure != "" {
@@ -212,4 +208,13 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// hexes renders ids as hex strings.
+func hexes(ids []bson.ObjectID) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = id.Hex()
+	}
+	return out
 }

@@ -41,6 +41,17 @@ type problem struct {
 
 func (p problem) String() string { return fmt.Sprintf("line %d: %s", p.line, p.msg) }
 
+// reportProblems writes the first 20 problems of input name, one a line.
+func reportProblems(w io.Writer, name string, problems []problem) {
+	for i, p := range problems {
+		if i == 20 {
+			fmt.Fprintf(w, "%s: ... and %d more invalid items\n", name, len(problems)-i)
+			break
+		}
+		fmt.Fprintf(w, "%s: %s\n", name, p)
+	}
+}
+
 // parseTasks reads parameters objects as JSON lines (one object per line;
 // blank lines are ignored) or as one JSON array of objects. Values may use
 // MongoDB extended JSON ({"$oid": ...}, {"$date": ...}). It returns the
@@ -234,13 +245,7 @@ and more than ` + fmt.Sprint(schema.MaxParents) + ` parents are reported by line
 					break
 				}
 			}
-			for i, p := range problems {
-				if i == 20 {
-					fmt.Fprintf(g.io.Err, "%s: ... and %d more invalid items\n", name, len(problems)-i)
-					break
-				}
-				fmt.Fprintf(g.io.Err, "%s: %s\n", name, p)
-			}
+			reportProblems(g.io.Err, name, problems)
 			if len(problems) > 0 && !skipInvalid {
 				return fmt.Errorf("%d of %d items in %s are invalid; nothing was inserted (fix them, or use --skip-invalid to insert the %d valid ones)",
 					len(problems), len(problems)+len(items), name, len(items))

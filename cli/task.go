@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -116,9 +115,9 @@ and the history of the last ` + fmt.Sprint(schema.MaxAttemptsKept) + ` (node, cl
 reason).`,
 		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := bson.ObjectIDFromHex(args[0])
+			id, err := parseID(args[0])
 			if err != nil {
-				return usagef("task id %q is not an ObjectId (24 hex digits)", args[0])
+				return err
 			}
 			s, done, err := g.open(cmd)
 			if err != nil {

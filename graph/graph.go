@@ -63,79 +63,54 @@ func New(cfg Config) *Graph {
 	return &Graph{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "graph")}
 }
 
-// batch is what the stream reader hands the loop: the tasks that ended,
-// or lost (the position was lost: sweep).
-type batch struct {
-	ended []bson.ObjectID
-	lost  bool
-}
-
-// Lead settles task graphs until the term ends. The stream is opened
-// before the first sweep, so a parent that ends after the sweep read its
-// children is heard.
-func (g *Graph) Lead(ctx context.Context, _ leadership.Term) error {
+// Lead settles task graphs until the term ends: the children of the
+// tasks its stream hears end, as they end, and every waiting child at
+// once and every Every. The stream is opened before the first sweep, so a
+// parent that ends after the sweep read its children is heard. Settles
+// and sweeps may overlap: every write of the store's is guarded.
+func (g *Graph) Lead(ctx context.Context, term leadership.Term) error {
 	r, err := g.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamGraph, Name: "graph", Clock: g.cfg.Clock, Logger: g.log})
 	if err != nil {
 		return err
 	}
-	batches := make(chan batch)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		g.listen(ctx, r, batches)
+		g.listen(ctx, r)
 	}()
 	defer func() {
 		<-done
 		r.Close()
 	}()
 	g.log.Info("leading: settling task graphs as parents end", "sweep_every", g.cfg.Every)
-	ticker := g.clock.NewTicker(g.cfg.Every)
-	defer ticker.Stop()
-	g.sweep(ctx)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case b := <-batches:
-			if b.lost {
-				g.sweep(ctx)
-				continue
-			}
-			g.settle(ctx, b.ended)
-		case <-ticker.C():
-			g.sweep(ctx)
-		}
-	}
+	return leadership.Every(g.clock, g.cfg.Every, g.sweep)(ctx, term)
 }
 
-// listen turns the stream's batches into the ids of tasks that ended.
-func (g *Graph) listen(ctx context.Context, r *store.StreamReader, out chan<- batch) {
+// listen settles the children of the tasks the stream hears end, and
+// sweeps when the stream lost its position, until ctx ends.
+func (g *Graph) listen(ctx context.Context, r *store.StreamReader) {
 	for {
 		sb, err := r.Next(ctx)
 		if err != nil {
 			return
 		}
-		var b batch
-		if sb.Lost != "" {
-			b.lost = true
-		}
+		lost := sb.Lost != ""
+		var ended []bson.ObjectID
 		for _, ev := range sb.Events {
 			switch ev.Op {
 			case "update", "replace", "delete":
 				if id, ok := ev.ID.ObjectIDOK(); ok {
-					b.ended = append(b.ended, id)
+					ended = append(ended, id)
 				}
 			case "drop", "rename", "dropDatabase", "invalidate":
-				b.lost = true // whatever was there is gone: look again
+				lost = true // whatever was there is gone: look again
 			}
 		}
-		if !b.lost && len(b.ended) == 0 {
-			continue
-		}
-		select {
-		case out <- b:
-		case <-ctx.Done():
-			return
+		switch {
+		case lost:
+			g.sweep(ctx)
+		case len(ended) > 0:
+			g.settle(ctx, ended)
 		}
 	}
 }

@@ -123,6 +123,11 @@ func TestLeadSweepsEveryPeriod(t *testing.T) {
 	require.NoError(t, b.clock.BlockUntil(context.Background(), 1))
 	require.Equal(t, schema.StatusBlocked, b.status(child), "nothing but the sweep would queue it")
 	b.clock.Advance(59 * time.Second)
+	select {
+	case res := <-b.sweeps:
+		t.Fatalf("a sweep 59s into the period: %+v", res)
+	case <-time.After(500 * time.Millisecond):
+	}
 	require.Equal(t, schema.StatusBlocked, b.status(child))
 	b.clock.Advance(time.Second)
 	require.Equal(t, store.TaskGraphResult{Queued: 1}, b.nextSweep())

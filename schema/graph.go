@@ -62,14 +62,7 @@ func ParentEnded(s Status) bool { return s.Finished() || s == StatusOrphaned }
 func decodeGraph(r *reader) TaskGraph {
 	var g TaskGraph
 	if _, v, ok := r.lookup(TaskParents); ok {
-		if arr, isArr := v.ArrayOK(); isArr {
-			vals, _ := arr.Values()
-			for _, e := range vals {
-				if id, ok := e.ObjectIDOK(); ok {
-					g.Parents = append(g.Parents, id)
-				}
-			}
-		}
+		g.Parents = DecodeParents(v)
 	}
 	if _, v, ok := r.lookup(TaskOnParentFailure); ok {
 		g.OnParentFailure, _ = v.StringValueOK()
@@ -78,4 +71,22 @@ func decodeGraph(r *reader) TaskGraph {
 		g.AwaitingParents, _ = v.BooleanOK()
 	}
 	return g
+}
+
+// DecodeParents reads a parents field (TaskParents), tolerantly: a value
+// that is not an array is no parents, and entries that are not ObjectIds
+// are skipped.
+func DecodeParents(v bson.RawValue) []bson.ObjectID {
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil
+	}
+	vals, _ := arr.Values()
+	var out []bson.ObjectID
+	for _, e := range vals {
+		if id, ok := e.ObjectIDOK(); ok {
+			out = append(out, id)
+		}
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -143,24 +144,9 @@ type TaskState struct {
 // TaskStates reads the states of tasks by id, in the order asked (Found
 // false for ids that name no task).
 func (s *Store) TaskStates(ctx context.Context, ids []bson.ObjectID) ([]TaskState, error) {
-	a := make(bson.A, len(ids))
-	for i, id := range ids {
-		a[i] = id
-	}
-	cur, err := s.tasks.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: a}}}},
-		options.Find().SetProjection(bson.D{{Key: schema.TaskQueue, Value: 1}, {Key: schema.TaskNode, Value: 1},
-			{Key: schema.TaskStatus, Value: 1}, {Key: schema.TaskReason, Value: 1}, {Key: schema.TaskKill, Value: 1}}))
+	got, err := s.statesByID(ctx, ids)
 	if err != nil {
-		return nil, fmt.Errorf("read %d tasks' states: %w", len(ids), err)
-	}
-	defer cur.Close(ctx)
-	got := make(map[bson.ObjectID]TaskState, len(ids))
-	for cur.Next(ctx) {
-		st := stateOf(cur.Current)
-		got[st.ID] = st
-	}
-	if err := cur.Err(); err != nil {
-		return nil, fmt.Errorf("read %d tasks' states: %w", len(ids), err)
+		return nil, err
 	}
 	out := make([]TaskState, len(ids))
 	for i, id := range ids {
@@ -171,6 +157,36 @@ func (s *Store) TaskStates(ctx context.Context, ids []bson.ObjectID) ([]TaskStat
 		out[i] = st
 	}
 	return out, nil
+}
+
+// idChunk bounds the ids of one $in.
+const idChunk = 10000
+
+// statesByID reads the states of tasks by id, in chunks of idChunk; ids
+// that name no task are absent from the map.
+func (s *Store) statesByID(ctx context.Context, ids []bson.ObjectID) (map[bson.ObjectID]TaskState, error) {
+	out := make(map[bson.ObjectID]TaskState, len(ids))
+	for chunk := range slices.Chunk(ids, idChunk) {
+		if err := s.readStates(ctx, chunk, out); err != nil {
+			return nil, fmt.Errorf("read %d tasks' states: %w", len(ids), err)
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) readStates(ctx context.Context, ids []bson.ObjectID, into map[bson.ObjectID]TaskState) error {
+	cur, err := s.tasks.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}},
+		options.Find().SetProjection(bson.D{{Key: schema.TaskQueue, Value: 1}, {Key: schema.TaskNode, Value: 1},
+			{Key: schema.TaskStatus, Value: 1}, {Key: schema.TaskReason, Value: 1}, {Key: schema.TaskKill, Value: 1}}))
+	if err != nil {
+		return err
+	}
+	defer cur.Close(ctx)
+	for cur.Next(ctx) {
+		st := stateOf(cur.Current)
+		into[st.ID] = st
+	}
+	return cur.Err()
 }
 
 func stateOf(raw bson.Raw) TaskState {
@@ -255,12 +271,12 @@ func (s *Store) TaskKill(ctx context.Context, p TaskKillParams) (TaskKillResult,
 		return res, fmt.Errorf("request kills: %w", err)
 	}
 	res.Requested = r.ModifiedCount
-	r, err = s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, schema.TaskKill, kill, requestLine("cancelled by a kill request", p.By, p.Reason)))
+	r, err = s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, requestLine("cancelled by a kill request", p.By, p.Reason), bson.E{Key: schema.TaskKill, Value: kill}))
 	if err != nil {
 		return res, fmt.Errorf("cancel queued tasks asked to be killed: %w", err)
 	}
 	res.Cancelled = r.ModifiedCount
-	r, err = s.tasks.UpdateMany(ctx, p.Target.match(orphaned), endUnrun(schema.ReasonKilled, schema.TaskKill, kill, requestLine("killed while orphaned", p.By, p.Reason)))
+	r, err = s.tasks.UpdateMany(ctx, p.Target.match(orphaned), endUnrun(schema.ReasonKilled, requestLine("killed while orphaned", p.By, p.Reason), bson.E{Key: schema.TaskKill, Value: kill}))
 	if err != nil {
 		return res, fmt.Errorf("finish orphaned tasks asked to be killed: %w", err)
 	}
@@ -280,16 +296,20 @@ func (s *Store) TaskKill(ctx context.Context, p TaskKillParams) (TaskKillResult,
 }
 
 // endUnrun finishes a task that will not run (again): status 2, the
-// reason, the request's record under field (kill or cancel), and a line in
-// stderr.
-func endUnrun(reason, field string, record bson.D, line string) mongo.Pipeline {
-	return mongo.Pipeline{{{Key: "$set", Value: bson.D{
+// reason, a line in stderr, and more (a request's record: kill or
+// cancel); a task held for its parents is no longer awaiting them (the
+// mark would keep it among the graph's waiting children).
+func endUnrun(reason, line string, more ...bson.E) mongo.Pipeline {
+	set := bson.D{
 		{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
 		{Key: schema.TaskReason, Value: reason},
-		{Key: field, Value: record},
 		{Key: schema.TaskStderr, Value: appendLineExpr("$"+schema.TaskStderr, line)},
 		{Key: schema.TaskMTime, Value: "$$NOW"},
-	}}}}
+	}
+	return mongo.Pipeline{
+		{{Key: "$set", Value: append(set, more...)}},
+		{{Key: "$unset", Value: bson.A{schema.TaskAwaitingParents}}},
+	}
 }
 
 // requestLine is the stderr line of an operator's request: "what by who:
@@ -380,9 +400,10 @@ func (s *Store) TaskCancel(ctx context.Context, p TaskCancelParams) (TaskCancelR
 			return TaskCancelResult{}, err
 		}
 	}
-	r, err := s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, schema.TaskCancel, bson.D{
-		{Key: schema.KillBy, Value: literal(p.By)}, {Key: schema.KillAt, Value: "$$NOW"}, {Key: schema.KillReason, Value: literal(p.Reason)},
-	}, requestLine("cancelled", p.By, p.Reason)))
+	r, err := s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, requestLine("cancelled", p.By, p.Reason),
+		bson.E{Key: schema.TaskCancel, Value: bson.D{
+			{Key: schema.KillBy, Value: literal(p.By)}, {Key: schema.KillAt, Value: "$$NOW"}, {Key: schema.KillReason, Value: literal(p.Reason)},
+		}}))
 	if err != nil {
 		return TaskCancelResult{}, fmt.Errorf("cancel tasks: %w", err)
 	}
@@ -448,7 +469,7 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 				switch {
 				case !b.Found:
 					res.Skipped = append(res.Skipped, missing(b.ID))
-				case b.Status.Finished() || b.Status == schema.StatusOrphaned:
+				case retryable(b.Status):
 					res.Requeued++
 				default:
 					res.Skipped = append(res.Skipped, TaskSkip{ID: b.ID, Why: notRetryable(b)})
@@ -463,7 +484,7 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 		res.Requeued = r.ModifiedCount
 		var requeued []bson.ObjectID
 		for _, b := range before {
-			if b.Found && (b.Status.Finished() || b.Status == schema.StatusOrphaned) {
+			if b.Found && retryable(b.Status) {
 				requeued = append(requeued, b.ID)
 			}
 		}
@@ -491,34 +512,19 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 		if !last.IsZero() {
 			page = bson.D{{Key: "$and", Value: bson.A{match, bson.D{{Key: "_id", Value: bson.D{{Key: "$gt", Value: last}}}}}}}
 		}
-		cur, err := s.tasks.Find(ctx, page, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).
-			SetLimit(retryChunk).SetProjection(bson.D{{Key: "_id", Value: 1}}))
+		chunk, err := s.findIDs(ctx, s.tasks, page, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(retryChunk))
 		if err != nil {
 			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
 		}
-		var docs []struct {
-			ID bson.ObjectID `bson:"_id"`
-		}
-		if err := cur.All(ctx, &docs); err != nil {
-			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
-		}
-		if len(docs) == 0 {
+		if len(chunk) == 0 {
 			break
 		}
-		ids := make(bson.A, len(docs))
-		for i, d := range docs {
-			ids[i] = d.ID
-		}
-		last = docs[len(docs)-1].ID
-		r, err := s.tasks.UpdateMany(ctx, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, retryables}}}, requeue(p.By))
+		last = chunk[len(chunk)-1]
+		r, err := s.tasks.UpdateMany(ctx, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, retryables}}}, requeue(p.By))
 		if err != nil {
 			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
 		}
 		res.Requeued += r.ModifiedCount
-		chunk := make([]bson.ObjectID, len(docs))
-		for i, d := range docs {
-			chunk[i] = d.ID
-		}
 		n, err := s.graphReblock(ctx, chunk)
 		res.Reblocked += n
 		if err != nil {
@@ -530,6 +536,10 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 	}
 	return res, nil
 }
+
+// retryable: what a retry requeues, finished or orphaned (retryables, the
+// filter).
+func retryable(st schema.Status) bool { return st.Finished() || st == schema.StatusOrphaned }
 
 func notRetryable(b TaskState) string {
 	switch {
@@ -553,6 +563,27 @@ func requeue(by string) mongo.Pipeline {
 		}}},
 		{{Key: "$unset", Value: bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries, schema.TaskAwaitingParents}}},
 	}
+}
+
+// findIDs returns the _ids of coll's documents within filter (ObjectIds:
+// the ids of tasks and queues), with opts (a sort, a limit).
+func (s *Store) findIDs(ctx context.Context, coll *mongo.Collection, filter bson.D, opts ...options.Lister[options.FindOptions]) ([]bson.ObjectID, error) {
+	opts = append(opts, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	cur, err := coll.Find(ctx, filter, opts...)
+	if err != nil {
+		return nil, err
+	}
+	var docs []struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, err
+	}
+	ids := make([]bson.ObjectID, len(docs))
+	for i, d := range docs {
+		ids[i] = d.ID
+	}
+	return ids, nil
 }
 
 // pushAttempt is a pipeline expression: the attempts array with rec

@@ -187,8 +187,10 @@ type TaskTimersParams struct {
 
 // notAwaitingParents: not held for its parents (schema.TaskAwaitingParents):
 // the timers leave such tasks to the graph duty, which hands them back to
-// the timers (removing the mark) once their parents allow.
-var notAwaitingParents = bson.E{Key: schema.TaskAwaitingParents, Value: bson.D{{Key: "$ne", Value: true}}}
+// the timers (removing the mark) once their parents allow. The mark is
+// true or absent, so an equality on null: the first key of the timers'
+// {awaiting_parents, not_before} index, whose bounds it keeps tight.
+var notAwaitingParents = bson.E{Key: schema.TaskAwaitingParents, Value: nil}
 
 // TaskReleaseDue queues the held tasks whose not_before has come:
 // {status -4, not_before <= Now} to -2 (the claimers hear it at once),
@@ -218,8 +220,8 @@ func expirable(now time.Time) bson.D {
 }
 
 // TaskExpireDue finishes unrun the tasks not started by their expires_at
-// (queued, delayed or blocked; status 2, reason expired). It returns how
-// many per queue.
+// (queued, delayed or blocked; status 2, reason expired; no longer
+// awaiting parents). It returns how many per queue.
 func (s *Store) TaskExpireDue(ctx context.Context, p TaskTimersParams) (map[bson.ObjectID]int64, error) {
 	filter := expirable(p.Now)
 	cur, err := s.tasks.Find(ctx, filter, options.Find().SetProjection(bson.D{{Key: schema.TaskQueue, Value: 1}}).SetLimit(10000))
@@ -242,12 +244,8 @@ func (s *Store) TaskExpireDue(ctx context.Context, p TaskTimersParams) (map[bson
 	}
 	out := map[bson.ObjectID]int64{}
 	for q, ids := range byQueue {
-		r, err := s.tasks.UpdateMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, filter...), mongo.Pipeline{{{Key: "$set", Value: bson.D{
-			{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
-			{Key: schema.TaskReason, Value: schema.ReasonExpired},
-			{Key: schema.TaskStderr, Value: appendLineExpr("$"+schema.TaskStderr, "expired: not started by its expires_at")},
-			{Key: schema.TaskMTime, Value: "$$NOW"},
-		}}}})
+		r, err := s.tasks.UpdateMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, filter...),
+			endUnrun(schema.ReasonExpired, "expired: not started by its expires_at"))
 		if err != nil {
 			return out, fmt.Errorf("expire tasks: %w", err)
 		}
@@ -260,7 +258,8 @@ func (s *Store) TaskExpireDue(ctx context.Context, p TaskTimersParams) (map[bson
 
 // TaskTimerNext returns the earliest time a delayed task is due (tasks
 // awaiting their parents are not the timers' yet) or a waiting task
-// expires (ok false when none), read from the two partial indexes.
+// expires (ok false when none), read from the two partial indexes (the
+// first sorted by not_before after its awaiting_parents equality).
 func (s *Store) TaskTimerNext(ctx context.Context) (time.Time, bool, error) {
 	var next time.Time
 	for _, q := range []struct {

@@ -124,14 +124,12 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 	}
 	parents := make([][]bson.ObjectID, len(p.Tasks))
 	external := map[bson.ObjectID][]int{} // stored parents -> the tasks naming them
-	queues := map[bson.ObjectID]int{}     // queue -> a task naming it
+	queues := map[bson.ObjectID]bool{}    // the tasks' and their stored parents'
 	for i, t := range p.Tasks {
 		if t.Queue.IsZero() {
 			return nil, bad(i, "no queue")
 		}
-		if _, ok := queues[t.Queue]; !ok {
-			queues[t.Queue] = i
-		}
+		queues[t.Queue] = true
 		if err := schema.ValidOnParentFailure(t.OnParentFailure); err != nil {
 			return nil, bad(i, "%v", err)
 		}
@@ -174,7 +172,7 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 		extIDs = append(extIDs, id)
 	}
 	slices.SortFunc(extIDs, func(a, b bson.ObjectID) int { return strings.Compare(a.Hex(), b.Hex()) })
-	states, err := s.graphStates(ctx, extIDs)
+	states, err := s.statesByID(ctx, extIDs)
 	if err != nil {
 		return nil, fmt.Errorf("insert task graph: %w", err)
 	}
@@ -183,25 +181,21 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 		if !ok {
 			return nil, badAs(GraphUnknown, external[id][0], "parent %s: no such task", id.Hex())
 		}
-		if _, ok := queues[st.Queue]; !ok {
-			queues[st.Queue] = -1 - external[id][0] // a parent's queue
-		}
+		queues[st.Queue] = true
 	}
 	known, err := s.queuesExisting(ctx, queues)
 	if err != nil {
 		return nil, fmt.Errorf("insert task graph: %w", err)
 	}
-	for q, i := range queues {
-		if known[q] {
-			continue
+	for i, t := range p.Tasks {
+		if !known[t.Queue] {
+			return nil, badAs(GraphUnknown, i, "queue %s does not exist", t.Queue.Hex())
 		}
-		if i >= 0 {
-			return nil, badAs(GraphUnknown, i, "queue %s does not exist", q.Hex())
-		}
-		i = -1 - i
+	}
+	for i := range p.Tasks {
 		for _, par := range parents[i] {
-			if st, ok := states[par]; ok && st.Queue == q {
-				return nil, badAs(GraphUnknown, i, "parent %s is in queue %s, which does not exist (it can never run)", par.Hex(), q.Hex())
+			if st, ok := states[par]; ok && !known[st.Queue] {
+				return nil, badAs(GraphUnknown, i, "parent %s is in queue %s, which does not exist (it can never run)", par.Hex(), st.Queue.Hex())
 			}
 		}
 	}
@@ -222,16 +216,13 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 				awaiting = true // a parent of this insert, or a stored one not succeeded
 			}
 		}
-		d, err := s.taskDoc(ids[i], t.Queue, t.Parameters, t.Control, now, p.TraceParent, p.TraceState)
+		nt := newTask{Queue: t.Queue, Control: t.Control, TraceParent: p.TraceParent, TraceState: p.TraceState}
+		d, err := nt.doc(ids[i], t.Parameters, now)
 		if err != nil {
 			return nil, bad(i, "%v", err)
 		}
 		if len(parents[i]) > 0 {
-			ps := make(bson.A, len(parents[i]))
-			for k, par := range parents[i] {
-				ps[k] = par
-			}
-			d = append(d, bson.E{Key: schema.TaskParents, Value: ps})
+			d = append(d, bson.E{Key: schema.TaskParents, Value: anyIDs(parents[i])})
 		}
 		if t.OnParentFailure != "" {
 			d = append(d, bson.E{Key: schema.TaskOnParentFailure, Value: t.OnParentFailure})
@@ -269,49 +260,6 @@ func setField(d bson.D, key string, v any) {
 			return
 		}
 	}
-}
-
-// taskDoc is a new task as TaskInsertMany writes it: queued, or held (-4)
-// for a not_before ahead.
-func (s *Store) taskDoc(id, queue bson.ObjectID, params bson.Raw, c *TaskInsertControl, now time.Time, traceParent, traceState string) (bson.D, error) {
-	if params == nil {
-		params = emptyDoc
-	} else if err := params.Validate(); err != nil {
-		return nil, fmt.Errorf("parameters: %w", err)
-	}
-	status := schema.StatusQueued
-	d := bson.D{
-		{Key: "_id", Value: id},
-		{Key: schema.TaskQueue, Value: queue},
-		{Key: schema.TaskCTime, Value: now},
-		{Key: schema.TaskMTime, Value: now},
-		{Key: schema.TaskNode, Value: schema.Unclaimed},
-		{Key: schema.TaskStatus, Value: int32(status)},
-		{Key: schema.TaskParameters, Value: params},
-		{Key: schema.TaskStdout, Value: nil},
-		{Key: schema.TaskStderr, Value: nil},
-	}
-	if c != nil {
-		if c.Timeout > 0 {
-			d = append(d, bson.E{Key: schema.TaskTimeout, Value: c.Timeout.Seconds()})
-		}
-		if !c.ExpiresAt.IsZero() {
-			d = append(d, bson.E{Key: schema.TaskExpiresAt, Value: c.ExpiresAt.UTC().Truncate(time.Millisecond)})
-		}
-		if !c.NotBefore.IsZero() {
-			d = append(d, bson.E{Key: schema.TaskNotBefore, Value: c.NotBefore.UTC().Truncate(time.Millisecond)})
-			if c.NotBefore.After(now) {
-				setField(d, schema.TaskStatus, int32(schema.StatusBlocked))
-			}
-		}
-	}
-	if traceParent != "" {
-		d = append(d, bson.E{Key: schema.TaskTraceParent, Value: traceParent})
-		if traceState != "" {
-			d = append(d, bson.E{Key: schema.TaskTraceState, Value: traceState})
-		}
-	}
-	return d, nil
 }
 
 // findCycle returns the indexes of tasks forming a cycle through their
@@ -366,58 +314,19 @@ func anyIDs(ids []bson.ObjectID) bson.A {
 	return a
 }
 
-// graphState is what a child needs to know of a parent.
-type graphState struct {
-	Queue  bson.ObjectID
-	Status schema.Status
-	Reason string
-}
-
-// graphIDChunk bounds the ids of one $in.
-const graphIDChunk = 10000
-
-// graphStates reads tasks' queue, status and reason (missing ids are
-// absent from the map).
-func (s *Store) graphStates(ctx context.Context, ids []bson.ObjectID) (map[bson.ObjectID]graphState, error) {
-	out := make(map[bson.ObjectID]graphState, len(ids))
-	for chunk := range slices.Chunk(ids, graphIDChunk) {
-		cur, err := s.tasks.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}},
-			options.Find().SetProjection(bson.D{{Key: schema.TaskQueue, Value: 1}, {Key: schema.TaskStatus, Value: 1}, {Key: schema.TaskReason, Value: 1}}))
-		if err != nil {
-			return nil, fmt.Errorf("read %d parents' states: %w", len(ids), err)
-		}
-		for cur.Next(ctx) {
-			st := stateOf(cur.Current)
-			out[st.ID] = graphState{Queue: st.Queue, Status: st.Status, Reason: st.Reason}
-		}
-		err = cur.Err()
-		_ = cur.Close(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("read %d parents' states: %w", len(ids), err)
-		}
-	}
-	return out, nil
-}
-
 // queuesExisting says which of the queues exist.
-func (s *Store) queuesExisting(ctx context.Context, queues map[bson.ObjectID]int) (map[bson.ObjectID]bool, error) {
-	ids := make(bson.A, 0, len(queues))
+func (s *Store) queuesExisting(ctx context.Context, queues map[bson.ObjectID]bool) (map[bson.ObjectID]bool, error) {
+	ids := make([]bson.ObjectID, 0, len(queues))
 	for q := range queues {
 		ids = append(ids, q)
 	}
-	cur, err := s.queues.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	found, err := s.findIDs(ctx, s.queues, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}})
 	if err != nil {
 		return nil, fmt.Errorf("read %d queues: %w", len(ids), err)
 	}
-	var docs []struct {
-		ID bson.ObjectID `bson:"_id"`
-	}
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, fmt.Errorf("read %d queues: %w", len(ids), err)
-	}
-	out := make(map[bson.ObjectID]bool, len(docs))
-	for _, d := range docs {
-		out[d.ID] = true
+	out := make(map[bson.ObjectID]bool, len(found))
+	for _, id := range found {
+		out[id] = true
 	}
 	return out, nil
 }
@@ -425,20 +334,12 @@ func (s *Store) queuesExisting(ctx context.Context, queues map[bson.ObjectID]int
 // tasksExisting returns those of ids that are stored tasks' ids.
 func (s *Store) tasksExisting(ctx context.Context, ids []bson.ObjectID) ([]bson.ObjectID, error) {
 	var out []bson.ObjectID
-	for chunk := range slices.Chunk(ids, graphIDChunk) {
-		cur, err := s.tasks.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	for chunk := range slices.Chunk(ids, idChunk) {
+		found, err := s.findIDs(ctx, s.tasks, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}})
 		if err != nil {
 			return nil, fmt.Errorf("check %d new task ids: %w", len(ids), err)
 		}
-		var docs []struct {
-			ID bson.ObjectID `bson:"_id"`
-		}
-		if err := cur.All(ctx, &docs); err != nil {
-			return nil, fmt.Errorf("check %d new task ids: %w", len(ids), err)
-		}
-		for _, d := range docs {
-			out = append(out, d.ID)
-		}
+		out = append(out, found...)
 	}
 	return out, nil
 }
@@ -492,7 +393,7 @@ func (s *Store) TaskGraphSettle(ctx context.Context, p TaskGraphSettleParams) (T
 	if now.IsZero() {
 		now = s.nowMS()
 	}
-	for chunk := range slices.Chunk(p.Parents, graphIDChunk) {
+	for chunk := range slices.Chunk(p.Parents, idChunk) {
 		if err := s.graphSettleFrontier(ctx, bson.D{{Key: schema.TaskParents, Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, now, &res); err != nil {
 			return res, err
 		}
@@ -529,16 +430,8 @@ func (s *Store) TaskGraphSweep(ctx context.Context, p TaskGraphSweepParams) (Tas
 			return res, nil
 		}
 		last = page[len(page)-1].ID
-		failed, err := s.graphSettleChildren(ctx, page, now, &res)
-		if err != nil {
+		if err := s.graphSettleCascade(ctx, page, now, &res); err != nil {
 			return res, fmt.Errorf("sweep task graphs: %w", err)
-		}
-		if len(failed) > 0 {
-			more, err := s.TaskGraphSettle(ctx, TaskGraphSettleParams{Parents: failed, Now: now})
-			res.add(more)
-			if err != nil {
-				return res, fmt.Errorf("sweep task graphs: %w", err)
-			}
 		}
 		if len(page) < graphPage {
 			return res, nil
@@ -552,7 +445,6 @@ const graphPage = 1000
 // graphChild is a child held awaiting its parents.
 type graphChild struct {
 	ID        bson.ObjectID
-	Queue     bson.ObjectID
 	Parents   []bson.ObjectID
 	Run       bool // on_parent_failure run
 	NotBefore time.Time
@@ -569,7 +461,7 @@ func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.Find
 	if o == nil {
 		o = options.Find()
 	}
-	o.SetProjection(bson.D{{Key: schema.TaskQueue, Value: 1}, {Key: schema.TaskParents, Value: 1}, {Key: schema.TaskOnParentFailure, Value: 1}, {Key: schema.TaskNotBefore, Value: 1}})
+	o.SetProjection(bson.D{{Key: schema.TaskParents, Value: 1}, {Key: schema.TaskOnParentFailure, Value: 1}, {Key: schema.TaskNotBefore, Value: 1}})
 	cur, err := s.tasks.Find(ctx, append(append(bson.D{}, filter...), awaiting...), o)
 	if err != nil {
 		return nil, fmt.Errorf("read waiting children: %w", err)
@@ -583,15 +475,7 @@ func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.Find
 		if c.ID.IsZero() {
 			continue // tasks of graphs have ObjectIds
 		}
-		c.Queue, _ = raw.Lookup(schema.TaskQueue).ObjectIDOK()
-		if arr, ok := raw.Lookup(schema.TaskParents).ArrayOK(); ok {
-			vals, _ := arr.Values()
-			for _, v := range vals {
-				if id, ok := v.ObjectIDOK(); ok {
-					c.Parents = append(c.Parents, id)
-				}
-			}
-		}
+		c.Parents = schema.DecodeParents(raw.Lookup(schema.TaskParents))
 		opf, _ := raw.Lookup(schema.TaskOnParentFailure).StringValueOK()
 		c.Run = opf == schema.OnParentFailureRun
 		if t, ok := raw.Lookup(schema.TaskNotBefore).TimeOK(); ok {
@@ -605,14 +489,19 @@ func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.Find
 	return out, nil
 }
 
-// graphSettleFrontier settles the waiting children within filter, then,
-// through TaskGraphSettle, the children of those it failed, until none
-// fails.
+// graphSettleFrontier settles the waiting children within filter
+// (graphSettleCascade).
 func (s *Store) graphSettleFrontier(ctx context.Context, filter bson.D, now time.Time, res *TaskGraphResult) error {
 	children, err := s.graphWaiting(ctx, filter, nil)
 	if err != nil {
 		return err
 	}
+	return s.graphSettleCascade(ctx, children, now, res)
+}
+
+// graphSettleCascade settles waiting children, then, through
+// TaskGraphSettle, the children of those it failed, until none fails.
+func (s *Store) graphSettleCascade(ctx context.Context, children []graphChild, now time.Time, res *TaskGraphResult) error {
 	var failed []bson.ObjectID
 	for chunk := range slices.Chunk(children, graphPage) {
 		f, err := s.graphSettleChildren(ctx, chunk, now, res)
@@ -642,7 +531,7 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 			}
 		}
 	}
-	states, err := s.graphStates(ctx, ids)
+	states, err := s.statesByID(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -686,15 +575,7 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 			line := fmt.Sprintf("parent_failed: not run: its parent %s %s", failedParent.Hex(), why)
 			fails = append(fails, mongo.NewUpdateOneModel().
 				SetFilter(append(bson.D{{Key: "_id", Value: c.ID}}, awaiting...)).
-				SetUpdate(mongo.Pipeline{
-					{{Key: "$set", Value: bson.D{
-						{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
-						{Key: schema.TaskReason, Value: schema.ReasonParentFailed},
-						{Key: schema.TaskStderr, Value: appendLineExpr("$"+schema.TaskStderr, line)},
-						{Key: schema.TaskMTime, Value: "$$NOW"},
-					}}},
-					{{Key: "$unset", Value: bson.A{schema.TaskAwaitingParents}}},
-				}))
+				SetUpdate(endUnrun(schema.ReasonParentFailed, line)))
 		}
 	}
 	if len(queue) > 0 {
@@ -740,33 +621,22 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 func (s *Store) graphReblock(ctx context.Context, parents []bson.ObjectID) (int64, error) {
 	var n int64
 	var all []bson.ObjectID
+	parentFailed := bson.D{
+		{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
+		{Key: schema.TaskReason, Value: schema.ReasonParentFailed},
+	}
 	frontier := parents
 	for len(frontier) > 0 {
 		var next []bson.ObjectID
-		for chunk := range slices.Chunk(frontier, graphIDChunk) {
-			filter := bson.D{
-				{Key: schema.TaskParents, Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}},
-				{Key: schema.TaskStatus, Value: int32(schema.StatusFailed)},
-				{Key: schema.TaskReason, Value: schema.ReasonParentFailed},
-			}
-			cur, err := s.tasks.Find(ctx, filter, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+		for chunk := range slices.Chunk(frontier, idChunk) {
+			ids, err := s.findIDs(ctx, s.tasks, append(bson.D{{Key: schema.TaskParents, Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, parentFailed...))
 			if err != nil {
 				return n, fmt.Errorf("find descendants to block again: %w", err)
 			}
-			var docs []struct {
-				ID bson.ObjectID `bson:"_id"`
-			}
-			if err := cur.All(ctx, &docs); err != nil {
-				return n, fmt.Errorf("find descendants to block again: %w", err)
-			}
-			if len(docs) == 0 {
+			if len(ids) == 0 {
 				continue
 			}
-			ids := make([]bson.ObjectID, len(docs))
-			for i, d := range docs {
-				ids[i] = d.ID
-			}
-			r, err := s.tasks.UpdateMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}}, filter[1:]...),
+			r, err := s.tasks.UpdateMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}}, parentFailed...),
 				bson.D{
 					{Key: "$set", Value: bson.D{
 						{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)},
@@ -787,7 +657,7 @@ func (s *Store) graphReblock(ctx context.Context, parents []bson.ObjectID) (int6
 	}
 	if len(all) > 0 {
 		var res TaskGraphResult
-		for chunk := range slices.Chunk(all, graphIDChunk) {
+		for chunk := range slices.Chunk(all, idChunk) {
 			if err := s.graphSettleFrontier(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, s.nowMS(), &res); err != nil {
 				return n, err
 			}
@@ -898,7 +768,10 @@ func (s *Store) TaskGraphGet(ctx context.Context, p TaskGraphGetParams) (TaskGra
 	}
 	if len(frontier) > 0 && room() == 0 {
 		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: schema.TaskParents, Value: bson.D{{Key: "$in", Value: anyIDs(frontier)}}}}, options.Count().SetLimit(1))
-		if err == nil && n > 0 {
+		if err != nil {
+			return TaskGraphView{}, fmt.Errorf("read a task graph: %w", err)
+		}
+		if n > 0 {
 			view.Truncated = true
 		}
 	}
@@ -927,14 +800,7 @@ func (s *Store) graphNodes(ctx context.Context, filter bson.D, limit int64) ([]G
 			continue
 		}
 		n := GraphNode{ID: st.ID, Queue: st.Queue, Status: st.Status, Reason: st.Reason}
-		if arr, ok := cur.Current.Lookup(schema.TaskParents).ArrayOK(); ok {
-			vals, _ := arr.Values()
-			for _, v := range vals {
-				if id, ok := v.ObjectIDOK(); ok {
-					n.Parents = append(n.Parents, id)
-				}
-			}
-		}
+		n.Parents = schema.DecodeParents(cur.Current.Lookup(schema.TaskParents))
 		n.OnParentFailure, _ = cur.Current.Lookup(schema.TaskOnParentFailure).StringValueOK()
 		n.AwaitingParents, _ = cur.Current.Lookup(schema.TaskAwaitingParents).BooleanOK()
 		out = append(out, n)

@@ -45,8 +45,10 @@ var Indexes = []Index{
 		"one document per node", false, nil},
 	{schema.CollTasksFiles, bson.D{{Key: "metadata.task_id", Value: 1}}, false,
 		"a task's GridFS output", false, nil},
-	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskNotBefore, Value: 1}},
-		Why:     "the leader's timer for delayed tasks: the earliest not_before of the held (-4) tasks, and those due",
+	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskAwaitingParents, Value: 1}, {Key: schema.TaskNotBefore, Value: 1}},
+		Why: "the leader's timer for delayed tasks: the earliest not_before of the held (-4) tasks not awaiting their parents " +
+			"({awaiting_parents: null} first, so the bounds are tight), and those due; " +
+			"an older {not_before} index of the same use, from before task graphs, is left alone (IndexesEnsure never drops)",
 		Partial: bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)}}},
 	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskExpiresAt, Value: 1}},
 		Why:     "the leader's timer for expiring tasks: the earliest expires_at of the waiting tasks, and those due",

@@ -36,6 +36,9 @@ type TaskInsertManyParams struct {
 	// params for parameters and node null for -1, so that Perl nodes
 	// sharing the database run them too (this project's nodes read both).
 	Dialect4103 bool
+	// Extra are more fields written on every inserted task, after the
+	// protocol's; keys must not be protocol fields (the insert is refused).
+	Extra bson.D
 }
 
 // TaskInsertControl are the control fields of new tasks.
@@ -66,26 +69,17 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 	if p.IDs != nil && len(p.IDs) != len(p.Parameters) {
 		return nil, fmt.Errorf("insert tasks: %d ids for %d parameters", len(p.IDs), len(p.Parameters))
 	}
-	now := s.nowMS()
-	status := schema.StatusQueued
-	var extra bson.D
-	if c := p.Control; c != nil {
-		if err := c.Validate(); err != nil {
+	if p.Control != nil {
+		if err := p.Control.Validate(); err != nil {
 			return nil, fmt.Errorf("insert tasks: %w", err)
 		}
-		if c.Timeout > 0 {
-			extra = append(extra, bson.E{Key: schema.TaskTimeout, Value: c.Timeout.Seconds()})
-		}
-		if !c.ExpiresAt.IsZero() {
-			extra = append(extra, bson.E{Key: schema.TaskExpiresAt, Value: c.ExpiresAt.UTC().Truncate(time.Millisecond)})
-		}
-		if !c.NotBefore.IsZero() {
-			extra = append(extra, bson.E{Key: schema.TaskNotBefore, Value: c.NotBefore.UTC().Truncate(time.Millisecond)})
-			if c.NotBefore.After(now) {
-				status = schema.StatusBlocked
-			}
+	}
+	for _, e := range p.Extra {
+		if protocolField(e.Key) {
+			return nil, fmt.Errorf("insert tasks: extra field %q is a field of the task protocol; it cannot be set this way", e.Key)
 		}
 	}
+	nt := newTask{Queue: p.Queue, Control: p.Control, TraceParent: p.TraceParent, TraceState: p.TraceState, Dialect4103: p.Dialect4103, Extra: p.Extra}
 	ids := p.IDs
 	if ids == nil {
 		ids = make([]bson.ObjectID, len(p.Parameters))
@@ -93,32 +87,12 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 			ids[i] = bson.NewObjectID()
 		}
 	}
+	now := s.nowMS()
 	docs := make([]any, len(p.Parameters))
 	for i, params := range p.Parameters {
-		if params == nil {
-			params = emptyDoc
-		}
-		node, paramsKey := any(schema.Unclaimed), schema.TaskParameters
-		if p.Dialect4103 {
-			node, paramsKey = nil, schema.TaskParams
-		}
-		d := bson.D{
-			{Key: "_id", Value: ids[i]},
-			{Key: schema.TaskQueue, Value: p.Queue},
-			{Key: schema.TaskCTime, Value: now},
-			{Key: schema.TaskMTime, Value: now},
-			{Key: schema.TaskNode, Value: node},
-			{Key: schema.TaskStatus, Value: int32(status)},
-			{Key: paramsKey, Value: params},
-			{Key: schema.TaskStdout, Value: nil},
-			{Key: schema.TaskStderr, Value: nil},
-		}
-		d = append(d, extra...)
-		if p.TraceParent != "" {
-			d = append(d, bson.E{Key: schema.TaskTraceParent, Value: p.TraceParent})
-			if p.TraceState != "" {
-				d = append(d, bson.E{Key: schema.TaskTraceState, Value: p.TraceState})
-			}
+		d, err := nt.doc(ids[i], params, now)
+		if err != nil {
+			return nil, fmt.Errorf("insert tasks: task %d: %w", i, err)
 		}
 		docs[i] = d
 	}
@@ -126,6 +100,82 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 		return nil, fmt.Errorf("insert %d tasks into queue %s: %w", len(docs), p.Queue.Hex(), err)
 	}
 	return ids, nil
+}
+
+// newTask is what the tasks of one insert share; doc writes each one.
+type newTask struct {
+	Queue bson.ObjectID
+	// Control was validated by the caller (TaskInsertControl.Validate).
+	Control                 *TaskInsertControl
+	TraceParent, TraceState string
+	Dialect4103             bool
+	Extra                   bson.D
+}
+
+// doc is a new task as seed 000 describes it: queued (node -1, status -2),
+// or held (-4) for a not_before ahead of now; ctime = mtime = now, stdout
+// and stderr null; then its control fields, its trace context and the
+// extra fields.
+func (nt newTask) doc(id bson.ObjectID, params bson.Raw, now time.Time) (bson.D, error) {
+	if params == nil {
+		params = emptyDoc
+	} else if err := params.Validate(); err != nil {
+		return nil, fmt.Errorf("parameters: %w", err)
+	}
+	node, paramsKey := any(schema.Unclaimed), schema.TaskParameters
+	if nt.Dialect4103 {
+		node, paramsKey = nil, schema.TaskParams
+	}
+	status := schema.StatusQueued
+	if c := nt.Control; c != nil && c.NotBefore.After(now) {
+		status = schema.StatusBlocked
+	}
+	d := bson.D{
+		{Key: "_id", Value: id},
+		{Key: schema.TaskQueue, Value: nt.Queue},
+		{Key: schema.TaskCTime, Value: now},
+		{Key: schema.TaskMTime, Value: now},
+		{Key: schema.TaskNode, Value: node},
+		{Key: schema.TaskStatus, Value: int32(status)},
+		{Key: paramsKey, Value: params},
+		{Key: schema.TaskStdout, Value: nil},
+		{Key: schema.TaskStderr, Value: nil},
+	}
+	if c := nt.Control; c != nil {
+		if c.Timeout > 0 {
+			d = append(d, bson.E{Key: schema.TaskTimeout, Value: c.Timeout.Seconds()})
+		}
+		if !c.ExpiresAt.IsZero() {
+			d = append(d, bson.E{Key: schema.TaskExpiresAt, Value: c.ExpiresAt.UTC().Truncate(time.Millisecond)})
+		}
+		if !c.NotBefore.IsZero() {
+			d = append(d, bson.E{Key: schema.TaskNotBefore, Value: c.NotBefore.UTC().Truncate(time.Millisecond)})
+		}
+	}
+	if nt.TraceParent != "" {
+		d = append(d, bson.E{Key: schema.TaskTraceParent, Value: nt.TraceParent})
+		if nt.TraceState != "" {
+			d = append(d, bson.E{Key: schema.TaskTraceState, Value: nt.TraceState})
+		}
+	}
+	return append(d, nt.Extra...), nil
+}
+
+// protocolField reports whether key is a field newTask.doc writes, or one
+// with a meaning to nodes, the leader or Disbatch 4 (which Extra must not
+// set behind their backs).
+func protocolField(key string) bool {
+	switch key {
+	case "_id", schema.TaskQueue, schema.TaskCTime, schema.TaskMTime, schema.TaskNode, schema.TaskStatus,
+		schema.TaskParameters, schema.TaskParams, schema.TaskStdout, schema.TaskStderr, schema.TaskComplete,
+		schema.TaskTraceParent, schema.TaskTraceState, schema.TaskClaimToken, schema.TaskKill,
+		schema.TaskReason, schema.TaskAttempts, schema.TaskAttempt, schema.TaskTries,
+		schema.TaskTimeout, schema.TaskExpiresAt, schema.TaskNotBefore, schema.TaskCancel, schema.TaskRequeued,
+		schema.TaskResult, schema.TaskMixedout, schema.TaskAdmitted, schema.TaskThenPending,
+		schema.TaskParents, schema.TaskOnParentFailure, schema.TaskAwaitingParents:
+		return true
+	}
+	return false
 }
 
 var emptyDoc = bson.Raw{5, 0, 0, 0, 0}

@@ -190,6 +190,33 @@ func testTaskTimers(t *testing.T, newStore Factory) {
 	expiring := ins(store.TaskInsertControl{ExpiresAt: now.Add(30 * time.Minute)})
 	st, _ := statusOf(t, db, delayed)
 	require.Equal(t, schema.StatusBlocked, st)
+
+	// The delayed tasks are read from the {awaiting_parents, not_before}
+	// index, the tasks awaiting their parents out of its bounds, in
+	// not_before order (no sort in memory).
+	for _, cmd := range []bson.D{
+		{{Key: "find", Value: "tasks"},
+			{Key: "filter", Value: bson.D{{Key: "status", Value: -4}, {Key: "not_before", Value: bson.D{{Key: "$type", Value: "date"}}}, {Key: "awaiting_parents", Value: nil}}},
+			{Key: "sort", Value: bson.D{{Key: "not_before", Value: 1}}}, {Key: "limit", Value: 1}},
+		{{Key: "update", Value: "tasks"}, {Key: "updates", Value: bson.A{bson.D{
+			{Key: "q", Value: bson.D{{Key: "status", Value: -4}, {Key: "not_before", Value: bson.D{{Key: "$lte", Value: now}}}, {Key: "awaiting_parents", Value: nil}}},
+			{Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -2}}}}}, {Key: "multi", Value: true}}}}},
+	} {
+		var plan bson.Raw
+		require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "explain", Value: cmd}}).Decode(&plan))
+		win := plan.Lookup("queryPlanner", "winningPlan").String()
+		require.Contains(t, win, "awaiting_parents_1_not_before_1", cmd[0].Key)
+		require.NotContains(t, win, "COLLSCAN", cmd[0].Key)
+		require.NotContains(t, win, `"SORT"`, cmd[0].Key)
+		require.NotContains(t, win, "MinKey", "%s: tight bounds on awaiting_parents: %s", cmd[0].Key, win)
+	}
+	// And the store's own queries are those: they use that index.
+	used := timerIndexOps(t, db)
+	_, _, err := s.TaskTimerNext(ctx)
+	require.NoError(t, err)
+	_, err = s.TaskReleaseDue(ctx, store.TaskTimersParams{Now: now})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, timerIndexOps(t, db)-used, int64(2), "TaskTimerNext and TaskReleaseDue read the {awaiting_parents, not_before} index")
 	next, ok, err := s.TaskTimerNext(ctx)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -230,6 +257,20 @@ func testTaskTimers(t *testing.T, newStore Factory) {
 	_, err = s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil},
 		Control: &store.TaskInsertControl{Timeout: -time.Second}})
 	require.ErrorContains(t, err, "timeout must be")
+}
+
+// timerIndexOps is how many operations used the delayed tasks' index.
+func timerIndexOps(t *testing.T, db *mongo.Database) int64 {
+	t.Helper()
+	cur, err := db.Collection("tasks").Aggregate(context.Background(), mongo.Pipeline{
+		{{Key: "$indexStats", Value: bson.D{}}},
+		{{Key: "$match", Value: bson.D{{Key: "name", Value: "awaiting_parents_1_not_before_1"}}}},
+	})
+	require.NoError(t, err)
+	var stats []bson.Raw
+	require.NoError(t, cur.All(context.Background(), &stats))
+	require.Len(t, stats, 1)
+	return stats[0].Lookup("accesses", "ops").AsInt64()
 }
 
 // testDeadNodeSettlesKillsAndRerunsOrphans: a dead node's running task

@@ -229,18 +229,20 @@ func testTaskGraphParentFailed(t *testing.T, newStore Factory) {
 	require.Contains(t, graphStateOf(t, db, kc).stderr, "(reason cancelled)")
 }
 
-// testTaskGraphRetryReblocks: retrying a failed parent holds its
-// parent_failed descendants again, transitively; they run once it succeeds.
+// testTaskGraphRetryReblocks: retrying a failed parent, by id or by
+// filter, holds its parent_failed descendants again, transitively; they
+// run once it succeeds.
 func testTaskGraphRetryReblocks(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "q", schema.SortFIFO)
+	q2 := newQueue(t, s, "q2", schema.SortFIFO)
 	a, b, c, keep := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
 	names := map[bson.ObjectID]string{a: "a", b: "b", c: "c", keep: "keep"}
 	graphInsert(t, s,
 		store.GraphTask{ID: a, Queue: q.ID},
 		store.GraphTask{ID: b, Queue: q.ID, Parents: []bson.ObjectID{a}},
-		store.GraphTask{ID: c, Queue: q.ID, Parents: []bson.ObjectID{b}},
+		store.GraphTask{ID: c, Queue: q2.ID, Parents: []bson.ObjectID{b}},
 		store.GraphTask{ID: keep, Queue: q.ID, Parents: []bson.ObjectID{a}},
 	)
 	setStatus(t, db, a, schema.StatusFailed, "n1")
@@ -265,18 +267,70 @@ func testTaskGraphRetryReblocks(t *testing.T, newStore Factory) {
 	require.Equal(t, store.TaskGraphResult{Queued: 1}, gres)
 	requireGraph(t, db, map[bson.ObjectID]schema.Status{b: -2, c: -4}, names)
 
-	// By filter too.
+	// By filter too: c, in the other queue, is not matched by the filter;
+	// it is held again as b's descendant.
 	setStatus(t, db, b, schema.StatusFailed, "n1")
 	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{b}})
 	require.NoError(t, err)
 	requireGraph(t, db, map[bson.ObjectID]schema.Status{c: 2}, names)
 	res, err = s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{Filter: &store.TaskFilter{Queue: q.ID, Statuses: []schema.Status{schema.StatusFailed}, Reason: ""}}, By: "op"})
 	require.NoError(t, err)
-	require.Equal(t, int64(3), res.Requeued, "b, keep and c")
-	// c itself was failed and matched the filter: an operator's retry of
-	// a task runs it whatever its parents.
+	require.Equal(t, int64(2), res.Requeued, "b and keep")
+	require.Equal(t, int64(1), res.Reblocked, "c")
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{b: -2, keep: -2, c: -4}, names)
+	require.Empty(t, graphStateOf(t, db, c).reason, "held for its parents: no reason")
+
+	// A failed task matched by the filter itself is requeued, not held: an
+	// operator's retry of a task runs it whatever its parents.
+	setStatus(t, db, b, schema.StatusFailed, "n1")
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{b}})
+	require.NoError(t, err)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{c: 2}, names)
+	res, err = s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{Filter: &store.TaskFilter{Queue: q2.ID, Statuses: []schema.Status{schema.StatusFailed}}}, By: "op"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Requeued, "c")
+	require.Zero(t, res.Reblocked)
 	require.Equal(t, schema.StatusQueued, graphStateOf(t, db, c).status)
 	require.False(t, graphStateOf(t, db, c).awaiting)
+}
+
+// testTaskGraphEndUnrun: a child held for its parents that an operator
+// cancels or kills, or that expires, finishes unrun like any held task,
+// and is no longer marked awaiting its parents.
+func testTaskGraphEndUnrun(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	p, cancelled, killed, expired := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	names := map[bson.ObjectID]string{p: "p", cancelled: "cancelled", killed: "killed", expired: "expired"}
+	graphInsert(t, s,
+		store.GraphTask{ID: p, Queue: q.ID},
+		store.GraphTask{ID: cancelled, Queue: q.ID, Parents: []bson.ObjectID{p}},
+		store.GraphTask{ID: killed, Queue: q.ID, Parents: []bson.ObjectID{p}},
+		store.GraphTask{ID: expired, Queue: q.ID, Parents: []bson.ObjectID{p}, Control: &store.TaskInsertControl{ExpiresAt: now.Add(time.Minute)}},
+	)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{cancelled: -4, killed: -4, expired: -4}, names)
+
+	cres, err := s.TaskCancel(ctx, store.TaskCancelParams{Target: store.TaskTarget{IDs: []bson.ObjectID{cancelled}}, By: "op"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), cres.Cancelled)
+	kres, err := s.TaskKill(ctx, store.TaskKillParams{Target: store.TaskTarget{IDs: []bson.ObjectID{killed}}, By: "op"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), kres.Cancelled)
+	exp, err := s.TaskExpireDue(ctx, store.TaskTimersParams{Now: now.Add(2 * time.Minute)})
+	require.NoError(t, err)
+	require.Equal(t, map[bson.ObjectID]int64{q.ID: 1}, exp)
+
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{cancelled: 2, killed: 2, expired: 2}, names)
+	for id, reason := range map[bson.ObjectID]string{cancelled: schema.ReasonCancelled, killed: schema.ReasonCancelled, expired: schema.ReasonExpired} {
+		st := graphStateOf(t, db, id)
+		require.Equal(t, reason, st.reason, names[id])
+		require.False(t, st.awaiting, "%s: finished, no longer awaiting its parents", names[id])
+	}
+	res, err := s.TaskGraphSweep(ctx, store.TaskGraphSweepParams{})
+	require.NoError(t, err)
+	require.Zero(t, res, "nothing waits any more")
 }
 
 // testTaskGraphInsertRefuses: bad graphs are refused whole, with errors
@@ -298,27 +352,31 @@ func testTaskGraphInsertRefuses(t *testing.T, newStore Factory) {
 	for _, tc := range []struct {
 		name  string
 		tasks []store.GraphTask
+		kind  store.GraphErrorKind
+		task  int
 		want  string
 	}{
 		{"cycle", []store.GraphTask{
 			{ID: a, Queue: q.ID, Parents: []bson.ObjectID{c}, Ref: "a"},
 			{ID: b, Queue: q.ID, Parents: []bson.ObjectID{a}, Ref: "b"},
 			{ID: c, Queue: q.ID, Parents: []bson.ObjectID{b, existing}, Ref: "c"},
-		}, `a cycle of parents: "a" -> "c" -> "b" -> "a" (each waits for the next)`},
-		{"self-parent", []store.GraphTask{{ID: a, Queue: q.ID, Parents: []bson.ObjectID{a}}}, "task 0: a task cannot be its own parent"},
-		{"unknown parent", []store.GraphTask{{Queue: q.ID}, {Queue: q.ID, Parents: []bson.ObjectID{b}, Ref: "x"}}, `task 1 (ref "x"): parent ` + b.Hex() + `: no such task`},
-		{"too many parents", []store.GraphTask{{Queue: q.ID, Parents: many}}, "100000 parents; a task may have at most 1000"},
-		{"unknown queue", []store.GraphTask{{Queue: q.ID}, {Queue: bson.NewObjectID()}}, "task 1: queue"},
-		{"parent in an unknown queue", []store.GraphTask{{Queue: q.ID, Parents: []bson.ObjectID{lost}}}, "which does not exist (it can never run)"},
-		{"duplicate id", []store.GraphTask{{ID: a, Queue: q.ID}, {ID: a, Queue: q.ID}}, "is also task 0's"},
-		{"stored id", []store.GraphTask{{ID: existing, Queue: q.ID}}, "already a stored task's"},
-		{"on_parent_failure", []store.GraphTask{{Queue: q.ID, OnParentFailure: "maybe"}}, `on_parent_failure must be "fail" or "run"`},
+		}, store.GraphConflict, 0, `a cycle of parents: "a" -> "c" -> "b" -> "a" (each waits for the next)`},
+		{"self-parent", []store.GraphTask{{ID: a, Queue: q.ID, Parents: []bson.ObjectID{a}}}, store.GraphConflict, 0, "task 0: a task cannot be its own parent"},
+		{"unknown parent", []store.GraphTask{{Queue: q.ID}, {Queue: q.ID, Parents: []bson.ObjectID{b}, Ref: "x"}}, store.GraphUnknown, 1, `task 1 (ref "x"): parent ` + b.Hex() + `: no such task`},
+		{"too many parents", []store.GraphTask{{Queue: q.ID, Parents: many}}, store.GraphInvalidTask, 0, "100000 parents; a task may have at most 1000"},
+		{"unknown queue", []store.GraphTask{{Queue: q.ID}, {Queue: bson.NewObjectID()}}, store.GraphUnknown, 1, "task 1: queue"},
+		{"parent in an unknown queue", []store.GraphTask{{Queue: q.ID}, {Queue: q.ID, Parents: []bson.ObjectID{lost}}}, store.GraphUnknown, 1, "which does not exist (it can never run)"},
+		{"duplicate id", []store.GraphTask{{ID: a, Queue: q.ID}, {ID: a, Queue: q.ID}}, store.GraphConflict, 1, "is also task 0's"},
+		{"stored id", []store.GraphTask{{Queue: q.ID}, {ID: existing, Queue: q.ID}}, store.GraphConflict, 1, "already a stored task's"},
+		{"on_parent_failure", []store.GraphTask{{Queue: q.ID, OnParentFailure: "maybe"}}, store.GraphInvalidTask, 0, `on_parent_failure must be "fail" or "run"`},
 	} {
 		_, err := s.TaskInsertGraph(ctx, store.TaskInsertGraphParams{Tasks: tc.tasks})
 		require.ErrorIs(t, err, store.ErrInvalidGraph, tc.name)
 		require.ErrorContains(t, err, tc.want, tc.name)
 		var ge *store.GraphInputError
 		require.True(t, errors.As(err, &ge), tc.name)
+		require.Equal(t, tc.kind, ge.Kind, "%s: kind", tc.name)
+		require.Equal(t, tc.task, ge.Task, "%s: the task it is about", tc.name)
 		n, err := db.Collection("tasks").CountDocuments(ctx, bson.D{})
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n, "%s: nothing inserted", tc.name)

@@ -101,6 +101,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskGraphUnblock", testTaskGraphUnblock},
 		{"TaskGraphParentFailed", testTaskGraphParentFailed},
 		{"TaskGraphRetryReblocks", testTaskGraphRetryReblocks},
+		{"TaskGraphEndUnrun", testTaskGraphEndUnrun},
 		{"TaskGraphInsertRefuses", testTaskGraphInsertRefuses},
 		{"TaskGraphSweep", testTaskGraphSweep},
 		{"TaskGraphGet", testTaskGraphGet},
@@ -200,13 +201,16 @@ func testIndexesEnsureBesidePerl(t *testing.T, newStore Factory) {
 		{Keys: bson.D{{Key: "node", Value: 1}, {Key: "status", Value: 1}, {Key: "queue", Value: 1}}},
 		{Keys: bson.D{{Key: "node", Value: 1}, {Key: "status", Value: 1}, {Key: "queue", Value: 1}, {Key: "_id", Value: 1}}, Options: options.Index().SetName("perl_claim")},
 		{Keys: bson.D{{Key: "queue", Value: 1}, {Key: "status", Value: 1}}},
+		// The delayed tasks' index before task graphs, on a database of an
+		// earlier version: left alone.
+		{Keys: bson.D{{Key: "not_before", Value: 1}}, Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "status", Value: -4}})},
 	})
 	require.NoError(t, err)
 	_, err = db.Collection("tasks.chunks").Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "files_id", Value: 1}, {Key: "n", Value: 1}}, Options: options.Index().SetUnique(true).SetName("chunks")})
 	require.NoError(t, err)
 	require.NoError(t, s.IndexesEnsure(ctx))
 	keys := indexKeys(t, db, "tasks")
-	require.Len(t, keys, 10, "_id, the three Perl indexes, our reaper index, the two partial timer indexes, and the partial parents, admitted and then_pending indexes: %v", keys)
+	require.Len(t, keys, 11, "_id, the three Perl indexes, our reaper index, the two partial timer indexes and the older one, and the partial parents, admitted and then_pending indexes: %v", keys)
 	require.Len(t, indexKeys(t, db, "queues"), 2)
 }
 
@@ -400,6 +404,27 @@ func testTaskInsertMany(t *testing.T, newStore Factory) {
 	require.Equal(t, 5, len(task.Parameters), "nil parameters become {}")
 	_, err = s.TaskGet(ctxT(t), bson.NewObjectID())
 	require.ErrorIs(t, err, store.ErrNotFound)
+
+	// Extra fields follow the protocol's on every task; a protocol field
+	// cannot be one.
+	extra := bson.D{{Key: "chained_from", Value: ids[0]}, {Key: "name", Value: "n"}}
+	got, err = s.TaskInsertMany(ctxT(t), store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil, nil}, Extra: extra,
+		Control: &store.TaskInsertControl{Timeout: time.Minute}})
+	require.NoError(t, err)
+	for _, id := range got {
+		elems, err := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}}).Elements()
+		require.NoError(t, err)
+		var keys []string
+		for _, e := range elems {
+			keys = append(keys, e.Key())
+		}
+		require.Equal(t, []string{"_id", "queue", "ctime", "mtime", "node", "status", "parameters", "stdout", "stderr", "timeout", "chained_from", "name"}, keys)
+		require.Equal(t, ids[0], elems[10].Value().ObjectID())
+	}
+	for _, key := range []string{"status", "not_before", "awaiting_parents", "params"} {
+		_, err = s.TaskInsertMany(ctxT(t), store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil}, Extra: bson.D{{Key: key, Value: 1}}})
+		require.ErrorContains(t, err, "a field of the task protocol", key)
+	}
 }
 
 func testTaskClaimOrder(t *testing.T, newStore Factory) {

@@ -71,10 +71,13 @@ type CancelResult struct {
 
 // RetryResult is what a retry did, or with dry_run would do.
 type RetryResult struct {
-	Requeued int64     `json:"requeued"`
-	DryRun   bool      `json:"dry_run"`
-	Skipped  []Skipped `json:"skipped"`
-	skips    []store.TaskSkip
+	Requeued int64 `json:"requeued"`
+	// Reblocked: descendants of the requeued tasks that had ended with
+	// parent_failed, held again awaiting their parents (0 with dry_run).
+	Reblocked int64     `json:"reblocked"`
+	DryRun    bool      `json:"dry_run"`
+	Skipped   []Skipped `json:"skipped"`
+	skips     []store.TaskSkip
 }
 
 func skippedView(in []store.TaskSkip) []Skipped {
@@ -441,7 +444,7 @@ func (h *handler) retry(r *http.Request, c controlBody) (RetryResult, error) {
 	if err != nil {
 		return RetryResult{}, err
 	}
-	return RetryResult{Requeued: res.Requeued, DryRun: c.dryRun, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
+	return RetryResult{Requeued: res.Requeued, Reblocked: res.Reblocked, DryRun: c.dryRun, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
 }
 
 func (h *handler) taskRetryMany(w http.ResponseWriter, r *http.Request) error {

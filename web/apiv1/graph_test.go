@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
 )
 
 type graphSubmitted struct {
@@ -66,7 +68,7 @@ func TestTaskSubmitGraphRefusesBadGraphs(t *testing.T) {
 		messagePart string
 	}{
 		{"unknown ref", `{"ref":"x","params":{}},{"params":{},"parents":["y"]}`, 404, CodeNotFound, "tasks[1].parents[0]", "neither a ref"},
-		{"self", `{"ref":"x","params":{},"parents":["x"]}`, 409, CodeConflictingFields, "tasks[0].parents[0]", "its own parent"},
+		{"self", `{"ref":"x","params":{},"parents":["x"]}`, 409, CodeConflictingFields, "tasks[0].parents", "its own parent"},
 		{"duplicate ref", `{"ref":"x","params":{}},{"ref":"x","params":{}}`, 409, CodeConflictingFields, "tasks[1].ref", "also tasks[0]'s"},
 		{"cycle", `{"ref":"x","params":{},"parents":["z"]},{"ref":"y","params":{},"parents":["x"]},{"ref":"z","params":{},"parents":["y"]}`, 409, CodeConflictingFields, "tasks[0].parents", "a cycle of parents"},
 		{"unknown parent", `{"params":{},"parents":["` + ghost + `"]}`, 404, CodeNotFound, "tasks[0].parents", "no such task"},
@@ -121,4 +123,21 @@ func TestTaskGraphRoute(t *testing.T) {
 	require.False(t, g.Truncated)
 	e.wantErr(404, CodeNotFound, "id", "GET", "/api/v1/tasks/"+bson.NewObjectID().Hex()+"/graph", nil)
 	e.wantErr(400, CodeInvalidParameter, "id", "GET", "/api/v1/tasks/nope/graph", nil)
+}
+
+// TestTaskRetryReblocksGraph: a retry's answer counts the descendants it
+// held again for their parents.
+func TestTaskRetryReblocksGraph(t *testing.T) {
+	e := setup(t)
+	e.newQueue("a")
+	var s graphSubmitted
+	e.want(201, "POST", "/api/v1/tasks", `{"queue":"a","tasks":[
+		{"ref":"root","params":{}},
+		{"ref":"child","params":{},"parents":["root"]}]}`).decode(t, &s)
+	e.finished(s.Refs["root"], schema.StatusFailed)
+	e.setTask(s.Refs["child"], bson.D{{Key: "status", Value: int32(schema.StatusFailed)}, {Key: "reason", Value: schema.ReasonParentFailed}})
+	var res RetryResult
+	e.want(200, "POST", "/api/v1/tasks/"+s.Refs["root"]+"/retry", nil).decode(t, &res)
+	require.Equal(t, RetryResult{Requeued: 1, Reblocked: 1, Skipped: []Skipped{}}, res)
+	require.Equal(t, int32(-4), e.rawTask(s.Refs["child"]).Lookup("status").Int32())
 }
