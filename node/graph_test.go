@@ -13,7 +13,7 @@ import (
 	"github.com/disbatch-go/disbatch/store"
 )
 
-// graphInsert inserts a graph: parents[i] are indexes of earlier tasks.
+// graphInsert inserts a graph of tasks.
 func (b *bundle) graphInsert(tasks []store.GraphTask) []bson.ObjectID {
 	b.t.Helper()
 	ids, err := b.store.TaskInsertGraph(context.Background(), store.TaskInsertGraphParams{Tasks: tasks})

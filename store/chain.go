@@ -47,18 +47,16 @@ func (s *Store) ThenCreate(ctx context.Context, id bson.ObjectID) (ThenResult, e
 		attempt, _ := raw.Lookup(schema.TaskAttempt).AsInt64OK()
 		for i, p := range params {
 			tid := chainedID(id, attempt, i, finished)
-			_, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: target, Parameters: []bson.Raw{p}, IDs: []bson.ObjectID{tid}})
+			_, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: target, Parameters: []bson.Raw{p}, IDs: []bson.ObjectID{tid},
+				Extra: bson.D{{Key: schema.TaskChainedFrom, Value: id}}})
 			switch {
 			case isDuplicateKey(err):
 				r.Existed++
-				continue
 			case err != nil:
 				return r, fmt.Errorf("then of task %s: %w", id.Hex(), err)
+			default:
+				r.Created++
 			}
-			if _, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: tid}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskChainedFrom, Value: id}}}}); err != nil {
-				return r, fmt.Errorf("then of task %s: %w", id.Hex(), err)
-			}
-			r.Created++
 		}
 	}
 	update := bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskThenPending, Value: ""}}}}

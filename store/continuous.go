@@ -45,12 +45,9 @@ func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, inter
 		if err != nil || res.ModifiedCount == 0 {
 			return err
 		}
-		ids, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: queue, Parameters: []bson.Raw{emptyDoc}})
+		ids, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: queue, Parameters: []bson.Raw{emptyDoc},
+			Extra: bson.D{{Key: schema.TaskName, Value: strconv.FormatInt(now.Unix(), 10)}}})
 		if err != nil {
-			return err
-		}
-		if _, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[0]}},
-			bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskName, Value: strconv.FormatInt(now.Unix(), 10)}}}}); err != nil {
 			return err
 		}
 		id, created = ids[0], true

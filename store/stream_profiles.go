@@ -54,7 +54,7 @@ const (
 	// StreamGraph is what moves task graphs: tasks that end (updates that
 	// set a status > 0 or -6, replaces with such a status) and task
 	// deletes; their waiting children may now be queued or fail (the
-	// leader's graph duty). Events carry the new status.
+	// leader's graph duty). Events carry only which task.
 	StreamGraph
 )
 
@@ -246,22 +246,17 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				"updateDescription.updatedFields."+schema.TaskNotBefore, "updateDescription.updatedFields."+schema.TaskExpiresAt),
 		}}, nil
 	case StreamGraph:
-		ended := bson.A{bson.D{{Key: "$gt", Value: 0}}, int32(schema.StatusOrphaned)}
-		endedAs := func(field string) bson.D {
-			a := bson.A{}
-			for _, e := range ended {
-				a = append(a, bson.D{{Key: field, Value: e}})
+		ends := func(op, status string) []bson.D {
+			return []bson.D{
+				{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: op}, {Key: status, Value: bson.D{{Key: "$gt", Value: 0}}}},
+				{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: op}, {Key: status, Value: int32(schema.StatusOrphaned)}},
 			}
-			return bson.D{{Key: "$or", Value: a}}
 		}
 		return streamShape{pipeline: mongo.Pipeline{
-			match(
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$and", Value: bson.A{endedAs("updateDescription.updatedFields." + schema.TaskStatus)}}},
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "replace"}, {Key: "$and", Value: bson.A{endedAs("fullDocument." + schema.TaskStatus)}}},
+			match(append(append(ends("update", "updateDescription.updatedFields."+schema.TaskStatus), ends("replace", "fullDocument."+schema.TaskStatus)...),
 				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("delete", "drop", "rename")}},
-				databaseEnd,
-			),
-			project("fullDocument."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskStatus),
+				databaseEnd)...),
+			project(),
 		}}, nil
 	}
 	return streamShape{}, fmt.Errorf("unknown change stream profile %d", int(p))
