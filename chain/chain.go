@@ -79,7 +79,7 @@ func (c *Sweeper) Sweep(ctx context.Context) {
 			case r.Problem != "":
 				c.log.Warn("then: an output could not become tasks", "task_id", id.Hex(), "problem", r.Problem)
 			default:
-				c.log.Info("then: tasks created from an output a crash left", "task_id", id.Hex(), "created", r.Created, "existed", r.Existed)
+				c.log.Info("then: the sweep turned an output into tasks (its node had not yet, or could not)", "task_id", id.Hex(), "created", r.Created, "existed", r.Existed)
 			}
 		}
 		if len(ids) < batch {
