@@ -288,6 +288,21 @@ func TestSubmitWithControl(t *testing.T) {
 	show := e.ok("", "task", "show", id.Hex())
 	require.Contains(t, show, "timeout:    1m30s\n")
 	require.Contains(t, show, "expires_at: 2099-01-02T03:04:05Z\n")
+	require.NotContains(t, show, "priority:")
+
+	out = e.ok(`{"a":3}`, "task", "submit", "q", "--priority", "9")
+	require.Contains(t, out, "; priority 9")
+	raw, err = e.db.Collection("tasks").FindOne(context.Background(), bson.D{{Key: "params.a", Value: 3}}).Raw()
+	if err != nil { // the seed-000 name
+		raw, err = e.db.Collection("tasks").FindOne(context.Background(), bson.D{{Key: "parameters.a", Value: 3}}).Raw()
+	}
+	require.NoError(t, err)
+	require.EqualValues(t, 9, raw.Lookup("priority").AsInt64())
+	id = raw.Lookup("_id").ObjectID()
+	require.Contains(t, e.ok("", "task", "show", id.Hex()), "priority:   9\n")
+	var shown map[string]any
+	require.NoError(t, json.Unmarshal([]byte(e.ok("", "task", "show", id.Hex(), "--json")), &shown))
+	require.EqualValues(t, 9, shown["priority"])
 }
 
 func TestTaskShowControlFields(t *testing.T) {
@@ -451,6 +466,9 @@ func TestControlBadInputIsAUsageErrorAndChangesNothing(t *testing.T) {
 		{[]string{"task", "submit", "q", "--not-before", "+2h", "--expires-at", "+1h"}, "must be after not_before"},
 		{[]string{"task", "submit", "q", "--expires-at", "2001-01-01T00:00:00Z"}, "not in the future"},
 		{[]string{"task", "submit", "q", "--timeout", "9000h"}, "timeout must be from 0 to"},
+		{[]string{"task", "submit", "q", "--priority", "-1"}, "--priority must be from 0 to 2147483647, got -1"},
+		{[]string{"task", "submit", "q", "--priority", "2147483648"}, "--priority must be from 0 to 2147483647"},
+		{[]string{"task", "submit", "q", "--priority", "high"}, `invalid argument "high" for "--priority"`},
 		{append([]string{"task", "kill"}, many...), "1001 task ids: at most 1000 at once; select more tasks with a filter"},
 		{append([]string{"task", "retry"}, many...), "1001 task ids"},
 		{append([]string{"task", "wait"}, many...), "1001 task ids"},

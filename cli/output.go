@@ -83,6 +83,9 @@ func addControlJSON(m map[string]any, t schema.Task) {
 	if !c.ExpiresAt.IsZero() {
 		m["expires_at"] = fmtTime(c.ExpiresAt)
 	}
+	if c.Priority != 0 {
+		m["priority"] = c.Priority
+	}
 	if k := c.Kill; k != nil {
 		m["kill"] = map[string]any{"node": k.Node, "by": k.By, "at": fmtTime(k.At), "reason": k.Reason}
 	}
@@ -154,6 +157,9 @@ func writeControl(w io.Writer, t schema.Task) {
 	}
 	if !c.ExpiresAt.IsZero() {
 		line("expires_at", "%s", fmtTime(c.ExpiresAt))
+	}
+	if c.Priority != 0 {
+		line("priority", "%d", c.Priority)
 	}
 	if k := c.Kill; k != nil {
 		node := k.Node

@@ -96,7 +96,9 @@ func newQueueCreate(g *globals) *cobra.Command {
 --maxthreads is how many of the queue's tasks each node runs at once. It
 defaults to 1 so that a new queue runs; 0 or null runs nothing, as in Disbatch
 (use it to create a paused queue). --sort picks which queued task is claimed
-next: fifo (oldest first), lifo (newest first) or default (MongoDB's order).
+next: fifo (oldest first), lifo (newest first), priority (the highest task
+priority first, then the oldest; see task submit --priority) or default
+(MongoDB's order).
 
 Both the seed-000 field names (constructor, maxthreads) and the Disbatch 4.103
 ones (plugin, threads) are written, so Perl nodes run the queue too.`,
@@ -129,7 +131,7 @@ ones (plugin, threads) are written, so Perl nodes run the queue too.`,
 	}
 	cmd.Flags().StringVar(&constructor, "constructor", "", "plugin that runs the queue's tasks (required), e.g. Disbatch::Plugin::Demo")
 	cmd.Flags().StringVar(&maxThreads, "maxthreads", "1", "tasks of this queue each node runs at once: an integer >= 0, or null (0 and null run nothing)")
-	cmd.Flags().StringVar(&sort, "sort", "default", "claim order: fifo, lifo or default")
+	cmd.Flags().StringVar(&sort, "sort", "default", "claim order: "+schema.SortNames)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the queue as JSON")
 	return cmd
 }
@@ -379,7 +381,7 @@ func parseBackoff(s string) (schema.Backoff, error) {
 	return b, nil
 }
 
-const queueSetKeys = "name, constructor (or plugin), maxthreads (or threads: integer >= 0 or null), sort (fifo|lifo|default), nodes_pin, nodes_ignore (comma-separated node names; empty to remove), " +
+const queueSetKeys = "name, constructor (or plugin), maxthreads (or threads: integer >= 0 or null), sort (fifo|lifo|priority|default), nodes_pin, nodes_ignore (comma-separated node names; empty to remove), " +
 	"priority (a number), weight (a number; negative: never scheduled), nice (weight = 20 - nice), max_getwork (tasks per claim, 0: no limit), max_running (claimed and running tasks across all nodes, 0: no cap), config (a JSON object for the plugin; {} removes it), continuous (true|false), interval (seconds between a continuous queue's tasks), then (a queue a succeeded task's output becomes tasks of; empty removes it), paused (true|false)"
 
 func newQueueSet(g *globals) *cobra.Command {
@@ -466,7 +468,7 @@ are written under both their seed-000 and their Disbatch 4.103 names.`,
 				case "sort":
 					s := schema.Sort(v)
 					if !s.Valid() || v == "" {
-						return usagef("sort must be fifo, lifo or default, got %q", v)
+						return usagef("sort must be %s, got %q", schema.SortNames, v)
 					}
 					p.Sort = &s
 				case "nodes_pin", "nodes_ignore":

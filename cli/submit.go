@@ -153,6 +153,7 @@ func newTaskSubmit(g *globals) *cobra.Command {
 	var batchSize, parallel int
 	var timeout time.Duration
 	var expiresAt, notBefore string
+	var priority int64
 	cmd := &cobra.Command{
 		Use:   "submit QUEUE [FILE|-]",
 		Short: "Submit tasks: one parameters object each, from a file or stdin",
@@ -173,6 +174,8 @@ ignore them):
                       its node kills it then and it fails with reason timeout
   --not-before TIME   it is held (status -4) until then, then queued
   --expires-at TIME   if not started by then it fails unrun, reason expired
+  --priority N        on a queue whose sort is priority, higher runs first
+                      (then older); 0, the default, runs after all others
 TIME is an RFC 3339 time (2030-01-02T15:04:05Z) or +DURATION from now (+90m).
 
 With --graph, each line is a task of a graph (seed 002), submitted whole in
@@ -203,7 +206,7 @@ and more than ` + fmt.Sprint(schema.MaxParents) + ` parents are reported by line
 			if parallel < 1 || parallel > 64 {
 				return usagef("--parallel must be between 1 and 64")
 			}
-			ctl, err := submitControl(time.Now(), timeout, notBefore, expiresAt)
+			ctl, err := submitControl(time.Now(), timeout, notBefore, expiresAt, priority)
 			if err != nil {
 				return err
 			}
@@ -287,17 +290,21 @@ and more than ` + fmt.Sprint(schema.MaxParents) + ` parents are reported by line
 	cmd.Flags().BoolVar(&graph, "graph", false, "each line is a task of a graph: {ref, queue, parents, on_parent_failure, parameters}")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "each task's time limit once started, e.g. 30s or 2h (0: the queue's)")
 	cmd.Flags().StringVar(&notBefore, "not-before", "", "hold the tasks until TIME (RFC 3339, or +DURATION from now)")
+	cmd.Flags().Int64Var(&priority, "priority", 0, "each task's priority, on a queue sorted by priority: higher first (0 to 2147483647)")
 	cmd.Flags().StringVar(&expiresAt, "expires-at", "", "tasks not started by TIME (RFC 3339, or +DURATION from now) fail unrun, reason expired")
 	return cmd
 }
 
 // submitControl checks submit's control flags and returns the control
 // fields for the tasks, or nil when none is given.
-func submitControl(now time.Time, timeout time.Duration, notBefore, expiresAt string) (*store.TaskInsertControl, error) {
+func submitControl(now time.Time, timeout time.Duration, notBefore, expiresAt string, priority int64) (*store.TaskInsertControl, error) {
 	if timeout < 0 {
 		return nil, usagef("--timeout must not be negative, got %s", timeout)
 	}
-	c := store.TaskInsertControl{Timeout: timeout}
+	if priority < 0 || priority > schema.MaxTaskPriority {
+		return nil, usagef("--priority must be from 0 to %d, got %d", schema.MaxTaskPriority, priority)
+	}
+	c := store.TaskInsertControl{Timeout: timeout, Priority: priority}
 	var err error
 	if notBefore != "" {
 		if c.NotBefore, err = parseFuture("--not-before", notBefore, now); err != nil {
@@ -335,6 +342,9 @@ func describeInsertControl(c *store.TaskInsertControl) string {
 	if c.Timeout > 0 {
 		parts = append(parts, "time limit "+c.Timeout.String())
 	}
+	if c.Priority > 0 {
+		parts = append(parts, fmt.Sprintf("priority %d", c.Priority))
+	}
 	return "; " + strings.Join(parts, ", ")
 }
 
@@ -347,6 +357,9 @@ func addInsertControl(m map[string]any, c store.TaskInsertControl) {
 	}
 	if !c.ExpiresAt.IsZero() {
 		m["expires_at"] = fmtTime(c.ExpiresAt)
+	}
+	if c.Priority > 0 {
+		m["priority"] = c.Priority
 	}
 }
 

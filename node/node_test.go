@@ -247,6 +247,26 @@ func TestFIFOAndLIFOOrder(t *testing.T) {
 	}
 }
 
+// TestPriorityOrder: on a queue sorted by priority the node runs the
+// highest task priority first, then the oldest; tasks without one last.
+func TestPriorityOrder(t *testing.T) {
+	b := setup(t)
+	q := b.queue("q", "test", 1, schema.SortPriority)
+	var want []bson.ObjectID
+	byPriority := map[int64][]bson.ObjectID{}
+	for i, p := range []int64{0, 3, 1, 3, 0, 7, 1, 0, 7, 3} {
+		byPriority[p] = append(byPriority[p], b.insert(q, &store.TaskInsertControl{Priority: p}, bson.D{{Key: "i", Value: i}})[0])
+	}
+	for _, p := range []int64{7, 3, 1, 0} {
+		want = append(want, byPriority[p]...)
+	}
+	b.start(b.config("n1"))
+	b.waitDone(nil, int64(len(want)), 30*time.Second)
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	require.Equal(t, want, b.rec.order)
+}
+
 func TestChangeStreamWakeUpBeatsTheTick(t *testing.T) {
 	for _, pollOnly := range []bool{false, true} {
 		t.Run(fmt.Sprintf("poll-only=%v", pollOnly), func(t *testing.T) {

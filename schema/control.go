@@ -34,7 +34,15 @@ const (
 	TaskCancel = "cancel"
 	// TaskRequeued records the last requeue by an operator ({by, at}).
 	TaskRequeued = "requeued"
+	// TaskPriority orders a queue's tasks when its sort is SortPriority:
+	// higher first. An integer from 1 to MaxTaskPriority; absent means 0,
+	// and 0 is never written, so the tasks without one come after all
+	// the others, oldest first.
+	TaskPriority = "priority"
 )
+
+// MaxTaskPriority bounds a task's priority.
+const MaxTaskPriority = math.MaxInt32
 
 // The reasons a task ends or is held for. A task that ends as its plugin
 // said has no reason.
@@ -93,6 +101,7 @@ type TaskControl struct {
 	Timeout   time.Duration // 0: none of its own
 	ExpiresAt time.Time     // zero: never
 	NotBefore time.Time     // zero: none
+	Priority  int64         // 0: none (TaskPriority)
 	Kill      *KillRequest
 	Attempts  []Attempt
 }
@@ -112,6 +121,11 @@ func decodeControl(r *reader) TaskControl {
 	}
 	if n := r.count(TaskTries); n != nil {
 		c.Tries = int(*n)
+	}
+	if _, v, ok := r.lookup(TaskPriority); ok {
+		// Only an order: a priority some other writer mistyped is shown
+		// as none rather than failing the task.
+		c.Priority, _ = v.AsInt64OK()
 	}
 	if _, v, ok := r.lookup(TaskKill); ok {
 		doc, isDoc := v.DocumentOK()

@@ -7,19 +7,26 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// Sort is a queue's claim order on the tasks' _id.
+// Sort is a queue's claim order.
 type Sort string
 
-// The sort orders of seed 000. The empty Sort means SortDefault.
+// The sort orders of seed 000 (on the tasks' _id), and this project's
+// SortPriority (seed 001's "picking work units": the highest task priority
+// first, then the oldest; Disbatch 4.103 nodes warn and use their default
+// order). The empty Sort means SortDefault.
 const (
-	SortFIFO    Sort = "fifo"
-	SortLIFO    Sort = "lifo"
-	SortDefault Sort = "default"
+	SortFIFO     Sort = "fifo"
+	SortLIFO     Sort = "lifo"
+	SortDefault  Sort = "default"
+	SortPriority Sort = "priority"
 )
 
-// Valid reports whether s is one of the seed-000 orders (or empty).
+// SortNames names the orders a queue may set, for messages.
+const SortNames = "fifo, lifo, priority or default"
+
+// Valid reports whether s is one of the orders (or empty).
 func (s Sort) Valid() bool {
-	return s == "" || s == SortFIFO || s == SortLIFO || s == SortDefault
+	return s == "" || s == SortFIFO || s == SortLIFO || s == SortDefault || s == SortPriority
 }
 
 // Queue is a document of the queues collection.

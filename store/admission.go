@@ -70,13 +70,6 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 	if p.Max < 1 {
 		return TaskClaimManyResult{}, fmt.Errorf("claim tasks: max_running %d is not positive", p.Max)
 	}
-	var order bson.D
-	switch p.Sort {
-	case schema.SortFIFO:
-		order = bson.D{{Key: "_id", Value: 1}}
-	case schema.SortLIFO:
-		order = bson.D{{Key: "_id", Value: -1}}
-	}
 	token := bson.NewObjectID()
 	var ids bson.A
 	full := false
@@ -96,25 +89,12 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 		if q.Admitted != nil {
 			admitted = *q.Admitted
 		}
-		filter := bson.D{
-			{Key: schema.TaskNode, Value: unclaimed},
-			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
-			{Key: schema.TaskQueue, Value: p.Queue},
-			notExpired(s.nowMS()),
-		}
-		fo := options.Find().SetLimit(int64(p.Limit)).SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskAdmitted, Value: 1}})
-		if order != nil {
-			fo.SetSort(order)
-		}
-		cur, err := s.tasks.Find(ctx, filter, fo)
-		if err != nil {
-			return err
-		}
-		var cands []struct {
+		filter := claimFilter(p.Queue, s.nowMS())
+		cands, err := claimCandidates[struct {
 			ID       any  `bson:"_id"`
 			Admitted bool `bson:"admitted"`
-		}
-		if err := cur.All(ctx, &cands); err != nil {
+		}](ctx, s.tasks, filter, p.Sort, p.Limit, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskAdmitted, Value: 1}})
+		if err != nil {
 			return err
 		}
 		// In claim order: a task handed back with its admission needs no
@@ -176,7 +156,7 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 	if len(ids) == 0 {
 		return TaskClaimManyResult{}, nil
 	}
-	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, order)
+	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort)
 }
 
 // AdmissionsRelease gives back the admissions of the given tasks of a

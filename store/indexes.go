@@ -50,6 +50,11 @@ var Indexes = []Index{
 			"({awaiting_parents: null} first, so the bounds are tight), and those due; " +
 			"an older {not_before} index of the same use, from before task graphs, is left alone (IndexesEnsure never drops)",
 		Partial: bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)}}},
+	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskQueue, Value: 1}, {Key: schema.TaskPriority, Value: -1}, {Key: "_id", Value: 1}},
+		Why: "the claim of a queue sorted by priority: its queued tasks that have a priority, highest first, then oldest " +
+			"(those without one are claimed after them, through the claim index); only queued tasks with a priority are indexed, " +
+			"so queues that never set one pay nothing for it",
+		Partial: bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}, {Key: schema.TaskPriority, Value: bson.D{{Key: "$exists", Value: true}}}}},
 	{Collection: schema.CollTasks, Keys: bson.D{{Key: schema.TaskExpiresAt, Value: 1}},
 		Why:     "the leader's timer for expiring tasks: the earliest expires_at of the waiting tasks, and those due",
 		Partial: bson.D{{Key: schema.TaskStatus, Value: bson.D{{Key: "$lte", Value: int32(schema.StatusQueued)}}}, {Key: schema.TaskExpiresAt, Value: bson.D{{Key: "$exists", Value: true}}}}},

@@ -38,7 +38,7 @@ func (p QueueCreateParams) Validate() error {
 		return err
 	}
 	if !p.Sort.Valid() {
-		return fmt.Errorf("sort must be fifo, lifo or default, got %q", p.Sort)
+		return fmt.Errorf("sort must be %s, got %q", schema.SortNames, p.Sort)
 	}
 	return nil
 }

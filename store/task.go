@@ -46,6 +46,7 @@ type TaskInsertControl struct {
 	Timeout   time.Duration // 0: the queue's
 	ExpiresAt time.Time     // zero: never
 	NotBefore time.Time     // zero: at once
+	Priority  int64         // 0: none (schema.TaskPriority)
 }
 
 // Validate checks the fields: a timeout from 0 to a year; an expiry after
@@ -53,6 +54,9 @@ type TaskInsertControl struct {
 func (c TaskInsertControl) Validate() error {
 	if c.Timeout < 0 || c.Timeout > schema.MaxSeconds*time.Second {
 		return fmt.Errorf("timeout must be from 0 to %d seconds, got %s", schema.MaxSeconds, c.Timeout)
+	}
+	if c.Priority < 0 || c.Priority > schema.MaxTaskPriority {
+		return fmt.Errorf("priority must be from 0 to %d, got %d", schema.MaxTaskPriority, c.Priority)
 	}
 	if !c.ExpiresAt.IsZero() && !c.NotBefore.IsZero() && !c.ExpiresAt.After(c.NotBefore) {
 		return fmt.Errorf("expires_at (%s) must be after not_before (%s): the task could never run", c.ExpiresAt.Format(time.RFC3339Nano), c.NotBefore.Format(time.RFC3339Nano))
@@ -151,6 +155,9 @@ func (nt newTask) doc(id bson.ObjectID, params bson.Raw, now time.Time) (bson.D,
 		if !c.NotBefore.IsZero() {
 			d = append(d, bson.E{Key: schema.TaskNotBefore, Value: c.NotBefore.UTC().Truncate(time.Millisecond)})
 		}
+		if c.Priority > 0 {
+			d = append(d, bson.E{Key: schema.TaskPriority, Value: c.Priority})
+		}
 	}
 	if nt.TraceParent != "" {
 		d = append(d, bson.E{Key: schema.TaskTraceParent, Value: nt.TraceParent})
@@ -172,7 +179,7 @@ func protocolField(key string) bool {
 		schema.TaskReason, schema.TaskAttempts, schema.TaskAttempt, schema.TaskTries,
 		schema.TaskTimeout, schema.TaskExpiresAt, schema.TaskNotBefore, schema.TaskCancel, schema.TaskRequeued,
 		schema.TaskResult, schema.TaskMixedout, schema.TaskAdmitted, schema.TaskThenPending,
-		schema.TaskParents, schema.TaskOnParentFailure, schema.TaskAwaitingParents:
+		schema.TaskParents, schema.TaskOnParentFailure, schema.TaskAwaitingParents, schema.TaskPriority:
 		return true
 	}
 	return false
@@ -258,25 +265,22 @@ var unclaimed = bson.D{{Key: "$in", Value: bson.A{schema.Unclaimed, nil}}}
 // Task with only ID, Queue, Node, Status and Raw set: it is claimed by this
 // node and the caller must deal with it (TaskFail).
 func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, error) {
-	filter := bson.D{
-		{Key: schema.TaskNode, Value: unclaimed},
-		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
-		{Key: schema.TaskQueue, Value: p.Queue},
-		notExpired(s.nowMS()),
-	}
 	update := bson.D{{Key: "$set", Value: bson.D{
 		{Key: schema.TaskNode, Value: p.Node},
 		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
 		{Key: schema.TaskMTime, Value: s.nowMS()},
 	}}}
-	o := options.FindOneAndUpdate().SetReturnDocument(options.After)
-	switch p.Sort {
-	case schema.SortFIFO:
-		o.SetSort(bson.D{{Key: "_id", Value: 1}})
-	case schema.SortLIFO:
-		o.SetSort(bson.D{{Key: "_id", Value: -1}})
+	var raw bson.Raw
+	err := mongo.ErrNoDocuments
+	for _, ph := range claimPhases(claimFilter(p.Queue, s.nowMS()), p.Sort) {
+		o := options.FindOneAndUpdate().SetReturnDocument(options.After)
+		if ph.order != nil {
+			o.SetSort(ph.order)
+		}
+		if raw, err = s.tasks.FindOneAndUpdate(ctx, ph.filter, update, o).Raw(); !errors.Is(err, mongo.ErrNoDocuments) {
+			break
+		}
 	}
-	raw, err := s.tasks.FindOneAndUpdate(ctx, filter, update, o).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return schema.Task{}, ErrNoTask
 	}
@@ -324,23 +328,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	if p.Limit < 1 || p.Limit > MaxClaimBatch {
 		return TaskClaimManyResult{}, fmt.Errorf("claim tasks: limit %d is not within 1..%d", p.Limit, MaxClaimBatch)
 	}
-	filter := bson.D{
-		{Key: schema.TaskNode, Value: unclaimed},
-		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
-		{Key: schema.TaskQueue, Value: p.Queue},
-		notExpired(s.nowMS()),
-	}
-	var order bson.D
-	switch p.Sort {
-	case schema.SortFIFO:
-		order = bson.D{{Key: "_id", Value: 1}}
-	case schema.SortLIFO:
-		order = bson.D{{Key: "_id", Value: -1}}
-	}
-	fo := options.Find().SetLimit(int64(p.Limit)).SetProjection(bson.D{{Key: "_id", Value: 1}})
-	if order != nil {
-		fo.SetSort(order)
-	}
+	filter := claimFilter(p.Queue, s.nowMS())
 	var ids bson.A
 	token := bson.NewObjectID()
 	var won int64
@@ -350,14 +338,10 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		if attempt == 3 {
 			return TaskClaimManyResult{}, nil
 		}
-		cur, err := s.tasks.Find(ctx, filter, fo)
-		if err != nil {
-			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
-		}
-		var cands []struct {
+		cands, err := claimCandidates[struct {
 			ID any `bson:"_id"`
-		}
-		if err := cur.All(ctx, &cands); err != nil {
+		}](ctx, s.tasks, filter, p.Sort, p.Limit, bson.D{{Key: "_id", Value: 1}})
+		if err != nil {
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
 		}
 		if len(cands) == 0 {
@@ -380,16 +364,16 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		}
 		won = res.ModifiedCount
 	}
-	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, order)
+	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort)
 }
 
 // readBackClaimed reads the tasks a claim with token won among ids.
-func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node string, ids bson.A, token bson.ObjectID, order bson.D) (TaskClaimManyResult, error) {
+func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node string, ids bson.A, token bson.ObjectID, sort schema.Sort) (TaskClaimManyResult, error) {
 	// Read back what was won. The token, not node and status, says which:
 	// one of these ids could have been requeued and claimed by this node
 	// through another path in between.
 	ro := options.Find()
-	if order != nil {
+	if order := claimOrder(sort); order != nil {
 		ro.SetSort(order)
 	}
 	cur, err := s.tasks.Find(ctx, bson.D{
@@ -450,6 +434,81 @@ func (s *Store) TaskStart(ctx context.Context, p TaskTransitionParams) error {
 
 // notExpired: no expires_at, or one still ahead (a task is never claimed
 // after its expires_at).
+// claimFilter is the claim's guard (seed 000): the queue's tasks queued
+// and unclaimed, and not expired.
+func claimFilter(queue bson.ObjectID, now time.Time) bson.D {
+	return bson.D{
+		{Key: schema.TaskNode, Value: unclaimed},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+		{Key: schema.TaskQueue, Value: queue},
+		notExpired(now),
+	}
+}
+
+// byID are the _id orders of fifo and lifo.
+var (
+	oldestFirst = bson.D{{Key: "_id", Value: 1}}
+	newestFirst = bson.D{{Key: "_id", Value: -1}}
+)
+
+// claimOrder is the order in which a queue's tasks are claimed (nil:
+// MongoDB's own): for SortPriority, the highest priority first, then the
+// oldest (tasks without a priority sort last, as MongoDB puts null below
+// numbers).
+func claimOrder(sort schema.Sort) bson.D {
+	switch sort {
+	case schema.SortFIFO:
+		return oldestFirst
+	case schema.SortLIFO:
+		return newestFirst
+	case schema.SortPriority:
+		return bson.D{{Key: schema.TaskPriority, Value: -1}, {Key: "_id", Value: 1}}
+	}
+	return nil
+}
+
+// claimPhase is one query of a claim: its filter and its order.
+type claimPhase struct{ filter, order bson.D }
+
+// claimPhases are the queries a claim tries in turn until it has what it
+// asked for. One for the _id orders; SortPriority takes two, each served
+// by an index: the tasks with a priority, highest first, then oldest (a
+// partial index holds only those, so queues that never set one pay
+// nothing for it), then the tasks without one, oldest first.
+func claimPhases(filter bson.D, sort schema.Sort) []claimPhase {
+	if sort != schema.SortPriority {
+		return []claimPhase{{filter, claimOrder(sort)}}
+	}
+	with := func(exists bool) bson.D {
+		return append(slices.Clip(filter), bson.E{Key: schema.TaskPriority, Value: bson.D{{Key: "$exists", Value: exists}}})
+	}
+	return []claimPhase{{with(true), claimOrder(sort)}, {with(false), oldestFirst}}
+}
+
+// claimCandidates reads up to limit of filter's tasks in the queue's
+// claim order, each decoded into T (projection's fields).
+func claimCandidates[T any](ctx context.Context, tasks *mongo.Collection, filter bson.D, sort schema.Sort, limit int, projection bson.D) ([]T, error) {
+	var out []T
+	for _, ph := range claimPhases(filter, sort) {
+		fo := options.Find().SetLimit(int64(limit - len(out))).SetProjection(projection)
+		if ph.order != nil {
+			fo.SetSort(ph.order)
+		}
+		cur, err := tasks.Find(ctx, ph.filter, fo)
+		if err != nil {
+			return nil, err
+		}
+		var got []T
+		if err := cur.All(ctx, &got); err != nil {
+			return nil, err
+		}
+		if out = append(out, got...); len(out) >= limit {
+			break
+		}
+	}
+	return out, nil
+}
+
 func notExpired(now time.Time) bson.E {
 	return bson.E{Key: schema.TaskExpiresAt, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$lte", Value: now}}}}}
 }

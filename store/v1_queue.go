@@ -77,7 +77,7 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 	}
 	if p.Sort != nil {
 		if !p.Sort.Valid() {
-			return nil, fmt.Errorf("sort must be fifo, lifo or default, got %q", *p.Sort)
+			return nil, fmt.Errorf("sort must be %s, got %q", schema.SortNames, *p.Sort)
 		}
 		sort := *p.Sort
 		if sort == "" {

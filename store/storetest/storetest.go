@@ -44,6 +44,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"QueueCountsGet", testQueueCounts},
 		{"TaskInsertManySeedShape", testTaskInsertMany},
 		{"TaskClaimOrder", testTaskClaimOrder},
+		{"TaskClaimPriority", testTaskClaimPriority},
 		{"TaskClaimPerlUnclaimed", testTaskClaimPerl},
 		{"TaskClaimConcurrentOnce", testTaskClaimConcurrent},
 		{"TaskClaimManyOrderAndGuard", testTaskClaimMany},
@@ -210,7 +211,7 @@ func testIndexesEnsureBesidePerl(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.NoError(t, s.IndexesEnsure(ctx))
 	keys := indexKeys(t, db, "tasks")
-	require.Len(t, keys, 11, "_id, the three Perl indexes, our reaper index, the two partial timer indexes and the older one, and the partial parents, admitted and then_pending indexes: %v", keys)
+	require.Len(t, keys, 12, "_id, the three Perl indexes, our reaper index, the two partial timer indexes and the older one, and the partial parents, admitted, then_pending and priority indexes: %v", keys)
 	require.Len(t, indexKeys(t, db, "queues"), 2)
 }
 
@@ -261,7 +262,7 @@ func testQueueCreateValidates(t *testing.T, newStore Factory) {
 		{store.QueueCreateParams{Name: "571f8951b75bf335634ec271", Constructor: "C"}, "looks like an ObjectId"},
 		{store.QueueCreateParams{Name: "q"}, "constructor is required"},
 		{store.QueueCreateParams{Name: "q", Constructor: "C", MaxThreads: ptr(-1)}, "non-negative"},
-		{store.QueueCreateParams{Name: "q", Constructor: "C", Sort: "random"}, "fifo, lifo or default"},
+		{store.QueueCreateParams{Name: "q", Constructor: "C", Sort: "random"}, "fifo, lifo, priority or default"},
 	} {
 		_, err := s.QueueCreate(ctx, tc.p)
 		require.ErrorContains(t, err, tc.want)

@@ -489,10 +489,12 @@ func TestTaskSubmitControl(t *testing.T) {
 		map[string]any{"params": map[string]any{"i": 2}, "not_before": future.Format(time.RFC3339Nano), "expires_at": later.Format(time.RFC3339Nano)},
 		map[string]any{"params": map[string]any{"i": 3}, "timeout": 90.5},
 		map[string]any{"params": map[string]any{"i": 4}, "expires_at": "2020-01-01t00:00:00z", "timeout": 0},
+		map[string]any{"params": map[string]any{"i": 5}, "priority": 7},
+		map[string]any{"params": map[string]any{"i": 6}, "priority": 0},
 	}}
 	var s submitted
 	e.want(201, "POST", "/api/v1/tasks", body).decode(t, &s)
-	require.Len(t, s.IDs, 5)
+	require.Len(t, s.IDs, 7)
 	p := e.list("?queue=q")
 	require.Equal(t, s.IDs, taskIDs(p), "_id order is the order given")
 
@@ -507,6 +509,9 @@ func TestTaskSubmitControl(t *testing.T) {
 	require.Equal(t, later.Format("2006-01-02T15:04:05.000Z07:00"), *t2.ExpiresAt)
 	require.Equal(t, "2020-01-01T00:00:00.000Z", *p.Tasks[4].ExpiresAt)
 	require.Nil(t, p.Tasks[4].Timeout, "0: the queue's")
+	require.Equal(t, int64(7), *p.Tasks[5].Priority)
+	require.Nil(t, p.Tasks[6].Priority, "0: none")
+	require.Nil(t, p.Tasks[0].Priority)
 	raw, err := e.db.Collection(schema.CollTasks).FindOne(ctxT(t), bson.D{{Key: "_id", Value: oid(t, s.IDs[0])}}).Raw()
 	require.NoError(t, err)
 	require.Equal(t, 90.5, raw.Lookup("timeout").Double())
@@ -524,7 +529,11 @@ func TestTaskSubmitControl(t *testing.T) {
 		{task(`,"expires_at":"tomorrow"`), 400, CodeInvalidField, "tasks[1].expires_at"},
 		{task(`,"not_before":"2026-13-01T00:00:00Z"`), 400, CodeInvalidField, "tasks[1].not_before"},
 		{task(`,"not_before":1767225600`), 400, CodeInvalidField, "tasks[1].not_before"},
-		{task(`,"priority":1`), 400, CodeUnknownField, "tasks[1].priority"},
+		{task(`,"priority":-1`), 400, CodeInvalidField, "tasks[1].priority"},
+		{task(`,"priority":2147483648`), 400, CodeInvalidField, "tasks[1].priority"},
+		{task(`,"priority":1.5`), 400, CodeInvalidField, "tasks[1].priority"},
+		{task(`,"priority":"high"`), 400, CodeInvalidField, "tasks[1].priority"},
+		{task(`,"urgency":1`), 400, CodeUnknownField, "tasks[1].urgency"},
 		{task(`,"not_before":"2030-01-01T00:00:00Z","expires_at":"2030-01-01T00:00:00Z"`), 409, CodeConflictingFields, "tasks[1].expires_at"},
 		{task(`,"not_before":"2030-01-01T01:00:00+01:00","expires_at":"2029-12-31T23:59:59Z"`), 409, CodeConflictingFields, "tasks[1].expires_at"},
 	} {

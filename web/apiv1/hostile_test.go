@@ -108,7 +108,7 @@ func hostileCases() []hostile {
 		bad("tasks an object", "POST", tasks, `{"queue":"target","tasks":{"params":{}}}`, 400, CodeInvalidField, "tasks"),
 		bad("no tasks", "POST", tasks, `{"queue":"target","tasks":[]}`, 400, CodeInvalidField, "tasks"),
 		bad("task a string", "POST", tasks, `{"queue":"target","tasks":[{"params":{}},"x"]}`, 400, CodeInvalidField, "tasks[1]"),
-		bad("task unknown field", "POST", tasks, `{"queue":"target","tasks":[{"params":{},"priority":1}]}`, 400, CodeUnknownField, "tasks[0].priority"),
+		bad("task unknown field", "POST", tasks, `{"queue":"target","tasks":[{"params":{},"urgency":1}]}`, 400, CodeUnknownField, "tasks[0].urgency"),
 		bad("params missing", "POST", tasks, `{"queue":"target","tasks":[{"params":{}},{}]}`, 400, CodeMissingField, "tasks[1].params"),
 		bad("params an array", "POST", tasks, task(`[1,2]`), 400, CodeInvalidField, "tasks[0].params"),
 		bad("params null", "POST", tasks, task(`null`), 400, CodeInvalidField, "tasks[0].params"),

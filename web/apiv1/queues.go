@@ -121,7 +121,7 @@ func (h *handler) bindQueue(v value) (queueChange, *apiError) {
 			}
 			sort := schema.Sort(s)
 			if s == "" || !sort.Valid() {
-				return c, invalidField(at, "want fifo, lifo or default, got %q", clip(s))
+				return c, invalidField(at, "want %s, got %q", schema.SortNames, clip(s))
 			}
 			c.sort = &sort
 		case "nodes_pin", "nodes_ignore":

@@ -113,7 +113,7 @@ func (h *handler) taskSubmit(w http.ResponseWriter, r *http.Request) error {
 }
 
 // taskFields are the fields of a task in POST /api/v1/tasks.
-var taskFields = append([]string{"params", "timeout", "expires_at", "not_before"}, graphFields...)
+var taskFields = append([]string{"params", "timeout", "expires_at", "not_before", "priority"}, graphFields...)
 
 // bindTaskControl reads a task's own time limit (seconds), expiry and
 // delay.
@@ -132,6 +132,11 @@ func bindTaskControl(o object) (store.TaskInsertControl, *apiError) {
 	}
 	if v, at, ok := o.get("not_before"); ok {
 		if c.NotBefore, aerr = wantTime(v, at); aerr != nil {
+			return c, aerr
+		}
+	}
+	if v, at, ok := o.get("priority"); ok {
+		if c.Priority, aerr = wantInt(v, at, 0, schema.MaxTaskPriority); aerr != nil {
 			return c, aerr
 		}
 	}

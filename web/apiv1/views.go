@@ -164,6 +164,14 @@ type Task struct {
 	NotBefore *string  `json:"not_before,omitempty"`
 	ExpiresAt *string  `json:"expires_at,omitempty"`
 	Timeout   *float64 `json:"timeout,omitempty"`
+	// Priority orders the tasks of a queue sorted by priority.
+	Priority *int64 `json:"priority,omitempty"`
+	// Task graphs: Parents are the tasks it waits for (ids),
+	// OnParentFailure "run" when it runs even if one fails, and
+	// AwaitingParents true while it is held for them.
+	Parents         []string `json:"parents,omitempty"`
+	OnParentFailure *string  `json:"on_parent_failure,omitempty"`
+	AwaitingParents *bool    `json:"awaiting_parents,omitempty"`
 }
 
 // AttemptView is one attempt of a task.
@@ -264,6 +272,19 @@ func controlView(v *Task, t schema.Task) {
 	v.ExpiresAt = timeView(c.ExpiresAt)
 	if c.Timeout > 0 {
 		v.Timeout = ptrTo(c.Timeout.Seconds())
+	}
+	if c.Priority != 0 {
+		v.Priority = ptrTo(c.Priority)
+	}
+	g := t.Graph
+	for _, p := range g.Parents {
+		v.Parents = append(v.Parents, p.Hex())
+	}
+	if g.OnParentFailure != "" {
+		v.OnParentFailure = ptrTo(g.OnParentFailure)
+	}
+	if g.AwaitingParents {
+		v.AwaitingParents = ptrTo(true)
 	}
 }
 
