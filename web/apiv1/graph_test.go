@@ -48,6 +48,17 @@ func TestTaskSubmitGraph(t *testing.T) {
 	require.Equal(t, []string{s.IDs[0], stored}, []string{ps[0].ObjectID().Hex(), ps[1].ObjectID().Hex()})
 	require.Equal(t, int32(-4), last.Lookup("status").Int32())
 	require.True(t, last.Lookup("awaiting_parents").Boolean())
+
+	// The task view shows the graph fields (and the schema check of
+	// e.want holds them to the OpenAPI document).
+	bv := e.task(s.IDs[1])
+	require.Equal(t, []string{s.IDs[0], stored}, bv.Parents)
+	require.Equal(t, "run", *bv.OnParentFailure)
+	require.True(t, *bv.AwaitingParents)
+	fv := e.task(s.IDs[0])
+	require.Nil(t, fv.Parents)
+	require.Nil(t, fv.OnParentFailure)
+	require.Nil(t, fv.AwaitingParents)
 }
 
 // TestTaskSubmitGraphRefusesBadGraphs: each bad graph is refused with the
