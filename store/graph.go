@@ -94,7 +94,7 @@ type TaskInsertGraphParams struct {
 // or a stored task of an existing queue; no task is its own parent; at most
 // schema.MaxParents parents each; no cycle. Nothing is inserted when any
 // check fails (the error wraps ErrInvalidGraph and is a
-// *GraphInputError). A task whose parents have all succeeded already is
+// *GraphInputError), and the insert is one transaction: all or nothing. A task whose parents have all succeeded already is
 // inserted as TaskInsertMany would (queued, or held for its not_before);
 // the others are held at -4 with awaiting_parents. After the insert, the
 // held tasks are settled once (TaskGraphSettle's rules), so a parent that
@@ -234,7 +234,13 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 		}
 		docs[i] = d
 	}
-	if _, err := s.tasks.InsertMany(ctx, docs); err != nil {
+	// One transaction: a server error partway (a failover, a duplicate
+	// id inserted since the check, a validator) leaves no part of the
+	// graph, whose children could wait for parents never inserted.
+	if err := s.inTxn(ctx, func(ctx context.Context) error {
+		_, err := s.tasks.InsertMany(ctx, docs)
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("insert %d tasks of a graph: %w", len(docs), err)
 	}
 	if len(held) > 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -381,6 +382,30 @@ func testTaskGraphInsertRefuses(t *testing.T, newStore Factory) {
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n, "%s: nothing inserted", tc.name)
 	}
+}
+
+// testTaskGraphInsertAllOrNothing: a server error partway through the
+// insert (here a validator that refuses the last task) leaves none of the
+// graph.
+func testTaskGraphInsertAllOrNothing(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	require.NoError(t, db.CreateCollection(ctx, "tasks", options.CreateCollection().
+		SetValidator(bson.D{{Key: "parameters.poison", Value: bson.D{{Key: "$exists", Value: false}}}})))
+	poison, err := bson.Marshal(bson.D{{Key: "poison", Value: true}})
+	require.NoError(t, err)
+	tasks := make([]store.GraphTask, 2000)
+	for i := range tasks {
+		tasks[i] = store.GraphTask{ID: bson.NewObjectID(), Queue: q.ID}
+		if i > 0 {
+			tasks[i].Parents = []bson.ObjectID{tasks[i-1].ID}
+		}
+	}
+	tasks[len(tasks)-1].Parameters = poison
+	_, err = s.TaskInsertGraph(ctx, store.TaskInsertGraphParams{Tasks: tasks})
+	require.ErrorContains(t, err, "Document failed validation")
+	require.Zero(t, countWith(t, db, bson.D{}), "no part of the graph")
 }
 
 // testTaskGraphSweep: the sweep settles children whose parents' finish

@@ -104,6 +104,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskGraphRetryReblocks", testTaskGraphRetryReblocks},
 		{"TaskGraphEndUnrun", testTaskGraphEndUnrun},
 		{"TaskGraphInsertRefuses", testTaskGraphInsertRefuses},
+		{"TaskGraphInsertAllOrNothing", testTaskGraphInsertAllOrNothing},
 		{"TaskGraphSweep", testTaskGraphSweep},
 		{"TaskGraphGet", testTaskGraphGet},
 		{"StreamGraph", testStreamGraph},
