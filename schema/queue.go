@@ -12,7 +12,7 @@ type Sort string
 
 // The sort orders of seed 000 (on the tasks' _id), and this project's
 // SortPriority (seed 001's "picking work units": the highest task priority
-// first, then the oldest; Disbatch 4.103 nodes warn and use their default
+// first, then the oldest; Disbatch 4.103 nodes use their default
 // order). The empty Sort means SortDefault.
 const (
 	SortFIFO     Sort = "fifo"

@@ -264,8 +264,12 @@ var looksNumeric = regexp.MustCompile(`^-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$`
 
 // indexLists are the lists of keys GET /tasks may filter on, read from the
 // indexes of tasks as 4.103 reads them: _id is "id", an index whose keys
-// are a prefix of another's is dropped.
+// are a prefix of another's is dropped, and they come in the order of the
+// indexes' names (4.103 sorts them so; a name is MongoDB's default, with
+// _-1 read as _1).
 func indexLists(keys [][]string) [][]string {
+	keys = slices.Clone(keys)
+	slices.SortStableFunc(keys, func(a, b []string) int { return strings.Compare(indexName(a), indexName(b)) })
 	var lists [][]string
 	for _, ks := range keys {
 		l := make([]string, len(ks))
@@ -293,6 +297,15 @@ func indexLists(keys [][]string) [][]string {
 		}
 	}
 	return out
+}
+
+// indexName is the default name of an index of these keys as 4.103 reads
+// it ("_id_"; "queue_1_status_1"; a descending key also ends in _1).
+func indexName(keys []string) string {
+	if len(keys) == 1 && keys[0] == "_id" {
+		return "_id_"
+	}
+	return strings.Join(keys, "_1_") + "_1"
 }
 
 // validKey: a key is valid when it belongs to an index whose keys to its
