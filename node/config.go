@@ -82,7 +82,8 @@ type Config struct {
 	killHandled func(bson.ObjectID) // a kill request was carried out
 	// safetyNets, when set, is the period of the leader's sweeps that
 	// redo what a node does itself (admissions released, then outputs
-	// chained; default Tick): tests set it long to see the node's own.
+	// chained; default Tick), and leaves the graph duty out (children
+	// settled): tests set it long to see the node's own.
 	safetyNets time.Duration
 }
 

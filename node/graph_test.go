@@ -103,6 +103,43 @@ func TestGraphFailingParentPropagates(t *testing.T) {
 	require.Len(t, b.rec.runs[runner], 1)
 }
 
+// TestGraphNodeSettlesChildrenItself: with the leader's graph duty left
+// out, the node that finishes a parent settles its children: a chain
+// across queues runs, a child of a parent stored before the graph runs,
+// and a child of a failed parent ends parent_failed.
+func TestGraphNodeSettlesChildrenItself(t *testing.T) {
+	b := setup(t)
+	b.reg.Register("fail", plugin.Func(func(context.Context, plugin.Task) plugin.Result {
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "boom"}
+	}))
+	qa := b.queue("qa", "test", 2, schema.SortFIFO)
+	qb := b.queue("qb", "test", 2, schema.SortFIFO)
+	qf := b.queue("failing", "fail", 1, schema.SortFIFO)
+	stored := b.insert(qa, nil, bson.D{{Key: "stored", Value: true}})[0]
+	x, y, z, late, f, orphan := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	b.graphInsert([]store.GraphTask{
+		{ID: x, Queue: qa},
+		{ID: y, Queue: qb, Parents: []bson.ObjectID{x}},
+		{ID: z, Queue: qa, Parents: []bson.ObjectID{y}},
+		{ID: late, Queue: qb, Parents: []bson.ObjectID{stored}},
+		{ID: f, Queue: qf},
+		{ID: orphan, Queue: qa, Parents: []bson.ObjectID{f}},
+	})
+	require.True(t, b.task(stored).Lookup(schema.TaskHasChildren).Boolean(), "a stored parent is marked")
+	require.True(t, b.task(x).Lookup(schema.TaskHasChildren).Boolean())
+	_, err := b.task(z).LookupErr(schema.TaskHasChildren)
+	require.Error(t, err, "a task no one waits for is not marked")
+	cfg := b.config("n1")
+	cfg.safetyNets = time.Hour // no graph duty: only the node settles
+	b.start(cfg)
+	all := bson.A{stored, x, y, z, late, f, orphan}
+	b.waitDone(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: all}}}}, int64(len(all)), 30*time.Second)
+	for _, id := range []bson.ObjectID{stored, x, y, z, late} {
+		require.Equal(t, int64(1), b.task(id).Lookup("status").AsInt64(), id.Hex())
+	}
+	require.Equal(t, schema.ReasonParentFailed, b.task(orphan).Lookup("reason").StringValue())
+}
+
 // TestGraphSweepUnblocksAChildWhoseEventWasMissed: the parent succeeded
 // while no leader was there to hear it; the new leader's sweep at the
 // start of its term queues the child (its stream starts at the present,

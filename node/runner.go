@@ -31,6 +31,7 @@ type runnerStore interface {
 	TaskEndClaimed(ctx context.Context, p store.TaskEndClaimedParams) error
 	AdmissionsRelease(ctx context.Context, queue bson.ObjectID, ids []bson.ObjectID) (int64, error)
 	ThenCreate(ctx context.Context, id bson.ObjectID) (store.ThenResult, error)
+	TaskGraphSettle(ctx context.Context, p store.TaskGraphSettleParams) (store.TaskGraphResult, error)
 }
 
 // runnerConfig is what the runner needs of the node's config.
@@ -170,6 +171,20 @@ func (r *runner) then(log *slog.Logger, id bson.ObjectID) {
 	default:
 		log.Debug("then: tasks created from the output", "created", res.Created)
 	}
+}
+
+// children settles the task graph children of a task this node just
+// finished, so they start without waiting for the leader's graph duty to
+// hear the finish (it does too; the writes are guarded).
+func (r *runner) children(log *slog.Logger, id bson.ObjectID) {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	res, err := r.cfg.Store.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{id}})
+	if err != nil {
+		log.Warn("graph: settling the task's children failed; the leader's graph duty will", "error", err)
+		return
+	}
+	log.Debug("graph: children settled", "queued", res.Queued, "held", res.Held, "failed", res.Failed)
 }
 
 // hold records (or forgets) a task this node received from a claim.
@@ -417,6 +432,9 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 	}
 	if fp.Then != "" && res.Status == schema.StatusSucceeded && res.Output.Type != 0 {
 		r.then(log, t.ID)
+	}
+	if t.Graph.HasChildren {
+		r.children(log, t.ID)
 	}
 	return res.Status.String()
 }

@@ -23,6 +23,10 @@ const (
 	// parents allow, removing the mark (it then stays held, for the
 	// timers, if its not_before is still ahead).
 	TaskAwaitingParents = "awaiting_parents"
+	// TaskHasChildren (true) marks a task named as a parent by a task of
+	// a graph insert: the node that finishes it settles its children at
+	// once (the leader's graph duty does too, a change stream later).
+	TaskHasChildren = "has_children"
 )
 
 // The values of on_parent_failure.
@@ -39,6 +43,7 @@ type TaskGraph struct {
 	Parents         []bson.ObjectID
 	OnParentFailure string // "" (fail) or OnParentFailureRun
 	AwaitingParents bool
+	HasChildren     bool
 }
 
 // ValidOnParentFailure checks a value of on_parent_failure ("" is the
@@ -69,6 +74,9 @@ func decodeGraph(r *reader) TaskGraph {
 	}
 	if _, v, ok := r.lookup(TaskAwaitingParents); ok {
 		g.AwaitingParents, _ = v.BooleanOK()
+	}
+	if _, v, ok := r.lookup(TaskHasChildren); ok {
+		g.HasChildren, _ = v.BooleanOK()
 	}
 	return g
 }

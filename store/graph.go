@@ -207,6 +207,14 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 		return nil, badAs(GraphConflict, index[taken[0]], "id %s is already a stored task's", taken[0].Hex())
 	}
 
+	isParent := make([]bool, len(p.Tasks))
+	for i := range p.Tasks {
+		for _, par := range parents[i] {
+			if j, in := index[par]; in {
+				isParent[j] = true
+			}
+		}
+	}
 	docs := make([]any, len(p.Tasks))
 	var held []bson.ObjectID
 	for i, t := range p.Tasks {
@@ -227,6 +235,9 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 		if t.OnParentFailure != "" {
 			d = append(d, bson.E{Key: schema.TaskOnParentFailure, Value: t.OnParentFailure})
 		}
+		if isParent[i] {
+			d = append(d, bson.E{Key: schema.TaskHasChildren, Value: true})
+		}
 		if awaiting {
 			setField(d, schema.TaskStatus, int32(schema.StatusBlocked))
 			d = append(d, bson.E{Key: schema.TaskAwaitingParents, Value: true})
@@ -237,8 +248,23 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 	// One transaction: a server error partway (a failover, a duplicate
 	// id inserted since the check, a validator) leaves no part of the
 	// graph, whose children could wait for parents never inserted.
+	// The stored parents still to end are marked too, so that their
+	// nodes settle the new children when they finish them.
+	var unended bson.A
+	for _, id := range extIDs {
+		if !schema.ParentEnded(states[id].Status) {
+			unended = append(unended, id)
+		}
+	}
 	if err := s.inTxn(ctx, func(ctx context.Context) error {
-		_, err := s.tasks.InsertMany(ctx, docs)
+		if _, err := s.tasks.InsertMany(ctx, docs); err != nil {
+			return err
+		}
+		if len(unended) == 0 {
+			return nil
+		}
+		_, err := s.tasks.UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: unended}}}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskHasChildren, Value: true}}}})
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("insert %d tasks of a graph: %w", len(docs), err)

@@ -179,7 +179,7 @@ func protocolField(key string) bool {
 		schema.TaskReason, schema.TaskAttempts, schema.TaskAttempt, schema.TaskTries,
 		schema.TaskTimeout, schema.TaskExpiresAt, schema.TaskNotBefore, schema.TaskCancel, schema.TaskRequeued,
 		schema.TaskResult, schema.TaskMixedout, schema.TaskAdmitted, schema.TaskThenPending,
-		schema.TaskParents, schema.TaskOnParentFailure, schema.TaskAwaitingParents, schema.TaskPriority:
+		schema.TaskParents, schema.TaskOnParentFailure, schema.TaskAwaitingParents, schema.TaskPriority, schema.TaskHasChildren:
 		return true
 	}
 	return false
