@@ -139,7 +139,7 @@ func (g *Graph) sweep(ctx context.Context) {
 }
 
 func (g *Graph) report(res store.TaskGraphResult, sweep bool) {
-	if res == (store.TaskGraphResult{}) {
+	if res.Queued == 0 && res.Held == 0 && res.Failed == 0 {
 		if sweep && g.cfg.Settled != nil {
 			g.cfg.Settled(res, sweep)
 		}

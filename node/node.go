@@ -74,6 +74,7 @@ func New(cfg Config) (*Node, error) {
 	// The runner gives its tasks' slots back to the claimer that took them.
 	n.runner = newRunner(runnerConfig{
 		Name: cfg.Name, Store: cfg.Store, Plugins: cfg.Plugins, PluginTimeout: cfg.PluginTimeout, Observer: cfg.Observer, beforeStart: cfg.beforeStart,
+		HasWork: func(q bson.ObjectID) { n.claimer.HasWork(q) },
 	}, func(q bson.ObjectID) { n.claimer.Finished(q) }, cfg.Clock, log)
 	ccfg.Dispatch, ccfg.Malformed = n.runner.dispatch, n.runner.malformed
 	n.claimer = claimer.New(ccfg)

@@ -41,7 +41,10 @@ type runnerConfig struct {
 	Plugins       *plugin.Registry
 	PluginTimeout time.Duration
 	Observer      Observer
-	beforeStart   func(schema.Task) // test signal
+	// HasWork tells the claimer that a queue has tasks to claim (children
+	// this node just queued), ahead of their change events.
+	HasWork     func(q bson.ObjectID)
+	beforeStart func(schema.Task) // test signal
 }
 
 // runner executes claimed tasks: start (status 0), plugin, finish, each
@@ -176,15 +179,20 @@ func (r *runner) then(log *slog.Logger, id bson.ObjectID) {
 // children settles the task graph children of a task this node just
 // finished, so they start without waiting for the leader's graph duty to
 // hear the finish (it does too; the writes are guarded).
-func (r *runner) children(log *slog.Logger, id bson.ObjectID) {
+func (r *runner) children(log *slog.Logger, id bson.ObjectID, ended store.TaskState) {
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	res, err := r.cfg.Store.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{id}})
+	res, err := r.cfg.Store.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{id}, Ended: &ended})
 	if err != nil {
 		log.Warn("graph: settling the task's children failed; the leader's graph duty will", "error", err)
 		return
 	}
 	log.Debug("graph: children settled", "queued", res.Queued, "held", res.Held, "failed", res.Failed)
+	if r.cfg.HasWork != nil {
+		for _, q := range res.QueuedIn {
+			r.cfg.HasWork(q)
+		}
+	}
 }
 
 // hold records (or forgets) a task this node received from a claim.
@@ -434,7 +442,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		r.then(log, t.ID)
 	}
 	if t.Graph.HasChildren {
-		r.children(log, t.ID)
+		r.children(log, t.ID, store.TaskState{Status: res.Status, Reason: reason})
 	}
 	return res.Status.String()
 }

@@ -388,12 +388,23 @@ type TaskGraphResult struct {
 	// (status 2, reason parent_failed), and so, in turn, their own
 	// waiting descendants.
 	Failed int64
+	// QueuedIn are the queues children were queued in (each once).
+	QueuedIn []bson.ObjectID
 }
 
 func (r *TaskGraphResult) add(o TaskGraphResult) {
 	r.Queued += o.Queued
 	r.Held += o.Held
 	r.Failed += o.Failed
+	for _, q := range o.QueuedIn {
+		r.queuedIn(q)
+	}
+}
+
+func (r *TaskGraphResult) queuedIn(q bson.ObjectID) {
+	if !slices.Contains(r.QueuedIn, q) {
+		r.QueuedIn = append(r.QueuedIn, q)
+	}
 }
 
 // TaskGraphSettleParams name tasks that ended (or were deleted): their
@@ -403,6 +414,9 @@ type TaskGraphSettleParams struct {
 	// Now decides whether a child's not_before is ahead (zero: the
 	// store's clock).
 	Now time.Time
+	// Ended, when set, is how every one of Parents ended, as the caller
+	// knows it (the node that finished them): they are not read again.
+	Ended *TaskState
 }
 
 // TaskGraphSettle settles the children of Parents held awaiting their
@@ -425,8 +439,21 @@ func (s *Store) TaskGraphSettle(ctx context.Context, p TaskGraphSettleParams) (T
 	if now.IsZero() {
 		now = s.nowMS()
 	}
+	var known map[bson.ObjectID]TaskState
+	if p.Ended != nil {
+		known = make(map[bson.ObjectID]TaskState, len(p.Parents))
+		for _, id := range p.Parents {
+			st := *p.Ended
+			st.ID, st.Found = id, true
+			known[id] = st
+		}
+	}
 	for chunk := range slices.Chunk(p.Parents, idChunk) {
-		if err := s.graphSettleFrontier(ctx, bson.D{{Key: schema.TaskParents, Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, now, &res); err != nil {
+		children, err := s.graphWaiting(ctx, bson.D{{Key: schema.TaskParents, Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, nil)
+		if err != nil {
+			return res, err
+		}
+		if err := s.graphSettleCascade(ctx, children, known, now, &res); err != nil {
 			return res, err
 		}
 	}
@@ -462,7 +489,7 @@ func (s *Store) TaskGraphSweep(ctx context.Context, p TaskGraphSweepParams) (Tas
 			return res, nil
 		}
 		last = page[len(page)-1].ID
-		if err := s.graphSettleCascade(ctx, page, now, &res); err != nil {
+		if err := s.graphSettleCascade(ctx, page, nil, now, &res); err != nil {
 			return res, fmt.Errorf("sweep task graphs: %w", err)
 		}
 		if len(page) < graphPage {
@@ -477,6 +504,7 @@ const graphPage = 1000
 // graphChild is a child held awaiting its parents.
 type graphChild struct {
 	ID        bson.ObjectID
+	Queue     bson.ObjectID
 	Parents   []bson.ObjectID
 	Run       bool // on_parent_failure run
 	NotBefore time.Time
@@ -493,7 +521,7 @@ func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.Find
 	if o == nil {
 		o = options.Find()
 	}
-	o.SetProjection(bson.D{{Key: schema.TaskParents, Value: 1}, {Key: schema.TaskOnParentFailure, Value: 1}, {Key: schema.TaskNotBefore, Value: 1}})
+	o.SetProjection(bson.D{{Key: schema.TaskQueue, Value: 1}, {Key: schema.TaskParents, Value: 1}, {Key: schema.TaskOnParentFailure, Value: 1}, {Key: schema.TaskNotBefore, Value: 1}})
 	cur, err := s.tasks.Find(ctx, append(append(bson.D{}, filter...), awaiting...), o)
 	if err != nil {
 		return nil, fmt.Errorf("read waiting children: %w", err)
@@ -507,6 +535,7 @@ func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.Find
 		if c.ID.IsZero() {
 			continue // tasks of graphs have ObjectIds
 		}
+		c.Queue, _ = raw.Lookup(schema.TaskQueue).ObjectIDOK()
 		c.Parents = schema.DecodeParents(raw.Lookup(schema.TaskParents))
 		opf, _ := raw.Lookup(schema.TaskOnParentFailure).StringValueOK()
 		c.Run = opf == schema.OnParentFailureRun
@@ -528,15 +557,16 @@ func (s *Store) graphSettleFrontier(ctx context.Context, filter bson.D, now time
 	if err != nil {
 		return err
 	}
-	return s.graphSettleCascade(ctx, children, now, res)
+	return s.graphSettleCascade(ctx, children, nil, now, res)
 }
 
 // graphSettleCascade settles waiting children, then, through
 // TaskGraphSettle, the children of those it failed, until none fails.
-func (s *Store) graphSettleCascade(ctx context.Context, children []graphChild, now time.Time, res *TaskGraphResult) error {
+// known are parents' states already known (not read again).
+func (s *Store) graphSettleCascade(ctx context.Context, children []graphChild, known map[bson.ObjectID]TaskState, now time.Time, res *TaskGraphResult) error {
 	var failed []bson.ObjectID
 	for chunk := range slices.Chunk(children, graphPage) {
-		f, err := s.graphSettleChildren(ctx, chunk, now, res)
+		f, err := s.graphSettleChildren(ctx, chunk, known, now, res)
 		if err != nil {
 			return err
 		}
@@ -545,19 +575,21 @@ func (s *Store) graphSettleCascade(ctx context.Context, children []graphChild, n
 	if len(failed) == 0 {
 		return nil
 	}
-	more, err := s.TaskGraphSettle(ctx, TaskGraphSettleParams{Parents: failed, Now: now})
+	// They were just failed with parent_failed: no need to read them.
+	more, err := s.TaskGraphSettle(ctx, TaskGraphSettleParams{Parents: failed, Now: now,
+		Ended: &TaskState{Status: schema.StatusFailed, Reason: schema.ReasonParentFailed}})
 	res.add(more)
 	return err
 }
 
 // graphSettleChildren decides and writes each child's fate; it returns
 // the children it failed (their own children are next).
-func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, now time.Time, res *TaskGraphResult) ([]bson.ObjectID, error) {
+func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, known map[bson.ObjectID]TaskState, now time.Time, res *TaskGraphResult) ([]bson.ObjectID, error) {
 	var ids []bson.ObjectID
 	seen := map[bson.ObjectID]bool{}
 	for _, c := range children {
 		for _, par := range c.Parents {
-			if !seen[par] {
+			if _, ok := known[par]; !ok && !seen[par] {
 				seen[par] = true
 				ids = append(ids, par)
 			}
@@ -566,6 +598,9 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 	states, err := s.statesByID(ctx, ids)
 	if err != nil {
 		return nil, err
+	}
+	for id, st := range known {
+		states[id] = st
 	}
 	var queue, hold []bson.ObjectID
 	var fails []mongo.WriteModel
@@ -601,6 +636,7 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 				hold = append(hold, c.ID)
 			} else {
 				queue = append(queue, c.ID)
+				res.queuedIn(c.Queue)
 			}
 		case !failedParent.IsZero() && !c.Run:
 			failedIDs = append(failedIDs, c.ID)
