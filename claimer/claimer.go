@@ -89,6 +89,10 @@ type Stats struct {
 	EmptyClaims int64 // claims that found nothing
 	Batches     int64 // batched claims that won tasks
 	CapReached  int64 // claims refused by the queue's max_running
+	// Passes and PassTime: passes run, and their time in all (on the
+	// clock), queue reads and claims included.
+	Passes   int64
+	PassTime time.Duration
 }
 
 // Claimer runs the claim loop, and counts the node's tasks (claimed or
@@ -281,8 +285,12 @@ func (c *Claimer) loop(ctx context.Context) {
 			c.mu.Unlock()
 			timer.Reset(c.jittered())
 		}
+		start := c.clock.Now()
 		claimed := c.pass(ctx)
+		took := c.clock.Since(start)
 		c.mu.Lock()
+		c.stats.Passes++
+		c.stats.PassTime += took
 		switch {
 		case claimed > 0 && byTick:
 			c.stats.TickPasses++

@@ -19,6 +19,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
 	"github.com/disbatch-go/disbatch/schema"
@@ -267,7 +268,7 @@ func TestWakeUpsMerge(t *testing.T) {
 	require.Equal(t, ids(q1, q2, q1, q2), h.st.take())
 	require.Empty(t, h.st.take())
 	require.Equal(t, int64(1), h.refreshes.Load(), "HasWork does not re-read the queues")
-	require.Equal(t, claimer.Stats{EmptyClaims: 4}, h.c.Stats())
+	require.Equal(t, claimer.Stats{EmptyClaims: 4}, withoutPasses(h.c.Stats()))
 }
 
 func TestWakeUpClaimsOnlyItsQueue(t *testing.T) {
@@ -392,7 +393,7 @@ func TestLimits(t *testing.T) {
 		require.Equal(t, ids(q), h.st.take(), "exactly one claim for the one freed slot")
 		require.Equal(t, 4, h.claimedCount())
 		require.Equal(t, 3, h.c.Running(q.ID))
-		require.Equal(t, claimer.Stats{Claims: 4, WakePasses: 2, Batches: 1}, h.c.Stats(), "one claim, then a batch of 2 for the other free slots")
+		require.Equal(t, claimer.Stats{Claims: 4, WakePasses: 2, Batches: 1}, withoutPasses(h.c.Stats()), "one claim, then a batch of 2 for the other free slots")
 	})
 	t.Run("node cap", func(t *testing.T) {
 		t.Parallel()
@@ -601,7 +602,7 @@ func TestClaimErrors(t *testing.T) {
 	h.pass()
 	require.Equal(t, ids(failing, failing), h.st.take())
 	require.Equal(t, 2, h.c.Running(failing.ID))
-	require.Equal(t, claimer.Stats{Claims: 3, WakePasses: 2, EmptyClaims: 1}, h.c.Stats())
+	require.Equal(t, claimer.Stats{Claims: 3, WakePasses: 2, EmptyClaims: 1}, withoutPasses(h.c.Stats()))
 }
 
 func TestStopLeavesNoGoroutines(t *testing.T) {
@@ -739,6 +740,36 @@ func TestBacklogIsClaimedInBatches(t *testing.T) {
 	require.Equal(t, []int{64, 64, 64, 50}, bs.limits, "then batches of 64 (at most the free slots) until one comes back empty")
 	require.Equal(t, 150, h.claimedCount())
 	require.Equal(t, 150, h.c.Running(q.ID), "slots of unused batch places are given back")
+}
+
+// withoutPasses is s without the pass counters, which the tests comparing
+// whole Stats do not fix (PassTime is on the real clock).
+func withoutPasses(s claimer.Stats) claimer.Stats {
+	s.Passes, s.PassTime = 0, 0
+	return s
+}
+
+func TestPassesAreCountedAndTimed(t *testing.T) {
+	t.Parallel()
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	q := queue("q", 1)
+	h := newHarness(t, func(c *claimer.Config) { c.Clock = fake }, q)
+	// Each claim takes 7 ms on the clock and finds nothing.
+	h.st.set(func(context.Context, store.TaskClaimParams) (schema.Task, error) {
+		fake.Advance(7 * time.Millisecond)
+		return schema.Task{}, store.ErrNoTask
+	})
+	h.start()
+	h.pass()
+	require.Equal(t, claimer.Stats{EmptyClaims: 1, Passes: 1, PassTime: 7 * time.Millisecond}, h.c.Stats())
+	h.c.HasWork(q.ID)
+	h.pass()
+	require.Equal(t, claimer.Stats{EmptyClaims: 2, Passes: 2, PassTime: 14 * time.Millisecond}, h.c.Stats())
+	// A pass that asks no queue (one this node does not serve was woken)
+	// counts, and takes no time on the clock.
+	h.c.HasWork(bson.NewObjectID())
+	h.pass()
+	require.Equal(t, claimer.Stats{EmptyClaims: 2, Passes: 3, PassTime: 14 * time.Millisecond}, h.c.Stats())
 }
 
 func TestClaimerLifecycle(t *testing.T) {

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/schema"
 )
 
 func TestPercentileNearestRank(t *testing.T) {
@@ -75,7 +78,7 @@ func TestParseFlags(t *testing.T) {
 
 	for _, bad := range [][]string{
 		{"--only", "pickup,speed"}, {"--tasks", "0"}, {"--backlogs", "10,x"}, {"--nope"}, {"extra"}, {"--pickup-rate", "5000"},
-		{"--submit-tasks", "10001"}, {"--kill-samples", "0"}, {"--delay-probes", "-1"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
+		{"--submit-tasks", "10001"}, {"--kill-samples", "0"}, {"--dag-edges", "0"}, {"--sched-queues", "1"}, {"--sched-tasks", "10", "--sched-queues", "20"}, {"--delay-probes", "-1"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
 	} {
 		_, _, err := parseFlags(bad)
 		require.Error(t, err, "%v", bad)
@@ -86,7 +89,7 @@ func TestParseFlags(t *testing.T) {
 	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
 		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "verbose", "cpuprofile",
 		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats",
-		"kill-samples", "delay-held", "delay-probes", "wait-rounds"} {
+		"kill-samples", "delay-held", "delay-probes", "wait-rounds", "dag-edges", "sched-queues", "sched-tasks"} {
 		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)
 	}
 }
@@ -125,7 +128,8 @@ func goodReport() *Report {
 	}
 	ctl.ratios()
 	return &Report{
-		Control: ctl,
+		Control:    ctl,
+		Scheduling: goodScheduling(lat(5)),
 		Conditions: Conditions{Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Seconds: 42, Mode: "quick", MongoDBVersion: "6.0.5", Members: 1,
 			GoVersion: "go1.26", NumCPU: 2, GOMAXPROCS: 2, MaxThreads: 64, Counts: []Count{{Group: groupPickup, What: "rate", Value: 50}},
 			Load: []PhaseLoad{{Phase: "start", Load1: 1.25}, {Phase: groupPickup, Load1: 2}}},
@@ -198,6 +202,15 @@ func TestSanityFindsProblems(t *testing.T) {
 		"lag samples":          {func(r *Report) { r.WebEvents.Lag.N = 7 }, "7 lag samples, want 120000"},
 		"submit count":         {func(r *Report) { r.WebSubmit.Inserted = 79_999 }, "79999 tasks in the queue"},
 		"missing web group":    {func(r *Report) { r.WebEvents = nil }, "web-events: missing"},
+		"child before parent":  {func(r *Report) { r.Scheduling.DAG.Failures = []string{"child c started before its parent p was done"} }, "task graphs: child c started"},
+		"edges missing":        {func(r *Report) { r.Scheduling.DAG.Edge.N = 99 }, "99 edges timed, want 100"},
+		"no release seen":      {func(r *Report) { r.Scheduling.DAG.Released = Latency{} }, "no release seen"},
+		"no pass row":          {func(r *Report) { r.Scheduling.Passes.Rows = r.Scheduling.Passes.Rows[:1] }, "no row for 1000 queue(s)"},
+		"no passes":            {func(r *Report) { r.Scheduling.Passes.Rows[0].PassMean = 0 }, "mean pass is 0"},
+		"claimed too few":      {func(r *Report) { r.Scheduling.Passes.Rows[1].Claims = 10 }, "10 tasks claimed, fewer than"},
+		"cap exceeded":         {func(r *Report) { r.Scheduling.Cap.Rows[2].MaxHeld = 17 }, "17 tasks in -1/0 at once, over max_running 16"},
+		"stream incomplete":    {func(r *Report) { r.Scheduling.Cap.Rows[1].Seen = false }, "did not deliver every status change"},
+		"missing scheduling":   {func(r *Report) { r.Scheduling = nil }, "scheduling: missing"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -215,7 +228,7 @@ func TestSanityOnlyChecksSelectedGroups(t *testing.T) {
 	c, _, err := parseFlags([]string{"--quick", "--only", "pickup"})
 	require.NoError(t, err)
 	r := goodReport()
-	r.Throughput, r.Scale, r.Lag, r.WebQueues, r.WebEvents, r.WebSubmit, r.Control = nil, nil, nil, nil, nil, nil, nil
+	r.Throughput, r.Scale, r.Lag, r.WebQueues, r.WebEvents, r.WebSubmit, r.Control, r.Scheduling = nil, nil, nil, nil, nil, nil, nil, nil
 	require.Empty(t, sanity(r, c))
 }
 
@@ -235,9 +248,18 @@ func TestRenderTable(t *testing.T) {
 		"TASK CONTROL: KILL", "TASK CONTROL: DELAYED TASKS", "TASK CONTROL: WAIT",
 		"met: kill -> finished p50 <= 2x the pickup floor p50 (8.00 <= 10.0 ms)", "NOT MET: not_before -> running p99 <= 50 ms (60.0)",
 		"wait: last finish -> Wait returns / pickup floor  0.80x",
+		"TASK GRAPHS: EDGE LATENCY", "one pair every 20ms", "met: edge p50 <= 1.5x the pickup floor p50 (7.00 <= 7.50 ms)",
+		"SCHEDULER: CLAIMER PASSES", "1000 queues (priorities 0-3, weights 1-100)", "no: drain timeout",
+		"MAX_RUNNING: 2 nodes", "max_running 16 (binds: 2 nodes x maxthreads 64)",
 		"SANITY: every figure present",
 	} {
 		require.Contains(t, out, want)
+	}
+	for _, want := range []string{
+		`mean pass, 1000 queues / 1 queue +2\.00x\n`, `throughput, 1000 queues / 1 queue +0\.50x\n`,
+		`throughput, max_running 256 \(does not bind: 2 nodes x maxthreads 64\) / no max_running +0\.90x\n`,
+	} {
+		require.Regexp(t, want, out)
 	}
 	// Numbers are right-aligned under their header.
 	lines := strings.Split(out, "\n")
@@ -274,7 +296,7 @@ func TestWriteJSON(t *testing.T) {
 	require.NoError(t, err)
 	var back map[string]any
 	require.NoError(t, json.Unmarshal(b, &back))
-	for _, key := range []string{"conditions", "pickup", "throughput", "lag", "scale", "web_queues", "web_events", "web_submit", "problems"} {
+	for _, key := range []string{"conditions", "pickup", "throughput", "lag", "scale", "web_queues", "web_events", "web_submit", "control", "scheduling", "problems"} {
 		require.Contains(t, back, key)
 	}
 	pickup := back["pickup"].(map[string]any)
@@ -361,4 +383,120 @@ func TestMedian(t *testing.T) {
 	require.Equal(t, 0.0, median(nil))
 	require.Equal(t, 2.0, median([]float64{3, 1, 2}))
 	require.Equal(t, 2.5, median([]float64{4, 1, 3, 2}))
+}
+
+// goodScheduling is a complete, consistent scheduling group (quick counts)
+// beside floor.
+func goodScheduling(floor Latency) *SchedulingReport {
+	edges := quickDefaults.DAGEdges
+	r := &SchedulingReport{Floor: floor, FloorSource: "the pickup group of this run",
+		DAG: DAGFigures{Edges: edges, Rate: 50, Edge: Latency{N: edges, P50: 7, P95: 9, P99: 12, Max: 15},
+			Released: Latency{N: edges, P50: 2, P95: 3, P99: 4, Max: 5}, Pickup: Latency{N: edges, P50: -0.2, P95: 4, P99: 6, Max: 8},
+			Attempts: Latency{N: edges, P50: 0, P95: 4, P99: 6, Max: 9}},
+		Passes: PassFigures{Rows: []PassRow{
+			{What: passesWhat(1), Queues: 1, Queued: 3000, Finished: 3000, Seconds: 2, Rate: 1500, Complete: true,
+				Passes: 400, ClaimingPasses: 390, Claims: 3000, EmptyClaims: 2, Batches: 60, PassMean: 1, PassPerTask: 0.13, Busy: 0.2},
+			{What: passesWhat(1000), Queues: 1000, Queued: 3000, Finished: 2900, Seconds: 3.9, Rate: 750,
+				Passes: 500, ClaimingPasses: 450, Claims: 2950, EmptyClaims: 900, Batches: 10, PassMean: 2, PassPerTask: 0.34, Busy: 0.5}}},
+		Cap: CapFigures{Nodes: 2, Rows: []CapRow{
+			{What: capWhat(0, 2, 64), Queued: 3000, Finished: 3000, Seconds: 2, Rate: 1500, Complete: true, MaxHeld: 128, Transitions: 9000, Seen: true},
+			{What: capWhat(256, 2, 64), Cap: 256, Queued: 3000, Finished: 3000, Seconds: 2.2, Rate: 1350, Complete: true, MaxHeld: 128, Transitions: 9000, Seen: true},
+			{What: capWhat(16, 2, 64), Cap: 16, Queued: 3000, Finished: 1200, Seconds: 4, Rate: 300, MaxHeld: 16, Transitions: 3700, Seen: true, CapReached: 80, Admitted: 0},
+		}},
+	}
+	r.ratios()
+	return r
+}
+
+func TestSchedulingRatios(t *testing.T) {
+	t.Parallel()
+	r := goodScheduling(Latency{N: 100, P50: 5, P95: 6, P99: 8, Max: 9})
+	require.Equal(t, Ratio{What: "task graph edge: parent done -> child running / pickup floor", P50: 1.4, P99: 1.5}, r.DAG.Ratio)
+	require.Equal(t, Goal{Goal: "edge p50 <= 1.5x the pickup floor p50 (7.00 <= 7.50 ms)", Met: true}, r.DAG.Goal)
+	require.Equal(t, []RateRatio{
+		{What: "mean pass, 1000 queues / 1 queue", Value: 2},
+		{What: "pass time per task claimed, 1000 queues / 1 queue", Value: 0.34 / 0.13},
+		{What: "throughput, 1000 queues / 1 queue", Value: 0.5},
+	}, r.Passes.Ratios)
+	require.Equal(t, []RateRatio{
+		{What: "throughput, max_running 256 (does not bind: 2 nodes x maxthreads 64) / no max_running", Value: 0.9},
+		{What: "throughput, max_running 16 (binds: 2 nodes x maxthreads 64) / no max_running", Value: 0.2},
+	}, r.Cap.Ratios)
+
+	// Over the goal, and without a floor: not met.
+	r.Floor.P50 = 4
+	r.ratios()
+	require.False(t, r.DAG.Goal.Met)
+	r.Floor = Latency{}
+	r.ratios()
+	require.False(t, r.DAG.Goal.Met)
+	require.Equal(t, 0.0, r.DAG.Ratio.P50)
+
+	// Rows missing: no ratios, which the sanity check reports.
+	require.Nil(t, passRatios(r.Passes.Rows[1:]))
+	require.Nil(t, capRatios(r.Cap.Rows[1:]))
+	require.Equal(t, "no max_running", capWhat(0, 2, 64))
+	require.Equal(t, "max_running 128 (does not bind: 2 nodes x maxthreads 64)", capWhat(128, 2, 64))
+	require.Equal(t, "max_running 127 (binds: 2 nodes x maxthreads 64)", capWhat(127, 2, 64))
+	require.Equal(t, "20ms", secondFraction(50))
+}
+
+func TestForEach(t *testing.T) {
+	t.Parallel()
+	var seen [50]atomic.Int32
+	require.NoError(t, forEach(context.Background(), len(seen), 4, func(_ context.Context, i int) error {
+		seen[i].Add(1)
+		return nil
+	}))
+	for i := range seen {
+		require.Equal(t, int32(1), seen[i].Load(), "index %d", i)
+	}
+	require.NoError(t, forEach(context.Background(), 0, 4, func(context.Context, int) error { return errors.New("never") }))
+
+	var calls atomic.Int32
+	err := forEach(context.Background(), 1000, 3, func(_ context.Context, i int) error {
+		calls.Add(1)
+		if i == 5 {
+			return errors.New("boom")
+		}
+		return nil
+	})
+	require.EqualError(t, err, "boom")
+	require.Less(t, calls.Load(), int32(1000), "work stops after an error")
+}
+
+func TestHeldWatchCountsClaimedAndRunning(t *testing.T) {
+	t.Parallel()
+	w := &heldWatch{held: map[bson.ObjectID]bool{}}
+	a, b, c := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	for _, step := range []struct {
+		id bson.ObjectID
+		st schema.Status
+	}{
+		{a, schema.StatusClaimed}, {b, schema.StatusClaimed}, {a, schema.StatusRunning}, {a, schema.StatusSucceeded},
+		{c, schema.StatusClaimed}, {b, schema.StatusQueued}, {c, schema.StatusRunning}, {b, schema.StatusClaimed}, {c, schema.StatusFailed},
+	} {
+		w.apply(step.id, step.st)
+	}
+	most, transitions := w.result()
+	require.Equal(t, 2, most)
+	require.Equal(t, int64(9), transitions)
+	require.Equal(t, map[bson.ObjectID]bool{b: true}, w.held)
+}
+
+func TestRunLog(t *testing.T) {
+	t.Parallel()
+	r := newRunLog()
+	a, b := bson.NewObjectID(), bson.NewObjectID()
+	r.record(a)
+	left, err := r.wait(context.Background(), []bson.ObjectID{a, b}, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 1, left)
+	go r.record(b)
+	left, err = r.wait(context.Background(), []bson.ObjectID{a, b}, 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, 0, left)
+	r.record(a)
+	require.Len(t, r.runs(a), 2)
+	require.False(t, r.runs(a)[1].Before(r.runs(a)[0]))
 }

@@ -23,12 +23,13 @@ const (
 	groupWebEvents  = "web-events"
 	groupWebSubmit  = "web-submit"
 	groupControl    = "control"
+	groupScheduling = "scheduling"
 	// groupWeb selects the three web groups.
 	groupWeb = "web"
 )
 
 var (
-	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl}
+	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl, groupScheduling}
 	webGroups = []string{groupWebQueues, groupWebEvents, groupWebSubmit}
 )
 
@@ -77,6 +78,10 @@ type config struct {
 	DelayProbes int
 	WaitRounds  int
 
+	DAGEdges    int
+	SchedQueues int
+	SchedTasks  int
+
 	CacheGB  float64
 	OplogMiB int
 }
@@ -108,6 +113,9 @@ var defaults = config{
 	DelayHeld:      100_000,
 	DelayProbes:    200,
 	WaitRounds:     50,
+	DAGEdges:       500,
+	SchedQueues:    1000,
+	SchedTasks:     10_000,
 	CacheGB:        1,
 	OplogMiB:       2048,
 }
@@ -138,6 +146,9 @@ var quickDefaults = config{
 	DelayHeld:      20_000,
 	DelayProbes:    50,
 	WaitRounds:     15,
+	DAGEdges:       100,
+	SchedQueues:    1000,
+	SchedTasks:     3000,
 	CacheGB:        1,
 	OplogMiB:       2048,
 }
@@ -205,12 +216,26 @@ Figure groups (--only):
               wait: --wait-rounds control.Wait calls on 10 running tasks
               finished by direct writes, the last write's acknowledgement ->
               Wait returns.
+  scheduling  issue 16's figures, beside the pickup floor of the same run (the
+              pickup group's, else the control group's, else measured here):
+              task graphs: --dag-edges parent -> child pairs
+              (store.TaskInsertGraph, one pair every 1/--pickup-rate s) on one
+              in-process node, the parent done (plugin ran) -> the child's
+              plugin started, released by the leader's graph duty; goal p50 <=
+              1.5x the floor; claimer passes: --sched-tasks tasks drained by
+              one node from 1 queue and from --sched-queues queues of mixed
+              priorities and weights, the mean pass (claimer.Stats) and the
+              rate, as ratios; max_running: --sched-tasks tasks of one queue
+              drained by 2 nodes without a cap, with one that cannot bind and
+              one that binds, rates as ratios, the tasks in -1/0 counted from
+              a change stream of every status change (never above the cap).
 
 The run exits non-zero when a figure is missing, zero, NaN or nonsensical
 (p50 > p99, throughput 0), or when an answer is wrong (GET /queues counts
 differ from the tasks, an event subscriber lost or got twice a transition,
 a submit inserted the wrong count, a kill not carried out, a delayed task
-started early, late by 30 s or not at all, a wait that returned wrong); it
+started early, late by 30 s or not at all, a wait that returned wrong, a
+child that ran before its parent, more tasks in -1/0 than max_running); it
 never judges speed: goals are reported as met or not.
 
 Flags:
@@ -253,6 +278,9 @@ func parseFlags(args []string) (config, string, error) {
 	fs.IntVar(&c.DelayHeld, "delay-held", defaults.DelayHeld, "control: tasks held until +1 h beside the delayed probes (quick: "+strconv.Itoa(quickDefaults.DelayHeld)+")")
 	fs.IntVar(&c.DelayProbes, "delay-probes", defaults.DelayProbes, "control: delayed tasks timed (quick: "+strconv.Itoa(quickDefaults.DelayProbes)+")")
 	fs.IntVar(&c.WaitRounds, "wait-rounds", defaults.WaitRounds, "control: control.Wait calls timed (quick: "+strconv.Itoa(quickDefaults.WaitRounds)+")")
+	fs.IntVar(&c.DAGEdges, "dag-edges", defaults.DAGEdges, "scheduling: parent -> child pairs timed (quick: "+strconv.Itoa(quickDefaults.DAGEdges)+")")
+	fs.IntVar(&c.SchedQueues, "sched-queues", defaults.SchedQueues, "scheduling: queues of mixed priorities and weights the claimer's passes are measured with, against 1")
+	fs.IntVar(&c.SchedTasks, "sched-tasks", defaults.SchedTasks, "scheduling: tasks queued for each pass and max_running drain (quick: "+strconv.Itoa(quickDefaults.SchedTasks)+")")
 	fs.Float64Var(&c.CacheGB, "cache-gb", defaults.CacheGB, "the started mongod's --wiredTigerCacheSizeGB")
 	fs.IntVar(&c.OplogMiB, "oplog-mib", defaults.OplogMiB, "the started mongod's --oplogSize in MiB")
 	fs.Usage = func() {}
@@ -307,6 +335,8 @@ func (c *config) applyQuick(set map[string]bool) {
 		"delay-held":      func() { c.DelayHeld = q.DelayHeld },
 		"delay-probes":    func() { c.DelayProbes = q.DelayProbes },
 		"wait-rounds":     func() { c.WaitRounds = q.WaitRounds },
+		"dag-edges":       func() { c.DAGEdges = q.DAGEdges },
+		"sched-tasks":     func() { c.SchedTasks = q.SchedTasks },
 	} {
 		if !set[name] {
 			apply()
@@ -340,6 +370,8 @@ func (c *config) validate() error {
 	positive("delay-held", c.DelayHeld)
 	positive("delay-probes", c.DelayProbes)
 	positive("wait-rounds", c.WaitRounds)
+	positive("dag-edges", c.DAGEdges)
+	positive("sched-tasks", c.SchedTasks)
 	for name, d := range map[string]time.Duration{"pickup-duration": c.PickupDuration, "drain-timeout": c.DrainTimeout, "rss-duration": c.RSSDuration,
 		"web-duration": c.WebDuration, "sse-duration": c.SSEDuration} {
 		if d <= 0 {
@@ -357,6 +389,12 @@ func (c *config) validate() error {
 	}
 	if c.SubmitTasks > apiv1.MaxSubmit {
 		errs = append(errs, fmt.Errorf("--submit-tasks %d is over %d, what POST /api/v1/tasks takes in one request", c.SubmitTasks, apiv1.MaxSubmit))
+	}
+	if c.SchedQueues < 2 {
+		errs = append(errs, fmt.Errorf("--sched-queues must be at least 2 (it is measured against 1), got %d", c.SchedQueues))
+	}
+	if c.SchedTasks < c.SchedQueues {
+		errs = append(errs, fmt.Errorf("--sched-tasks %d is fewer than --sched-queues %d", c.SchedTasks, c.SchedQueues))
 	}
 	if c.CacheGB < 0.25 {
 		errs = append(errs, fmt.Errorf("--cache-gb must be at least 0.25, got %g", c.CacheGB))

@@ -21,6 +21,7 @@ type Report struct {
 	WebEvents  *WebEventsReport  `json:"web_events,omitempty"`
 	WebSubmit  *WebSubmitReport  `json:"web_submit,omitempty"`
 	Control    *ControlReport    `json:"control,omitempty"`
+	Scheduling *SchedulingReport `json:"scheduling,omitempty"`
 	// Problems are the sanity check's findings (none on a good run).
 	Problems []string `json:"problems"`
 }
@@ -163,6 +164,7 @@ func renderTable(r *Report) string {
 
 	renderWeb(&b, r)
 	renderControl(&b, r)
+	renderScheduling(&b, r)
 
 	if len(r.Problems) == 0 {
 		b.WriteString("SANITY: every figure present, finite and consistent\n")

@@ -36,6 +36,9 @@ func sanity(r *Report, cfg config) []string {
 	if cfg.runs(groupControl) {
 		k.control(r.Control, cfg)
 	}
+	if cfg.runs(groupScheduling) {
+		k.scheduling(r.Scheduling, cfg)
+	}
 	return k.problems
 }
 
