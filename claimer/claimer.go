@@ -1,6 +1,7 @@
 package claimer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -392,8 +393,12 @@ func (c *Claimer) withHigherPriorities(open []Queue) []Queue {
 // next picks the queue to claim from (seed 001's scheduler): the highest
 // priority; among equal priorities the one with the fewest running tasks
 // for its weight (ties: the earlier in name order). limit is how many to
-// claim from it before choosing again: until it passes the runner-up's
-// share (no limit without a runner-up of its priority).
+// claim from it before choosing again: its part of this node's free slots
+// when they are shared out among the queues of its priority so that
+// their shares (running/weight) come out as even as can be (water
+// filling); at least 1, and no limit without another queue of its
+// priority. One claim can then take a batch where a choice after every
+// task would make one round trip per task.
 func (c *Claimer) next(open []Queue) (i, limit int) {
 	// Each queue's share is read once (a lock per queue), not per
 	// comparison: a pass may hold a thousand queues.
@@ -414,16 +419,38 @@ func (c *Claimer) next(open []Queue) (i, limit int) {
 		}
 	}
 	b := open[best]
-	limit = math.MaxInt
+	if math.IsInf(share[best], 1) {
+		return best, math.MaxInt // weight 0: the only queue left with work
+	}
+	// The free slots the queues of best's priority could fill, and
+	// their shares, lowest first.
+	var peers []int
+	free := 0
 	for j, q := range open {
-		if j == best || q.Sched.Priority != b.Sched.Priority || math.IsInf(share[j], 1) {
+		if q.Sched.Priority != b.Sched.Priority || math.IsInf(share[j], 1) {
 			continue
 		}
-		// Claim until best's share passes q's: running/w > share(q).
-		k := int(math.Floor(share[j]*b.Sched.Weight)) - running[best] + 1
-		limit = min(limit, max(k, 1))
+		peers = append(peers, j)
+		free += max(0, q.MaxThreads-c.slots.running(q.ID))
 	}
-	return best, limit
+	if len(peers) == 1 {
+		return best, math.MaxInt
+	}
+	free = min(free, c.slots.free())
+	slices.SortFunc(peers, func(x, y int) int { return cmp.Compare(share[x], share[y]) })
+	// The level L such that the slots raise every share below it to it:
+	// the sum over those queues of L*weight - running is free.
+	var runs, weights float64
+	level := share[best]
+	for k, j := range peers {
+		runs += float64(running[j])
+		weights += open[j].Sched.Weight
+		level = (float64(free) + runs) / weights
+		if k+1 == len(peers) || level <= share[peers[k+1]] {
+			break
+		}
+	}
+	return best, max(int(math.Floor(level*b.Sched.Weight))-running[best], 1)
 }
 
 // clusterRunning is q's running tasks across the cluster as best known:

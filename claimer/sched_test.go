@@ -147,3 +147,22 @@ func TestAWakeUpForALowerPriorityServesTheHigherFirst(t *testing.T) {
 	h.pass()
 	require.Equal(t, ids(hi), h.st.take(), "the higher priority, though only the lower one was woken")
 }
+
+// TestEqualSharesClaimInBatches: two queues of equal weight share a
+// node's free slots in two batches, not one task per claim in turn (a
+// round trip per task), and end even.
+func TestEqualSharesClaimInBatches(t *testing.T) {
+	t.Parallel()
+	bs := &batchStore{left: 1000}
+	a, b := sched("a", 100, 0, 20), sched("b", 100, 0, 20)
+	h := newHarness(t, func(c *claimer.Config) { c.Store = bs; c.Batch = 64 }, a, b)
+	sixty := 60
+	require.True(t, h.c.SetNodeMax(&sixty))
+	h.start()
+	h.pass()
+	require.Equal(t, []int{30, 30}, []int{h.c.Running(a.ID), h.c.Running(b.ID)})
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	require.Equal(t, 2, bs.single, "one first claim each")
+	require.Equal(t, []int{29, 29}, bs.limits, "then one batch each")
+}

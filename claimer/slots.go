@@ -1,6 +1,7 @@
 package claimer
 
 import (
+	"math"
 	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -96,6 +97,17 @@ func (s *slots) nodeFull() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.nodeMax != nil && s.all >= *s.nodeMax
+}
+
+// free returns how many more slots the node-wide cap allows (MaxInt
+// without one).
+func (s *slots) free() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nodeMax == nil {
+		return math.MaxInt
+	}
+	return max(0, *s.nodeMax-s.all)
 }
 
 // running returns the slots in use for q.
