@@ -29,7 +29,7 @@ func TestDrainLetsRunningTasksFinishThenExits(t *testing.T) {
 		items = append(items, map[string]string{"command": fmt.Sprintf(`while [ ! -e %s/$DISBATCH_TASK_ID.go ]; do sleep 0.02; done; echo done`, dir)})
 	}
 	cli(t, uri, db.Name(), jsonLines(t, items...), "task", "submit", "q")
-	n := startNode(t, nodeArgs(uri, db.Name(), "drainee", "--enable-plugin", "shell", "--heartbeat", "100ms", "--fence-after", "1s", "--dead-after", "4s"))
+	n := startNode(t, nodeArgs(uri, db.Name(), "drainee", "--enable-plugin", "shell", "--heartbeat", "100ms", "--fence-after", "5s", "--dead-after", "10s")) // a fence would end its tasks: not under test
 	running := waitTasks(t, db, startWait, "two tasks running", func(ts []task) bool { return countStatus(ts, func(x task) bool { return x.Status == 0 }) == 2 })
 
 	out := cli(t, uri, db.Name(), "", "node", "drain", "drainee")

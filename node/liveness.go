@@ -34,6 +34,11 @@ type liveness struct {
 	clock  clock.Clock
 	log    *slog.Logger
 
+	// fencing orders a fence and a rejoin with what they do to the node:
+	// a rejoin decided between a fence's flag and its pause would leave
+	// the node paused for good.
+	fencing sync.Mutex
+
 	mu     sync.Mutex
 	lastOK time.Time // when the last acknowledged heartbeat was sent
 	// servingSince is when the node last started serving: its first
@@ -161,6 +166,7 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 	if err != nil {
 		return err
 	}
+	l.fencing.Lock()
 	l.mu.Lock()
 	if sent.After(l.lastOK) {
 		l.lastOK = sent
@@ -179,6 +185,7 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 		l.log.Info("heartbeat acknowledged again: rejoining and claiming")
 		l.target.rejoin()
 	}
+	l.fencing.Unlock()
 	limit := l.cfg.MaxThreads
 	if before.MaxThreads != nil && (limit == nil || *before.MaxThreads < *limit) {
 		limit = before.MaxThreads
@@ -197,6 +204,8 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 // nothing this node runs may overlap a re-run elsewhere once the others
 // declare it dead.
 func (l *liveness) fence(silence time.Duration) {
+	l.fencing.Lock()
+	defer l.fencing.Unlock()
 	l.mu.Lock()
 	was := l.fenced
 	l.fenced = true

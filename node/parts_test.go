@@ -3,8 +3,11 @@ package node
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -47,4 +50,57 @@ func TestLivenessAndStraysKeepTheLifecycle(t *testing.T) {
 			return &strays{node: "n", store: fakeParts{}, holds: func(bson.ObjectID) bool { return false }, fenced: func() bool { return false }, clock: clock.Real(), log: log}
 		}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()}) // other tests' clients run meanwhile
 	})
+}
+
+// fenceOrder records what liveness did to the node last; its fence waits
+// for release, as a fence that kills tasks takes a while.
+type fenceOrder struct {
+	fakeParts
+	entered, release chan struct{}
+	mu               sync.Mutex
+	paused           bool
+}
+
+func (f *fenceOrder) fence(time.Duration) {
+	close(f.entered)
+	<-f.release
+	f.mu.Lock()
+	f.paused = true
+	f.mu.Unlock()
+}
+
+func (f *fenceOrder) rejoin() {
+	f.mu.Lock()
+	f.paused = false
+	f.mu.Unlock()
+}
+
+// TestARejoinDuringAFenceIsNotLost: a heartbeat acknowledged while the
+// fence is still pausing the node rejoins after the pause, not before it
+// (which left a node paused for good: CI's fault suite saw one run
+// nothing after a step-down).
+func TestARejoinDuringAFenceIsNotLost(t *testing.T) {
+	target := &fenceOrder{entered: make(chan struct{}), release: make(chan struct{})}
+	l := newLiveness(livenessConfig{Name: "n", Store: fakeParts{}, Heartbeat: time.Second, FenceAfter: time.Second, DeadAfter: 3 * time.Second},
+		target, clock.Real(), slog.New(slog.DiscardHandler))
+	fenced := make(chan struct{})
+	go func() {
+		defer close(fenced)
+		l.fence(2 * time.Second)
+	}()
+	<-target.entered
+	wrote := make(chan error, 1)
+	go func() { wrote <- l.write(context.Background(), nil, schema.NodeStateRunning, false) }()
+	select {
+	case err := <-wrote: // the heartbeat did not wait for the fence
+		require.NoError(t, err)
+		wrote <- nil
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(target.release)
+	<-fenced
+	require.NoError(t, <-wrote)
+	target.mu.Lock()
+	defer target.mu.Unlock()
+	require.False(t, target.paused, "the acknowledged heartbeat's rejoin must come after the fence's pause")
 }
