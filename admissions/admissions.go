@@ -38,25 +38,18 @@ type Config struct {
 
 // Sweeper is the duty; run Lead under a leadership.Elector.
 type Sweeper struct {
-	cfg   Config
-	clock clock.Clock
-	log   *slog.Logger
+	cfg Config
+	leadership.Periodic
 }
 
 // New returns the duty.
 func New(cfg Config) *Sweeper {
-	if cfg.Tick <= 0 {
-		cfg.Tick = time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	return &Sweeper{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "admissions")}
+	return &Sweeper{cfg: cfg, Periodic: leadership.NewPeriodic(cfg.Tick, cfg.Clock, cfg.Logger, "admissions")}
 }
 
 // Lead runs Sweep at once, then every tick, until the term ends.
 func (a *Sweeper) Lead(ctx context.Context, term leadership.Term) error {
-	return leadership.Every(a.clock, a.cfg.Tick, a.Sweep)(ctx, term)
+	return a.Duty(a.Sweep)(ctx, term)
 }
 
 // Sweep sweeps every queue with a cap or with admissions once.
@@ -64,7 +57,7 @@ func (a *Sweeper) Sweep(ctx context.Context) {
 	res, err := a.cfg.Store.QueueList(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			a.log.Warn("list queues", "error", err)
+			a.Log.Warn("list queues", "error", err)
 		}
 		return
 	}
@@ -75,16 +68,16 @@ func (a *Sweeper) Sweep(ctx context.Context) {
 		r, err := a.cfg.Store.AdmissionsSweep(ctx, q.ID, q.Sched.Capped())
 		if err != nil {
 			if ctx.Err() == nil {
-				a.log.Warn("sweep admissions", "queue", q.Name, "error", err)
+				a.Log.Warn("sweep admissions", "queue", q.Name, "error", err)
 			}
 			continue
 		}
 		if r.Drift != 0 {
-			a.log.Warn("admissions counted differ from the queue's admitted; repaired (a task holding one was deleted)",
+			a.Log.Warn("admissions counted differ from the queue's admitted; repaired (a task holding one was deleted)",
 				"queue", q.Name, "drift", r.Drift, "admitted", r.Admitted)
 		}
 		if r.Released+r.Adopted > 0 {
-			a.log.Info("admissions swept", "queue", q.Name, "released", r.Released, "adopted", r.Adopted, "admitted", r.Admitted)
+			a.Log.Info("admissions swept", "queue", q.Name, "released", r.Released, "adopted", r.Adopted, "admitted", r.Admitted)
 		}
 		if a.cfg.Swept != nil {
 			a.cfg.Swept(q.ID, r)

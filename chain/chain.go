@@ -34,20 +34,13 @@ type Config struct {
 
 // Sweeper is the duty; run Lead under a leadership.Elector.
 type Sweeper struct {
-	cfg   Config
-	clock clock.Clock
-	log   *slog.Logger
+	cfg Config
+	leadership.Periodic
 }
 
 // New returns the duty.
 func New(cfg Config) *Sweeper {
-	if cfg.Tick <= 0 {
-		cfg.Tick = time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	return &Sweeper{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "chain")}
+	return &Sweeper{cfg: cfg, Periodic: leadership.NewPeriodic(cfg.Tick, cfg.Clock, cfg.Logger, "chain")}
 }
 
 // batch bounds the tasks one sweep reads at a time.
@@ -55,7 +48,7 @@ const batch = 100
 
 // Lead runs Sweep at once, then every tick, until the term ends.
 func (c *Sweeper) Lead(ctx context.Context, term leadership.Term) error {
-	return leadership.Every(c.clock, c.cfg.Tick, c.Sweep)(ctx, term)
+	return c.Duty(c.Sweep)(ctx, term)
 }
 
 // Sweep turns every pending output into tasks.
@@ -64,7 +57,7 @@ func (c *Sweeper) Sweep(ctx context.Context) {
 		ids, err := c.cfg.Store.ThenPending(ctx, batch)
 		if err != nil {
 			if ctx.Err() == nil {
-				c.log.Warn("read tasks with then pending", "error", err)
+				c.Log.Warn("read tasks with then pending", "error", err)
 			}
 			return
 		}
@@ -73,13 +66,13 @@ func (c *Sweeper) Sweep(ctx context.Context) {
 			switch {
 			case err != nil:
 				if ctx.Err() == nil {
-					c.log.Warn("then: create tasks from an output", "task_id", id.Hex(), "error", err)
+					c.Log.Warn("then: create tasks from an output", "task_id", id.Hex(), "error", err)
 				}
 				return
 			case r.Problem != "":
-				c.log.Warn("then: an output could not become tasks", "task_id", id.Hex(), "problem", r.Problem)
+				c.Log.Warn("then: an output could not become tasks", "task_id", id.Hex(), "problem", r.Problem)
 			default:
-				c.log.Info("then: the sweep turned an output into tasks (its node had not yet, or could not)", "task_id", id.Hex(), "created", r.Created, "existed", r.Existed)
+				c.Log.Info("then: the sweep turned an output into tasks (its node had not yet, or could not)", "task_id", id.Hex(), "created", r.Created, "existed", r.Existed)
 			}
 		}
 		if len(ids) < batch {

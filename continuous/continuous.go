@@ -35,25 +35,18 @@ type Config struct {
 
 // Creator is the duty; run Lead under a leadership.Elector.
 type Creator struct {
-	cfg   Config
-	clock clock.Clock
-	log   *slog.Logger
+	cfg Config
+	leadership.Periodic
 }
 
 // New returns the duty.
 func New(cfg Config) *Creator {
-	if cfg.Tick <= 0 {
-		cfg.Tick = time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	return &Creator{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "continuous")}
+	return &Creator{cfg: cfg, Periodic: leadership.NewPeriodic(cfg.Tick, cfg.Clock, cfg.Logger, "continuous")}
 }
 
 // Lead runs Pass at once, then every tick, until the term ends.
 func (c *Creator) Lead(ctx context.Context, term leadership.Term) error {
-	return leadership.Every(c.clock, c.cfg.Tick, c.Pass)(ctx, term)
+	return c.Duty(c.Pass)(ctx, term)
 }
 
 // Pass creates the task of every continuous queue that is due.
@@ -61,11 +54,11 @@ func (c *Creator) Pass(ctx context.Context) {
 	res, err := c.cfg.Store.QueueList(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.log.Warn("list queues", "error", err)
+			c.Log.Warn("list queues", "error", err)
 		}
 		return
 	}
-	now := c.clock.Now()
+	now := c.Clock.Now()
 	for _, q := range res.Queues {
 		sc := q.Sched
 		if !sc.Continuous || sc.Paused || (!sc.NextContinuous.IsZero() && sc.NextContinuous.After(now)) {
@@ -75,10 +68,10 @@ func (c *Creator) Pass(ctx context.Context) {
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {
-				c.log.Warn("create the task of a continuous queue", "queue", q.Name, "error", err)
+				c.Log.Warn("create the task of a continuous queue", "queue", q.Name, "error", err)
 			}
 		case created:
-			c.log.Info("continuous queue: task created", "queue", q.Name, "task_id", id.Hex(), "next_in", sc.Interval)
+			c.Log.Info("continuous queue: task created", "queue", q.Name, "task_id", id.Hex(), "next_in", sc.Interval)
 		}
 	}
 }

@@ -244,6 +244,29 @@ func (e *Elector) release(lease store.Lease) {
 	e.log.Info("lease released", "epoch", lease.Epoch)
 }
 
+// Periodic is what the duties that sweep once a tick share: their period,
+// clock and logger, defaulted (1 s, the real clock, a logger that
+// discards) and the logger naming the component.
+type Periodic struct {
+	Tick  time.Duration
+	Clock clock.Clock
+	Log   *slog.Logger
+}
+
+// NewPeriodic fills in the defaults.
+func NewPeriodic(tick time.Duration, c clock.Clock, log *slog.Logger, component string) Periodic {
+	if tick <= 0 {
+		tick = time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return Periodic{Tick: tick, Clock: clock.Or(c), Log: log.With("component", component)}
+}
+
+// Duty runs pass at once, then every Tick, until the term ends.
+func (p Periodic) Duty(pass func(ctx context.Context)) Duty { return Every(p.Clock, p.Tick, pass) }
+
 // Every is a duty that runs pass at once and then every period (on c)
 // until the term ends: the shape of the leader's sweeps.
 func Every(c clock.Clock, period time.Duration, pass func(ctx context.Context)) Duty {
