@@ -305,8 +305,39 @@ func StartReplicaSet(ctx context.Context, opts Options) (_ *ReplicaSet, err erro
 	if err := rs.probeWrite(ctx); err != nil {
 		return nil, err
 	}
+	// A majority write needs two members of three: the third may still be
+	// in its initial sync, and a failover test would find it neither
+	// primary nor secondary.
+	if err := rs.waitServing(ctx); err != nil {
+		return nil, err
+	}
 	rs.log.Info("replica set ready", "uri", rs.URI(), "elapsed", time.Since(begin))
 	return rs, nil
+}
+
+// waitServing waits until every member says it is the primary or a
+// secondary.
+func (rs *ReplicaSet) waitServing(ctx context.Context) error {
+	for {
+		var last []string
+		for _, m := range rs.members {
+			h, err := m.hello(ctx)
+			switch {
+			case err != nil:
+				last = append(last, fmt.Sprintf("%s: %v", m.Addr(), err))
+			case !h.IsWritablePrimary && !h.Secondary:
+				last = append(last, m.Addr()+": neither primary nor secondary")
+			}
+		}
+		if len(last) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("members not serving (%s): %w", strings.Join(last, "; "), ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // checkPorts checks Options.Ports: one valid port per member, each once, and
@@ -788,6 +819,11 @@ func (rs *ReplicaSet) initiate(ctx context.Context) (initiated bool, _ error) {
 			// then answers AlreadyInitialized, and checkConfig explains).
 			dropped++
 			rs.log.Debug("member 0 dropped the connection during replSetInitiate, retrying", "err", err)
+		case mongo.IsTimeout(err) && ctx.Err() == nil:
+			// Server selection gave up (a loaded machine can take longer
+			// than its 2 s to answer the first hello); ask again until
+			// the caller's deadline.
+			rs.log.Debug("member 0 not selected for replSetInitiate, retrying", "err", err)
 		case err == nil:
 			rs.log.Debug("replSetInitiate done")
 			return true, nil
