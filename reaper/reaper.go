@@ -121,7 +121,12 @@ func (r *Reaper) sweep(ctx context.Context, sess *store.LeaseSession) int64 {
 		dead, err := r.cfg.Store.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: r.cfg.DeadAfter, By: r.cfg.Node, Session: sess})
 		for _, d := range dead {
 			r.log.Warn("declared a node dead: its heartbeat is too old; its claimed tasks went back to the queue and its running tasks were orphaned",
-				"dead_node", d.Node, "last_heartbeat", d.Since, "dead_after", r.cfg.DeadAfter, "requeued", d.Requeued, "orphaned", d.Orphaned)
+				"dead_node", d.Node, "last_heartbeat", d.Since, "dead_after", r.cfg.DeadAfter, "requeued", d.Requeued, "orphaned", d.Orphaned,
+				"sessions_killed", d.Sessions)
+			if d.SessionsErr != nil {
+				r.log.Warn("killing the dead node's transaction sessions failed; a transaction it left open ends at the server's transaction lifetime",
+					"dead_node", d.Node, "error", d.SessionsErr)
+			}
 			n += d.Requeued + d.Orphaned
 		}
 		if err != nil && ctx.Err() == nil {

@@ -35,7 +35,7 @@ func (s *Store) inTxn(ctx context.Context, fn func(ctx context.Context) error) e
 	if err != nil {
 		return err
 	}
-	defer end()
+	defer func() { end(err) }()
 	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) { return nil, fn(ctx) },
 		options.Transaction().SetReadConcern(readconcern.Snapshot()).SetWriteConcern(writeconcern.Majority()))
 	return err

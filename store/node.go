@@ -154,6 +154,10 @@ type DeadNode struct {
 	Requeued int64     // claimed, not started (-1), and running ones of queues with rerun_orphans: back to the queue
 	Orphaned int64     // running (0): orphaned (-6)
 	Killed   int64     // asked to be killed: finished as killed
+	// Sessions is how many of its transaction sessions were killed (see
+	// CollSessions); SessionsErr why that failed, if it did.
+	Sessions    int
+	SessionsErr error
 }
 
 // NodesDeadRecover finds nodes whose heartbeat is older than DeadAfter by
@@ -198,12 +202,18 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 		if !ok || name == "" {
 			continue // no name, no tasks to recover
 		}
+		// A transaction it died in holds its locks until killed, and the
+		// recovery may write what it locked: kill its sessions first. (A
+		// node that beats again just now loses its open transactions,
+		// which it retries; its sessions stay recorded.)
+		sessions, serr := s.NodeSessionsKill(ctx, name)
 		d, err := s.nodeDeadRecover(ctx, c.ID, name, stale, p.By, p.Session)
 		if err != nil {
 			return dead, err
 		}
 		if d != nil {
 			d.Since = c.Timestamp.UTC()
+			d.Sessions, d.SessionsErr = sessions, serr
 			dead = append(dead, *d)
 		}
 	}
@@ -215,7 +225,7 @@ func (s *Store) nodeDeadRecover(ctx context.Context, id bson.ObjectID, name stri
 	if err != nil {
 		return nil, fmt.Errorf("recover dead node %q: %w", name, err)
 	}
-	defer end()
+	defer func() { end(err) }()
 	var d *DeadNode
 	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
 		d = nil

@@ -194,14 +194,21 @@ func (ls *LeaseSession) End(ctx context.Context) {
 
 // txnSession is the session a transaction runs in: the lease term's when
 // given, else a new one that end ends.
-func (s *Store) txnSession(ctx context.Context, ls *LeaseSession) (sess *mongo.Session, end func(), err error) {
+func (s *Store) txnSession(ctx context.Context, ls *LeaseSession) (sess *mongo.Session, end func(err error), err error) {
 	if ls != nil {
-		return ls.sess, func() {}, nil
+		return ls.sess, func(error) {}, nil
+	}
+	if s.pool != nil {
+		sess, giveBack, err := s.pooledTxnSession(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return sess, func(err error) { giveBack(err != nil) }, nil
 	}
 	if sess, err = s.db.Client().StartSession(); err != nil {
 		return nil, nil, err
 	}
-	return sess, func() { sess.EndSession(context.WithoutCancel(ctx)) }, nil
+	return sess, func(error) { sess.EndSession(context.WithoutCancel(ctx)) }, nil
 }
 
 func decodeLease(raw bson.Raw) Lease {
@@ -293,7 +300,7 @@ func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missi
 	if err != nil {
 		return nil, fmt.Errorf("apply counters: %w", err)
 	}
-	defer end()
+	defer func() { end(err) }()
 	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
 		missing = missing[:0]
 		// The checkpoint is the token, or (without one) "just after

@@ -59,6 +59,7 @@ type Store struct {
 	chunks    *mongo.Collection
 	now       func() time.Time
 	threshold int
+	pool      *sessionPool // ForNode's: recorded transaction sessions
 }
 
 // New returns a Store over db.
