@@ -39,16 +39,27 @@ import (
 // answers lost as it finishes, the node killed between a finish and its
 // chaining) and Graph.
 func TestDag(t *testing.T) {
-	begin := time.Now()
-	s := setupFaultSuite(t)
-	for _, sc := range []struct {
-		name string
-		run  func(*testing.T, *faultSuite)
-	}{
+	runScenarios(t, []suiteScenario{
 		{"Continuous", dagContinuous},
 		{"Then", dagThen},
 		{"Graph", dagGraph},
-	} {
+	})
+}
+
+// suiteScenario is one scenario of a test that runs several in turn on
+// the fault suite's replica set.
+type suiteScenario struct {
+	name string
+	run  func(*testing.T, *faultSuite)
+}
+
+// runScenarios sets the fault suite up and runs the scenarios one after
+// the other as subtests, each once the replica set is healthy, saying how
+// long each took.
+func runScenarios(t *testing.T, scenarios []suiteScenario) {
+	begin := time.Now()
+	s := setupFaultSuite(t)
+	for _, sc := range scenarios {
 		s.waitHealthy(t, 2*time.Minute)
 		t.Run(sc.name, func(t *testing.T) {
 			begin := time.Now()
@@ -56,7 +67,7 @@ func TestDag(t *testing.T) {
 			t.Logf("%s took %v", sc.name, time.Since(begin).Round(time.Millisecond))
 		})
 	}
-	t.Logf("TestDag took %v", time.Since(begin).Round(time.Second))
+	t.Logf("%s took %v", t.Name(), time.Since(begin).Round(time.Second))
 }
 
 // dagCluster is one scenario's database and its disbatchd nodes.

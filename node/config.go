@@ -82,9 +82,12 @@ type Config struct {
 	killHandled func(bson.ObjectID) // a kill request was carried out
 	// safetyNets, when set, is the period of the leader's sweeps that
 	// redo what a node does itself (admissions released, then outputs
-	// chained; default Tick), and leaves the graph duty out (children
-	// settled): tests set it long to see the node's own.
+	// chained; default Tick): tests set it long to see the node's own.
 	safetyNets time.Duration
+	// noGraphDuty leaves the leader's graph duty out: its change stream
+	// would settle children as fast as the node that finished their
+	// parent, so tests of the node's own settle need it gone.
+	noGraphDuty bool
 }
 
 // Observer receives task lifecycle events, e.g. to count them. Its methods

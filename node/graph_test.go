@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -130,7 +131,7 @@ func TestGraphNodeSettlesChildrenItself(t *testing.T) {
 	_, err := b.task(z).LookupErr(schema.TaskHasChildren)
 	require.Error(t, err, "a task no one waits for is not marked")
 	cfg := b.config("n1")
-	cfg.safetyNets = time.Hour // no graph duty: only the node settles
+	cfg.noGraphDuty = true // only the node settles
 	b.start(cfg)
 	all := bson.A{stored, x, y, z, late, f, orphan}
 	b.waitDone(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: all}}}}, int64(len(all)), 30*time.Second)
@@ -160,4 +161,26 @@ func TestGraphSweepUnblocksAChildWhoseEventWasMissed(t *testing.T) {
 	require.Len(t, b.rec.runs[child], 1)
 	require.Empty(t, b.rec.runs[parent], "the parent had finished before")
 	require.Contains(t, b.logs.String(), "sweep settled children", "the sweep did it")
+}
+
+// TestChildrenOfAFailureRetriedBeforeTheSettleWait: the node finished the
+// parent as failed, and an operator retried it before the node settled
+// its children. The children must wait for the new attempt rather than
+// fail for the old one: a failure is not handed to the settle as known.
+func TestChildrenOfAFailureRetriedBeforeTheSettleWait(t *testing.T) {
+	b := setup(t)
+	q := b.queue("q", "test", 1, schema.SortFIFO)
+	parent, child := bson.NewObjectID(), bson.NewObjectID()
+	b.graphInsert([]store.GraphTask{{ID: parent, Queue: q}, {ID: child, Queue: q, Parents: []bson.ObjectID{parent}}})
+	// The retry has put the failed parent back in the queue.
+	_, err := b.db.Collection("tasks").UpdateOne(context.Background(), bson.D{{Key: "_id", Value: parent}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -2}}}})
+	require.NoError(t, err)
+	r := &runner{cfg: runnerConfig{Name: "n1", Store: b.store}}
+	r.children(slog.New(slog.NewTextHandler(b.logs, nil)), parent, schema.StatusFailed, "", nil)
+	require.Equal(t, int64(-4), b.task(child).Lookup("status").AsInt64(), "the child waits for the retried parent")
+
+	// A success is final: its children run even if the parent is rerun.
+	r.children(slog.New(slog.NewTextHandler(b.logs, nil)), parent, schema.StatusSucceeded, "", nil)
+	require.Equal(t, int64(-2), b.task(child).Lookup("status").AsInt64(), "the child of a success is queued")
 }

@@ -32,6 +32,7 @@ type runnerStore interface {
 	AdmissionsRelease(ctx context.Context, queue bson.ObjectID, ids []bson.ObjectID) (int64, error)
 	ThenCreate(ctx context.Context, id bson.ObjectID) (store.ThenResult, error)
 	TaskGraphSettle(ctx context.Context, p store.TaskGraphSettleParams) (store.TaskGraphResult, error)
+	TaskGraphWaiting(ctx context.Context, parent bson.ObjectID) (*store.GraphWaiting, error)
 }
 
 // runnerConfig is what the runner needs of the node's config.
@@ -129,19 +130,30 @@ func (r *runner) open() {
 // and its slot taken.
 func (r *runner) dispatch(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 	steps := observeTask(r.cfg.Name, r.cfg.Observer, r.clock, q, t, claim)
-	r.handle(q, t, func() { steps.end(r.run(q, t, claim.End, steps)) })
+	r.handle(q, t, func() (after []func()) {
+		steps.end(r.run(q, t, claim.End, steps, &after))
+		return after
+	})
 }
 
 // handle works on a task received from a claim in a goroutine of its own,
-// holding it meanwhile, and gives its slot back when done.
-func (r *runner) handle(q claimer.Queue, t schema.Task, work func()) {
+// holding it meanwhile, and gives its slot back when done. What work
+// returns runs after that, still in the goroutine: the task's follow-ups
+// (its output chained, its children settled) need no slot.
+func (r *runner) handle(q claimer.Queue, t schema.Task, work func() (after []func())) {
 	r.hold(t.ID, true)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
+		var after []func()
+		defer func() {
+			for _, f := range after {
+				f()
+			}
+		}()
 		defer r.finished(q.ID)
 		defer r.hold(t.ID, false)
-		work()
+		after = work()
 		if q.Sched.Capped() {
 			r.release(q, t.ID)
 		}
@@ -179,10 +191,18 @@ func (r *runner) then(log *slog.Logger, id bson.ObjectID) {
 // children settles the task graph children of a task this node just
 // finished, so they start without waiting for the leader's graph duty to
 // hear the finish (it does too; the writes are guarded).
-func (r *runner) children(log *slog.Logger, id bson.ObjectID, ended store.TaskState) {
+func (r *runner) children(log *slog.Logger, id bson.ObjectID, status schema.Status, reason string, waiting *store.GraphWaiting) {
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	res, err := r.cfg.Store.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{id}, Ended: &ended})
+	p := store.TaskGraphSettleParams{Parents: []bson.ObjectID{id}, Waiting: waiting}
+	if status == schema.StatusSucceeded {
+		// A success is final for its children: they may run whatever
+		// happens to the task next. A failure is not: an operator may
+		// retry the task before the settle, and its children must then
+		// wait for it, so the settle reads how it stands.
+		p.Ended = &store.TaskState{Status: status, Reason: reason}
+	}
+	res, err := r.cfg.Store.TaskGraphSettle(ctx, p)
 	if err != nil {
 		log.Warn("graph: settling the task's children failed; the leader's graph duty will", "error", err)
 		return
@@ -193,6 +213,26 @@ func (r *runner) children(log *slog.Logger, id bson.ObjectID, ended store.TaskSt
 			r.cfg.HasWork(q)
 		}
 	}
+}
+
+// readWaiting reads the waiting children of a task in a goroutine of its
+// own (the runner's Stop waits for it); the channel gives them, or nil
+// when the read failed (the settle then reads them itself).
+func (r *runner) readWaiting(log *slog.Logger, id bson.ObjectID) <-chan *store.GraphWaiting {
+	out := make(chan *store.GraphWaiting, 1)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+		defer cancel()
+		w, err := r.cfg.Store.TaskGraphWaiting(ctx, id)
+		if err != nil {
+			log.Debug("graph: reading the children ahead of the settle failed; the settle reads them", "error", err)
+			w = nil
+		}
+		out <- w
+	}()
+	return out
 }
 
 // hold records (or forgets) a task this node received from a claim.
@@ -218,7 +258,7 @@ func (r *runner) holds(id bson.ObjectID) bool {
 
 // malformed is the claimer's Malformed: fail the task with the reason.
 func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
-	r.handle(q, t, func() {
+	r.handle(q, t, func() []func() {
 		log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
 		p := store.TaskFailParams{ID: t.ID, Node: r.cfg.Name, From: schema.StatusClaimed, Reason: "disbatchd: malformed task document: " + derr.Error()}
 		if t.ID.IsZero() {
@@ -226,12 +266,12 @@ func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
 			v, err := t.Raw.LookupErr("_id")
 			if err != nil {
 				log.Error("claimed a task without a readable _id; it stays claimed until the reaper orphans it", "error", derr)
-				return
+				return nil
 			}
 			var id any
 			if err := v.Unmarshal(&id); err != nil {
 				log.Error("claimed a task whose _id cannot be read back; it stays claimed until the reaper orphans it", "error", derr)
-				return
+				return nil
 			}
 			p.DocID = id
 			log = r.log.With("queue", q.Name, "task_id", schema.Describe(v))
@@ -240,6 +280,7 @@ func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
 			log.Warn("claimed a malformed task; failing it", "error", derr)
 		}
 		r.write(log, "fail", func(ctx context.Context) error { return r.cfg.Store.TaskFail(ctx, p) })
+		return nil
 	})
 }
 
@@ -358,8 +399,9 @@ func (r *runner) unfence() {
 }
 
 // run takes a claimed task through start, plugin and finish, telling steps
-// about each, and returns the outcome.
-func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps taskSteps) string {
+// about each, and returns the outcome. The finished task's follow-ups go
+// to after, for once its slot is free.
+func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps taskSteps, after *[]func()) string {
 	cfg := r.cfg
 	log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
 	if cfg.beforeStart != nil {
@@ -429,6 +471,12 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		log.Info("task failed; retrying it", "try", fp.Retry.Tries, "retries", q.Control.Retries, "in", wait)
 		steps.controlled(ControlRetry, fmt.Sprintf("try %d of %d in %s", fp.Retry.Tries, q.Control.Retries, wait))
 	}
+	var waiting <-chan *store.GraphWaiting
+	if t.Graph.HasChildren && res.Status == schema.StatusSucceeded && fp.Retry == nil {
+		// Its children are read while the finish is written: settling
+		// them then takes one write, not a read and a write.
+		waiting = r.readWaiting(log, t.ID)
+	}
 	err := r.write(log, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
 	steps.finished(res, err)
 	if err != nil {
@@ -439,10 +487,16 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		return "retrying"
 	}
 	if fp.Then != "" && res.Status == schema.StatusSucceeded && res.Output.Type != 0 {
-		r.then(log, t.ID)
+		*after = append(*after, func() { r.then(log, t.ID) })
 	}
 	if t.Graph.HasChildren {
-		r.children(log, t.ID, store.TaskState{Status: res.Status, Reason: reason})
+		*after = append(*after, func() {
+			var w *store.GraphWaiting
+			if waiting != nil {
+				w = <-waiting
+			}
+			r.children(log, t.ID, res.Status, reason, w)
+		})
 	}
 	return res.Status.String()
 }

@@ -81,6 +81,10 @@ type GraphTask struct {
 	Ref string
 }
 
+// MaxGraphInsert bounds the tasks of one graph insert: 50,000 tasks
+// insert in a few seconds, well within a transaction's lifetime.
+const MaxGraphInsert = 50000
+
 // TaskInsertGraphParams are the tasks of one graph insert.
 type TaskInsertGraphParams struct {
 	Tasks []GraphTask
@@ -94,8 +98,10 @@ type TaskInsertGraphParams struct {
 // or a stored task of an existing queue; no task is its own parent; at most
 // schema.MaxParents parents each; no cycle. Nothing is inserted when any
 // check fails (the error wraps ErrInvalidGraph and is a
-// *GraphInputError), and the insert is one transaction: all or nothing. A task whose parents have all succeeded already is
-// inserted as TaskInsertMany would (queued, or held for its not_before);
+// *GraphInputError), and the insert is one transaction: all or nothing,
+// of at most MaxGraphInsert tasks (a transaction must commit within the
+// server's transactionLifetimeLimitSeconds, 60 by default). A task whose
+// parents have all succeeded already is inserted as TaskInsertMany would (queued, or held for its not_before);
 // the others are held at -4 with awaiting_parents. After the insert, the
 // held tasks are settled once (TaskGraphSettle's rules), so a parent that
 // finished while they were being inserted, whose finish event found no
@@ -104,6 +110,10 @@ type TaskInsertGraphParams struct {
 func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([]bson.ObjectID, error) {
 	if len(p.Tasks) == 0 {
 		return nil, nil
+	}
+	if len(p.Tasks) > MaxGraphInsert {
+		return nil, &GraphInputError{Task: MaxGraphInsert, Ref: p.Tasks[MaxGraphInsert].Ref, Kind: GraphInvalidTask,
+			Msg: fmt.Sprintf("a graph of %d tasks; one insert takes at most %d (insert it in parts: a later part may name an earlier part's tasks by id)", len(p.Tasks), MaxGraphInsert)}
 	}
 	now := s.nowMS()
 	badAs := func(kind GraphErrorKind, i int, format string, args ...any) error {
@@ -123,8 +133,9 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 		index[ids[i]] = i
 	}
 	parents := make([][]bson.ObjectID, len(p.Tasks))
-	external := map[bson.ObjectID][]int{} // stored parents -> the tasks naming them
-	queues := map[bson.ObjectID]bool{}    // the tasks' and their stored parents'
+	isParent := make([]bool, len(p.Tasks)) // named by a task of the insert
+	external := map[bson.ObjectID][]int{}  // stored parents -> the tasks naming them
+	queues := map[bson.ObjectID]bool{}     // the tasks' and their stored parents'
 	for i, t := range p.Tasks {
 		if t.Queue.IsZero() {
 			return nil, bad(i, "no queue")
@@ -153,7 +164,9 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 			}
 			seen[par] = true
 			parents[i] = append(parents[i], par)
-			if _, in := index[par]; !in {
+			if j, in := index[par]; in {
+				isParent[j] = true
+			} else {
 				external[par] = append(external[par], i)
 			}
 		}
@@ -207,14 +220,6 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 		return nil, badAs(GraphConflict, index[taken[0]], "id %s is already a stored task's", taken[0].Hex())
 	}
 
-	isParent := make([]bool, len(p.Tasks))
-	for i := range p.Tasks {
-		for _, par := range parents[i] {
-			if j, in := index[par]; in {
-				isParent[j] = true
-			}
-		}
-	}
 	docs := make([]any, len(p.Tasks))
 	var held []bson.ObjectID
 	for i, t := range p.Tasks {
@@ -245,26 +250,30 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 		}
 		docs[i] = d
 	}
-	// One transaction: a server error partway (a failover, a duplicate
-	// id inserted since the check, a validator) leaves no part of the
-	// graph, whose children could wait for parents never inserted.
-	// The stored parents still to end are marked too, so that their
-	// nodes settle the new children when they finish them.
+	// The stored parents still to end are marked first, so that their
+	// nodes settle the new children when they finish them. The mark is
+	// outside the insert's transaction: a running parent's own writes
+	// would conflict with it there, and a mark on a task that ends up
+	// with no children (the insert fails) costs its node one empty settle.
+	// A parent that ends before its node sees the mark is settled by the
+	// frontier settle below, or by the leader's graph duty.
 	var unended bson.A
 	for _, id := range extIDs {
 		if !schema.ParentEnded(states[id].Status) {
 			unended = append(unended, id)
 		}
 	}
+	if len(unended) > 0 {
+		if _, err := s.tasks.UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: unended}}}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskHasChildren, Value: true}}}}); err != nil {
+			return nil, fmt.Errorf("insert task graph: mark the stored parents: %w", err)
+		}
+	}
+	// One transaction: a server error partway (a failover, a duplicate
+	// id inserted since the check, a validator) leaves no part of the
+	// graph, whose children could wait for parents never inserted.
 	if err := s.inTxn(ctx, func(ctx context.Context) error {
-		if _, err := s.tasks.InsertMany(ctx, docs); err != nil {
-			return err
-		}
-		if len(unended) == 0 {
-			return nil
-		}
-		_, err := s.tasks.UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: unended}}}},
-			bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskHasChildren, Value: true}}}})
+		_, err := s.tasks.InsertMany(ctx, docs)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("insert %d tasks of a graph: %w", len(docs), err)
@@ -417,6 +426,30 @@ type TaskGraphSettleParams struct {
 	// Ended, when set, is how every one of Parents ended, as the caller
 	// knows it (the node that finished them): they are not read again.
 	Ended *TaskState
+	// Waiting, when set, are Parents' waiting children as read by
+	// TaskGraphWaiting (for one parent, alongside its finish write): they
+	// are not read again. A child inserted after that read is not
+	// settled here; the leader's graph duty, which hears the finish,
+	// settles it.
+	Waiting *GraphWaiting
+}
+
+// GraphWaiting are a task's children held awaiting their parents, as read
+// at one moment (TaskGraphWaiting).
+type GraphWaiting struct {
+	parent   bson.ObjectID
+	children []graphChild
+}
+
+// TaskGraphWaiting reads the children of parent held awaiting their
+// parents, for a TaskGraphSettle of parent that should not wait for the
+// read: the node reads them while it writes the parent's finish.
+func (s *Store) TaskGraphWaiting(ctx context.Context, parent bson.ObjectID) (*GraphWaiting, error) {
+	children, err := s.graphWaiting(ctx, bson.D{{Key: schema.TaskParents, Value: parent}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &GraphWaiting{parent: parent, children: children}, nil
 }
 
 // TaskGraphSettle settles the children of Parents held awaiting their
@@ -447,6 +480,12 @@ func (s *Store) TaskGraphSettle(ctx context.Context, p TaskGraphSettleParams) (T
 			st.ID, st.Found = id, true
 			known[id] = st
 		}
+	}
+	if w := p.Waiting; w != nil {
+		if len(p.Parents) != 1 || p.Parents[0] != w.parent {
+			return res, fmt.Errorf("settle task graph: the waiting children read are %s's, not those of %d parents", w.parent.Hex(), len(p.Parents))
+		}
+		return res, s.graphSettleCascade(ctx, w.children, known, now, &res)
 	}
 	for chunk := range slices.Chunk(p.Parents, idChunk) {
 		children, err := s.graphWaiting(ctx, bson.D{{Key: schema.TaskParents, Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, nil)
@@ -575,9 +614,10 @@ func (s *Store) graphSettleCascade(ctx context.Context, children []graphChild, k
 	if len(failed) == 0 {
 		return nil
 	}
-	// They were just failed with parent_failed: no need to read them.
-	more, err := s.TaskGraphSettle(ctx, TaskGraphSettleParams{Parents: failed, Now: now,
-		Ended: &TaskState{Status: schema.StatusFailed, Reason: schema.ReasonParentFailed}})
+	// They were just failed with parent_failed, but they are read again:
+	// a retry of their ancestor may have blocked them anew since, and then
+	// their children must wait rather than fail.
+	more, err := s.TaskGraphSettle(ctx, TaskGraphSettleParams{Parents: failed, Now: now})
 	res.add(more)
 	return err
 }
@@ -599,8 +639,12 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 	if err != nil {
 		return nil, err
 	}
-	for id, st := range known {
-		states[id] = st
+	stateOf := func(id bson.ObjectID) (TaskState, bool) {
+		if st, ok := known[id]; ok {
+			return st, true
+		}
+		st, ok := states[id]
+		return st, ok
 	}
 	var queue, hold []bson.ObjectID
 	var fails []mongo.WriteModel
@@ -610,7 +654,7 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 		var failedParent bson.ObjectID
 		var why string
 		for _, par := range c.Parents {
-			st, ok := states[par]
+			st, ok := stateOf(par)
 			switch {
 			case !ok:
 				allOK = false

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -378,6 +379,7 @@ func testTaskGraphInsertRefuses(t *testing.T, newStore Factory) {
 		{"duplicate id", []store.GraphTask{{ID: a, Queue: q.ID}, {ID: a, Queue: q.ID}}, store.GraphConflict, 1, "is also task 0's"},
 		{"stored id", []store.GraphTask{{Queue: q.ID}, {ID: existing, Queue: q.ID}}, store.GraphConflict, 1, "already a stored task's"},
 		{"on_parent_failure", []store.GraphTask{{Queue: q.ID, OnParentFailure: "maybe"}}, store.GraphInvalidTask, 0, `on_parent_failure must be "fail" or "run"`},
+		{"too many tasks", slices.Repeat([]store.GraphTask{{Queue: q.ID}}, store.MaxGraphInsert+1), store.GraphInvalidTask, store.MaxGraphInsert, "a graph of 50001 tasks; one insert takes at most 50000"},
 	} {
 		_, err := s.TaskInsertGraph(ctx, store.TaskInsertGraphParams{Tasks: tc.tasks})
 		require.ErrorIs(t, err, store.ErrInvalidGraph, tc.name)
@@ -526,4 +528,34 @@ func testTaskGraphGet(t *testing.T, newStore Factory) {
 	}}}).Decode(&plan))
 	require.Contains(t, plan.String(), "parents_1")
 	require.NotContains(t, plan.String(), "COLLSCAN")
+}
+
+// testTaskGraphSettleWaitingReadAhead: the children read while the parent's
+// finish was written are settled without reading them again; a child
+// inserted after that read is left for the leader's duty; a read of
+// another parent's children is refused.
+func testTaskGraphSettleWaitingReadAhead(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	p, early, late, other := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	names := map[bson.ObjectID]string{p: "p", early: "early", late: "late", other: "other"}
+	graphInsert(t, s, store.GraphTask{ID: p, Queue: q.ID}, store.GraphTask{ID: early, Queue: q.ID, Parents: []bson.ObjectID{p}},
+		store.GraphTask{ID: other, Queue: q.ID})
+	w, err := s.TaskGraphWaiting(ctx, p)
+	require.NoError(t, err)
+	graphInsert(t, s, store.GraphTask{ID: late, Queue: q.ID, Parents: []bson.ObjectID{p}})
+	setStatus(t, db, p, schema.StatusSucceeded, "n1")
+
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{other}, Waiting: w})
+	require.ErrorContains(t, err, "not those of")
+	res, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{p}, Waiting: w,
+		Ended: &store.TaskState{Status: schema.StatusSucceeded}})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Queued: 1}, counted(res))
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{early: -2, late: -4}, names)
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{p}})
+	require.NoError(t, err)
+	require.Equal(t, store.TaskGraphResult{Queued: 1}, counted(res), "a settle that reads finds the late child")
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{late: -2}, names)
 }

@@ -52,6 +52,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimCapped", testTaskClaimCapped},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
 		{"AdmissionsSweep", testAdmissionsSweep},
+		{"NodeSessionsKillAbortsAnOpenTransaction", testNodeSessionsKillAbortsAnOpenTransaction},
+		{"ForNodeRecordsItsSessions", testForNodeRecordsItsSessions},
 		{"ThreadsMirrorsTheCap", testThreadsMirrorsTheCap},
 		{"ContinuousCreateOnePerInterval", testContinuousCreate},
 		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
@@ -99,6 +101,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskTimers", testTaskTimers},
 		{"DeadNodeSettlesKillsAndRerunsOrphans", testDeadNodeSettlesKillsAndRerunsOrphans},
 		{"TaskGraphInsert", testTaskGraphInsert},
+		{"TaskGraphSettleWaitingReadAhead", testTaskGraphSettleWaitingReadAhead},
 		{"TaskGraphUnblock", testTaskGraphUnblock},
 		{"TaskGraphParentFailed", testTaskGraphParentFailed},
 		{"TaskGraphRetryReblocks", testTaskGraphRetryReblocks},
@@ -875,11 +878,27 @@ func testNodesDeadRecover(t *testing.T, newStore Factory) {
 	setNodeAge(t, db, "dead", time.Minute)
 	setNodeAge(t, db, "alive", 2*time.Second)
 	setNodeAge(t, db, "stopped", time.Minute)
+	// The dead node died inside a transaction that holds its claimed task,
+	// which the recovery writes: its recorded session is killed first.
+	sess, err := db.Client().StartSession()
+	require.NoError(t, err)
+	defer sess.EndSession(ctx)
+	require.NoError(t, sess.StartTransaction())
+	_, err = db.Collection("tasks").UpdateOne(mongo.NewSessionContext(ctx, sess), bson.D{{Key: "_id", Value: ids[0]}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "left_open", Value: true}}}})
+	require.NoError(t, err)
+	_, err = db.Collection(store.CollSessions).InsertOne(ctx, bson.D{{Key: "_id", Value: sess.ID().Lookup("id")},
+		{Key: "lsid", Value: sess.ID()}, {Key: "node", Value: "dead"}, {Key: "ctime", Value: time.Now()}})
+	require.NoError(t, err)
 
-	dead, err := s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: 30 * time.Second, By: "alive"})
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second) // not the server's 60 s transaction lifetime
+	defer cancel()
+	dead, err := s.NodesDeadRecover(rctx, store.NodesDeadRecoverParams{DeadAfter: 30 * time.Second, By: "alive"})
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.Equal(t, "dead", dead[0].Node)
+	require.Equal(t, 1, dead[0].Sessions)
+	require.NoError(t, dead[0].SessionsErr)
 	require.Equal(t, int64(1), dead[0].Requeued)
 	require.Equal(t, int64(1), dead[0].Orphaned)
 	require.WithinDuration(t, time.Now().Add(-time.Minute), dead[0].Since, 5*time.Second)
