@@ -45,7 +45,17 @@ type Queue struct {
 	// in -1/0, a projection), nil when unknown: weights compare
 	// cluster-wide shares with it.
 	CountRunning *int64
+	// Nodes is how many live nodes serve the queue, this one included
+	// (0 reads as 1). Every node corrects the shares from the same
+	// count_running, so each takes its part: it counts its own claims
+	// since the read Nodes times (the others are taking theirs) and
+	// takes 1/Nodes of a deficit. Otherwise the nodes together would
+	// correct Nodes times the error, and the shares would swing.
+	Nodes int
 }
+
+// nodes is q.Nodes, at least 1.
+func (q Queue) nodes() int { return max(q.Nodes, 1) }
 
 // Config configures a Claimer.
 type Config struct {
@@ -124,6 +134,7 @@ type Claimer struct {
 	// readRunning is this node's running count per queue when the queues
 	// were last read: claims since count on top of count_running.
 	readRunning map[bson.ObjectID]int
+	nextBuf     nextBuf
 }
 
 // New returns a claimer; nothing runs until Start.
@@ -391,77 +402,129 @@ func (c *Claimer) withHigherPriorities(open []Queue) []Queue {
 }
 
 // next picks the queue to claim from (seed 001's scheduler): the highest
-// priority; among equal priorities the one with the fewest running tasks
-// for its weight (ties: the earlier in name order). limit is how many to
+// priority; among equal priorities the one whose running tasks for its
+// weight would be fewest with one more (ties: the earlier in name order). limit is how many to
 // claim from it before choosing again: its part of this node's free slots
 // when they are shared out among the queues of its priority so that
 // their shares (running/weight) come out as even as can be (water
-// filling); at least 1, and no limit without another queue of its
-// priority. One claim can then take a batch where a choice after every
-// task would make one round trip per task.
+// filling, each queue taking no more than its own free slots here); at
+// least 1, and no limit without another queue of its priority. One claim
+// can then take a batch where a choice after every task would make one
+// round trip per task.
 func (c *Claimer) next(open []Queue) (i, limit int) {
-	// Each queue's share is read once (a lock per queue), not per
-	// comparison: a pass may hold a thousand queues.
-	share := make([]float64, len(open))
-	running := make([]int, len(open))
-	for j, q := range open {
-		running[j] = c.clusterRunning(q)
-		share[j] = math.Inf(1) // weight 0: only when nothing else has work
+	// Each queue's counts are read once (a lock per queue), not per
+	// comparison, into buffers the pass reuses: a pass may hold a
+	// thousand queues.
+	nb := &c.nextBuf
+	nb.share, nb.running, nb.local = nb.share[:0], nb.running[:0], nb.local[:0]
+	for _, q := range open {
+		local := c.slots.running(q.ID)
+		running := c.clusterRunningFrom(q, local)
+		share := math.Inf(1) // weight 0: only when nothing else has work
 		if q.Sched.Weight > 0 {
-			share[j] = float64(running[j]) / q.Sched.Weight
+			// The share the queue would have with one more task: by the
+			// share it has, a tie at an integer boundary goes to the
+			// lighter queue every time, and the shares settle off the
+			// weights (1:2:4 over 30 slots at 5:9:16, not 4:9:17).
+			share = float64(running+1) / q.Sched.Weight
 		}
+		nb.share, nb.running, nb.local = append(nb.share, share), append(nb.running, running), append(nb.local, local)
 	}
 	best := 0
 	for j := 1; j < len(open); j++ {
 		a, b := open[j].Sched.Priority, open[best].Sched.Priority
-		if a > b || (a == b && share[j] < share[best]) {
+		if a > b || (a == b && nb.share[j] < nb.share[best]) {
 			best = j
 		}
 	}
 	b := open[best]
-	if math.IsInf(share[best], 1) {
+	if math.IsInf(nb.share[best], 1) {
 		return best, math.MaxInt // weight 0: the only queue left with work
 	}
-	// The free slots the queues of best's priority could fill, and
-	// their shares, lowest first.
-	var peers []int
-	free := 0
+	// The queues of best's priority that could take a slot here.
+	// Every node serving best fills its own free slots from the same
+	// counts, so the level is the cluster's: as if each had as many free
+	// slots and room as this one, and this node takes 1/Nodes of best's
+	// part.
+	nb.peers = nb.peers[:0]
 	for j, q := range open {
-		if q.Sched.Priority != b.Sched.Priority || math.IsInf(share[j], 1) {
+		if q.Sched.Priority != b.Sched.Priority || math.IsInf(nb.share[j], 1) {
 			continue
 		}
-		peers = append(peers, j)
-		free += max(0, q.MaxThreads-c.slots.running(q.ID))
+		nb.peers = append(nb.peers, fillPeer{running: float64(nb.running[j]), weight: q.Sched.Weight,
+			room: float64(max(0, q.MaxThreads-nb.local[j]) * q.nodes())})
 	}
-	if len(peers) == 1 {
+	if len(nb.peers) == 1 {
 		return best, math.MaxInt
 	}
-	free = min(free, c.slots.free())
-	slices.SortFunc(peers, func(x, y int) int { return cmp.Compare(share[x], share[y]) })
-	// The level L such that the slots raise every share below it to it:
-	// the sum over those queues of L*weight - running is free.
-	var runs, weights float64
-	level := share[best]
-	for k, j := range peers {
-		runs += float64(running[j])
-		weights += open[j].Sched.Weight
-		level = (float64(free) + runs) / weights
-		if k+1 == len(peers) || level <= share[peers[k+1]] {
-			break
-		}
+	free := c.slots.free()
+	if free < math.MaxInt32 {
+		free *= b.nodes()
 	}
-	return best, max(int(math.Floor(level*b.Sched.Weight))-running[best], 1)
+	target := nb.fillLevel(free) * b.Sched.Weight
+	if target >= math.MaxInt32 {
+		return best, math.MaxInt
+	}
+	// The epsilon keeps a target computed as 2.9999999 from losing a slot.
+	part := (math.Floor(target+1e-9) - float64(nb.running[best])) / float64(b.nodes())
+	return best, max(int(math.Ceil(part-1e-9)), 1)
 }
 
-// clusterRunning is q's running tasks across the cluster as best known:
-// its count_running as last read, plus what this node took (or gave back)
-// since; this node's own count when the queue has no count_running yet.
-func (c *Claimer) clusterRunning(q Queue) int {
-	local := c.slots.running(q.ID)
+// nextBuf are next's buffers, owned by the loop goroutine.
+type nextBuf struct {
+	share   []float64
+	running []int
+	local   []int
+	peers   []fillPeer
+	events  []fillEvent
+}
+
+// fillPeer is a queue taking part in a water filling: its cluster-wide
+// running count, its weight, and how many more it can take (on this node,
+// times the nodes serving it: the fill is the cluster's; free is scaled by
+// the chosen queue's nodes, which is exact when the peers share their
+// nodes, as they usually do).
+type fillPeer struct{ running, weight, room float64 }
+
+// fillEvent is where a peer's intake starts (its share, slope +weight) or
+// stops (its room filled, slope -weight) as the level rises.
+type fillEvent struct{ level, slope float64 }
+
+// fillLevel is the level L to which free slots raise the peers' shares:
+// the slots given, Σ clamp(L·weight − running, 0, room), equal free (or
+// every peer's room, when that is less).
+func (nb *nextBuf) fillLevel(free int) float64 {
+	nb.events = nb.events[:0]
+	var rooms float64
+	for _, p := range nb.peers {
+		start := p.running / p.weight
+		nb.events = append(nb.events, fillEvent{start, p.weight}, fillEvent{start + p.room/p.weight, -p.weight})
+		rooms += p.room
+	}
+	slices.SortFunc(nb.events, func(x, y fillEvent) int { return cmp.Compare(x.level, y.level) })
+	want := min(float64(free), rooms)
+	level, given, slope := nb.events[0].level, 0.0, 0.0
+	for _, e := range nb.events {
+		next := given + slope*(e.level-level)
+		if slope > 0 && next >= want {
+			return level + (want-given)/slope
+		}
+		given, level = next, e.level
+		slope += e.slope
+	}
+	return level
+}
+
+// clusterRunningFrom is q's running tasks across the cluster as best
+// known, from this node's own count (local): its count_running as last
+// read, plus what this node took (or gave back) since, once for every
+// node serving the queue (they are doing the same); local when the queue
+// has no count_running yet.
+func (c *Claimer) clusterRunningFrom(q Queue, local int) int {
 	if q.CountRunning == nil {
 		return local
 	}
-	return max(int(*q.CountRunning)+local-c.readRunning[q.ID], local)
+	return max(int(*q.CountRunning)+q.nodes()*(local-c.readRunning[q.ID]), local)
 }
 
 // claim takes up to limit tasks of q into its free slots. The first claim
@@ -514,11 +577,21 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		var err error
 		switch {
 		case q.Sched.Capped():
-			won, err = c.claimMany(ctx, q, got)
+			won, _, err = c.claimMany(ctx, q, got)
 		case got == 1:
 			won, err = c.claimOne(ctx, q)
 		default:
-			won, err = c.claimMany(ctx, q, got)
+			var lost bool
+			won, lost, err = c.claimMany(ctx, q, got)
+			if lost {
+				// Other nodes won every task the batch read, round after
+				// round: the atomic single claim tells whether the queue
+				// is empty (a queue wrongly marked empty would let lower
+				// priorities in).
+				release(got - 1)
+				got = 1
+				won, err = c.claimOne(ctx, q)
+			}
 		}
 		n += won
 		switch {
@@ -569,13 +642,13 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 	return 0, err
 }
 
-// claimMany claims up to limit tasks into slots already taken.
-func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (int, error) {
+// claimMany claims up to limit tasks into slots already taken. lost: none,
+// because other nodes won every task it read (the queue may hold more).
+func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (won int, lost bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
 	start := c.clock.Now()
 	var res store.TaskClaimManyResult
-	var err error
 	if q.Sched.Capped() {
 		// max_running: the claim and its admissions are one transaction.
 		res, err = c.cfg.Store.TaskClaimCapped(ctx, store.TaskClaimCappedParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Max: q.Sched.MaxRunning})
@@ -585,13 +658,13 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (int, error
 			c.mu.Lock()
 			c.stats.CapReached++
 			c.mu.Unlock()
-			return 0, nil
+			return 0, false, nil
 		}
 	} else {
 		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit})
 	}
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	timing := Timing{Start: start, End: c.clock.Now()}
 	c.mu.Lock()
@@ -606,5 +679,5 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (int, error
 	for i, t := range res.Malformed {
 		c.cfg.Malformed(q, t, res.Errors[i])
 	}
-	return len(res.Tasks) + len(res.Malformed), nil
+	return len(res.Tasks) + len(res.Malformed), res.Lost, nil
 }

@@ -688,6 +688,9 @@ type batchStore struct {
 	// the capped claims asked.
 	capFree int
 	capped  []store.TaskClaimCappedParams
+	// lost: this many batch claims come back empty though tasks are left
+	// (other nodes won every task they read).
+	lost int
 }
 
 func (b *batchStore) TaskClaimCapped(_ context.Context, p store.TaskClaimCappedParams) (store.TaskClaimManyResult, error) {
@@ -721,6 +724,10 @@ func (b *batchStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParam
 	defer b.mu.Unlock()
 	b.limits = append(b.limits, p.Limit)
 	var res store.TaskClaimManyResult
+	if b.lost > 0 {
+		b.lost--
+		return store.TaskClaimManyResult{Lost: true}, nil
+	}
 	for ; b.left > 0 && len(res.Tasks) < p.Limit; b.left-- {
 		res.Tasks = append(res.Tasks, schema.Task{ID: bson.NewObjectID(), Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed})
 	}
@@ -782,4 +789,19 @@ func TestClaimerLifecycle(t *testing.T) {
 			Dispatch: func(claimer.Queue, schema.Task, claimer.Timing) {},
 		})
 	}, lifecycletest.Options{})
+}
+
+// TestABatchLostToOtherNodesIsNotAnEmptyQueue: a batch claim can come
+// back empty because other nodes won every task it read; the queue is not
+// taken for empty (which would let lower priorities in) until the atomic
+// single claim finds nothing.
+func TestABatchLostToOtherNodesIsNotAnEmptyQueue(t *testing.T) {
+	t.Parallel()
+	bs := &batchStore{left: 100, lost: 1}
+	q := queue("q", 200)
+	h := newHarness(t, func(c *claimer.Config) { c.Store = bs; c.Batch = 64 }, q)
+	h.start()
+	h.pass()
+	require.Equal(t, 100, h.claimedCount(), "the lost batch did not end the queue's turn")
+	require.Equal(t, int64(1), h.c.Stats().EmptyClaims, "empty once, at the end")
 }

@@ -166,3 +166,82 @@ func TestEqualSharesClaimInBatches(t *testing.T) {
 	require.Equal(t, 2, bs.single, "one first claim each")
 	require.Equal(t, []int{29, 29}, bs.limits, "then one batch each")
 }
+
+// TestWaterFillingSizesEachBatch: the slots a queue takes in one go are
+// its part of the node's free slots when they are shared out so that the
+// cluster-wide shares (running/weight) end level, each queue taking no
+// more than it can run here.
+func TestWaterFillingSizesEachBatch(t *testing.T) {
+	t.Parallel()
+	ten := int64(10)
+	for _, tc := range []struct {
+		name     string
+		queues   []claimer.Queue
+		nodeMax  int
+		limits   []int // the batches asked, after each queue's first single claim
+		single   int
+		running  []int
+		whyLevel string
+	}{
+		{
+			name:    "weights 1:3",
+			queues:  []claimer.Queue{sched("a", 100, 0, 1), sched("b", 100, 0, 3)},
+			nodeMax: 40, limits: []int{29, 9}, single: 2, running: []int{10, 30},
+			whyLevel: "40 slots raise both shares to 10: b (lower with one more task) takes 30, then a 10",
+		},
+		{
+			name: "other nodes run one queue's tasks",
+			queues: func() []claimer.Queue {
+				a, b := sched("a", 100, 0, 20), sched("b", 100, 0, 20)
+				zero := int64(0)
+				a.CountRunning, b.CountRunning = &ten, &zero
+				return []claimer.Queue{a, b}
+			}(),
+			nodeMax: 30, limits: []int{19, 9}, single: 2, running: []int{10, 20},
+			whyLevel: "b first catches up to a's 10, then both take 10: 20 and 10",
+		},
+		{
+			name:    "a queue that can take only 5 here",
+			queues:  []claimer.Queue{sched("a", 100, 0, 20), sched("b", 5, 0, 20)},
+			nodeMax: 30, limits: []int{24, 4}, single: 2, running: []int{25, 5},
+			whyLevel: "b's 5 are all it can take, so a's part is the other 25 (an equal split would give a 15 and need a third claim)",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bs := &batchStore{left: 1000}
+			h := newHarness(t, func(c *claimer.Config) { c.Store = bs; c.Batch = 64 }, tc.queues...)
+			require.True(t, h.c.SetNodeMax(&tc.nodeMax))
+			h.start()
+			h.pass()
+			var running []int
+			for _, q := range tc.queues {
+				running = append(running, h.c.Running(q.ID))
+			}
+			require.Equal(t, tc.running, running, tc.whyLevel)
+			bs.mu.Lock()
+			defer bs.mu.Unlock()
+			require.Equal(t, tc.single, bs.single, "one first claim each")
+			require.Equal(t, tc.limits, bs.limits, tc.whyLevel)
+		})
+	}
+}
+
+// TestEachNodeTakesItsPartOfADeficit: other nodes run 6 of queue a and
+// none of b (equal weights), and three nodes serve both. Every node sees
+// the same counts and fills its free slots at once; if each gave b the
+// whole deficit, b would end 18 to a's 6. Each takes its third: b 4,
+// a 2, and the three together leave both at 12.
+func TestEachNodeTakesItsPartOfADeficit(t *testing.T) {
+	t.Parallel()
+	a, b := sched("a", 100, 0, 20), sched("b", 100, 0, 20)
+	six, zero := int64(6), int64(0)
+	a.CountRunning, b.CountRunning = &six, &zero
+	a.Nodes, b.Nodes = 3, 3
+	h := newHarness(t, nil, a, b)
+	h.st.set(alwaysTask)
+	free := 6
+	require.True(t, h.c.SetNodeMax(&free))
+	h.start()
+	h.pass()
+	require.Equal(t, []int{2, 4}, []int{h.c.Running(a.ID), h.c.Running(b.ID)})
+}

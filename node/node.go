@@ -60,8 +60,11 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
 	log := cfg.Logger.With("node", cfg.Name)
+	// Its transactions run in sessions recorded under its name, which its
+	// next run and the leader kill if it dies in one (store.ForNode).
+	cfg.Store = cfg.Store.ForNode(cfg.Name)
 	n := &Node{cfg: cfg, log: log, clock: cfg.Clock} // Validate set the default
-	n.queues = &queueSet{node: cfg.Name, label: cfg.Label, store: cfg.Store, plugins: cfg.Plugins, log: log}
+	n.queues = &queueSet{node: cfg.Name, label: cfg.Label, store: cfg.Store, plugins: cfg.Plugins, log: log, live: cfg.FenceAfter}
 	ccfg := claimer.Config{
 		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Clock: cfg.Clock, Logger: log,
 		Refresh: n.queues.refresh, Passed: cfg.passed,
@@ -109,9 +112,7 @@ func New(cfg Config) (*Node, error) {
 	n.contin = continuous.New(continuous.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log})
 	n.chain = chain.New(chain.Config{Store: cfg.Store, Tick: nets, Clock: cfg.Clock, Logger: log})
 	duties := []leadership.Duty{n.reaper.Lead, n.timers.Lead, n.admits.Lead, n.contin.Lead, n.chain.Lead}
-	if cfg.safetyNets == 0 {
-		// Its change stream would settle children as fast as the node
-		// that finished their parent: tests of the node's own leave it out.
+	if !cfg.noGraphDuty {
 		duties = append(duties, n.graph.Lead)
 	}
 	n.leader = leadership.New(leadership.Config{Lease: LeaderLease, Owner: cfg.Name, Store: cfg.Store, TTL: cfg.FenceAfter, Clock: cfg.Clock, Logger: log},
@@ -132,6 +133,17 @@ func (n *Node) Start(ctx context.Context) error {
 				n.log.Info("node stopped", "took", n.clock.Since(stopping).Round(time.Millisecond))
 			}
 		})
+		n.cfg.Store.OpenSessions()
+		run.Cleanup(func() { n.cfg.Store.EndSessions(context.WithoutCancel(ctx)) })
+		// A transaction the previous run was killed in holds its locks
+		// until the server's transaction lifetime ends: end it first (an
+		// index build waits for it, and its tasks are among those
+		// OrphanOwn writes).
+		if k, err := n.cfg.Store.NodeSessionsKillForget(ctx, n.cfg.Name); err != nil {
+			n.log.Warn("killing the previous run's transaction sessions failed; a transaction it left open ends at the server's transaction lifetime", "error", err)
+		} else if k > 0 {
+			n.log.Info("killed the previous run's transaction sessions", "sessions", k)
+		}
 		if err := n.cfg.Store.IndexesEnsure(ctx); err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -19,6 +20,7 @@ import (
 type queueStore interface {
 	QueueList(ctx context.Context) (store.QueueListResult, error)
 	ConfigGet(ctx context.Context, label string) (schema.Config, error)
+	NodeList(ctx context.Context) (store.NodeListResult, error)
 }
 
 // queueSet reads the queues and decides which this node serves. It logs a
@@ -30,6 +32,9 @@ type queueSet struct {
 	store   queueStore
 	plugins *plugin.Registry
 	log     *slog.Logger
+	// live: a node whose heartbeat is at most this old (by the server's
+	// clock) counts as serving the queues its heartbeat lists.
+	live time.Duration
 
 	mu     sync.Mutex
 	all    []schema.Queue // every readable queue, for the heartbeat
@@ -62,6 +67,7 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		seen[key] = true
 		qs.sayOnce(key, "malformed queue ignored", m.Error())
 	}
+	others := qs.liveOthers(ctx)
 	var served []claimer.Queue
 	for _, q := range res.Queues {
 		key := q.ID.Hex()
@@ -76,7 +82,7 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		}
 		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
 		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads,
-			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning})
+			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning, Nodes: 1 + serving(q, others)})
 	}
 	qs.mu.Lock()
 	qs.all = res.Queues
@@ -91,6 +97,50 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 	}
 	qs.mu.Unlock()
 	return served, nil
+}
+
+// liveOthers are the other live nodes of this project, by name, and the
+// queues each heartbeat lists (every queue the node can read): not dead,
+// running, a heartbeat at most live old by the server's clock. Disbatch
+// 4.103 nodes (no state) are left out: they do not share by weight. None
+// when the nodes cannot be read (each node then corrects alone, as with
+// one node).
+func (qs *queueSet) liveOthers(ctx context.Context) map[string]map[string]bool {
+	res, err := qs.store.NodeList(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			qs.log.Warn("reading the nodes for the weights failed; this pass counts this node alone", "error", err)
+		}
+		return nil
+	}
+	out := map[string]map[string]bool{}
+	for _, n := range res.Nodes {
+		if n.Node == qs.node || n.Dead || n.State != schema.NodeStateRunning || res.Now.Sub(n.Timestamp) > qs.live {
+			continue
+		}
+		listed := make(map[string]bool, len(n.Queues))
+		for _, q := range n.Queues {
+			listed[q.ID] = true
+		}
+		out[n.Node] = listed
+	}
+	return out
+}
+
+// serving is how many of the live other nodes may serve q: its heartbeat
+// lists it and the queue's nodes_pin and nodes_ignore let it.
+func serving(q schema.Queue, others map[string]map[string]bool) int {
+	n := 0
+	for name, listed := range others {
+		switch {
+		case !listed[q.ID.Hex()]:
+		case len(q.NodesPin) > 0 && !slices.Contains(q.NodesPin, name):
+		case len(q.NodesPin) == 0 && slices.Contains(q.NodesIgnore, name):
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // sayOnce logs msg for key when reason differs from what was last logged.

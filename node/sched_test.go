@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/disbatch-go/disbatch/plugin"
@@ -151,7 +152,10 @@ func TestContinuousQueueOneTaskPerIntervalWithThreeNodes(t *testing.T) {
 		prev, cur := tasks[i-1], tasks[i]
 		require.Equal(t, 1, prev.Status, "task %d finished before the next", i-1)
 		require.False(t, cur.CTime.Before(prev.MTime), "task %d created after task %d finished", i, i-1)
-		require.GreaterOrEqual(t, cur.CTime.Sub(prev.CTime), interval, "tasks %d and %d an interval apart", i-1, i)
+		// ctime is the inserting node's clock at millisecond precision;
+		// the interval is kept by the server's clock: a millisecond or two
+		// either way.
+		require.GreaterOrEqual(t, cur.CTime.Sub(prev.CTime), interval-2*time.Millisecond, "tasks %d and %d an interval apart", i-1, i)
 		require.Equal(t, strconv.FormatInt(cur.CTime.Unix(), 10), cur.Name)
 	}
 }
@@ -183,4 +187,52 @@ func TestThenChainsTheOutputIntoTasks(t *testing.T) {
 	require.Equal(t, int64(2), b.count(bson.D{{Key: "queue", Value: dst}}), "each once")
 	_, err := b.task(id).LookupErr(schema.TaskThenPending)
 	require.Error(t, err, "the mark is removed once the tasks exist")
+}
+
+// TestAStartKillsTheTransactionItsPreviousRunLeftOpen: the node's previous
+// run was killed inside a capped claim's transaction, which holds the
+// queue document until the server's transaction lifetime (60 s): every
+// claim of the queue would meet a write conflict until then. The new run
+// kills its recorded sessions first, and claims at once.
+func TestAStartKillsTheTransactionItsPreviousRunLeftOpen(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	q := b.queue("capped", "test", 5, schema.SortFIFO)
+	require.NoError(t, b.store.QueueUpdate(ctx, store.QueueUpdateParams{ID: q, MaxRunning: ptr(3)}))
+	ids := b.tasks(q, 5, nil)
+
+	sess, err := b.db.Client().StartSession()
+	require.NoError(t, err)
+	defer sess.EndSession(ctx)
+	require.NoError(t, sess.StartTransaction())
+	_, err = b.db.Collection(schema.CollQueues).UpdateOne(mongo.NewSessionContext(ctx, sess),
+		bson.D{{Key: "_id", Value: q}}, bson.D{{Key: "$inc", Value: bson.D{{Key: "admitted", Value: 1}}}})
+	require.NoError(t, err)
+	_, err = b.db.Collection(store.CollSessions).InsertOne(ctx, bson.D{{Key: "_id", Value: sess.ID().Lookup("id")},
+		{Key: "lsid", Value: sess.ID()}, {Key: "node", Value: "n1"}, {Key: "ctime", Value: time.Now()}})
+	require.NoError(t, err)
+
+	t0 := time.Now()
+	b.start(b.config("n1"))
+	b.waitDone(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, int64(len(ids)), 20*time.Second)
+	require.Less(t, time.Since(t0), 20*time.Second, "started and done well before the server's transaction lifetime")
+	require.Contains(t, b.logs.String(), "killed the previous run's transaction sessions")
+	n, err := b.db.Collection(store.CollSessions).CountDocuments(ctx, bson.D{{Key: "_id", Value: sess.ID().Lookup("id")}})
+	require.NoError(t, err)
+	require.Zero(t, n, "the old record is gone")
+}
+
+// TestServingCountsTheNodesAQueueLets: a queue pinned to some nodes, or
+// ignoring some, counts only the live nodes it lets serve it, and only
+// those whose heartbeat lists it.
+func TestServingCountsTheNodesAQueueLets(t *testing.T) {
+	q := schema.Queue{ID: bson.NewObjectID()}
+	lists := map[string]bool{q.ID.Hex(): true}
+	others := map[string]map[string]bool{"n2": lists, "n3": lists, "n4": {}}
+	require.Equal(t, 2, serving(q, others), "n4 does not list it")
+	q.NodesIgnore = []string{"n3"}
+	require.Equal(t, 1, serving(q, others))
+	q.NodesPin = []string{"n1"}
+	require.Equal(t, 0, serving(q, others), "pinned to this node alone")
+	require.Equal(t, 0, serving(q, nil), "no node read")
 }

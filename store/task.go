@@ -32,6 +32,10 @@ type TaskInsertManyParams struct {
 	// delay. A task with a NotBefore in the future is inserted held
 	// (status -4) and queued by the leader at that time.
 	Control *TaskInsertControl
+	// Priorities, when set, are the tasks' own priorities (one per
+	// parameters object, each from 0 to schema.MaxTaskPriority), in place
+	// of Control's: tasks that differ only in priority share one write.
+	Priorities []int64
 	// Dialect4103 writes the tasks as Disbatch 4.103's web API does, with
 	// params for parameters and node null for -1, so that Perl nodes
 	// sharing the database run them too (this project's nodes read both).
@@ -78,6 +82,16 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 			return nil, fmt.Errorf("insert tasks: %w", err)
 		}
 	}
+	if p.Priorities != nil {
+		if len(p.Priorities) != len(p.Parameters) {
+			return nil, fmt.Errorf("insert tasks: %d priorities for %d parameters", len(p.Priorities), len(p.Parameters))
+		}
+		for i, pr := range p.Priorities {
+			if err := (TaskInsertControl{Priority: pr}).Validate(); err != nil {
+				return nil, fmt.Errorf("insert tasks: task %d: %w", i, err)
+			}
+		}
+	}
 	for _, e := range p.Extra {
 		if protocolField(e.Key) {
 			return nil, fmt.Errorf("insert tasks: extra field %q is a field of the task protocol; it cannot be set this way", e.Key)
@@ -93,8 +107,17 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 	}
 	now := s.nowMS()
 	docs := make([]any, len(p.Parameters))
+	var c TaskInsertControl
+	if p.Control != nil {
+		c = *p.Control
+	}
 	for i, params := range p.Parameters {
-		d, err := nt.doc(ids[i], params, now)
+		nti := nt
+		if p.Priorities != nil {
+			c.Priority = p.Priorities[i]
+			nti.Control = &c // doc reads it and keeps nothing
+		}
+		d, err := nti.doc(ids[i], params, now)
 		if err != nil {
 			return nil, fmt.Errorf("insert tasks: task %d: %w", i, err)
 		}
@@ -259,8 +282,9 @@ type TaskClaimParams struct {
 var unclaimed = bson.D{{Key: "$in", Value: bson.A{schema.Unclaimed, nil}}}
 
 // TaskClaim is seed 000's claim: one findOneAndUpdate from {node: -1,
-// status: -2, queue} to {node: Node, status: -1, mtime: now}, sorted by _id
-// for fifo and lifo. It returns ErrNoTask when the queue has nothing queued.
+// status: -2, queue} to {node: Node, status: -1, mtime: now}, in the
+// queue's claim order (claimPhases: by _id for fifo and lifo, by task
+// priority then _id for priority). It returns ErrNoTask when the queue has nothing queued.
 // A claimed document that does not decode gives a *schema.DecodeError and a
 // Task with only ID, Queue, Node, Status and Raw set: it is claimed by this
 // node and the caller must deal with it (TaskFail).
@@ -314,6 +338,9 @@ type TaskClaimManyResult struct {
 	Tasks     []schema.Task
 	Malformed []schema.Task
 	Errors    []error // one per Malformed
+	// Lost: no tasks because other claimers won every task read, round
+	// after round; the queue may still hold some.
+	Lost bool
 }
 
 // TaskClaimMany is seed 004's update-then-find claim, for a backlog: it
@@ -323,7 +350,8 @@ type TaskClaimManyResult struct {
 // sets a fresh claim token, and reads back the tasks carrying that token.
 // Three round trips for up to Limit tasks instead of one per task, and no
 // two claimers fight over a single head-of-queue document. It returns no
-// tasks and no error when nothing was queued or others won every id.
+// tasks and no error when nothing was queued, or others won every id
+// (Lost).
 func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskClaimManyResult, error) {
 	if p.Limit < 1 || p.Limit > MaxClaimBatch {
 		return TaskClaimManyResult{}, fmt.Errorf("claim tasks: limit %d is not within 1..%d", p.Limit, MaxClaimBatch)
@@ -336,7 +364,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	// update; then the queue may still hold tasks, so look again.
 	for attempt := 0; won == 0; attempt++ {
 		if attempt == 3 {
-			return TaskClaimManyResult{}, nil
+			return TaskClaimManyResult{Lost: true}, nil
 		}
 		cands, err := claimCandidates[struct {
 			ID any `bson:"_id"`
@@ -432,8 +460,6 @@ func (s *Store) TaskStart(ctx context.Context, p TaskTransitionParams) error {
 	return s.TaskStartMany(ctx, []TaskTransitionParams{p})[0]
 }
 
-// notExpired: no expires_at, or one still ahead (a task is never claimed
-// after its expires_at).
 // claimFilter is the claim's guard (seed 000): the queue's tasks queued
 // and unclaimed, and not expired.
 func claimFilter(queue bson.ObjectID, now time.Time) bson.D {
@@ -445,7 +471,7 @@ func claimFilter(queue bson.ObjectID, now time.Time) bson.D {
 	}
 }
 
-// byID are the _id orders of fifo and lifo.
+// oldestFirst and newestFirst are the _id orders of fifo and lifo.
 var (
 	oldestFirst = bson.D{{Key: "_id", Value: 1}}
 	newestFirst = bson.D{{Key: "_id", Value: -1}}
@@ -509,6 +535,8 @@ func claimCandidates[T any](ctx context.Context, tasks *mongo.Collection, filter
 	return out, nil
 }
 
+// notExpired: no expires_at, or one still ahead (a task is never claimed
+// after its expires_at).
 func notExpired(now time.Time) bson.E {
 	return bson.E{Key: schema.TaskExpiresAt, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$lte", Value: now}}}}}
 }

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -121,7 +122,10 @@ func testTaskCancel(t *testing.T, newStore Factory) {
 // with progress, and a dry run first that changes nothing.
 func testTaskRetryManyOrphans(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{})
-	ctx := ctxT(t)
+	// 100,000 tasks written twice: minutes on a loaded machine, not the
+	// suite's usual one.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	q := newQueue(t, s, "q", schema.SortFIFO)
 	const n = 100_000
 	docs := make([]any, n)
@@ -129,8 +133,10 @@ func testTaskRetryManyOrphans(t *testing.T, newStore Factory) {
 		docs[i] = bson.D{{Key: "queue", Value: q.ID}, {Key: "status", Value: int32(schema.StatusOrphaned)}, {Key: "node", Value: "gone"},
 			{Key: "ctime", Value: time.Now()}, {Key: "mtime", Value: time.Now()}, {Key: "parameters", Value: bson.D{}}}
 	}
-	_, err := db.Collection("tasks").InsertMany(ctx, docs)
-	require.NoError(t, err)
+	for part := range slices.Chunk(docs, 10_000) { // each write well within a socket timeout
+		_, err := db.Collection("tasks").InsertMany(ctx, part)
+		require.NoError(t, err)
+	}
 	filter := &store.TaskFilter{Queue: q.ID, Statuses: []schema.Status{schema.StatusOrphaned}}
 	dry, err := s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{Filter: filter}, By: "op", DryRun: true})
 	require.NoError(t, err)

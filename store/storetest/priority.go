@@ -107,6 +107,23 @@ func testTaskClaimPriority(t *testing.T, newStore Factory) {
 		require.Zero(t, countWith(t, db, bson.D{{Key: "queue", Value: q.ID}}))
 	})
 
+	t.Run("per-task priorities in one insert", func(t *testing.T) {
+		q := newQueue(t, s, "own", schema.SortPriority)
+		ids, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil, nil, nil},
+			Control: &store.TaskInsertControl{Priority: 9, Timeout: time.Minute}, Priorities: []int64{2, 0, 7}})
+		require.NoError(t, err)
+		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortPriority, Limit: 3})
+		require.NoError(t, err)
+		require.Equal(t, []bson.ObjectID{ids[2], ids[0], ids[1]}, claimedIDs(res), "each task's own priority, not the control's")
+		require.Equal(t, time.Minute, res.Tasks[0].Control.Timeout, "the rest of the control still applies")
+
+		for _, pr := range [][]int64{{1, -1}, {1}} {
+			_, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil, nil}, Priorities: pr})
+			require.Error(t, err, "%v", pr)
+		}
+		require.Equal(t, int64(3), countWith(t, db, bson.D{{Key: "queue", Value: q.ID}}), "nothing more inserted")
+	})
+
 	t.Run("the prioritised phase reads its partial index", func(t *testing.T) {
 		require.NoError(t, s.IndexesEnsure(ctx))
 		q, _ := priorityTasks(t, s, db, "explain")
