@@ -316,8 +316,14 @@ func (s *Store) TaskCount(ctx context.Context, filter bson.D, skip, limit int64)
 	return n, nil
 }
 
-// TaskIndexKeys returns the key names of every index of tasks, in order.
-func (s *Store) TaskIndexKeys(ctx context.Context) ([][]string, error) {
+// TaskIndex is an index of tasks: its name and its keys' names, in order.
+type TaskIndex struct {
+	Name string
+	Keys []string
+}
+
+// TaskIndexKeys returns every index of tasks, as listIndexes gives them.
+func (s *Store) TaskIndexKeys(ctx context.Context) ([]TaskIndex, error) {
 	cur, err := s.tasks.Indexes().List(ctx)
 	if err != nil {
 		var ce mongo.CommandError
@@ -327,19 +333,20 @@ func (s *Store) TaskIndexKeys(ctx context.Context) ([][]string, error) {
 		return nil, fmt.Errorf("list indexes of tasks: %w", err)
 	}
 	defer cur.Close(ctx)
-	var out [][]string
+	var out []TaskIndex
 	for cur.Next(ctx) {
 		var spec struct {
-			Key bson.D `bson:"key"`
+			Name string `bson:"name"`
+			Key  bson.D `bson:"key"`
 		}
 		if err := cur.Decode(&spec); err != nil {
 			return nil, fmt.Errorf("list indexes of tasks: %w", err)
 		}
-		keys := make([]string, len(spec.Key))
+		ix := TaskIndex{Name: spec.Name, Keys: make([]string, len(spec.Key))}
 		for i, e := range spec.Key {
-			keys[i] = e.Key
+			ix.Keys[i] = e.Key
 		}
-		out = append(out, keys)
+		out = append(out, ix)
 	}
 	if err := cur.Err(); err != nil {
 		return nil, fmt.Errorf("list indexes of tasks: %w", err)

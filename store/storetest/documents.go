@@ -124,8 +124,8 @@ func testDocumentsByRef(t *testing.T, newStore Factory) {
 	require.Equal(t, int64(4), n)
 	keys, err := s.TaskIndexKeys(ctx)
 	require.NoError(t, err)
-	require.Contains(t, keys, []string{"_id"})
-	require.Contains(t, keys, []string{"queue", "status"})
+	require.Contains(t, keys, store.TaskIndex{Name: "_id_", Keys: []string{"_id"}})
+	require.Contains(t, keys, store.TaskIndex{Name: "queue_1_status_1", Keys: []string{"queue", "status"}})
 
 	// The 4.103 task shape.
 	p, err := bson.Marshal(bson.D{{Key: "a", Value: 1}})

@@ -467,4 +467,14 @@ func TestTaskMalformedDocuments(t *testing.T) {
 	var task Task
 	r.decode(t, &task)
 	require.JSONEq(t, `{"s":"caf\ufffd"}`, string(task.Params))
+
+	// A negative priority another writer stored is shown as none, as
+	// the document's minimum of 1 says.
+	negative := bson.NewObjectID()
+	_, err = e.db.Collection(schema.CollTasks).InsertOne(ctx, bson.D{{Key: "_id", Value: negative}, {Key: "queue", Value: qid}, {Key: "status", Value: -2},
+		{Key: "parameters", Value: bson.D{}}, {Key: "priority", Value: -3}})
+	require.NoError(t, err)
+	task = Task{}
+	e.want(200, "GET", "/api/v1/tasks/"+negative.Hex(), nil).decode(t, &task)
+	require.Nil(t, task.Priority)
 }

@@ -273,7 +273,7 @@ func controlView(v *Task, t schema.Task) {
 	if c.Timeout > 0 {
 		v.Timeout = ptrTo(c.Timeout.Seconds())
 	}
-	if c.Priority != 0 {
+	if c.Priority > 0 { // as the openapi document says: absent or from 1
 		v.Priority = ptrTo(c.Priority)
 	}
 	g := t.Graph

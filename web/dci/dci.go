@@ -43,7 +43,7 @@ type Store interface {
 	TaskInsertMany(ctx context.Context, p store.TaskInsertManyParams) ([]bson.ObjectID, error)
 	TaskFind(ctx context.Context, p store.TaskFindParams) ([]bson.Raw, error)
 	TaskCount(ctx context.Context, filter bson.D, skip, limit int64) (int64, error)
-	TaskIndexKeys(ctx context.Context) ([][]string, error)
+	TaskIndexKeys(ctx context.Context) ([]store.TaskIndex, error)
 	TaskOutputRead(ctx context.Context, o schema.Output) (string, error)
 	DocumentsFind(ctx context.Context, p store.DocumentsFindParams) ([]bson.Raw, error)
 	BalanceGet(ctx context.Context) (bson.Raw, error)

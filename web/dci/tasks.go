@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
 	"regexp"
 	"slices"
@@ -263,49 +264,51 @@ func rawValue(v bson.RawValue) any { return v }
 var looksNumeric = regexp.MustCompile(`^-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$`)
 
 // indexLists are the lists of keys GET /tasks may filter on, read from the
-// indexes of tasks as 4.103 reads them: _id is "id", an index whose keys
-// are a prefix of another's is dropped, and they come in the order of the
-// indexes' names (4.103 sorts them so; a name is MongoDB's default, with
-// _-1 read as _1).
-func indexLists(keys [][]string) [][]string {
-	keys = slices.Clone(keys)
-	slices.SortStableFunc(keys, func(a, b []string) int { return strings.Compare(indexName(a), indexName(b)) })
-	var lists [][]string
-	for _, ks := range keys {
-		l := make([]string, len(ks))
-		for i, k := range ks {
-			if k == "_id" {
-				k = "id"
-			}
-			l[i] = k
-		}
-		lists = append(lists, l)
+// indexes of tasks as 4.103 reads them, by their names: the first "_-1"
+// of a name is read as "_1"; an index whose name so read begins another's
+// is dropped; the rest come in name order, each name cut into its keys at
+// "_1_" ("_id_" is _id, and _id is "id"). So an index an operator named
+// lists its name, as in 4.103. A name that does not cut into as many keys
+// as the index has (4.103 fails the request) lists the keys themselves.
+func indexLists(indexes []store.TaskIndex) [][]string {
+	byName := make(map[string][]string, len(indexes))
+	for _, ix := range indexes {
+		byName[sortName(ix.Name)] = ix.Keys
 	}
+	names := slices.Sorted(maps.Keys(byName))
 	var out [][]string
-	for i, l := range lists {
-		prefix := false
-		for j, o := range lists {
-			if i != j && len(o) > len(l) && slices.Equal(o[:len(l)], l) {
-				prefix = true
-			}
-			if i > j && slices.Equal(o, l) {
-				prefix = true
+	for _, name := range names {
+		if slices.ContainsFunc(names, func(other string) bool { return len(other) > len(name) && strings.HasPrefix(other, name) }) {
+			continue
+		}
+		keys := byName[name]
+		l := strings.SplitN(strings.TrimSuffix(name, "_1"), "_1_", len(keys))
+		if len(l) != len(keys) {
+			l = slices.Clone(keys)
+		}
+		if len(l) > 0 && l[0] == "_id_" {
+			l[0] = "_id"
+		}
+		for i, k := range l {
+			if k == "_id" {
+				l[i] = "id"
 			}
 		}
-		if !prefix {
-			out = append(out, l)
-		}
+		out = append(out, l)
 	}
 	return out
 }
 
-// indexName is the default name of an index of these keys as 4.103 reads
-// it ("_id_"; "queue_1_status_1"; a descending key also ends in _1).
-func indexName(keys []string) string {
-	if len(keys) == 1 && keys[0] == "_id" {
-		return "_id_"
+// descending is a descending key in an index name, as 4.103 rewrites it.
+var descending = regexp.MustCompile(`_-1(_|$)`)
+
+// sortName is an index's name as 4.103 sorts it: its first descending key
+// read as ascending.
+func sortName(name string) string {
+	if loc := descending.FindStringIndex(name); loc != nil {
+		return name[:loc[0]] + "_1" + name[loc[0]+3:]
 	}
-	return strings.Join(keys, "_1_") + "_1"
+	return name
 }
 
 // validKey: a key is valid when it belongs to an index whose keys to its
