@@ -29,6 +29,8 @@ type TaskSearchParams struct {
 	Statuses []schema.Status
 	// Node, when set, selects the tasks claimed by this node.
 	Node string
+	// Reason, when set, selects the tasks with this reason.
+	Reason string
 	// CreatedAfter and CreatedBefore, when set, bound ctime (both
 	// exclusive). Tasks whose ctime is not a date are then not found.
 	CreatedAfter, CreatedBefore time.Time
@@ -234,6 +236,9 @@ func taskSearchFilter(p TaskSearchParams) (bson.D, error) {
 			in[i] = int32(st)
 		}
 		filter = append(filter, bson.E{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: in}}})
+	}
+	if p.Reason != "" {
+		filter = append(filter, bson.E{Key: schema.TaskReason, Value: p.Reason})
 	}
 	if p.Node != "" {
 		filter = append(filter, bson.E{Key: schema.TaskNode, Value: p.Node})

@@ -42,6 +42,7 @@ type Store interface {
 	NodeMaxThreadsSet(ctx context.Context, p store.NodeMaxThreadsSetParams) (store.WriteCounts, error)
 	NodeDrain(ctx context.Context, p store.NodeDrainParams) (schema.Node, error)
 	ServerNow(ctx context.Context) (time.Time, error)
+	LeaseGet(ctx context.Context, name string) (store.Lease, error)
 	// Task control (control.go, wait.go).
 	TaskKill(ctx context.Context, p store.TaskKillParams) (store.TaskKillResult, error)
 	TaskCancel(ctx context.Context, p store.TaskCancelParams) (store.TaskCancelResult, error)
@@ -207,7 +208,7 @@ func (h *handler) routeTable(events http.Handler) []route {
 		{method: "GET", path: "/api/v1/queues/{queue}", serve: h.queueGet},
 		{method: "PATCH", path: "/api/v1/queues/{queue}", serve: h.queuePatch},
 		{method: "DELETE", path: "/api/v1/queues/{queue}", query: []string{"force"}, serve: h.queueDelete},
-		{method: "GET", path: "/api/v1/tasks", query: []string{"queue", "status", "node", "created_after", "created_before", "order", "limit", "cursor"}, deep: "param", serve: h.taskList},
+		{method: "GET", path: "/api/v1/tasks", query: []string{"queue", "status", "reason", "node", "created_after", "created_before", "order", "limit", "cursor"}, deep: "param", serve: h.taskList},
 		{method: "POST", path: "/api/v1/tasks", serve: h.taskSubmit},
 		{method: "POST", path: "/api/v1/tasks/kill", serve: h.taskKillMany},
 		{method: "POST", path: "/api/v1/tasks/cancel", serve: h.taskCancelMany},
@@ -224,6 +225,7 @@ func (h *handler) routeTable(events http.Handler) []route {
 		{method: "GET", path: "/api/v1/nodes/{node}", serve: h.nodeGet},
 		{method: "PATCH", path: "/api/v1/nodes/{node}", serve: h.nodePatch},
 		{method: "POST", path: "/api/v1/nodes/{node}/drain", serve: h.nodeDrain},
+		{method: "GET", path: "/api/v1/cluster", serve: h.cluster},
 	}
 	if events != nil {
 		// The hub checks its own parameters (and ignores unknown ones).

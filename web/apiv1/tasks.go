@@ -288,6 +288,14 @@ func (h *handler) taskList(w http.ResponseWriter, r *http.Request) error {
 		}
 		p.Node = node
 	}
+	if reason, ok, aerr := oneParam(q, "reason"); aerr != nil {
+		return aerr
+	} else if ok {
+		if !slices.Contains(schema.Reasons, reason) {
+			return errorf(http.StatusBadRequest, CodeInvalidParameter, "reason", "want one of %s, got %q", strings.Join(schema.Reasons, ", "), clip(reason))
+		}
+		p.Reason = reason
+	}
 	for _, b := range []struct {
 		name string
 		dst  *time.Time

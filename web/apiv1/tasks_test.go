@@ -240,6 +240,11 @@ func TestTaskListFilters(t *testing.T) {
 	require.Equal(t, a[0], task.ID.Hex())
 	require.NoError(t, e.st.TaskStart(ctx, store.TaskTransitionParams{ID: task.ID, Node: "n1"}))
 	require.NoError(t, e.st.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: "hello", Stderr: ""}))
+	// Cancel q2's task: it carries a reason.
+	cid, err := bson.ObjectIDFromHex(c[0])
+	require.NoError(t, err)
+	_, err = e.st.TaskCancel(ctx, store.TaskCancelParams{Target: store.TaskTarget{IDs: []bson.ObjectID{cid}}, By: "test"})
+	require.NoError(t, err)
 
 	all := e.list("")
 	require.Equal(t, []string{a[0], a[1], b[0], c[0]}, taskIDs(all))
@@ -257,9 +262,11 @@ func TestTaskListFilters(t *testing.T) {
 		"?queue=q1":                                {a[0], a[1], b[0]},
 		"?queue=" + q1.Hex():                       {a[0], a[1], b[0]},
 		"?queue=" + bson.NewObjectID().Hex():       {},
-		"?status=queued":                           {a[1], b[0], c[0]},
-		"?status=succeeded&status=2":               {a[0]},
-		"?status=1&status=-2&queue=q2":             {c[0]},
+		"?status=queued":                           {a[1], b[0]},
+		"?status=succeeded&status=2":               {a[0], c[0]},
+		"?status=1&status=2&queue=q2":              {c[0]},
+		"?reason=cancelled":                        {c[0]},
+		"?reason=killed":                           {},
 		"?node=n1":                                 {a[0]},
 		"?node=n2":                                 {},
 		"?created_after=2026-05-01T08:00:00Z":      {b[0], c[0]},
@@ -279,6 +286,7 @@ func TestTaskListFilters(t *testing.T) {
 		require.Equal(t, want, taskIDs(e.list(query)), query)
 	}
 	e.wantErr(404, CodeNotFound, "queue", "GET", "/api/v1/tasks?queue=nope", nil)
+	e.wantErr(400, CodeInvalidParameter, "reason", "GET", "/api/v1/tasks?reason=bored", nil)
 
 	// Pages, both ways.
 	p1 := e.list("?limit=3")
