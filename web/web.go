@@ -1,8 +1,11 @@
 // Package web is the HTTP face of disbatch: one http.Handler, mountable in
 // any Go program, that serves
 //
+//   - the live dashboard (web/ui) at / and /ui/, and at /balance for
+//     browsers (its balance editor);
 //   - the Disbatch 4.103 command interface (web/dci) at the root, answering
-//     what 4.103's CLI, web page and scripts parse;
+//     what 4.103's CLI, web page and scripts parse (its queue browser
+//     page is /index.html);
 //   - the v1 JSON API (web/apiv1) under /api/v1, with its OpenAPI document
 //     at /api/v1/openapi.json and live events (web/live) at /api/v1/events;
 //   - seed 002's scheduler routes, PUT /v1/scheduler/kill and GET
@@ -33,6 +36,7 @@ import (
 	"github.com/disbatch-go/disbatch/web/apiv1"
 	"github.com/disbatch-go/disbatch/web/auth"
 	"github.com/disbatch-go/disbatch/web/dci"
+	"github.com/disbatch-go/disbatch/web/ui"
 )
 
 // DefaultMaxBodyBytes bounds a request body: room for 10,000 tasks.
@@ -50,8 +54,11 @@ type Options struct {
 	// Monitoring and Balance are 4.103's settings of those names.
 	Monitoring bool
 	Balance    map[string]any
-	// WebRoot is a folder of static files (4.103's htdocs) served at /.
+	// WebRoot is a folder of static files (4.103's htdocs) served at /
+	// (its index.html at /index.html: / is the dashboard).
 	WebRoot string
+	// JaegerURL links the dashboard's tasks to their traces there.
+	JaegerURL string
 	// Users turns authentication on; nil: every request is allowed.
 	Users *auth.Users
 	// Events serves GET /api/v1/events (web/live); nil: not mounted.
@@ -96,7 +103,19 @@ func NewHandler(o Options) http.Handler {
 	for _, p := range apiv1.SchedulerPaths {
 		mux.Handle(p, auth.MiddlewareOnDeny(o.Users, auth.RequiredRole, apiv1.Deny, limitBody(o.MaxBodyBytes, true, scheduler)))
 	}
-	mux.Handle("/", auth.Middleware(o.Users, auth.RequiredRole, limitBody(o.MaxBodyBytes, false, legacy)))
+	legacyAuth := auth.Middleware(o.Users, auth.RequiredRole, limitBody(o.MaxBodyBytes, false, legacy))
+	mux.Handle("/", legacyAuth)
+	dash := auth.Middleware(o.Users, auth.RequiredRole, ui.New(ui.Options{JaegerURL: o.JaegerURL, Auth: o.Users != nil}))
+	mux.Handle("GET /{$}", dash)
+	mux.Handle("GET /ui/", dash)
+	// 4.103 answers GET /balance with its editor to a browser: ours.
+	mux.Handle("GET /balance", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if dci.WantHTML(r) {
+			dash.ServeHTTP(w, r)
+			return
+		}
+		legacyAuth.ServeHTTP(w, r)
+	}))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	return m.instrument(mux, legacy, v1.(router), scheduler.(router), log)
 }
@@ -190,6 +209,8 @@ func (m *metrics) instrument(next http.Handler, legacy legacyRouter, v1, schedul
 			route = v1.Route(r)
 		case r.Pattern == "GET /metrics":
 			route = r.Pattern
+		case r.Pattern == "GET /{$}" || r.Pattern == "GET /ui/":
+			route = "dashboard"
 		case slices.Contains(apiv1.SchedulerPaths, r.URL.Path):
 			route = scheduler.Route(r)
 		default:

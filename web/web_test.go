@@ -275,3 +275,37 @@ func TestTaskControlMetrics(t *testing.T) {
 	require.Contains(t, body, `disbatch_web_task_control_total{action="cancelled"} 2`)
 	require.Contains(t, body, `disbatch_web_task_control_total{action="requeued"} 1`)
 }
+
+// TestDashboardRoutes: the dashboard answers / and /ui/ to anyone who may
+// read; 4.103's queue browser keeps /index.html; GET /balance is the
+// dashboard's editor for a browser and 4.103's JSON for everything else.
+func TestDashboardRoutes(t *testing.T) {
+	t.Parallel()
+	c := setup(t, web.Options{Users: users(t), JaegerURL: "http://jaeger.example:16686"})
+	const browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+	for _, path := range []string{"/", "/ui/nodes", "/ui/tasks/0123456789abcdef01234567"} {
+		resp, body := c.do("GET", path, "reader", "")
+		require.Equal(t, 200, resp.StatusCode, path)
+		require.Contains(t, body, `src="/ui/assets/app.js"`, path)
+		require.Contains(t, body, `&#34;role&#34;:&#34;read&#34;`, path)
+		require.Contains(t, body, `jaeger.example`, path)
+		resp, _ = c.do("GET", path, "", "")
+		require.Equal(t, 401, resp.StatusCode, "%s needs credentials", path)
+	}
+	resp, body := c.do("GET", "/index.html", "reader", "")
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, body, `<script src="/js/queues.js">`, "4.103's queue browser")
+	resp, body = c.do("GET", "/balance", "reader", "", "Accept", browser)
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, body, `src="/ui/assets/app.js"`, "a browser gets the editor")
+	resp, body = c.do("GET", "/balance", "reader", "")
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, body, `"known_queues"`, "curl and 4.103's CLI get JSON")
+	resp, _ = c.do("POST", "/balance", "reader", `{"max_tasks":{},"queues":[]}`)
+	require.Equal(t, 403, resp.StatusCode, "the balance is an admin's")
+	resp, body = c.do("GET", "/ui/assets/app.js", "reader", "")
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, body, "/api/v1/events")
+	_, body = c.do("GET", "/metrics", "", "")
+	require.Contains(t, body, `disbatch_web_requests_total{code="200",method="GET",route="dashboard"}`)
+}

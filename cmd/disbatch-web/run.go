@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -31,6 +32,7 @@ import (
 const (
 	EnvListen = "DISBATCH_WEB_LISTEN"
 	EnvUsers  = "DISBATCH_WEB_USERS"
+	EnvJaeger = "DISBATCH_JAEGER_URL"
 )
 
 // DefaultListen is 4.103's address.
@@ -55,6 +57,7 @@ type settings struct {
 	noMonitoring       bool
 	balanceEnabled     bool
 	webRoot            string
+	jaegerURL          string
 	maxBody            int64
 	logFormat          string
 	logLevel           string
@@ -62,7 +65,9 @@ type settings struct {
 
 const longHelp = `disbatch-web serves the Disbatch HTTP API over the database the nodes use:
 
-  /               the Disbatch 4.103 command interface: GET /queues, POST /queues,
+  /               the live dashboard for browsers (queues, tasks, nodes, submit,
+                  balance; /ui/...), with 4.103's own page at /index.html
+  /queues, ...    the Disbatch 4.103 command interface: GET /queues, POST /queues,
                   POST /tasks, GET /tasks, /nodes, /plugins, /balance, /monitoring...
                   answered as 4.103 answers them, so its bin/disbatch CLI, its web
                   page and sites' scripts work unchanged (point them at --listen)
@@ -82,7 +87,8 @@ Credentials: HTTP Basic (realm "disbatch", what 4.103's CLI sends with
 --tls-cert and --tls-key serve HTTPS.
 
 Settings come from flags, then the environment (DISBATCH_MONGO_URI,
-DISBATCH_DATABASE, DISBATCH_WEB_LISTEN, DISBATCH_WEB_USERS), then the defaults.
+DISBATCH_DATABASE, DISBATCH_WEB_LISTEN, DISBATCH_WEB_USERS, DISBATCH_JAEGER_URL),
+then the defaults.
 SIGTERM or SIGINT stops accepting requests, ends event streams and lets
 requests in flight finish for a few seconds.`
 
@@ -115,6 +121,7 @@ func run(ctx context.Context, args []string, e env) int {
 	f.StringVar(&s.listen, "listen", listen, "HOST:PORT to serve on (env "+EnvListen+"; a bare port binds 127.0.0.1)")
 	f.StringSliceVar(&s.plugins, "plugins", []string{plugin.DemoConstructor, plugin.ExecConstructor, plugin.ShellConstructor},
 		"plugin names GET /plugins answers and queue creation accepts (comma-separated; default: the node's built-in plugins)")
+	f.StringVar(&s.jaegerURL, "jaeger-url", e.getenv(EnvJaeger), "Jaeger UI address (http://HOST:16686): the dashboard links each task to its trace there (env "+EnvJaeger+")")
 	f.StringVar(&s.usersFile, "users", e.getenv(EnvUsers), "credentials file: turns authentication on (env "+EnvUsers+"; see 'disbatch-web passwd --help')")
 	f.BoolVar(&s.insecure, "insecure", false, "serve a non-loopback address without authentication")
 	f.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate file: serve HTTPS (with --tls-key)")
@@ -170,6 +177,11 @@ func check(s settings) (checked, error) {
 	}
 	if s.maxBody <= 0 {
 		return checked{}, fmt.Errorf("--max-body-bytes must be positive, got %d", s.maxBody)
+	}
+	if s.jaegerURL != "" {
+		if u, err := url.Parse(s.jaegerURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return checked{}, fmt.Errorf("--jaeger-url wants an http:// or https:// address, got %q", s.jaegerURL)
+		}
 	}
 	var c checked
 	c.addr = addr
@@ -265,7 +277,7 @@ func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals
 	h := web.NewHandler(web.Options{
 		Store: st, Database: s.database, Plugins: s.plugins, LegacyTasks: s.legacyTasks,
 		Monitoring: !s.noMonitoring, Balance: dci.DefaultBalance(s.balanceEnabled),
-		WebRoot: s.webRoot, Users: c.users, Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
+		WebRoot: s.webRoot, JaegerURL: s.jaegerURL, Users: c.users, Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
 	})
 	api.Store(&h)
 	log.Info("serving the Disbatch HTTP API", "url", scheme+"://"+srv.Addr()+"/", "v1", "/api/v1/openapi.json",

@@ -24,7 +24,7 @@ func (h *Handler) balance(w http.ResponseWriter, r *http.Request, _ map[string]s
 		send(w, http.StatusBadRequest, obj{"error": errText(err)}, true)
 		return
 	}
-	if wantHTML(r) {
+	if WantHTML(r) {
 		htmlPage(w, http.StatusOK, pageData{H2: "QueueBalancer settings", Blocks: []template.HTML{textHTML(encodeJSONString(o))}})
 		return
 	}

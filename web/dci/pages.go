@@ -14,10 +14,10 @@ import (
 	"time"
 )
 
-// wantHTML is 4.103's want_json turned round: JSON unless the Accept
+// WantHTML is 4.103's want_json turned round: JSON unless the Accept
 // header rates text/html at least as high as application/json (no Accept
 // header, as from curl or the CLI, is JSON).
-func wantHTML(r *http.Request) bool {
+func WantHTML(r *http.Request) bool {
 	q := map[string]float64{}
 	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
 		fields := strings.Split(strings.TrimSpace(part), ";")

@@ -379,7 +379,7 @@ func filterValue(key string, v any) (any, error) {
 // GET /tasks
 func (h *Handler) tasksQuery(w http.ResponseWriter, r *http.Request, _ map[string]string) {
 	p := readParams(r)
-	html := wantHTML(r)
+	html := WantHTML(r)
 	pretty := truthy(p.options["pretty"])
 	fail := func(status int, o obj) {
 		if html {
@@ -632,7 +632,7 @@ func (h *Handler) taskJSON(ctx context.Context, d bson.Raw, dates dateStyle, ter
 func (h *Handler) task(w http.ResponseWriter, r *http.Request, m map[string]string) {
 	id, _ := bson.ObjectIDFromHex(m["id"])
 	docs, err := h.o.Store.TaskFind(r.Context(), store.TaskFindParams{Filter: bson.D{{Key: "_id", Value: id}}, Limit: 1})
-	html := wantHTML(r)
+	html := WantHTML(r)
 	if err != nil {
 		h.dbError(r, "read task", err)
 		send(w, http.StatusBadRequest, obj{"error": errText(err)}, true)
