@@ -9,7 +9,7 @@ WEB       ?= 127.0.0.1:8080
 MONGOD_SH := scripts/fetch-mongod.sh
 JAEGER_SH := scripts/fetch-jaeger.sh
 
-.PHONY: all build test lint run mongod jaeger bench compat-4103 fuzz-api clean
+.PHONY: all build test lint run mongod jaeger bench compat-4103 fuzz-api screenshots clean
 
 all: build
 
@@ -44,6 +44,12 @@ jaeger:
 # minute; `make bench ARGS=--help` lists the options.
 bench: mongod
 	$(GO) run ./cmd/disbatch-bench $(ARGS)
+
+# Refreshes the dashboard's screenshots in docs/screenshots (the README
+# shows them) from a run of its browser test (integration, TestDashboard:
+# Debian's chromium, a real replica set, node and disbatch-web).
+screenshots: mongod
+	DISBATCH_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -run 'TestDashboard$$' ./integration/
 
 # Fuzzes the v1 API against its OpenAPI document with Schemathesis (pinned,
 # in a virtualenv cached next to mongod) on a throwaway replica set, node

@@ -1,0 +1,549 @@
+package integration
+
+// The dashboard (web/ui) tested as a person would use it: Debian's
+// Chromium, driven by chromedp, against a real replica set, a real
+// disbatchd and the real disbatch-web, with credentials (an admin and a
+// read-only viewer). Screenshots of every page go to
+// $DISBATCH_SCREENSHOTS (make screenshots: docs/screenshots), else to a
+// temporary folder the log names.
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/emulation"
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/web/auth"
+)
+
+// chromiumPath finds the browser: $DISBATCH_CHROMIUM, else Debian's.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("DISBATCH_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	require.FailNow(t, "no Chromium for the browser tests",
+		"install Debian's chromium (apt-get install -y chromium, as .ci/run does) or set DISBATCH_CHROMIUM to a Chrome or Chromium binary")
+	return ""
+}
+
+// browser is one headless Chromium tab logged in as one user, collecting
+// what a person would see as broken: uncaught exceptions, console errors,
+// failed loads.
+type browser struct {
+	t    *testing.T
+	ctx  context.Context
+	base string
+	mu   sync.Mutex
+	errs []string
+}
+
+func newBrowser(t *testing.T, base, user, password string) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromiumPath(t)), chromedp.NoSandbox, chromedp.WindowSize(1280, 900),
+		chromedp.Flag("disable-dev-shm-usage", true))
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelB := chromedp.NewContext(actx)
+	ctx, cancelC := context.WithTimeout(ctx, 5*time.Minute)
+	t.Cleanup(func() { cancelC(); cancelB(); cancelA() })
+	b := &browser{t: t, ctx: ctx, base: base}
+	chromedp.ListenTarget(ctx, func(ev any) {
+		var msg string
+		switch e := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			msg = "exception: " + e.ExceptionDetails.Text
+			if e.ExceptionDetails.Exception != nil {
+				msg += " " + e.ExceptionDetails.Exception.Description
+			}
+		case *runtime.EventConsoleAPICalled:
+			if e.Type == runtime.APITypeError {
+				var parts []string
+				for _, a := range e.Args {
+					parts = append(parts, string(a.Value)+a.Description)
+				}
+				msg = "console.error: " + strings.Join(parts, " ")
+			}
+		case *cdplog.EventEntryAdded:
+			if e.Entry.Level == cdplog.LevelError {
+				msg = "log: " + e.Entry.Text + " " + e.Entry.URL
+			}
+		}
+		if msg != "" {
+			b.mu.Lock()
+			b.errs = append(b.errs, msg)
+			b.mu.Unlock()
+		}
+	})
+	token := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+	b.run(runtime.Enable(), cdplog.Enable(), network.Enable(),
+		network.SetExtraHTTPHeaders(network.Headers{"Authorization": "Basic " + token}))
+	return b
+}
+
+func (b *browser) run(actions ...chromedp.Action) {
+	b.t.Helper()
+	require.NoError(b.t, chromedp.Run(b.ctx, actions...))
+}
+
+// open loads a page and waits for sel.
+func (b *browser) open(path, sel string) {
+	b.t.Helper()
+	b.run(chromedp.Navigate(b.base+path), chromedp.WaitVisible(sel, chromedp.ByQuery))
+}
+
+// noErrors fails on anything the page reported broken since the last call.
+func (b *browser) noErrors(what string) {
+	b.t.Helper()
+	b.mu.Lock()
+	errs := b.errs
+	b.errs = nil
+	b.mu.Unlock()
+	require.Empty(b.t, errs, "%s: the page reported errors", what)
+}
+
+func (b *browser) takeErrors() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	errs := b.errs
+	b.errs = nil
+	return errs
+}
+
+// poll waits until the JavaScript expression is truthy and returns it.
+func (b *browser) poll(expr string, timeout time.Duration, what string) float64 {
+	b.t.Helper()
+	var v float64
+	err := chromedp.Run(b.ctx, chromedp.Poll(expr, &v, chromedp.WithPollingInterval(10*time.Millisecond), chromedp.WithPollingTimeout(timeout)))
+	require.NoError(b.t, err, "waiting for %s", what)
+	return v
+}
+
+func (b *browser) eval(expr string, out any) {
+	b.t.Helper()
+	b.run(chromedp.Evaluate(expr, out, func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }))
+}
+
+func (b *browser) exists(sel string) bool {
+	b.t.Helper()
+	var ok bool
+	b.eval(fmt.Sprintf(`document.querySelector(%q) !== null`, sel), &ok)
+	return ok
+}
+
+// screenshot saves the page as name.png.
+func (b *browser) screenshot(dir, name string) {
+	b.t.Helper()
+	var png []byte
+	b.run(chromedp.Sleep(150*time.Millisecond), chromedp.FullScreenshot(&png, 100))
+	require.NoError(b.t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644))
+}
+
+// clickConfirm clicks sel, checks the confirmation dialog's text, and
+// confirms.
+func (b *browser) clickConfirm(sel, wantText string) {
+	b.t.Helper()
+	var text string
+	b.run(chromedp.Click(sel, chromedp.ByQuery), chromedp.WaitVisible("#confirm-ok", chromedp.ByQuery),
+		chromedp.Text("#confirm-text", &text, chromedp.ByQuery))
+	require.Contains(b.t, text, wantText)
+	b.run(chromedp.Click("#confirm-ok", chromedp.ByQuery))
+}
+
+// webAPI calls disbatch-web's API as user.
+type webAPI struct {
+	t              *testing.T
+	base, user, pw string
+}
+
+func (a webAPI) do(method, path string, body any) (int, map[string]any) {
+	a.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		js, err := json.Marshal(body)
+		require.NoError(a.t, err)
+		rd = bytes.NewReader(js)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
+	require.NoError(a.t, err)
+	req.SetBasicAuth(a.user, a.pw)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(a.t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	raw, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(raw, &out)
+	return resp.StatusCode, out
+}
+
+func (a webAPI) must(method, path string, body any) map[string]any {
+	a.t.Helper()
+	code, out := a.do(method, path, body)
+	require.Less(a.t, code, 300, "%s %s: %d %v", method, path, code, out)
+	return out
+}
+
+func (a webAPI) submit(queue string, tasks ...map[string]any) []string {
+	a.t.Helper()
+	out := a.must("POST", "/api/v1/tasks", map[string]any{"queue": queue, "tasks": tasks})
+	var ids []string
+	for _, id := range out["ids"].([]any) {
+		ids = append(ids, id.(string))
+	}
+	return ids
+}
+
+type dashboard struct {
+	t     *testing.T
+	db    *mongo.Database
+	base  string
+	admin webAPI
+	shots string
+}
+
+const (
+	dashAdmin, dashAdminPW   = "ops", "ops-secret"
+	dashViewer, dashViewerPW = "viewer", "viewer-secret"
+)
+
+// startDashboard runs a node and disbatch-web with an admin and a
+// read-only user.
+func startDashboard(t *testing.T) *dashboard {
+	t.Helper()
+	db := mongotest.Database(t)
+	uri := mongotest.URI(t)
+	dir := t.TempDir()
+	var lines strings.Builder
+	for _, u := range []struct {
+		name, pw string
+		role     auth.Role
+	}{{dashAdmin, dashAdminPW, auth.RoleAdmin}, {dashViewer, dashViewerPW, auth.RoleRead}} {
+		hash, err := auth.HashPasswordWithIterations(u.pw, auth.MinIterations)
+		require.NoError(t, err)
+		lines.WriteString(auth.Line(auth.KindUser, u.name, u.role, hash) + "\n")
+	}
+	users := filepath.Join(dir, "users")
+	require.NoError(t, os.WriteFile(users, []byte(lines.String()), 0o600))
+	web := startWeb(t, []string{"--listen", "127.0.0.1:0", "--users", users, "--mongo-uri", uri, "--database", db.Name(),
+		"--jaeger-url", "http://127.0.0.1:16686", "--log-format", "text"})
+	web.waitLog("serving the Disbatch HTTP API", startWait)
+	m := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)/`).FindStringSubmatch(web.log.String())
+	require.NotNil(t, m, "the log says where it serves")
+	d := &dashboard{t: t, db: db, base: m[1], admin: webAPI{t: t, base: m[1], user: dashAdmin, pw: dashAdminPW}}
+	d.shots = os.Getenv("DISBATCH_SCREENSHOTS")
+	if d.shots == "" {
+		d.shots = t.TempDir()
+	} else {
+		require.NoError(t, os.MkdirAll(d.shots, 0o755))
+	}
+	t.Logf("screenshots in %s", d.shots)
+	d.admin.must("POST", "/api/v1/queues", map[string]any{"name": "builds", "plugin": "shell", "maxthreads": 4, "priority": 1, "weight": 30})
+	d.admin.must("POST", "/api/v1/queues", map[string]any{"name": "reports", "plugin": "shell", "maxthreads": 2, "max_running": 5})
+	startNode(t, nodeArgs(uri, db.Name(), "n1", "--grace", "2s", "--enable-plugin", "shell"))
+	return d
+}
+
+// taskDoc reads a task as stored.
+func (d *dashboard) taskDoc(id string) bson.M {
+	d.t.Helper()
+	oid, err := bson.ObjectIDFromHex(id)
+	require.NoError(d.t, err)
+	var doc bson.M
+	require.NoError(d.t, d.db.Collection("tasks").FindOne(context.Background(), bson.D{{Key: "_id", Value: oid}}).Decode(&doc))
+	return doc
+}
+
+func (d *dashboard) waitStatus(id string, timeout time.Duration, ok func(int32) bool) bson.M {
+	d.t.Helper()
+	var doc bson.M
+	deadline := time.Now().Add(timeout)
+	for {
+		doc = d.taskDoc(id)
+		if s, _ := doc["status"].(int32); ok(s) {
+			return doc
+		}
+		if time.Now().After(deadline) {
+			require.FailNow(d.t, "task status", "task %s after %v: %v", id, timeout, doc)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// attemptTime reads attempts[0].<field> of a task as Unix milliseconds.
+func attemptTime(t *testing.T, doc bson.M, field string) float64 {
+	t.Helper()
+	atts, ok := doc["attempts"].(bson.A)
+	require.True(t, ok && len(atts) > 0, "the task has attempts: %v", doc)
+	v, ok := asM(t, atts[len(atts)-1])[field].(bson.DateTime)
+	require.True(t, ok, "attempt has %s: %v", field, atts)
+	return float64(v)
+}
+
+// asM reads an embedded document the driver decoded as bson.D.
+func asM(t *testing.T, v any) bson.M {
+	t.Helper()
+	raw, err := bson.Marshal(v)
+	require.NoError(t, err)
+	var m bson.M
+	require.NoError(t, bson.Unmarshal(raw, &m))
+	return m
+}
+
+func badgeExpr(id, status string) string {
+	return fmt.Sprintf(`(() => { const b = document.querySelector('tr[data-task="%s"] .badge'); return b && b.textContent === %q ? Date.now() : 0; })()`, id, status)
+}
+
+// TestDashboard walks every page as an operator and a read-only viewer.
+func TestDashboard(t *testing.T) {
+	t.Parallel()
+	d := startDashboard(t)
+	b := newBrowser(t, d.base, dashAdmin, dashAdminPW)
+
+	// Overview: queues, the node serving, the leases.
+	b.open("/", `#queues tr[data-queue="builds"]`)
+	b.poll(`document.querySelector('#nodes tr[data-node="n1"] .badge')?.textContent === 'serving' ? 1 : 0`, 30*time.Second, "node n1 serving")
+	b.poll(`document.querySelector('.leases')?.textContent.includes('leader') ? 1 : 0`, 30*time.Second, "the leader named")
+	b.noErrors("overview")
+
+	// Live: a task submitted elsewhere appears and moves on the open page,
+	// each step within 1 s of its write, without a reload.
+	d.admin.must("PATCH", "/api/v1/queues/builds", map[string]any{"paused": true})
+	b.open("/ui/queues/builds", "#tasks")
+	b.poll(`document.querySelector('#pause')?.textContent === 'Resume' ? 1 : 0`, 5*time.Second, "the paused queue")
+	var marked bool
+	b.eval(`(window.__marker = 1) === 1`, &marked) // gone if the page reloads
+	submitted := float64(time.Now().UnixMilli())
+	id := d.admin.submit("builds", map[string]any{"params": map[string]any{"command": "sleep 1.5; echo built"}})[0]
+	seenQueued := b.poll(badgeExpr(id, "queued"), 5*time.Second, "the new task, queued")
+	d.admin.must("PATCH", "/api/v1/queues/builds", map[string]any{"paused": false})
+	seenRunning := b.poll(badgeExpr(id, "running"), 15*time.Second, "the task running")
+	seenDone := b.poll(badgeExpr(id, "succeeded"), 15*time.Second, "the task succeeded")
+	doc := d.waitStatus(id, 5*time.Second, func(s int32) bool { return s == 1 })
+	started, finished := attemptTime(t, doc, "started"), attemptTime(t, doc, "finished")
+	t.Logf("page behind the database: queued %.0f ms after the submit, running %.0f ms after the start, succeeded %.0f ms after the finish",
+		seenQueued-submitted, seenRunning-started, seenDone-finished)
+	require.Less(t, seenQueued-submitted, 1000.0)
+	require.Less(t, seenRunning-started, 1000.0)
+	require.Less(t, seenDone-finished, 1000.0)
+	var marker float64
+	b.eval(`window.__marker || 0`, &marker)
+	require.Equal(t, 1.0, marker, "the page was never reloaded")
+	// The counters are projections: they follow a moment later, still live.
+	b.poll(`document.querySelector('[data-count="finished"]')?.textContent === '1' && document.querySelector('[data-count="queued"]')?.textContent === '0' ? 1 : 0`,
+		5*time.Second, "the queue's counters updated")
+	b.screenshot(d.shots, "queue")
+	b.noErrors("queue page, live")
+
+	// Pause and resume from the page.
+	b.run(chromedp.Click("#pause", chromedp.ByQuery))
+	require.Eventually(t, func() bool { return queuePaused(t, d.db, "builds") }, 5*time.Second, 20*time.Millisecond, "paused by the button")
+	b.poll(`document.querySelector('#pause')?.textContent === 'Resume' ? 1 : 0`, 5*time.Second, "the button says Resume")
+	b.run(chromedp.Click("#pause", chromedp.ByQuery))
+	require.Eventually(t, func() bool { return !queuePaused(t, d.db, "builds") }, 5*time.Second, 20*time.Millisecond, "resumed by the button")
+
+	// Bulk cancel with a confirmation that counts.
+	d.admin.must("PATCH", "/api/v1/queues/reports", map[string]any{"paused": true})
+	cancelIDs := d.admin.submit("reports", map[string]any{"params": map[string]any{"command": "true"}},
+		map[string]any{"params": map[string]any{"command": "true"}}, map[string]any{"params": map[string]any{"command": "true"}})
+	b.open("/ui/queues/reports", "#bulk-cancel")
+	b.poll(`document.querySelector('[data-count="queued"]')?.textContent === '3' ? 1 : 0`, 10*time.Second, "3 queued")
+	b.clickConfirm("#bulk-cancel", "about 3 queued tasks")
+	b.poll(`document.querySelector('#toast:not([hidden])') ? 1 : 0`, 10*time.Second, "the outcome told")
+	require.Equal(t, "3 tasks cancelled.", textOf(b, "#toast"))
+	for _, cid := range cancelIDs {
+		doc := d.waitStatus(cid, 5*time.Second, func(s int32) bool { return s == 2 })
+		require.Equal(t, "cancelled", doc["reason"])
+	}
+	b.noErrors("bulk cancel")
+
+	// Kill and retry from the task page.
+	long := d.admin.submit("builds", map[string]any{"params": map[string]any{"command": "sleep 60"}})[0]
+	d.waitStatus(long, 15*time.Second, func(s int32) bool { return s == 0 })
+	b.open("/ui/tasks/"+long, "#kill")
+	b.clickConfirm("#kill", long)
+	doc = d.waitStatus(long, 15*time.Second, func(s int32) bool { return s == 2 })
+	require.Equal(t, "killed", doc["reason"])
+	b.poll(`document.querySelector('#task-status')?.textContent === 'failed' && document.querySelector('#retry') ? 1 : 0`, 5*time.Second, "the page shows it failed")
+	b.run(chromedp.Click("#retry", chromedp.ByQuery))
+	d.waitStatus(long, 15*time.Second, func(s int32) bool { return s <= 0 })
+	b.poll(`['queued', 'claimed', 'running'].includes(document.querySelector('#task-status')?.textContent) && document.querySelector('#kill') ? 1 : 0`,
+		5*time.Second, "the page shows it retried")
+	b.screenshot(d.shots, "task")
+	b.noErrors("kill and retry")
+	d.admin.must("POST", "/api/v1/tasks/"+long+"/kill", map[string]any{})
+
+	// A 16 MiB output in GridFS opens, streamed.
+	const big = 16 << 20
+	bigID := d.admin.submit("builds", map[string]any{"params": map[string]any{"command": fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x", big)}})[0]
+	doc = d.waitStatus(bigID, 60*time.Second, func(s int32) bool { return s > 0 })
+	require.EqualValues(t, 1, doc["status"])
+	_, inline := doc["stdout"].(string)
+	require.False(t, inline, "the output went to GridFS")
+	b.open("/ui/tasks/"+bigID, "#out-stdout pre")
+	b.poll(`(() => { const p = document.querySelector('#out-stdout pre'); return p && p.textContent.startsWith('xxxx') && p.textContent.includes('more bytes') ? 1 : 0 })()`,
+		30*time.Second, "the first part of the output shown")
+	require.Contains(t, textOf(b, "#out-stdout"), "in GridFS")
+	var size float64
+	b.eval(`fetch(document.querySelector('#out-stdout a[download]').href).then(r => r.blob()).then(b => b.size)`, &size)
+	require.EqualValues(t, big, size, "the whole output downloads")
+	b.noErrors("GridFS output")
+
+	// A 50-task graph renders.
+	d.admin.must("POST", "/api/v1/queues", map[string]any{"name": "dag", "plugin": "shell", "paused": true})
+	graph := []map[string]any{{"ref": "r0", "params": map[string]any{"command": "true"}}}
+	for i := 1; i < 8; i++ {
+		graph = append(graph, map[string]any{"ref": fmt.Sprintf("r%d", i), "parents": []string{"r0"}, "params": map[string]any{"command": "true"}})
+	}
+	for i := 8; i < 50; i++ {
+		graph = append(graph, map[string]any{"ref": fmt.Sprintf("r%d", i), "parents": []string{fmt.Sprintf("r%d", 1+i%7), fmt.Sprintf("r%d", 1+(i+1)%7)},
+			"params": map[string]any{"command": "true"}})
+	}
+	root := d.admin.submit("dag", graph...)[0]
+	b.open("/ui/tasks/"+root, "#graph-wrap")
+	b.poll(`document.querySelectorAll('#graph [data-graph-task]').length === 50 ? 1 : 0`, 15*time.Second, "50 tasks drawn")
+	var edges float64
+	b.eval(`document.querySelectorAll('#graph line').length`, &edges)
+	require.EqualValues(t, 7+42*2, edges, "every parent edge drawn")
+	b.screenshot(d.shots, "graph")
+	b.noErrors("graph")
+
+	// Submit: errors by line, nothing inserted; then inserted.
+	b.open("/ui/submit", "#submit-lines")
+	b.poll(`document.querySelector('#submit-queue option[value="reports"]') ? 1 : 0`, 10*time.Second, "the queues listed")
+	before := countTasks(t, d.db)
+	b.run(chromedp.SetValue("#submit-queue", "reports", chromedp.ByQuery),
+		chromedp.SendKeys("#submit-lines", `{"params": {"command": "echo one"}}`+"\n"+`{"params": {"command": }`+"\n"+`[1]`, chromedp.ByQuery),
+		chromedp.Click(`#main form button[type="submit"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#submit-errors li[data-line="2"]`, chromedp.ByQuery))
+	require.True(t, b.exists(`#submit-errors li[data-line="3"]`), "line 3 is not an object")
+	require.Equal(t, before, countTasks(t, d.db), "nothing inserted")
+	b.screenshot(d.shots, "submit")
+	b.run(chromedp.SetValue("#submit-lines", `{"params": {"command": "echo one"}}`+"\n"+`{"command": "echo two"}`, chromedp.ByQuery),
+		chromedp.Click(`#main form button[type="submit"]`, chromedp.ByQuery))
+	b.poll(`document.querySelector('#submit-result')?.textContent.includes('2 tasks inserted') ? 1 : 0`, 10*time.Second, "2 tasks inserted")
+	require.Equal(t, before+2, countTasks(t, d.db))
+	b.noErrors("submit")
+
+	// Nodes: set maxthreads, see what runs.
+	b.open("/ui/nodes", `section[data-node="n1"]`)
+	b.run(chromedp.SetValue(`section[data-node="n1"] input[type="number"]`, "6", chromedp.ByQuery),
+		chromedp.Click(`section[data-node="n1"] button.ghost`, chromedp.ByQuery))
+	require.Eventually(t, func() bool {
+		var n bson.M
+		_ = d.db.Collection("nodes").FindOne(context.Background(), bson.D{{Key: "node", Value: "n1"}}).Decode(&n)
+		mt, _ := n["maxthreads"].(int32)
+		return mt == 6
+	}, 5*time.Second, 20*time.Millisecond, "maxthreads set from the page")
+	b.screenshot(d.shots, "nodes")
+	b.noErrors("nodes")
+
+	// The balance editor at 4.103's path saves 4.103's document.
+	b.open("/balance", "#balance-form")
+	b.run(chromedp.Click(`#balance-form button.ghost`, chromedp.ByQuery),
+		chromedp.SendKeys(`#balance-form .cap-key`, "* 08:00", chromedp.ByQuery),
+		chromedp.SendKeys(`#balance-form .cap-val`, "7", chromedp.ByQuery),
+		chromedp.Click(`#balance-form button[type="submit"]`, chromedp.ByQuery))
+	b.poll(`document.querySelector('#balance-result')?.textContent ? 1 : 0`, 10*time.Second, "the balance saved")
+	require.Equal(t, "success: queuebalance modified", textOf(b, "#balance-result"))
+	var bal bson.M
+	require.NoError(t, d.db.Collection("balance").FindOne(context.Background(), bson.D{}).Decode(&bal))
+	require.EqualValues(t, 7, asM(t, bal["max_tasks"])["* 08:00"])
+	b.screenshot(d.shots, "balance")
+	b.noErrors("balance")
+
+	// 4.103's own pages keep their paths.
+	b.open("/tasks", "form")
+	b.open("/index.html", "body")
+	b.takeErrors() // 4.103's page asks for what it asks for; not ours to judge
+
+	// The overview, light, dark and on a phone.
+	b.open("/", `#queues tr[data-queue="dag"]`)
+	b.poll(`document.querySelector('#nodes tr[data-node="n1"]') ? 1 : 0`, 10*time.Second, "nodes listed")
+	b.screenshot(d.shots, "overview")
+	b.run(chromedp.Click("#theme", chromedp.ByQuery))
+	b.screenshot(d.shots, "overview-dark")
+	b.run(emulation.SetDeviceMetricsOverride(390, 844, 3, true), chromedp.Reload(), chromedp.WaitVisible(`#queues tr[data-queue="dag"]`, chromedp.ByQuery))
+	var overflow bool
+	b.eval(`document.documentElement.scrollWidth > window.innerWidth + 1`, &overflow)
+	require.False(t, overflow, "the page fits a phone's width (tables scroll inside their panels)")
+	b.screenshot(d.shots, "overview-phone")
+	b.run(emulation.ClearDeviceMetricsOverride())
+	b.noErrors("overview")
+
+	// Keyboard: the first Tab reaches the skip link, Enter on a link navigates.
+	var focused string
+	b.run(chromedp.KeyEvent("\t"), chromedp.Evaluate(`document.activeElement.className`, &focused))
+	require.Equal(t, "skip", focused)
+
+	// A read-only viewer sees no action and is refused one.
+	v := newBrowser(t, d.base, dashViewer, dashViewerPW)
+	v.open("/ui/queues/builds", "#tasks")
+	v.poll(`document.querySelector('#queue-counts') ? 1 : 0`, 10*time.Second, "the queue shown")
+	for _, sel := range []string{"#pause", "#save-queue", "#bulk-retry", "#bulk-cancel", "#bulk-kill"} {
+		require.False(t, v.exists(sel), "a viewer sees no %s", sel)
+	}
+	v.open("/ui/tasks/"+long, "#task-status")
+	v.poll(`document.querySelector('#params') ? 1 : 0`, 10*time.Second, "the task shown")
+	for _, sel := range []string{"#kill", "#retry", "#cancel"} {
+		require.False(t, v.exists(sel), "a viewer sees no %s", sel)
+	}
+	var code float64
+	v.eval(fmt.Sprintf(`fetch('/api/v1/tasks/%s/retry', {method: 'POST', headers: {'Content-Type': 'application/json'}, body: '{}'}).then(r => r.status)`, long), &code)
+	require.EqualValues(t, 403, code, "the server refuses a viewer's retry")
+	v.takeErrors() // that refusal is logged as a failed load, on purpose
+	v.open("/ui/nodes", `section[data-node="n1"]`)
+	require.False(t, v.exists(`section[data-node="n1"] button`), "a viewer cannot drain")
+	v.noErrors("viewer")
+}
+
+func queuePaused(t *testing.T, db *mongo.Database, name string) bool {
+	t.Helper()
+	var q bson.M
+	require.NoError(t, db.Collection("queues").FindOne(context.Background(), bson.D{{Key: "name", Value: name}}).Decode(&q))
+	p, _ := q["paused"].(bool)
+	return p
+}
+
+func countTasks(t *testing.T, db *mongo.Database) int64 {
+	t.Helper()
+	n, err := db.Collection("tasks").CountDocuments(context.Background(), bson.D{})
+	require.NoError(t, err)
+	return n
+}
+
+func textOf(b *browser, sel string) string {
+	b.t.Helper()
+	var s string
+	b.run(chromedp.Text(sel, &s, chromedp.ByQuery))
+	return s
+}
