@@ -149,6 +149,11 @@ func goodReport() *Report {
 			RatioLoaded: Ratio{What: "loaded", P50: 150, P99: 50}, Goal: Goal{Goal: "p99 <= 10 ms"}},
 		WebEvents: &WebEventsReport{Subscribers: 20, Tasks: 2000, Chunk: 10, Transitions: 6000, TargetRate: 2000, Rate: 1990, Seconds: 3,
 			Lag: Latency{N: 120_000, P50: 1, P95: 2, P99: 3, Max: 9}, CommitLag: lat(2), Goal: Goal{Goal: "p99 <= 50 ms", Met: true}},
+		Dashboard: &DashboardReport{Queues: 1000, Nodes: 50, Tasks: 50_000,
+			Server: []DashRoute{{Route: "/", Bytes: 1500, Latency: lat(0.5)}, {Route: "/api/v1/queues", Bytes: 500_000, Latency: lat(20)}},
+			Browser: &DashBrowser{Chromium: "chromium", FirstPaintMS: 120, FilledMS: 300, Transitions: 1990, Events: 1980, Renders: 3,
+				MainThreadBusy: 0.2, ScriptBusy: 0.1, Answer: lat(1), DrainSeconds: 3},
+			Goals: []Goal{{Goal: "server", Met: true}}},
 		WebSubmit: &WebSubmitReport{Tasks: 10_000, Repeats: 3, Ratio: 1.5, Inserted: 80_000, Expected: 80_000, Rows: []SubmitRow{
 			{How: howPOST, Seconds: 0.2, Rate: 50_000, Rates: []float64{50_000, 40_000, 60_000}},
 			{How: howCLI, Seconds: 0.3, Rate: 33_333, Rates: []float64{33_333, 30_000, 35_000}},

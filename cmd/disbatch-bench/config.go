@@ -24,12 +24,13 @@ const (
 	groupWebSubmit  = "web-submit"
 	groupControl    = "control"
 	groupScheduling = "scheduling"
+	groupDashboard  = "dashboard"
 	// groupWeb selects the three web groups.
 	groupWeb = "web"
 )
 
 var (
-	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl, groupScheduling}
+	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl, groupScheduling, groupDashboard}
 	webGroups = []string{groupWebQueues, groupWebEvents, groupWebSubmit}
 )
 
@@ -60,8 +61,13 @@ type config struct {
 	ScaleDrain  int
 	RSSDuration time.Duration
 
-	WebQueues   int
-	WebTasks    int
+	WebQueues int
+	WebTasks  int
+	// The dashboard group: queues and tasks of the overview, how long
+	// the drain runs.
+	DashQueues  int
+	DashTasks   int
+	DashDrain   time.Duration
 	WebRate     int
 	WebDuration time.Duration
 	WebSlow     int
@@ -101,6 +107,9 @@ var defaults = config{
 	RSSDuration:    5 * time.Second,
 	WebQueues:      200,
 	WebTasks:       1_000_000,
+	DashQueues:     1000,
+	DashTasks:      1_000_000,
+	DashDrain:      10 * time.Second,
 	WebRate:        200,
 	WebDuration:    10 * time.Second,
 	WebSlow:        5,
@@ -134,6 +143,9 @@ var quickDefaults = config{
 	RSSDuration:    2 * time.Second,
 	WebQueues:      200,
 	WebTasks:       100_000,
+	DashQueues:     1000,
+	DashTasks:      50_000,
+	DashDrain:      3 * time.Second,
 	WebRate:        200,
 	WebDuration:    3 * time.Second,
 	WebSlow:        3,
@@ -264,6 +276,9 @@ func parseFlags(args []string) (config, string, error) {
 	fs.IntVar(&c.Claims, "claims", defaults.Claims, "scale: timed TaskClaim calls per backlog (quick: "+strconv.Itoa(quickDefaults.Claims)+")")
 	fs.IntVar(&c.ScaleDrain, "scale-drain", defaults.ScaleDrain, "scale: tasks an in-process node drains per backlog (quick: "+strconv.Itoa(quickDefaults.ScaleDrain)+")")
 	fs.DurationVar(&c.RSSDuration, "rss-duration", defaults.RSSDuration, "scale: how long the node process runs while its RSS is sampled (quick: "+quickDefaults.RSSDuration.String()+")")
+	fs.IntVar(&c.DashQueues, "dash-queues", defaults.DashQueues, "dashboard: queues on the overview")
+	fs.IntVar(&c.DashTasks, "dash-tasks", defaults.DashTasks, "dashboard: tasks in all (quick: "+strconv.Itoa(quickDefaults.DashTasks)+")")
+	fs.DurationVar(&c.DashDrain, "dash-drain", defaults.DashDrain, "dashboard: how long transitions are written at 2,000/s while the overview is open in Chromium (quick: "+quickDefaults.DashDrain.String()+")")
 	fs.IntVar(&c.WebQueues, "web-queue-count", defaults.WebQueues, "web-queues: queues the tasks are spread over")
 	fs.IntVar(&c.WebTasks, "web-tasks", defaults.WebTasks, "web-queues: tasks in all (quick: "+strconv.Itoa(quickDefaults.WebTasks)+")")
 	fs.IntVar(&c.WebRate, "web-rate", defaults.WebRate, "web-queues: GET /queues requests per second, open-loop")
@@ -337,6 +352,8 @@ func (c *config) applyQuick(set map[string]bool) {
 		"wait-rounds":     func() { c.WaitRounds = q.WaitRounds },
 		"dag-edges":       func() { c.DAGEdges = q.DAGEdges },
 		"sched-tasks":     func() { c.SchedTasks = q.SchedTasks },
+		"dash-tasks":      func() { c.DashTasks = q.DashTasks },
+		"dash-drain":      func() { c.DashDrain = q.DashDrain },
 	} {
 		if !set[name] {
 			apply()
@@ -360,6 +377,11 @@ func (c *config) validate() error {
 	positive("scale-drain", c.ScaleDrain)
 	positive("oplog-mib", c.OplogMiB)
 	positive("web-queue-count", c.WebQueues)
+	positive("dash-queues", c.DashQueues)
+	positive("dash-tasks", c.DashTasks)
+	if c.DashDrain <= 0 {
+		errs = append(errs, fmt.Errorf("--dash-drain must be positive, got %v", c.DashDrain))
+	}
 	positive("web-rate", c.WebRate)
 	positive("web-slow", c.WebSlow)
 	positive("sse-subscribers", c.SSESubscribers)

@@ -22,6 +22,7 @@ type Report struct {
 	WebSubmit  *WebSubmitReport  `json:"web_submit,omitempty"`
 	Control    *ControlReport    `json:"control,omitempty"`
 	Scheduling *SchedulingReport `json:"scheduling,omitempty"`
+	Dashboard  *DashboardReport  `json:"dashboard,omitempty"`
 	// Problems are the sanity check's findings (none on a good run).
 	Problems []string `json:"problems"`
 }
@@ -165,6 +166,7 @@ func renderTable(r *Report) string {
 	renderWeb(&b, r)
 	renderControl(&b, r)
 	renderScheduling(&b, r)
+	renderDashboard(&b, r)
 
 	if len(r.Problems) == 0 {
 		b.WriteString("SANITY: every figure present, finite and consistent\n")

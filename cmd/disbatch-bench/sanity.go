@@ -39,6 +39,9 @@ func sanity(r *Report, cfg config) []string {
 	if cfg.runs(groupScheduling) {
 		k.scheduling(r.Scheduling, cfg)
 	}
+	if cfg.runs(groupDashboard) {
+		k.dashboard(r.Dashboard)
+	}
 	return k.problems
 }
 
@@ -185,5 +188,31 @@ func (k *checker) scale(s *ScaleReport, backlogs []int) {
 	k.positive("scale: node process max RSS", s.RSS.MaxMiB)
 	if s.RSS.ReadyMiB > s.RSS.MaxMiB {
 		k.bad("scale: node process RSS when ready %v > max %v", s.RSS.ReadyMiB, s.RSS.MaxMiB)
+	}
+}
+
+func (k *checker) dashboard(d *DashboardReport) {
+	if d == nil {
+		k.bad("dashboard: no figures")
+		return
+	}
+	if len(d.Server) == 0 {
+		k.bad("dashboard: no server times")
+	}
+	for _, s := range d.Server {
+		k.latency("dashboard: "+s.Route, s.Latency)
+		if s.Bytes <= 0 {
+			k.bad("dashboard: %s answered nothing", s.Route)
+		}
+	}
+	if b := d.Browser; b != nil {
+		k.positive("dashboard: first paint", b.FirstPaintMS)
+		k.positive("dashboard: table filled", b.FilledMS)
+		k.positive("dashboard: drain transitions", b.Transitions)
+		k.positive("dashboard: events the page received", b.Events)
+		k.positive("dashboard: renders", b.Renders)
+		k.latency("dashboard: page answers", b.Answer)
+	} else if d.Note == "" {
+		k.bad("dashboard: no browser figures and no note saying why")
 	}
 }

@@ -6,6 +6,8 @@
 const main = document.getElementById('main');
 const CFG = JSON.parse(main.dataset.config || '{}');
 const ROLES = { read: 1, write: 2, admin: 3 };
+// stats: what the page did, for the benchmark and the curious (console).
+const stats = window.disbatchStats = { events: 0, renders: 0 };
 const can = (role) => (ROLES[CFG.role] || 0) >= ROLES[role];
 
 // ---------------------------------------------------------------- helpers
@@ -94,6 +96,7 @@ function throttle(fn, ms) {
     timer = null;
     if (gen !== pageGen) return;
     running = true; again = false; last = Date.now();
+    stats.renders++;
     try { await fn(); } catch (e) { console.warn(e); }
     running = false;
     if (again) schedule();
@@ -161,6 +164,7 @@ const live = {
     for (const type of ['task', 'queue', 'node', 'reset']) {
       this.es.addEventListener(type, (e) => {
         let d;
+        stats.events++;
         try { d = JSON.parse(e.data); } catch { return; }
         if (type === 'task' && d.to !== null && d.to > 0 && !(d.from > 0)) countFinish(d.queue, Date.parse(d.time) || Date.now());
         for (const fn of this.listeners) fn(type, d);
@@ -257,6 +261,31 @@ function queueRow(q) {
     h('td', {}, q.paused ? badge('paused') : ''));
 }
 
+// keyedRows makes body's rows those of items, in order, rebuilding only
+// the rows whose signature changed: with a thousand queues, a live update
+// touches the few that moved, not the whole table (layout is the cost).
+function keyedRows(body, rows, items, key, sig, build) {
+  const seen = new Set();
+  let prev = null;
+  for (const it of items) {
+    const k = key(it), sg = sig(it);
+    seen.add(k);
+    let r = rows.get(k);
+    if (!r || r.sig !== sg) {
+      const tr = build(it);
+      if (r) r.tr.replaceWith(tr);
+      r = { tr, sig: sg };
+      rows.set(k, r);
+    }
+    const want = prev ? prev.nextSibling : body.firstChild;
+    if (want !== r.tr) body.insertBefore(r.tr, want);
+    prev = r.tr;
+  }
+  for (const [k, r] of rows) if (!seen.has(k)) { r.tr.remove(); rows.delete(k); }
+  while (prev && prev.nextSibling) prev.nextSibling.remove();
+  if (!prev) body.replaceChildren();
+}
+
 function nodeState(n) {
   if (n.dead) return 'dead';
   if (n.drain || n.state === 'draining') return 'draining';
@@ -277,6 +306,7 @@ function nodeRowSimple(n) {
 
 function overviewPage() {
   let queues = null, nodes = null, leases = null, loadedAt = Date.now();
+  const rows = new Map(); // queue id → {tr, sig}
   const qBody = h('tbody'), nBody = h('tbody'), lease = h('div', { class: 'leases' });
   const summary = h('p', { class: 'muted' });
   fill(main, 
@@ -296,7 +326,12 @@ function overviewPage() {
 
   const drawQueues = () => {
     if (!queues) return;
-    fill(qBody, ...(queues.length ? queues.map(queueRow) : [h('tr', {}, h('td', { colspan: 10, class: 'muted' }, 'No queues yet: create one with `disbatch queue create` or POST /api/v1/queues.'))]));
+    if (!queues.length) {
+      rows.clear();
+      fill(qBody, h('tr', {}, h('td', { colspan: 10, class: 'muted' }, 'No queues yet: create one with `disbatch queue create` or POST /api/v1/queues.')));
+    } else {
+      keyedRows(qBody, rows, queues, (q) => q.id, (q) => JSON.stringify([q.name, q.counts, q.priority, q.weight, q.max_running, q.plugin, q.paused, rateSeries(q.id)]), queueRow);
+    }
     let queued = 0, running = 0;
     for (const q of queues) { queued += (q.counts && q.counts.queued) || 0; running += (q.counts && q.counts.running) || 0; }
     summary.textContent = `${fmtN(queues.length)} queues · ${fmtN(queued)} queued · ${fmtN(running)} running` + (nodes ? ` · ${nodes.filter((n) => !n.dead).length} live nodes` : '');
