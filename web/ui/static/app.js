@@ -290,7 +290,9 @@ function nodeState(n) {
   if (n.dead) return 'dead';
   if (n.drain || n.state === 'draining') return 'draining';
   if (n.state === 'stopped') return 'stopped';
-  if (n.heartbeat_age_ms > 30000) return 'fenced'; // no heartbeat written: it stops its tasks
+  // No heartbeat for the default --fence-after (10 s): a node that is
+  // alive but cut off has fenced itself (stopped its tasks) by now.
+  if (n.heartbeat_age_ms > 10000) return 'fenced';
   return 'serving';
 }
 const nodeRunning = (n) => (n.queues || []).reduce((a, q) => a + (q.tasks_doing || 0), 0);
