@@ -16,7 +16,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -33,24 +32,17 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/disbatch-go/disbatch/internal/chromium"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/web/auth"
 )
 
-// chromiumPath finds the browser: $DISBATCH_CHROMIUM, else Debian's.
+// chromiumPath finds the browser, or fails the test saying how to get one.
 func chromiumPath(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("DISBATCH_CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	require.FailNow(t, "no Chromium for the browser tests",
-		"install Debian's chromium (apt-get install -y chromium, as .ci/run does) or set DISBATCH_CHROMIUM to a Chrome or Chromium binary")
-	return ""
+	p, err := chromium.Path()
+	require.NoError(t, err)
+	return p
 }
 
 // browser is one headless Chromium tab logged in as one user, collecting

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -19,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/disbatch-go/disbatch/internal/chromium"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
@@ -72,19 +71,6 @@ type DashBrowser struct {
 	ScriptBusy     float64 `json:"script_busy"`
 	Answer         Latency `json:"answer"`
 	DrainSeconds   float64 `json:"drain_seconds"`
-}
-
-// chromium finds a browser: $DISBATCH_CHROMIUM, else Debian's.
-func chromium() string {
-	if p := os.Getenv("DISBATCH_CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	return ""
 }
 
 func (e *env) dashboard(ctx context.Context) (*DashboardReport, error) {
@@ -171,9 +157,9 @@ func (e *env) dashboard(ctx context.Context) (*DashboardReport, error) {
 	}
 	rep.Goals = append(rep.Goals, Goal{Goal: fmt.Sprintf("server time of every request of the overview p99 <= %d ms", dashGoalServerMS), Met: worst <= dashGoalServerMS})
 
-	path := chromium()
-	if path == "" {
-		rep.Note = "no Chromium (install Debian's chromium, or set DISBATCH_CHROMIUM): browser figures not measured"
+	path, err := chromium.Path()
+	if err != nil {
+		rep.Note = err.Error() + ": browser figures not measured"
 		return rep, nil
 	}
 	b, err := e.dashBrowser(ctx, path, w.url, db.Name(), len(queues))
