@@ -481,6 +481,9 @@ func TestDashboard(t *testing.T) {
 	// The overview, light, dark and on a phone.
 	b.open("/", `#queues tr[data-queue="dag"]`)
 	b.poll(`document.querySelector('#nodes tr[data-node="n1"]') ? 1 : 0`, 10*time.Second, "nodes listed")
+	// The three cancelled tasks of reports ended in status 2: failed, from
+	// the projected count_failed.
+	b.poll(`document.querySelector('#queues tr[data-queue="reports"] [data-col="failed"]')?.textContent === '3' ? 1 : 0`, 10*time.Second, "reports: 3 failed")
 	b.screenshot(d.shots, "overview")
 	b.run(chromedp.Click("#theme", chromedp.ByQuery))
 	b.screenshot(d.shots, "overview-dark")

@@ -253,6 +253,7 @@ function queueRow(q) {
     h('td', { class: 'num', 'data-col': 'queued' }, fmtN(c.queued)),
     h('td', { class: 'num', 'data-col': 'running' }, fmtN(c.running)),
     h('td', { class: 'num', 'data-col': 'finished' }, fmtN(c.finished)),
+    h('td', { class: 'num', 'data-col': 'failed' }, c.failed ? h('a', { href: '/ui/queues/' + encodeURIComponent(q.name) + '?status=failed', 'data-nav': true, class: 's-failed' }, fmtN(c.failed)) : fmtN(c.failed)),
     h('td', {}, spark(series), ' ', h('span', { class: 'muted' }, lastMin.toFixed(1) + '/s')),
     h('td', { class: 'num hide-sm' }, q.priority ?? 0),
     h('td', { class: 'num hide-sm' }, q.weight ?? 20),
@@ -317,7 +318,7 @@ function overviewPage() {
       h('h2', { id: 'h-queues' }, 'Queues'),
       h('div', { class: 'scroll' }, h('table', { id: 'queues' },
         h('thead', {}, h('tr', {}, h('th', {}, 'Queue'), h('th', { class: 'num' }, 'Queued'), h('th', { class: 'num' }, 'Running'),
-          h('th', { class: 'num' }, 'Done'), h('th', {}, 'Rate (5 min)'), h('th', { class: 'num hide-sm' }, 'Priority'),
+          h('th', { class: 'num' }, 'Done'), h('th', { class: 'num' }, 'Failed'), h('th', {}, 'Rate (5 min)'), h('th', { class: 'num hide-sm' }, 'Priority'),
           h('th', { class: 'num hide-sm' }, 'Weight'), h('th', { class: 'num hide-sm' }, 'Max running'), h('th', { class: 'hide-sm' }, 'Plugin'), h('th', {}, ''))),
         qBody))),
     h('section', { class: 'panel', 'aria-labelledby': 'h-nodes' },
@@ -330,7 +331,7 @@ function overviewPage() {
     if (!queues) return;
     if (!queues.length) {
       rows.clear();
-      fill(qBody, h('tr', {}, h('td', { colspan: 10, class: 'muted' }, 'No queues yet: create one with `disbatch queue create` or POST /api/v1/queues.')));
+      fill(qBody, h('tr', {}, h('td', { colspan: 11, class: 'muted' }, 'No queues yet: create one with `disbatch queue create` or POST /api/v1/queues.')));
     } else {
       keyedRows(qBody, rows, queues, (q) => q.id, (q) => JSON.stringify([q.name, q.counts, q.priority, q.weight, q.max_running, q.plugin, q.paused, rateSeries(q.id)]), queueRow);
     }
@@ -394,6 +395,9 @@ function queuePage(name) {
     param: h('input', { name: 'param', placeholder: 'key=value', size: 14 }),
     order: h('select', { name: 'order' }, h('option', { value: 'desc' }, 'newest first'), h('option', { value: 'asc' }, 'oldest first')),
   };
+  const initial = new URLSearchParams(location.search);
+  if (STATUSES.includes(initial.get('status'))) f.status.value = initial.get('status');
+  if (REASONS.includes(initial.get('reason'))) f.reason.value = initial.get('reason');
   const bulk = h('div', { class: 'row' });
   fill(main, head,
     h('section', { class: 'panel', 'aria-labelledby': 'h-tasks' },
@@ -452,6 +456,7 @@ function queuePage(name) {
         h('div', {}, h('div', { class: 'muted' }, 'Queued'), h('strong', { 'data-count': 'queued' }, fmtN(c.queued))),
         h('div', {}, h('div', { class: 'muted' }, 'Running'), h('strong', { 'data-count': 'running' }, fmtN(c.running))),
         h('div', {}, h('div', { class: 'muted' }, 'Done'), h('strong', { 'data-count': 'finished' }, fmtN(c.finished))),
+        h('div', {}, h('div', { class: 'muted' }, 'Failed'), h('strong', { 'data-count': 'failed' }, fmtN(c.failed))),
         h('div', {}, h('div', { class: 'muted' }, 'Total'), h('strong', {}, fmtN(c.total))),
         h('div', {}, h('div', { class: 'muted' }, 'Plugin'), h('strong', {}, q.plugin)),
         h('div', {}, h('div', { class: 'muted' }, 'Rate (5 min)'), spark(rateSeries(q.id)))));
