@@ -74,8 +74,8 @@ func TestQueueCommands(t *testing.T) {
 
 	e.ok(`{"commands":"a"}`+"\n"+`{"commands":"b"}`, "task", "submit", "demo")
 	list := e.ok("", "queue", "list")
-	require.Regexp(t, `(?m)^NAME\s+CONSTRUCTOR\s+MAXTHREADS\s+SORT\s+TODO\s+RUNNING\s+TOTAL\s+ID$`, list)
-	require.Regexp(t, `(?m)^demo\s+Disbatch::Plugin::Demo\s+1\s+fifo\s+2\s+0\s+2\s+[0-9a-f]{24}$`, list, "no counters yet: recounted")
+	require.Regexp(t, `(?m)^NAME\s+CONSTRUCTOR\s+MAXTHREADS\s+SORT\s+TODO\s+RUNNING\s+TOTAL\s+FAILED\s+ID$`, list)
+	require.Regexp(t, `(?m)^demo\s+Disbatch::Plugin::Demo\s+1\s+fifo\s+2\s+0\s+2\s+0\s+[0-9a-f]{24}$`, list, "no counters yet: recounted")
 
 	e.ok("", "queue", "set", "demo", "maxthreads=5", "sort=lifo", "nodes_ignore=n1, n2")
 	var queues []map[string]any
@@ -87,6 +87,7 @@ func TestQueueCommands(t *testing.T) {
 	require.EqualValues(t, 2, queues[0]["count_todo"])
 	require.EqualValues(t, 0, queues[0]["count_running"])
 	require.EqualValues(t, 2, queues[0]["count_total"])
+	require.EqualValues(t, 0, queues[0]["count_failed"])
 
 	// One task claimed, one running (by another program): a recount
 	// counts both while the counters are not all there.
@@ -96,21 +97,34 @@ func TestQueueCommands(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.db.Collection("queues").UpdateOne(context.Background(), bson.D{{Key: "name", Value: "demo"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_todo", Value: 7}, {Key: "count_total", Value: 9}}}})
 	require.NoError(t, err)
-	require.Regexp(t, `(?m)^demo\s+\S+\s+5\s+lifo\s+2\s+2\s+2\s`, e.ok("", "queue", "list"), "count_running missing: the queue is recounted")
-	require.Contains(t, e.ok("", "queue", "show", "demo"), "tasks:         2 to do (2 claimed or running), 2 in all\n")
+	require.Regexp(t, `(?m)^demo\s+\S+\s+5\s+lifo\s+2\s+2\s+2\s+0\s`, e.ok("", "queue", "list"), "count_running missing: the queue is recounted")
+	require.Contains(t, e.ok("", "queue", "show", "demo"), "tasks:         2 to do (2 claimed or running), 2 in all, 0 failed\n")
 
-	// Stored counters (kept by the nodes) are shown as they are.
+	// A queue from before count_failed (the other three there) is
+	// recounted too: here one task failed.
+	qid, err := bson.ObjectIDFromHex(queues[0]["id"].(string))
+	require.NoError(t, err)
+	_, err = e.db.Collection("tasks").InsertOne(context.Background(), bson.D{{Key: "queue", Value: qid}, {Key: "status", Value: 2}})
+	require.NoError(t, err)
 	_, err = e.db.Collection("queues").UpdateOne(context.Background(), bson.D{{Key: "name", Value: "demo"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_running", Value: 3}}}})
 	require.NoError(t, err)
-	require.Regexp(t, `(?m)^demo\s+\S+\s+5\s+lifo\s+7\s+3\s+9\s`, e.ok("", "queue", "list"))
+	require.Regexp(t, `(?m)^demo\s+\S+\s+5\s+lifo\s+2\s+2\s+3\s+1\s`, e.ok("", "queue", "list"), "count_failed missing: the queue is recounted")
+	require.Contains(t, e.ok("", "queue", "show", "demo"), "tasks:         2 to do (2 claimed or running), 3 in all, 1 failed\n")
+
+	// Stored counters (kept by the nodes) are shown as they are.
+	_, err = e.db.Collection("queues").UpdateOne(context.Background(), bson.D{{Key: "name", Value: "demo"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_failed", Value: 4}}}})
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^demo\s+\S+\s+5\s+lifo\s+7\s+3\s+9\s+4\s`, e.ok("", "queue", "list"))
 	require.NoError(t, json.Unmarshal([]byte(e.ok("", "queue", "list", "--json")), &queues))
 	require.EqualValues(t, 7, queues[0]["count_todo"])
 	require.EqualValues(t, 3, queues[0]["count_running"])
 	require.EqualValues(t, 9, queues[0]["count_total"])
-	require.Contains(t, e.ok("", "queue", "show", "demo"), "tasks:         7 to do (3 claimed or running), 9 in all\n")
+	require.EqualValues(t, 4, queues[0]["count_failed"])
+	require.Contains(t, e.ok("", "queue", "show", "demo"), "tasks:         7 to do (3 claimed or running), 9 in all, 4 failed\n")
 	var shown map[string]any
 	require.NoError(t, json.Unmarshal([]byte(e.ok("", "queue", "show", "demo", "--json")), &shown))
 	require.EqualValues(t, 3, shown["count_running"])
+	require.EqualValues(t, 4, shown["count_failed"])
 
 	for _, bad := range [][]string{
 		{"queue", "set", "demo", "color=blue"},
@@ -147,7 +161,7 @@ func TestQueueCommands(t *testing.T) {
 	require.Contains(t, r.err, "--force")
 	require.Equal(t, int64(1), e.count("queues", bson.D{}))
 
-	require.Contains(t, e.ok("", "queue", "delete", "demo", "--force"), "deleted queue demo with 2 tasks")
+	require.Contains(t, e.ok("", "queue", "delete", "demo", "--force"), "deleted queue demo with 3 tasks")
 	require.Zero(t, e.count("queues", bson.D{}))
 	require.Zero(t, e.count("tasks", bson.D{}))
 

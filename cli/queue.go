@@ -149,10 +149,11 @@ func newQueueList(g *globals) *cobra.Command {
 		Use:   "list",
 		Short: "List queues with their task counts",
 		Long: `List every queue: name, constructor, maxthreads, sort, tasks to do
-(status <= 0), tasks running (claimed or running, -1 or 0, on any node) and
-total. Counts come from the queue's count_todo/count_running/count_total, kept
-by the nodes; a queue missing any of them is recounted. Documents that cannot
-be read are reported on stderr and skipped.`,
+(status <= 0), tasks running (claimed or running, -1 or 0, on any node), total
+and tasks failed (status 2). Counts come from the queue's
+count_todo/count_running/count_total/count_failed, kept by the nodes; a queue
+missing any of them is recounted. Documents that cannot be read are reported on
+stderr and skipped.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, done, err := g.open(cmd)
@@ -191,14 +192,14 @@ be read are reported on stderr and skipped.`,
 				return writeJSON(g.io.Out, out)
 			}
 			tw := tabwriter.NewWriter(g.io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tCONSTRUCTOR\tMAXTHREADS\tSORT\tTODO\tRUNNING\tTOTAL\tID")
+			fmt.Fprintln(tw, "NAME\tCONSTRUCTOR\tMAXTHREADS\tSORT\tTODO\tRUNNING\tTOTAL\tFAILED\tID")
 			for _, q := range res.Queues {
 				c := counts(q)
 				sort := q.Sort
 				if sort == "" {
 					sort = schema.SortDefault
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", q.Name, q.Constructor, fmtMaxThreads(q.MaxThreads), sort, c.Todo, c.Running, c.Total, q.ID.Hex())
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", q.Name, q.Constructor, fmtMaxThreads(q.MaxThreads), sort, c.Todo, c.Running, c.Total, c.Failed, q.ID.Hex())
 				for _, w := range q.Warnings {
 					fmt.Fprintf(g.io.Err, "warning: queue %s: %s\n", q.Name, w)
 				}
@@ -210,12 +211,12 @@ be read are reported on stderr and skipped.`,
 	return cmd
 }
 
-// storedCounts are the queue's projected counters, when it has all three.
+// storedCounts are the queue's projected counters, when it has all four.
 func storedCounts(q schema.Queue) (store.QueueCounts, bool) {
-	if q.CountTodo == nil || q.CountTotal == nil || q.CountRunning == nil {
+	if q.CountTodo == nil || q.CountTotal == nil || q.CountRunning == nil || q.CountFailed == nil {
 		return store.QueueCounts{}, false
 	}
-	return store.QueueCounts{Todo: *q.CountTodo, Total: *q.CountTotal, Running: *q.CountRunning}, true
+	return store.QueueCounts{Todo: *q.CountTodo, Total: *q.CountTotal, Running: *q.CountRunning, Failed: *q.CountFailed}, true
 }
 
 func queueJSON(q schema.Queue, c *store.QueueCounts) map[string]any {
@@ -236,7 +237,7 @@ func queueJSON(q schema.Queue, c *store.QueueCounts) map[string]any {
 		m["nodes_ignore"] = q.NodesIgnore
 	}
 	if c != nil {
-		m["count_todo"], m["count_total"], m["count_running"] = c.Todo, c.Total, c.Running
+		m["count_todo"], m["count_total"], m["count_running"], m["count_failed"] = c.Todo, c.Total, c.Running, c.Failed
 	}
 	ctl := q.Control
 	m["timeout"] = ctl.Timeout.Seconds()
@@ -305,7 +306,7 @@ for an operator. Change them with "disbatch queue set".`,
 			if len(q.NodesIgnore) > 0 {
 				fmt.Fprintf(w, "nodes_ignore:  %s\n", strings.Join(q.NodesIgnore, ", "))
 			}
-			fmt.Fprintf(w, "tasks:         %d to do (%d claimed or running), %d in all\n", c.Todo, c.Running, c.Total)
+			fmt.Fprintf(w, "tasks:         %d to do (%d claimed or running), %d in all, %d failed\n", c.Todo, c.Running, c.Total, c.Failed)
 			fmt.Fprintf(w, "scheduling:    %s\n", fmtSched(q.Sched))
 			fmt.Fprintf(w, "timeout:       %s\n", fmtTimeout(q.Control.Timeout))
 			fmt.Fprintf(w, "retries:       %s\n", fmtRetries(q.Control))

@@ -7,9 +7,10 @@
 //     running), disbatch_tasks_finished_total{queue,status} (status as the
 //     number: "1", "2", …) and disbatch_task_run_seconds{queue};
 //   - what the node knows, read at scrape time from a Source (a *node.Node):
-//     disbatch_queue_tasks{queue,state="todo"|"done"|"running"} from the
-//     queues' projected counters (running: count_running, cluster-wide,
-//     part of todo), disbatch_node_tasks_running{queue} (this node's),
+//     disbatch_queue_tasks{queue,state="todo"|"done"|"running"|"failed"}
+//     from the queues' projected counters (running: count_running,
+//     cluster-wide, part of todo; failed: count_failed, part of done),
+//     disbatch_node_tasks_running{queue} (this node's),
 //     disbatch_claims_total, disbatch_claim_passes_total{trigger="wakeup"|
 //     "tick"}, disbatch_change_stream_{events,resumes,rescans}_total,
 //     disbatch_projector_leader, disbatch_projection_lag_seconds{quantile},

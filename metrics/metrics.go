@@ -133,7 +133,8 @@ type nodeCollector struct{ m *Metrics }
 var (
 	descQueueTasks = prometheus.NewDesc("disbatch_queue_tasks",
 		"Tasks in each queue by state, from the queue's projected counters (todo: status <= 0; done = count_total - count_todo; running: count_running, "+
-			"the tasks in -1 or 0 on any node, which todo includes). Absent while a queue has no counters (running: no count_running).",
+			"the tasks in -1 or 0 on any node, which todo includes; failed: count_failed, the tasks in 2, which done includes). "+
+			"Absent while a queue has no counters (running: no count_running; failed: no count_failed).",
 		[]string{"queue", "state"}, nil)
 	descRunning = prometheus.NewDesc("disbatch_node_tasks_running",
 		"Tasks of each queue this node holds (claimed or running).", []string{"queue"}, nil)
@@ -197,6 +198,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		// node's): a queue may have todo and total but not it yet.
 		cluster                       int64
 		clusterCounted, clusterBroken bool
+		// failed is count_failed, which a queue may lack in the same way.
+		failed                      int64
+		failedCounted, failedBroken bool
 	}
 	sums := map[string]*queueSums{}
 	var names []string
@@ -217,6 +221,12 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 			s.cluster += *q.CountRunning
 			s.clusterCounted = true
 		}
+		if q.CountFailed == nil {
+			s.failedBroken = true
+		} else {
+			s.failed += *q.CountFailed
+			s.failedCounted = true
+		}
 		if q.CountTodo == nil || q.CountTotal == nil {
 			s.broken = true // one same-named queue without counters: no sum
 			continue
@@ -234,6 +244,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if s.clusterCounted && !s.clusterBroken {
 			gauge(descQueueTasks, float64(s.cluster), name, "running")
+		}
+		if s.failedCounted && !s.failedBroken {
+			gauge(descQueueTasks, float64(s.failed), name, "failed")
 		}
 	}
 

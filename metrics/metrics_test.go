@@ -172,20 +172,23 @@ func ptr[T any](v T) *T { return &v }
 
 func TestCollector(t *testing.T) {
 	a, b, c, d1, d2, gone := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
-	e, f1, f2 := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	e, f1, f2, g := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
 	src := &fakeSource{
 		queues: []schema.Queue{
-			{ID: a, Name: "alpha", CountTodo: ptr[int64](3), CountTotal: ptr[int64](10), CountRunning: ptr[int64](3)},
+			{ID: a, Name: "alpha", CountTodo: ptr[int64](3), CountTotal: ptr[int64](10), CountRunning: ptr[int64](3), CountFailed: ptr[int64](2)},
 			{ID: b, Name: "beta"}, // no counters yet
-			{ID: c, Name: "gamma", CountTodo: ptr[int64](0), CountTotal: ptr[int64](0), CountRunning: ptr[int64](0)},
+			{ID: c, Name: "gamma", CountTodo: ptr[int64](0), CountTotal: ptr[int64](0), CountRunning: ptr[int64](0), CountFailed: ptr[int64](0)},
 			// Two queues may share a name: added up, never collected twice.
-			{ID: d1, Name: "twin", CountTodo: ptr[int64](1), CountTotal: ptr[int64](2), CountRunning: ptr[int64](1)},
-			{ID: d2, Name: "twin", CountTodo: ptr[int64](4), CountTotal: ptr[int64](8), CountRunning: ptr[int64](2)},
+			{ID: d1, Name: "twin", CountTodo: ptr[int64](1), CountTotal: ptr[int64](2), CountRunning: ptr[int64](1), CountFailed: ptr[int64](1)},
+			{ID: d2, Name: "twin", CountTodo: ptr[int64](4), CountTotal: ptr[int64](8), CountRunning: ptr[int64](2), CountFailed: ptr[int64](3)},
 			// From before count_running: todo and done, no running yet.
 			{ID: e, Name: "older", CountTodo: ptr[int64](6), CountTotal: ptr[int64](6)},
-			// Same-named, one without count_running: no running sum.
-			{ID: f1, Name: "half", CountTodo: ptr[int64](1), CountTotal: ptr[int64](1), CountRunning: ptr[int64](1)},
+			// Same-named, one without count_running and count_failed: no
+			// running or failed sum.
+			{ID: f1, Name: "half", CountTodo: ptr[int64](1), CountTotal: ptr[int64](1), CountRunning: ptr[int64](1), CountFailed: ptr[int64](0)},
 			{ID: f2, Name: "half", CountTodo: ptr[int64](1), CountTotal: ptr[int64](1)},
+			// From before count_failed: running, no failed yet.
+			{ID: g, Name: "recent", CountTodo: ptr[int64](2), CountTotal: ptr[int64](5), CountRunning: ptr[int64](1)},
 		},
 		running: map[bson.ObjectID]int{a: 2, b: 1, d1: 1, d2: 1},
 		claimer: claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3},
@@ -219,6 +222,15 @@ func TestCollector(t *testing.T) {
 	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "older", "state", "running"), "no count_running yet: no gauge")
 	require.Equal(t, 2.0, value(t, mfs, "disbatch_queue_tasks", "queue", "half", "state", "todo"))
 	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "half", "state", "running"), "one of the same-named queues has no count_running")
+	// count_failed, part of done.
+	require.Equal(t, 2.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "failed"))
+	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "beta", "state", "failed"), "no counters: no gauge")
+	require.Equal(t, 0.0, value(t, mfs, "disbatch_queue_tasks", "queue", "gamma", "state", "failed"))
+	require.Equal(t, 4.0, value(t, mfs, "disbatch_queue_tasks", "queue", "twin", "state", "failed"))
+	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "older", "state", "failed"), "no count_failed yet: no gauge")
+	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "half", "state", "failed"), "one of the same-named queues has no count_failed")
+	require.Equal(t, 1.0, value(t, mfs, "disbatch_queue_tasks", "queue", "recent", "state", "running"))
+	require.Nil(t, find(mfs, "disbatch_queue_tasks", "queue", "recent", "state", "failed"), "no count_failed yet: no gauge")
 
 	require.Equal(t, 2.0, value(t, mfs, "disbatch_node_tasks_running", "queue", "alpha"))
 	require.Equal(t, 1.0, value(t, mfs, "disbatch_node_tasks_running", "queue", "beta"))
@@ -259,8 +271,10 @@ func TestCollector(t *testing.T) {
 	src.queues = src.queues[:1]
 	src.queues[0].CountTodo = ptr[int64](0)
 	src.queues[0].CountRunning = ptr[int64](7)
+	src.queues[0].CountFailed = ptr[int64](5)
 	mfs = gather(t, m)
 	require.Equal(t, 7.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "running"))
+	require.Equal(t, 5.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "failed"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_projector_leader"))
 	require.Equal(t, 10.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "done"))
 	require.Nil(t, find(mfs, "disbatch_node_tasks_running", "queue", "beta"))

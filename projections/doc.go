@@ -1,9 +1,10 @@
 // Package projections keeps the counters seed 000 makes the nodes
-// responsible for, count_todo and count_total on every queue, and
+// responsible for, count_todo and count_total on every queue,
 // count_running (seed 001's cluster-wide "pending", for scheduling by
-// weight), as projections of task state transitions seen on a change
-// stream, not as recounts. The per-node stats of the heartbeat (tasks_todo,
-// tasks_done) are derived from them; tasks_doing is each node's own count.
+// weight) and count_failed (the failed tasks, for the dashboard), as
+// projections of task state transitions seen on a change stream, not as
+// recounts. The per-node stats of the heartbeat (tasks_todo, tasks_done)
+// are derived from them; tasks_doing is each node's own count.
 //
 // # Definitions
 //
@@ -12,15 +13,19 @@
 // status counts as to do, a non-numeric one does not); count_running the
 // number with status -1 (claimed) or 0 (running), on any node, as
 // {$or: [{$eq: ["$status", -1]}, {$eq: ["$status", 0]}]} counts it (-1.0
-// or a decimal 0 count; a missing, null or non-numeric status does not).
-// Running tasks are also to do. A transition changes them: an insert adds
-// one to total (and to todo when <= 0, to running when -1 or 0); a status
-// change across 0 moves one in or out of todo, and one into or out of
-// {-1, 0} (a claim -2 → -1, a finish 0 → 1, a requeue -1 → -2; a start
-// -1 → 0 changes nothing) moves one in or out of running; a delete takes
-// one off (off todo and running too when it was counted there); a task
-// moved to another queue counts for both. Tasks written by anyone count:
-// our CLI, Perl tools, a raw insertMany or deleteMany.
+// or a decimal 0 count; a missing, null or non-numeric status does not);
+// count_failed the number with status 2 (failed, for any reason), as
+// {$eq: ["$status", 2]} counts it (2.0 or a decimal 2 count). Running
+// tasks are also to do. A transition changes them: an insert adds one to
+// total (and to todo when <= 0, to running when -1 or 0, to failed when
+// 2); a status change across 0 moves one in or out of todo, one into or
+// out of {-1, 0} (a claim -2 → -1, a finish 0 → 1, a requeue -1 → -2; a
+// start -1 → 0 changes nothing) moves one in or out of running, and one
+// into or out of 2 (a finish 0 → 2, a retry 2 → -2) one in or out of
+// failed; a delete takes one off (off todo, running and failed too when it
+// was counted there); a task moved to another queue counts for both. Tasks
+// written by anyone count: our CLI, Perl tools, a raw insertMany or
+// deleteMany.
 //
 // count_running lags like the others (by a batch), so it serves what needs
 // a share, the claimer's order by weight, never a cap: a cap needs a write
@@ -37,7 +42,7 @@
 // order, in batches: each batch is one multi-document transaction that (1) updates
 // the lease document only if it is still held at the leader's epoch —
 // the fence — writing the batch's resume token and cluster time there as
-// the checkpoint, and (2) adds one $inc per queue touched (to its three
+// the checkpoint, and (2) adds one $inc per queue touched (to its four
 // counters at once). A deposed
 // leader's transaction therefore cannot commit, and a successor resumes
 // from exactly the checkpoint the last committed batch wrote: nothing is
@@ -58,14 +63,15 @@
 // # Reconcile
 //
 // On gaining the lease (once caught up with the stream), after the stream's
-// history was lost, when a queue's counters are missing — any of the three:
+// history was lost, when a queue's counters are missing — any of the four:
 // a queue created by a client, or by Disbatch 4.103 which never writes
-// them, or one from before count_running, which thus gets it — and every
-// ReconcileEvery (10 minutes), the projector recounts with one aggregation
-// read as a snapshot at the cluster time of the last event it applied, so
-// the recount and the counters describe the same moment. Differences in
-// any of the three are logged as drift with the queue and both values of
-// each (drift should be zero; any is a bug to chase) and repaired. A queue
+// them, or one from before count_running or count_failed, which thus gets
+// it — and every ReconcileEvery (10 minutes), the projector recounts with
+// one aggregation read as a snapshot at the cluster time of the last event
+// it applied, so the recount and the counters describe the same moment.
+// Differences in any of the four are logged as drift with the queue and
+// both values of each (drift should be zero; any is a bug to chase) and
+// repaired. A queue
 // missing a counter is not drift: the recount creates it (and sets the
 // others). Events at or before a recount's time
 // are then skipped for the queues it covered. Without a usable position

@@ -62,11 +62,11 @@ func BenchmarkProjectionLag(b *testing.B) {
 			}
 			c := stored[q.ID]
 			want := counts[q.ID]
-			if c.Complete() && *c.Todo == want.Todo && *c.Total == want.Total && *c.Running == want.Running && want.Todo == 0 {
+			if c.Complete() && *c.Todo == want.Todo && *c.Total == want.Total && *c.Running == want.Running && *c.Failed == want.Failed && want.Todo == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
-				b.Fatalf("counters never settled: %v/%v/%v vs %+v", c.Todo, c.Total, c.Running, want)
+				b.Fatalf("counters never settled: %v/%v/%v/%v vs %+v", c.Todo, c.Total, c.Running, c.Failed, want)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

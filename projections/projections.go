@@ -398,6 +398,9 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 		if isRunning(status) {
 			d.Running += sign
 		}
+		if isFailed(status) {
+			d.Failed += sign
+		}
 	}
 	after, before := ev.Doc, ev.Before
 	if ev.Op != "insert" && before == nil {
@@ -429,7 +432,7 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 				newS = bson.RawValue{}
 			}
 		}
-		if oldQ.Equal(newQ) && isTodo(oldS) == isTodo(newS) && isRunning(oldS) == isRunning(newS) {
+		if oldQ.Equal(newQ) && isTodo(oldS) == isTodo(newS) && isRunning(oldS) == isRunning(newS) && isFailed(oldS) == isFailed(newS) {
 			return
 		}
 		add(oldQ, oldS, -1)
@@ -507,6 +510,21 @@ func isRunning(v bson.RawValue) bool {
 	return f == -1 || f == 0
 }
 
+// isFailed is {$eq: [status, 2]} as MongoDB compares: a number equal to 2,
+// whatever its type (2.0, a decimal 2); a non-numeric status is not failed.
+func isFailed(v bson.RawValue) bool {
+	switch v.Type {
+	case bson.TypeInt32, bson.TypeInt64:
+		return v.AsInt64() == int64(schema.StatusFailed)
+	case bson.TypeDouble:
+		return v.Double() == float64(schema.StatusFailed)
+	case bson.TypeDecimal128:
+		f, err := strconvDecimal(v)
+		return err == nil && f == float64(schema.StatusFailed)
+	}
+	return false
+}
+
 // errReposition asks run to restart the stream at the checkpoint.
 var errReposition = errors.New("recounted at a later moment than the stream: repositioning")
 
@@ -563,18 +581,19 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		}
 		if !cur.Complete() {
 			// A queue made by a client or by 4.103, or from before
-			// count_running existed: the missing ones are created, and
-			// those already there are not drift if they differ.
+			// count_running or count_failed existed: the missing ones are
+			// created, and those already there are not drift if they differ.
 			sets[q] = c
-			p.s.log.Info("queue counters created by a recount", "queue", q.Hex(), "count_todo", c.Todo, "count_total", c.Total, "count_running", c.Running)
+			p.s.log.Info("queue counters created by a recount", "queue", q.Hex(), "count_todo", c.Todo, "count_total", c.Total, "count_running", c.Running,
+				"count_failed", c.Failed)
 			continue
 		}
-		if *cur.Todo == c.Todo && *cur.Total == c.Total && *cur.Running == c.Running {
+		if *cur.Todo == c.Todo && *cur.Total == c.Total && *cur.Running == c.Running && *cur.Failed == c.Failed {
 			continue
 		}
 		sets[q] = c
 		attrs := []any{"queue", q.Hex(), "count_todo", *cur.Todo, "recount_todo", c.Todo, "count_total", *cur.Total, "recount_total", c.Total,
-			"count_running", *cur.Running, "recount_running", c.Running}
+			"count_running", *cur.Running, "recount_running", c.Running, "count_failed", *cur.Failed, "recount_failed", c.Failed}
 		if exact {
 			drift++
 			p.s.log.Error("counter drift repaired", attrs...)

@@ -47,9 +47,9 @@ func requireExact(t *testing.T, s *store.Store, within time.Duration) {
 		require.NoError(t, err)
 		for q, c := range stored {
 			want := counts[q]
-			if !c.Complete() || *c.Todo != want.Todo || *c.Total != want.Total || *c.Running != want.Running {
-				last = fmt.Sprintf("queue %s: counters %v/%v/%v, recount %d/%d/%d (todo/total/running)", q.Hex(),
-					deref(c.Todo), deref(c.Total), deref(c.Running), want.Todo, want.Total, want.Running)
+			if !c.Complete() || *c.Todo != want.Todo || *c.Total != want.Total || *c.Running != want.Running || *c.Failed != want.Failed {
+				last = fmt.Sprintf("queue %s: counters %v/%v/%v/%v, recount %d/%d/%d/%d (todo/total/running/failed)", q.Hex(),
+					deref(c.Todo), deref(c.Total), deref(c.Running), deref(c.Failed), want.Todo, want.Total, want.Running, want.Failed)
 				return false
 			}
 		}
@@ -69,7 +69,8 @@ func newQueue(t *testing.T, db *mongo.Database, name string, maxThreads int, cou
 	id := bson.NewObjectID()
 	doc := bson.D{{Key: "_id", Value: id}, {Key: "name", Value: name}, {Key: "constructor", Value: "noop"}, {Key: "maxthreads", Value: maxThreads}, {Key: "sort", Value: "fifo"}}
 	if counters {
-		doc = append(doc, bson.E{Key: "count_todo", Value: 0}, bson.E{Key: "count_total", Value: 0}, bson.E{Key: "count_running", Value: 0})
+		doc = append(doc, bson.E{Key: "count_todo", Value: 0}, bson.E{Key: "count_total", Value: 0}, bson.E{Key: "count_running", Value: 0},
+			bson.E{Key: "count_failed", Value: 0})
 	}
 	_, err := db.Collection("queues").InsertOne(context.Background(), doc)
 	require.NoError(t, err)

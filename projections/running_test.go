@@ -51,12 +51,12 @@ func (b *runningSetup) requireCounters(t *testing.T, step string, q bson.ObjectI
 		stored, err := b.s.QueueCounters(context.Background())
 		require.NoError(t, err)
 		c := stored[q]
-		if c.Complete() && *c.Todo == want.Todo && *c.Total == want.Total && *c.Running == want.Running {
+		if c.Complete() && *c.Todo == want.Todo && *c.Total == want.Total && *c.Running == want.Running && *c.Failed == want.Failed {
 			return
 		}
 		if time.Now().After(deadline) {
-			require.Failf(t, "counters", "%s: want todo %d, total %d, running %d; have todo %v, total %v, running %v",
-				step, want.Todo, want.Total, want.Running, deref(c.Todo), deref(c.Total), deref(c.Running))
+			require.Failf(t, "counters", "%s: want todo %d, total %d, running %d, failed %d; have todo %v, total %v, running %v, failed %v",
+				step, want.Todo, want.Total, want.Running, want.Failed, deref(c.Todo), deref(c.Total), deref(c.Running), deref(c.Failed))
 		}
 	}
 }
@@ -133,32 +133,32 @@ func TestCountRunningFollowsTransitions(t *testing.T) {
 
 	b.update(t, f, set("queue", q, "status", int32(2)))
 	b.requireCounters(t, "moved back and finished at once: running leaves other", other, store.QueueCounts{Todo: 0, Total: 0, Running: 0})
-	b.requireCounters(t, "moved back and finished at once: not running in q", q, store.QueueCounts{Todo: 2, Total: 4, Running: 0})
+	b.requireCounters(t, "moved back and finished at once: not running in q, failed", q, store.QueueCounts{Todo: 2, Total: 4, Running: 0, Failed: 1})
 
 	b.update(t, d, set("status", int32(0)))
-	b.requireCounters(t, "-2 → 0", q, store.QueueCounts{Todo: 2, Total: 4, Running: 1})
+	b.requireCounters(t, "-2 → 0", q, store.QueueCounts{Todo: 2, Total: 4, Running: 1, Failed: 1})
 
 	b.update(t, d, set("status", "0"))
-	b.requireCounters(t, `0 → "0" (not a number: neither running nor to do)`, q, store.QueueCounts{Todo: 1, Total: 4, Running: 0})
+	b.requireCounters(t, `0 → "0" (not a number: neither running nor to do)`, q, store.QueueCounts{Todo: 1, Total: 4, Running: 0, Failed: 1})
 
 	b.update(t, d, set("status", bson.NewDecimal128(0, 0)))
-	b.requireCounters(t, `"0" → decimal 0`, q, store.QueueCounts{Todo: 2, Total: 4, Running: 1})
+	b.requireCounters(t, `"0" → decimal 0`, q, store.QueueCounts{Todo: 2, Total: 4, Running: 1, Failed: 1})
 
 	b.update(t, d, bson.D{{Key: "$unset", Value: bson.D{{Key: "status", Value: ""}}}})
-	b.requireCounters(t, "status removed: to do, not running", q, store.QueueCounts{Todo: 2, Total: 4, Running: 0})
+	b.requireCounters(t, "status removed: to do, not running", q, store.QueueCounts{Todo: 2, Total: 4, Running: 0, Failed: 1})
 
 	b.update(t, d, set("status", int32(-1)))
-	b.requireCounters(t, "missing → -1", q, store.QueueCounts{Todo: 2, Total: 4, Running: 1})
+	b.requireCounters(t, "missing → -1", q, store.QueueCounts{Todo: 2, Total: 4, Running: 1, Failed: 1})
 
 	_, err = b.db.Collection("tasks").ReplaceOne(ctx, bson.D{{Key: "_id", Value: d}}, bson.D{{Key: "queue", Value: q}, {Key: "status", Value: int32(-6)}})
 	require.NoError(t, err)
-	b.requireCounters(t, "replaced by an orphaned task", q, store.QueueCounts{Todo: 2, Total: 4, Running: 0})
+	b.requireCounters(t, "replaced by an orphaned task", q, store.QueueCounts{Todo: 2, Total: 4, Running: 0, Failed: 1})
 
 	g := b.insert(t, q, -0.5)
-	b.requireCounters(t, "insert at -0.5: to do, not running", q, store.QueueCounts{Todo: 3, Total: 5, Running: 0})
+	b.requireCounters(t, "insert at -0.5: to do, not running", q, store.QueueCounts{Todo: 3, Total: 5, Running: 0, Failed: 1})
 	_, err = b.db.Collection("tasks").DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{g, c}}}}})
 	require.NoError(t, err)
-	b.requireCounters(t, "deleteMany", q, store.QueueCounts{Todo: 1, Total: 3, Running: 0})
+	b.requireCounters(t, "deleteMany", q, store.QueueCounts{Todo: 1, Total: 3, Running: 0, Failed: 1})
 
 	require.Zero(t, svc.Stats().DriftQueues)
 	require.NotContains(t, b.logs.String(), "counter drift")
@@ -173,28 +173,32 @@ func TestReconcileRepairsCountRunning(t *testing.T) {
 	b := newRunningSetup(t)
 	q := newQueue(t, b.db, "q", 0, true)
 	first := b.start(t)
-	ids := insertBurst(t, b.db, q, 0, 5, func(int) any { return int32(-2) })
+	ids := insertBurst(t, b.db, q, 0, 6, func(int) any { return int32(-2) })
 	for _, id := range ids[:2] {
 		b.update(t, id.(bson.ObjectID), set("status", int32(0), "node", "n1"))
 	}
-	b.requireCounters(t, "two running", q, store.QueueCounts{Todo: 5, Total: 5, Running: 2})
+	b.update(t, ids[5].(bson.ObjectID), set("status", int32(2), "node", "n1"))
+	b.requireCounters(t, "two running, one failed", q, store.QueueCounts{Todo: 5, Total: 6, Running: 2, Failed: 1})
 	first.Stop()
 
-	// While no projector runs, count_running goes wrong (no task event says so).
-	_, err := b.db.Collection("queues").UpdateOne(ctx, bson.D{{Key: "_id", Value: q}}, set("count_running", int32(7)))
+	// While no projector runs, count_running and count_failed go wrong (no
+	// task event says so).
+	_, err := b.db.Collection("queues").UpdateOne(ctx, bson.D{{Key: "_id", Value: q}}, set("count_running", int32(7), "count_failed", int32(0)))
 	require.NoError(t, err)
 
 	second := projections.New(projections.Config{Node: "n1", Store: b.s, LeaseTTL: 2 * time.Second, Logger: logger(b.logs)})
 	require.NoError(t, second.Start(ctx))
 	t.Cleanup(second.Stop)
-	b.requireCounters(t, "repaired by the reconcile on catching up", q, store.QueueCounts{Todo: 5, Total: 5, Running: 2})
+	b.requireCounters(t, "repaired by the reconcile on catching up", q, store.QueueCounts{Todo: 5, Total: 6, Running: 2, Failed: 1})
 	require.Eventually(t, func() bool { return second.Stats().DriftQueues == 1 }, 10*time.Second, 10*time.Millisecond)
 	logs := b.logs.String()
-	require.Contains(t, logs, `msg="counter drift repaired" component=projector queue=`+q.Hex()+` count_todo=5 recount_todo=5 count_total=5 recount_total=5 count_running=7 recount_running=2`)
+	require.Contains(t, logs, `msg="counter drift repaired" component=projector queue=`+q.Hex()+` count_todo=5 recount_todo=5 count_total=6 recount_total=6 count_running=7 recount_running=2 count_failed=0 recount_failed=1`+"\n")
 
-	// It goes on from the repaired value.
+	// It goes on from the repaired values.
 	b.update(t, ids[2].(bson.ObjectID), set("status", int32(-1), "node", "n1"))
-	b.requireCounters(t, "a claim after the repair", q, store.QueueCounts{Todo: 5, Total: 5, Running: 3})
+	b.requireCounters(t, "a claim after the repair", q, store.QueueCounts{Todo: 5, Total: 6, Running: 3, Failed: 1})
+	b.update(t, ids[5].(bson.ObjectID), set("status", int32(-2), "node", int32(-1)))
+	b.requireCounters(t, "a retry after the repair", q, store.QueueCounts{Todo: 6, Total: 6, Running: 3, Failed: 0})
 	require.EqualValues(t, 1, second.Stats().DriftQueues)
 }
 
@@ -218,7 +222,7 @@ func TestQueueWithoutCountRunningGetsIt(t *testing.T) {
 	svc := b.start(t)
 	b.requireCounters(t, "created on start-up", old, store.QueueCounts{Todo: 3, Total: 4, Running: 2})
 	b.requireCounters(t, "a complete queue", later, store.QueueCounts{Todo: 2, Total: 2, Running: 0})
-	require.Contains(t, b.logs.String(), `msg="queue counters created by a recount" component=projector queue=`+old.Hex()+` count_todo=3 count_total=4 count_running=2`)
+	require.Contains(t, b.logs.String(), `msg="queue counters created by a recount" component=projector queue=`+old.Hex()+` count_todo=3 count_total=4 count_running=2 count_failed=0`+"\n")
 
 	// Later, count_running disappears (an older program rewrote it away)
 	// while the projector runs: the next transition's delta finds it
@@ -233,7 +237,7 @@ func TestQueueWithoutCountRunningGetsIt(t *testing.T) {
 	b.update(t, laterIDs[1].(bson.ObjectID), set("status", int32(0), "node", "n1"))
 	b.requireCounters(t, "recounted when a delta found it missing", later, store.QueueCounts{Todo: 2, Total: 2, Running: 2})
 	require.Eventually(t, func() bool { return svc.Stats().Reconciles == 3 }, 10*time.Second, 10*time.Millisecond, "one recount of the queue found missing")
-	require.Contains(t, b.logs.String(), `msg="queue counters created by a recount" component=projector queue=`+later.Hex()+` count_todo=2 count_total=2 count_running=2`)
+	require.Contains(t, b.logs.String(), `msg="queue counters created by a recount" component=projector queue=`+later.Hex()+` count_todo=2 count_total=2 count_running=2 count_failed=0`+"\n")
 	b.update(t, laterIDs[0].(bson.ObjectID), set("status", int32(1)))
 	b.requireCounters(t, "then followed again", later, store.QueueCounts{Todo: 1, Total: 2, Running: 1})
 

@@ -71,3 +71,38 @@ func TestIsRunningFollowsMongoDBComparison(t *testing.T) {
 	}
 	require.Equal(t, 10, running, "-1 and 0 of every numeric type")
 }
+
+func TestIsFailedFollowsMongoDBComparison(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	dec := func(s string) bson.Decimal128 {
+		d, err := bson.ParseDecimal128(s)
+		require.NoError(t, err)
+		return d
+	}
+	values := bson.A{nil, int32(-2), int32(0), int32(1), int32(2), int32(3), int64(2), 2.0, 1.5, 2.5, -2.0,
+		dec("2"), dec("2.00"), dec("2.5"), dec("-2"), "2", true, bson.D{}, bson.A{2}}
+	var docs []any
+	for i, v := range values {
+		docs = append(docs, bson.D{{Key: "i", Value: i}, {Key: "status", Value: v}})
+	}
+	docs = append(docs, bson.D{{Key: "i", Value: len(values)}}) // missing
+	_, err := db.Collection("t").InsertMany(ctx, docs)
+	require.NoError(t, err)
+	// The expression the store's recount uses.
+	cur, err := db.Collection("t").Aggregate(ctx, mongo.Pipeline{{{Key: "$project", Value: bson.D{
+		{Key: "status", Value: 1}, {Key: "failed", Value: bson.D{{Key: "$eq", Value: bson.A{"$status", int32(2)}}}}}}}})
+	require.NoError(t, err)
+	var rows []bson.Raw
+	require.NoError(t, cur.All(ctx, &rows))
+	require.Len(t, rows, len(docs))
+	failed := 0
+	for _, r := range rows {
+		require.Equal(t, r.Lookup("failed").Boolean(), isFailed(r.Lookup("status")), "status %v", r.Lookup("status"))
+		if isFailed(r.Lookup("status")) {
+			failed++
+		}
+	}
+	require.Equal(t, 5, failed, "2 of every numeric type")
+}

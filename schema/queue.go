@@ -33,7 +33,8 @@ func (s Sort) Valid() bool {
 //
 // Field names (seed 000): name, constructor, maxthreads, sort, count_todo,
 // count_total; nodes_pin and nodes_ignore (seed 004); count_running (seed
-// 001's cluster-wide "pending", projected like count_todo). The Disbatch
+// 001's cluster-wide "pending", projected like count_todo); count_failed
+// (the failed tasks, for the dashboard, projected likewise). The Disbatch
 // 4.103 dialect writes plugin for constructor and threads for maxthreads;
 // those are read when the seed-000 name is missing or null. Writers in this
 // project set both names so that Perl nodes keep working.
@@ -45,12 +46,14 @@ type Queue struct {
 	// (null or absent) and 0 both run nothing, as in Disbatch.
 	MaxThreads *int
 	Sort       Sort
-	// CountTodo, CountTotal and CountRunning are nil when null or missing:
-	// the projector then creates them with a recount. CountRunning is the
-	// queue's tasks in -1 (claimed) or 0 (running) on any node.
+	// CountTodo, CountTotal, CountRunning and CountFailed are nil when null
+	// or missing: the projector then creates them with a recount.
+	// CountRunning is the queue's tasks in -1 (claimed) or 0 (running) on
+	// any node; CountFailed its tasks in 2 (failed, for any reason).
 	CountTodo    *int64
 	CountTotal   *int64
 	CountRunning *int64
+	CountFailed  *int64
 	NodesPin     []string
 	NodesIgnore  []string
 	// Control: timeout, retries and backoff, rerun_orphans.
@@ -77,8 +80,11 @@ const (
 	// QueueCountRunning is the projected number of the queue's tasks in
 	// -1 or 0, on any node.
 	QueueCountRunning = "count_running"
-	QueueNodesPin     = "nodes_pin"
-	QueueNodesIgnore  = "nodes_ignore"
+	// QueueCountFailed is the projected number of the queue's tasks in 2
+	// (failed, for any reason).
+	QueueCountFailed = "count_failed"
+	QueueNodesPin    = "nodes_pin"
+	QueueNodesIgnore = "nodes_ignore"
 )
 
 // DecodeQueue decodes a queues document.
@@ -93,6 +99,7 @@ func DecodeQueue(raw bson.Raw) (Queue, error) {
 		CountTodo:    r.count(QueueCountTodo),
 		CountTotal:   r.count(QueueCountTotal),
 		CountRunning: r.count(QueueCountRunning),
+		CountFailed:  r.count(QueueCountFailed),
 		NodesPin:     r.strings(QueueNodesPin),
 		NodesIgnore:  r.strings(QueueNodesIgnore),
 		Raw:          raw,

@@ -23,7 +23,7 @@ const qid = `{"$oid":"571f8951b75bf335634ec271"}`
 func TestDecodeQueueSeedExample(t *testing.T) {
 	t.Parallel()
 	q, err := DecodeQueue(doc(t, `{"_id":`+qid+`,"constructor":"Disbatch::Plugin::Demo","name":"demo",
-		"count_total":{"$numberInt":"0"},"count_todo":{"$numberLong":"7"},"count_running":{"$numberDouble":"3.0"},"maxthreads":{"$numberInt":"0"},"sort":"fifo"}`))
+		"count_total":{"$numberInt":"0"},"count_todo":{"$numberLong":"7"},"count_running":{"$numberDouble":"3.0"},"count_failed":{"$numberInt":"1"},"maxthreads":{"$numberInt":"0"},"sort":"fifo"}`))
 	require.NoError(t, err)
 	require.Equal(t, "571f8951b75bf335634ec271", q.ID.Hex())
 	require.Equal(t, "demo", q.Name)
@@ -33,6 +33,7 @@ func TestDecodeQueueSeedExample(t *testing.T) {
 	require.Equal(t, int64(7), *q.CountTodo)
 	require.Equal(t, int64(0), *q.CountTotal)
 	require.Equal(t, int64(3), *q.CountRunning)
+	require.Equal(t, int64(1), *q.CountFailed)
 	require.Empty(t, q.Warnings)
 }
 
@@ -97,6 +98,28 @@ func TestDecodeQueueCountRunning(t *testing.T) {
 			q, err := DecodeQueue(doc(t, tc.json))
 			require.NoError(t, err)
 			require.Equal(t, tc.want, q.CountRunning)
+		})
+	}
+}
+
+// TestDecodeQueueCountFailed: count_failed is read like count_running, and
+// nil when missing or null (a queue from before it, or a 4.103 queue).
+func TestDecodeQueueCountFailed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, json string
+		want       *int64
+	}{
+		{"missing", `{"_id":` + qid + `,"name":"q","constructor":"C","count_todo":{"$numberInt":"4"},"count_total":{"$numberInt":"9"},"count_running":{"$numberInt":"1"}}`, nil},
+		{"null", `{"_id":` + qid + `,"name":"q","constructor":"C","count_failed":null}`, nil},
+		{"int32", `{"_id":` + qid + `,"name":"q","constructor":"C","count_failed":{"$numberInt":"2"}}`, ptr[int64](2)},
+		{"double", `{"_id":` + qid + `,"name":"q","constructor":"C","count_failed":{"$numberDouble":"3.0"}}`, ptr[int64](3)},
+		{"zero", `{"_id":` + qid + `,"name":"q","constructor":"C","count_failed":{"$numberInt":"0"}}`, ptr[int64](0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q, err := DecodeQueue(doc(t, tc.json))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, q.CountFailed)
 		})
 	}
 }

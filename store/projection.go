@@ -270,6 +270,7 @@ type CounterDelta struct {
 	Todo    int64
 	Total   int64
 	Running int64
+	Failed  int64
 }
 
 // CountersApplyParams are one batch of the projection: deltas to add, exact
@@ -290,11 +291,10 @@ type CountersApplyParams struct {
 // CountersApply applies a batch in one transaction, fenced by the lease: the
 // lease document must still be held at Lease.Epoch (the checkpoint is
 // written there), so a deposed projector's batch can never commit. A delta
-// for a queue whose counters (count_todo, count_total, count_running) are
-// not all numbers is not applied (adding to nothing would be wrong): those
-// queues are returned for a recount. The
-// queues are written in ascending _id order so concurrent transactions
-// cannot deadlock.
+// for a queue whose counters (count_todo, count_total, count_running,
+// count_failed) are not all numbers is not applied (adding to nothing would
+// be wrong): those queues are returned for a recount. The queues are
+// written in ascending _id order so concurrent transactions cannot deadlock.
 func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missing []bson.ObjectID, err error) {
 	sess, end, err := s.txnSession(ctx, p.Session)
 	if err != nil {
@@ -320,18 +320,21 @@ func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missi
 		for _, id := range sortedIDs(p.Sets) {
 			c := p.Sets[id]
 			if _, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}},
-				bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: c.Todo}, {Key: schema.QueueCountTotal, Value: c.Total}, {Key: schema.QueueCountRunning, Value: c.Running}}}}); err != nil {
+				bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: c.Todo}, {Key: schema.QueueCountTotal, Value: c.Total}, {Key: schema.QueueCountRunning, Value: c.Running},
+					{Key: schema.QueueCountFailed, Value: c.Failed}}}}); err != nil {
 				return nil, err
 			}
 		}
 		for _, d := range sortDeltas(p.Deltas) {
-			if d.Todo == 0 && d.Total == 0 && d.Running == 0 {
+			if d.Todo == 0 && d.Total == 0 && d.Running == 0 && d.Failed == 0 {
 				continue
 			}
 			number := bson.D{{Key: "$type", Value: "number"}}
 			res, err := s.queues.UpdateOne(ctx,
-				bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountTodo, Value: number}, {Key: schema.QueueCountTotal, Value: number}, {Key: schema.QueueCountRunning, Value: number}},
-				bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total}, {Key: schema.QueueCountRunning, Value: d.Running}}}})
+				bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountTodo, Value: number}, {Key: schema.QueueCountTotal, Value: number}, {Key: schema.QueueCountRunning, Value: number},
+					{Key: schema.QueueCountFailed, Value: number}},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total}, {Key: schema.QueueCountRunning, Value: d.Running},
+					{Key: schema.QueueCountFailed, Value: d.Failed}}}})
 			if err != nil {
 				return nil, err
 			}
@@ -377,7 +380,7 @@ type Recount struct {
 // picks, which it returns). count_todo counts what {$lte: ["$status", 0]}
 // does, so a missing status counts as to do and a non-numeric one does not;
 // count_running counts a status equal to -1 or 0 (a missing or non-numeric
-// one is not running).
+// one is not running); count_failed a status equal to 2.
 func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, error) {
 	so := options.Session().SetSnapshot(true)
 	if at != nil {
@@ -430,18 +433,18 @@ func snapshotErr(err error) error {
 // StoredCounters are a queue's counters as stored: each nil when missing,
 // null or not a number.
 type StoredCounters struct {
-	Todo, Total, Running *int64
+	Todo, Total, Running, Failed *int64
 }
 
 // Complete reports whether every counter is there.
 func (c StoredCounters) Complete() bool {
-	return c.Todo != nil && c.Total != nil && c.Running != nil
+	return c.Todo != nil && c.Total != nil && c.Running != nil && c.Failed != nil
 }
 
 // QueueCounters reads the stored counters of every queue.
 func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCounters, error) {
 	cur, err := s.queues.Find(ctx, bson.D{}, options.Find().SetProjection(bson.D{
-		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}}))
+		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}, {Key: schema.QueueCountFailed, Value: 1}}))
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
@@ -458,7 +461,8 @@ func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCoun
 			}
 			return nil
 		}
-		out[id] = StoredCounters{Todo: field(schema.QueueCountTodo), Total: field(schema.QueueCountTotal), Running: field(schema.QueueCountRunning)}
+		out[id] = StoredCounters{Todo: field(schema.QueueCountTodo), Total: field(schema.QueueCountTotal), Running: field(schema.QueueCountRunning),
+			Failed: field(schema.QueueCountFailed)}
 	}
 	return out, cur.Err()
 }

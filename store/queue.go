@@ -281,6 +281,7 @@ type QueueCounts struct {
 	Todo    int64 // status <= 0
 	Total   int64
 	Running int64 // status -1 or 0 (claimed or running, on any node)
+	Failed  int64 // status 2 (failed, for any reason)
 }
 
 // QueueCountsGet recounts the tasks of every queue in one aggregation.
@@ -296,6 +297,10 @@ var isRunningExpr = bson.D{{Key: "$or", Value: bson.A{
 	bson.D{{Key: "$eq", Value: bson.A{"$" + schema.TaskStatus, int32(schema.StatusRunning)}}},
 }}}
 
+// isFailedExpr is true for a task counted in count_failed: a status equal
+// to 2 as MongoDB compares numbers (2.0 and a decimal 2 count).
+var isFailedExpr = bson.D{{Key: "$eq", Value: bson.A{"$" + schema.TaskStatus, int32(schema.StatusFailed)}}}
+
 func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection) (map[bson.ObjectID]QueueCounts, error) {
 	pipeline := mongo.Pipeline{
 		{{Key: "$group", Value: bson.D{
@@ -305,6 +310,8 @@ func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection) (map[b
 				bson.D{{Key: "$lte", Value: bson.A{"$" + schema.TaskStatus, 0}}}, 1, 0}}}}}},
 			{Key: "running", Value: bson.D{{Key: "$sum", Value: bson.D{{Key: "$cond", Value: bson.A{
 				isRunningExpr, 1, 0}}}}}},
+			{Key: "failed", Value: bson.D{{Key: "$sum", Value: bson.D{{Key: "$cond", Value: bson.A{
+				isFailedExpr, 1, 0}}}}}},
 		}}},
 	}
 	cur, err := tasks.Aggregate(ctx, pipeline)
@@ -322,6 +329,7 @@ func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection) (map[b
 			Todo:    cur.Current.Lookup("todo").AsInt64(),
 			Total:   cur.Current.Lookup("total").AsInt64(),
 			Running: cur.Current.Lookup("running").AsInt64(),
+			Failed:  cur.Current.Lookup("failed").AsInt64(),
 		}
 	}
 	return out, cur.Err()

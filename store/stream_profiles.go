@@ -95,7 +95,7 @@ func match(or ...bson.D) bson.D {
 // serves (the weights read count_running on the next tick's refresh), so
 // it does not wake every node. admitted is not among them: a release is
 // what a capped queue waits for.
-var projected = []any{schema.QueueCountTodo, schema.QueueCountTotal, schema.QueueCountRunning, schema.QueueNextContinuous}
+var projected = []any{schema.QueueCountTodo, schema.QueueCountTotal, schema.QueueCountRunning, schema.QueueCountFailed, schema.QueueNextContinuous}
 
 // updatesBeyond is true for an update event that sets a field other than
 // fields.

@@ -96,8 +96,8 @@ Prometheus metrics at /metrics, /healthz (200 while the process runs) and
 on 127.0.0.1 only: give 0.0.0.0:9464 to expose it.
 
 Every node stands for election as the counter projector, which keeps the
-queues' count_todo, count_total and count_running exact from the change
-stream; one wins (a lease in the disbatch_leases collection) and another
+queues' count_todo, count_total, count_running and count_failed exact from the
+change stream; one wins (a lease in the disbatch_leases collection) and another
 takes over within about 10 s if it dies. A poll-only node does not stand.
 
 From the database's config collection the node reads the document with its
@@ -182,7 +182,7 @@ func run(ctx context.Context, args []string, e env) int {
 	s.DeadAfter = duration(node.DefaultDeadAfter)
 	f.Var((*durationFlag)(&s.DeadAfter), "dead-after", "declare a node dead whose heartbeat is this old (server clock): requeue its claimed tasks, orphan its running ones")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
-	f.BoolVar(&s.NoProjector, "no-projector", false, "do not stand for election as the counter projector (count_todo/count_total/count_running); another node must")
+	f.BoolVar(&s.NoProjector, "no-projector", false, "do not stand for election as the counter projector (count_todo/count_total/count_running/count_failed); another node must")
 	f.IntVar(&s.OutputThreshold, "output-threshold", store.DefaultOutputThreshold, "stdout+stderr bytes above which output goes to GridFS")
 	f.StringVar(&s.LogFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")

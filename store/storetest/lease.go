@@ -70,7 +70,7 @@ func testLeaseSession(t *testing.T, newStore Factory) {
 	_, err = s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Session: sess, Sets: map[bson.ObjectID]store.QueueCounts{q.ID: {}}})
 	require.NoError(t, err)
 	for range 3 {
-		missing, err := s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Session: sess, Deltas: []store.CounterDelta{{Queue: q.ID, Todo: 1, Total: 2, Running: 1}}})
+		missing, err := s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Session: sess, Deltas: []store.CounterDelta{{Queue: q.ID, Todo: 1, Total: 2, Running: 1, Failed: 1}}})
 		require.NoError(t, err)
 		require.Empty(t, missing)
 	}
@@ -79,6 +79,7 @@ func testLeaseSession(t *testing.T, newStore Factory) {
 	require.Equal(t, int64(3), *counters[q.ID].Todo)
 	require.Equal(t, int64(6), *counters[q.ID].Total)
 	require.Equal(t, int64(3), *counters[q.ID].Running)
+	require.Equal(t, int64(3), *counters[q.ID].Failed)
 
 	// At the end of the term its id leaves the lease: the driver reuses
 	// the id for other operations, which no successor may kill.

@@ -42,6 +42,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"QueueUpdateKeepsUnknownFields", testQueueUpdate},
 		{"QueueDelete", testQueueDelete},
 		{"QueueCountsGet", testQueueCounts},
+		{"CountFailedRecountAndApply", testCountFailed},
 		{"TaskInsertManySeedShape", testTaskInsertMany},
 		{"TaskClaimOrder", testTaskClaimOrder},
 		{"TaskClaimPriority", testTaskClaimPriority},
@@ -367,6 +368,10 @@ func testQueueCounts(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	_, err = db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: a.ID}, {Key: "status", Value: -4}})
 	require.NoError(t, err)
+	// Failed: 2 however stored; not "2".
+	_, err = db.Collection("tasks").InsertMany(ctx, []any{bson.D{{Key: "queue", Value: a.ID}, {Key: "status", Value: int32(2)}},
+		bson.D{{Key: "queue", Value: a.ID}, {Key: "status", Value: 2.0}}, bson.D{{Key: "queue", Value: a.ID}, {Key: "status", Value: "2"}}})
+	require.NoError(t, err)
 	_, err = db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: "not an id"}, {Key: "status", Value: -2}})
 	require.NoError(t, err)
 	// Running: -1 and 0 however stored; not a missing, null, string or
@@ -380,7 +385,7 @@ func testQueueCounts(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	counts, err := s.QueueCountsGet(ctx)
 	require.NoError(t, err)
-	require.Equal(t, map[bson.ObjectID]store.QueueCounts{a.ID: {Todo: 1, Total: 6}, b.ID: {Todo: 9, Total: 10, Running: 4}}, counts)
+	require.Equal(t, map[bson.ObjectID]store.QueueCounts{a.ID: {Todo: 1, Total: 9, Failed: 2}, b.ID: {Todo: 9, Total: 10, Running: 4}}, counts)
 }
 
 func testTaskInsertMany(t *testing.T, newStore Factory) {

@@ -134,6 +134,7 @@ func testStreamWakeups(t *testing.T, newStore Factory) {
 	// them): nothing until the marker. A release of an admission, any
 	// other field beside the counters, and a counter removed are.
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 3}, {Key: schema.QueueCountRunning, Value: 1}})
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 2}, {Key: schema.QueueCountFailed, Value: 1}})
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueNextContinuous, Value: time.Now()}})
 	f.next(isOp("insert", schema.CollQueues, marker(t, db)))
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueAdmitted, Value: 0}})

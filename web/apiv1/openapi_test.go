@@ -178,7 +178,7 @@ func TestCheckerCatches(t *testing.T) {
 	require.NoError(t, err)
 	js := http.Header{"Content-Type": {"application/json"}}
 	jsReq := http.Header{"Content-Type": {"application/json"}}
-	queue := `{"id":"0123456789abcdef01234567","name":"q","plugin":"P","maxthreads":1,"sort":"default","nodes_pin":[],"nodes_ignore":[],"counts":{"queued":null,"running":0,"finished":null,"total":null,"count_running":null},` +
+	queue := `{"id":"0123456789abcdef01234567","name":"q","plugin":"P","maxthreads":1,"sort":"default","nodes_pin":[],"nodes_ignore":[],"counts":{"queued":null,"running":0,"finished":null,"failed":null,"total":null,"count_running":null},` +
 		`"priority":0,"weight":20,"max_getwork":0,"max_running":0,"admitted":0,"paused":false,"continuous":false,"interval":0}`
 	ok := exchange{method: "GET", target: "/api/v1/queues/q", status: 200, header: js, body: []byte(queue)}
 	require.NoError(t, c.check(ok))

@@ -33,7 +33,7 @@ func TestQueueLifecycle(t *testing.T) {
 	require.Equal(t, "default", q.Sort)
 	require.Equal(t, []string{}, q.NodesPin)
 	require.Equal(t, Counts{}, q.Counts, "no counters until a node creates them")
-	require.Equal(t, map[string]any{"queued": nil, "running": 0.0, "finished": nil, "total": nil, "count_running": nil}, r.json(t)["counts"])
+	require.Equal(t, map[string]any{"queued": nil, "running": 0.0, "finished": nil, "failed": nil, "total": nil, "count_running": nil}, r.json(t)["counts"])
 
 	// Both dialects are written, so 4.103 nodes run it too.
 	raw, err := e.db.Collection(schema.CollQueues).FindOne(ctx, bson.D{{Key: "name", Value: "démo ✓"}}).Raw()
@@ -57,18 +57,19 @@ func TestQueueLifecycle(t *testing.T) {
 	_, err = e.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: qid}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_todo", Value: 4}, {Key: "count_total", Value: 6}}}})
 	require.NoError(t, err)
 	e.want(200, "GET", "/api/v1/queues/"+q.ID, nil).decode(t, &got)
-	require.Equal(t, Counts{Queued: ptr[int64](3), Running: 1, Finished: ptr[int64](2), Total: ptr[int64](6)}, got.Counts, "no count_running yet: null")
+	require.Equal(t, Counts{Queued: ptr[int64](3), Running: 1, Finished: ptr[int64](2), Total: ptr[int64](6)}, got.Counts, "no count_running or count_failed yet: null")
 	require.Len(t, ids, 5)
-	// count_running as the projection keeps it (here set apart from the
-	// live count, to tell them apart), in the answer as JSON.
-	_, err = e.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: qid}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_running", Value: 2}}}})
+	// count_running and count_failed as the projection keeps them (here
+	// count_running set apart from the live count, to tell them apart), in
+	// the answer as JSON.
+	_, err = e.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: qid}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_running", Value: 2}, {Key: "count_failed", Value: 1}}}})
 	require.NoError(t, err)
 	r = e.want(200, "GET", "/api/v1/queues/"+q.ID, nil)
 	r.decode(t, &got)
-	require.Equal(t, Counts{Queued: ptr[int64](3), Running: 1, Finished: ptr[int64](2), Total: ptr[int64](6), CountRunning: ptr[int64](2)}, got.Counts)
+	require.Equal(t, Counts{Queued: ptr[int64](3), Running: 1, Finished: ptr[int64](2), Failed: ptr[int64](1), Total: ptr[int64](6), CountRunning: ptr[int64](2)}, got.Counts)
 	var asJSON map[string]any
 	r.decode(t, &asJSON)
-	require.Equal(t, map[string]any{"queued": 3.0, "running": 1.0, "finished": 2.0, "total": 6.0, "count_running": 2.0}, asJSON["counts"])
+	require.Equal(t, map[string]any{"queued": 3.0, "running": 1.0, "finished": 2.0, "failed": 1.0, "total": 6.0, "count_running": 2.0}, asJSON["counts"])
 
 	// PATCH: every field, answered as stored.
 	e.want(200, "PATCH", "/api/v1/queues/"+q.ID, map[string]any{

@@ -58,13 +58,17 @@ type Backoff struct {
 // counter projection keeps: they are null until a node has created them,
 // and may trail the tasks by a moment. Running (claimed or running, -1 or
 // 0) is counted at the request, for every queue in one aggregation.
-// CountRunning is the queue's count_running: the same tasks as Running,
-// all nodes', as the projection counts them (null until created; it may
-// trail like the others), for scheduling by weight (docs/scheduling.md).
+// Failed (status 2, for any reason; Finished includes them) is the
+// queue's count_failed, kept by the same projection (null until a node has
+// created it). CountRunning is the queue's count_running: the same tasks
+// as Running, all nodes', as the projection counts them (null until
+// created; it may trail like the others), for scheduling by weight
+// (docs/scheduling.md).
 type Counts struct {
 	Queued       *int64 `json:"queued"`
 	Running      int64  `json:"running"`
 	Finished     *int64 `json:"finished"`
+	Failed       *int64 `json:"failed"`
 	Total        *int64 `json:"total"`
 	CountRunning *int64 `json:"count_running"`
 }
@@ -106,6 +110,9 @@ func queueView(q schema.Queue, running map[bson.ObjectID]int64) Queue {
 		queued := max(todo-v.Counts.Running, 0)
 		finished := max(total-todo, 0)
 		v.Counts.Queued, v.Counts.Finished, v.Counts.Total = &queued, &finished, &total
+	}
+	if q.CountFailed != nil {
+		v.Counts.Failed = ptrTo(*q.CountFailed)
 	}
 	if q.CountRunning != nil {
 		v.Counts.CountRunning = ptrTo(*q.CountRunning)

@@ -95,10 +95,10 @@
 // inserted, replaced or set by the update, as relaxed extended JSON: name,
 // constructor, plugin, maxthreads, threads, sort, nodes_pin, …) and
 // "removed" (the fields an update removed). The counters count_todo,
-// count_total and count_running are never part of it, and an update of
-// nothing but them is not an event: they follow from the task events, and
-// the counter projector rewrites them with every batch of transitions
-// (read them with GET on the queue).
+// count_total, count_running and count_failed are never part of it, and an
+// update of nothing but them is not an event: they follow from the task
+// events, and the counter projector rewrites them with every batch of
+// transitions (read them with GET on the queue).
 //
 //	{"type":"queue","op":"update","id":"…","time":"…","cluster_time":{…},
 //	 "name":"q1","fields":{"maxthreads":4,"threads":4}}

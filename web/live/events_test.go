@@ -74,6 +74,8 @@ func TestConvertEdgeCases(t *testing.T) {
 		Updated: raw(bson.D{{Key: schema.QueueCountRunning, Value: int64(2)}})}, nm, true), "a claim or finish changes count_running alone")
 	require.Nil(t, convert(store.ChangeEvent{Op: "update", Coll: schema.CollQueues, ID: oid(q), Token: tok,
 		Removed: []string{schema.QueueCountRunning}}, nm, true))
+	require.Nil(t, convert(store.ChangeEvent{Op: "update", Coll: schema.CollQueues, ID: oid(q), Token: tok,
+		Updated: raw(bson.D{{Key: schema.QueueCountFailed, Value: int64(1)}, {Key: schema.QueueCountTodo, Value: int64(2)}})}, nm, true), "a failure changes count_failed and count_todo alone")
 	it = convert(store.ChangeEvent{Op: "update", Coll: schema.CollQueues, ID: oid(q), Token: tok,
 		Updated: raw(bson.D{{Key: schema.QueueCountTodo, Value: int64(3)}}), Removed: []string{schema.QueueNodesPin}}, nm, true)
 	d = data(t, it)
