@@ -22,6 +22,7 @@ import (
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/timers"
 )
 
@@ -144,7 +145,12 @@ func (n *Node) Start(ctx context.Context) error {
 		} else if k > 0 {
 			n.log.Info("killed the previous run's transaction sessions", "sessions", k)
 		}
-		if err := n.cfg.Store.IndexesEnsure(ctx); err != nil {
+		var uniq *store.UniquenessError
+		if err := n.cfg.Store.IndexesEnsure(ctx); errors.As(err, &uniq) {
+			// The node works without them (seed 000 allows duplicate
+			// names); say what it means for 4.103 nodes.
+			n.log.Error("indexes left out", "error", err)
+		} else if err != nil {
 			return err
 		}
 		if err := n.reaper.OrphanOwn(ctx); err != nil {

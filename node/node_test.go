@@ -979,3 +979,24 @@ func TestPartsKeepTheLifecycle(t *testing.T) {
 		return n
 	}, ignore)
 }
+
+// TestStartsBesideDuplicateQueueNames: seed 000 allows two queues of one
+// name; the node starts, runs both, and logs that the unique name index
+// (which Disbatch 4.103 nodes require) was left out.
+func TestStartsBesideDuplicateQueueNames(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var ids []bson.ObjectID
+	for range 2 {
+		id := bson.NewObjectID()
+		ids = append(ids, id)
+		_, err := b.db.Collection(schema.CollQueues).InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "name", Value: "twice"},
+			{Key: "constructor", Value: "test"}, {Key: "maxthreads", Value: 1}})
+		require.NoError(t, err)
+	}
+	b.start(b.config("n1"))
+	for _, q := range ids {
+		b.waitStatus(b.tasks(q, 1, nil)[0], schema.StatusSucceeded, 10*time.Second)
+	}
+	require.Contains(t, b.logs.String(), "duplicate queue names: the unique index {name: 1} (name_1) was not created")
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -23,7 +24,9 @@ type Index struct {
 	Unique     bool
 	Why        string
 	// UniqueIfPossible: when existing documents break uniqueness, the
-	// index is created without it rather than not at all.
+	// index is left out (IndexesEnsure creates the others and returns a
+	// *UniquenessError naming it) rather than made without uniqueness
+	// under the name another program wants unique.
 	UniqueIfPossible bool
 	// Partial, when set, is the index's partialFilterExpression: only
 	// the documents it matches are indexed.
@@ -40,7 +43,8 @@ var Indexes = []Index{
 		"the reaper: claimed tasks whose mtime is too old; the running tasks per queue (GET /queues), read from the index alone", false, nil},
 	{schema.CollQueues, bson.D{{Key: "name", Value: 1}}, true,
 		"queues by name, unique as Disbatch 4.103 creates it (so concurrent creates of one name cannot both win, and 4.103 nodes start); " +
-			"without uniqueness on a database that already holds duplicate names (seed 000 allows them)", true, nil},
+			"left out on a database that already holds duplicate names (seed 000 allows them): a non-unique name_1 would make every " +
+			"4.103 node die at start, where without it they die only as they would without us, on the duplicates", true, nil},
 	{schema.CollNodes, bson.D{{Key: "node", Value: 1}}, true,
 		"one document per node", false, nil},
 	{schema.CollTasksFiles, bson.D{{Key: "metadata.task_id", Value: 1}}, false,
@@ -89,6 +93,7 @@ func (s *Store) IndexesEnsure(ctx context.Context, collections ...string) error 
 		}
 		byColl[ix.Collection] = append(byColl[ix.Collection], ix)
 	}
+	var skipped []Index
 	for _, coll := range order {
 		c := s.db.Collection(coll)
 		existing, err := existingKeys(ctx, c)
@@ -114,14 +119,44 @@ func (s *Store) IndexesEnsure(ctx context.Context, collections ...string) error 
 		}
 		err = createIndexes(ctx, c, models)
 		if isDuplicateKey(err) {
-			models = relaxUniqueness(models, byColl[coll])
-			err = createIndexes(ctx, c, models)
+			var left []Index
+			models, left = withoutUniqueIfPossible(models, byColl[coll])
+			skipped = append(skipped, left...)
+			if len(models) > 0 {
+				err = createIndexes(ctx, c, models)
+			} else {
+				err = nil
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("create indexes on %s (%s): %w", coll, describeModels(models), err)
 		}
 	}
+	if len(skipped) > 0 {
+		return &UniquenessError{Indexes: skipped}
+	}
 	return nil
+}
+
+// UniquenessError is what IndexesEnsure returns when it created every
+// index but these: existing documents repeat their keys, and they are
+// unique or nothing (UniqueIfPossible). The store works without them; a
+// caller logs it and goes on.
+type UniquenessError struct {
+	Indexes []Index
+}
+
+func (e *UniquenessError) Error() string {
+	var parts []string
+	for _, ix := range e.Indexes {
+		what := ix.Collection + " " + keyString(ix.Keys)
+		if ix.Collection == schema.CollQueues {
+			what = "duplicate queue names: the unique index {name: 1} (name_1) was not created; Disbatch 4.103 nodes refuse to start " +
+				"on this database until the repeated names are renamed or removed (disbatch queue list shows them)"
+		}
+		parts = append(parts, what)
+	}
+	return "existing documents repeat the keys of unique indexes, left out: " + strings.Join(parts, "; ")
 }
 
 // indexBuildTries bounds how often createIndexes runs for one collection
@@ -165,22 +200,25 @@ func isInterrupted(err error) bool {
 	return false
 }
 
-// relaxUniqueness drops uniqueness from the models of indexes that allow it.
-func relaxUniqueness(models []mongo.IndexModel, ixs []Index) []mongo.IndexModel {
-	relax := map[string]bool{}
+// withoutUniqueIfPossible leaves out the models of indexes that are
+// unique or nothing, and returns those indexes.
+func withoutUniqueIfPossible(models []mongo.IndexModel, ixs []Index) ([]mongo.IndexModel, []Index) {
+	drop := map[string]Index{}
 	for _, ix := range ixs {
 		if ix.UniqueIfPossible {
-			relax[keyString(ix.Keys)] = true
+			drop[keyString(ix.Keys)] = ix
 		}
 	}
-	out := make([]mongo.IndexModel, len(models))
-	for i, m := range models {
-		out[i] = m
-		if relax[keyString(m.Keys.(bson.D))] {
-			out[i].Options = options.Index()
+	var out []mongo.IndexModel
+	var left []Index
+	for _, m := range models {
+		if ix, ok := drop[keyString(m.Keys.(bson.D))]; ok {
+			left = append(left, ix)
+			continue
 		}
+		out = append(out, m)
 	}
-	return out
+	return out, left
 }
 
 func existingKeys(ctx context.Context, c *mongo.Collection) (map[string]bool, error) {

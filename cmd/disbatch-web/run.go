@@ -266,7 +266,10 @@ func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals
 	// Queue names are unique by this index (concurrent creates of one name
 	// must not both win); the tasks' indexes are the nodes' to make, and
 	// they decide which filters GET /tasks accepts, as in 4.103.
-	if err := st.IndexesEnsure(ctx, schema.CollQueues); err != nil {
+	var uniq *store.UniquenessError
+	if err := st.IndexesEnsure(ctx, schema.CollQueues); errors.As(err, &uniq) {
+		log.Error("indexes left out: creating a queue may then repeat a name", "error", err)
+	} else if err != nil {
 		return fmt.Errorf("ensure the queues' indexes: %w", err)
 	}
 	events, reg, err := startEvents(ctx, st, log)

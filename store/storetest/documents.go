@@ -49,13 +49,35 @@ func testIndexesEnsureBesideDuplicateNames(t *testing.T, newStore Factory) {
 	ctx := ctxT(t)
 	_, err := db.Collection(schema.CollQueues).InsertMany(ctx, []any{bson.D{{Key: "name", Value: "twice"}}, bson.D{{Key: "name", Value: "twice"}}})
 	require.NoError(t, err)
-	require.NoError(t, s.IndexesEnsure(ctx), "duplicate names must not stop a node")
+	err = s.IndexesEnsure(ctx)
+	var ue *store.UniquenessError
+	require.ErrorAs(t, err, &ue, "duplicate names leave the name index out, and say so")
+	require.Len(t, ue.Indexes, 1)
+	require.Equal(t, schema.CollQueues, ue.Indexes[0].Collection)
+	require.ErrorContains(t, err, "duplicate queue names")
 	want, err := bson.Marshal(bson.D{{Key: "name", Value: 1}})
 	require.NoError(t, err)
+	_, ok := indexKeys(t, db, schema.CollQueues)[bson.Raw(want).String()]
+	require.False(t, ok, "no name_1 without uniqueness: Disbatch 4.103's ensure_indexes would die on it")
+	// The other indexes are there: a node works.
+	_, ok = indexKeys(t, db, schema.CollNodes)[mustKey(t, bson.D{{Key: "node", Value: 1}})]
+	require.True(t, ok, "the other indexes are made")
+	// Once the duplicate is gone, the next start makes it, unique.
+	_, err = db.Collection(schema.CollQueues).DeleteOne(ctx, bson.D{{Key: "name", Value: "twice"}})
+	require.NoError(t, err)
+	require.NoError(t, s.IndexesEnsure(ctx))
 	spec, ok := indexKeys(t, db, schema.CollQueues)[bson.Raw(want).String()]
-	require.True(t, ok, "the name index exists, without uniqueness")
+	require.True(t, ok)
 	unique, _ := spec.Lookup("unique").BooleanOK()
-	require.False(t, unique)
+	require.True(t, unique)
+	require.Equal(t, "name_1", spec.Lookup("name").StringValue(), "the name 4.103 gives it")
+}
+
+func mustKey(t *testing.T, keys bson.D) string {
+	t.Helper()
+	b, err := bson.Marshal(keys)
+	require.NoError(t, err)
+	return bson.Raw(b).String()
 }
 
 func testDocumentsByRef(t *testing.T, newStore Factory) {
