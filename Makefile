@@ -9,7 +9,7 @@ WEB       ?= 127.0.0.1:8080
 MONGOD_SH := scripts/fetch-mongod.sh
 JAEGER_SH := scripts/fetch-jaeger.sh
 
-.PHONY: all build test lint run mongod jaeger bench compat-4103 fuzz-api screenshots clean
+.PHONY: all build test lint run mongod jaeger bench compat-4103 compat-4103-nodes fuzz-api screenshots clean
 
 all: build
 
@@ -67,6 +67,15 @@ fuzz-api:
 # binary. See scripts/compat-4103.sh.
 compat-4103:
 	@bash scripts/compat-4103.sh
+
+# Our node beside the real Disbatch 4.103 node (its bin/disbatchd and
+# task_runner, via ../shared/perl-disbatch/start-den) on one database, in
+# either start order, each running the other's tasks; and a database with
+# duplicate queue names. Needs the fetched 4.103 code (DISBATCH_MIRROR or
+# PERL_DISBATCH_SRC) and its Perl modules; fails, saying how to get them,
+# without. Not part of `make test` nor CI.
+compat-4103-nodes: mongod
+	$(GO) test -tags compat4103 -count=1 -v ./integration/compat4103/
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,368 @@
+//go:build compat4103
+
+// Package compat4103 runs our node beside the real Disbatch 4.103 Perl node
+// (its bin/disbatchd, forking bin/task_runner per task) on one database, in
+// either start order, and checks that each runs the other's tasks. It needs
+// code this repository never holds (fetched 4.103 sources, Debian's Perl
+// packages), so it is behind the build tag compat4103 and `make
+// compat-4103-nodes`, never in `make test`; without that code it fails,
+// saying how to get it. What it teaches is kept as Go tests elsewhere
+// (store/storetest: the indexes 4.103 requires; schema: threads and
+// maxthreads; plugin: Demo).
+package compat4103
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/internal/syncbuf"
+)
+
+var bins string // where TestMain built disbatchd and disbatch
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "compat4103-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bins = dir
+	for _, pkg := range []string{"./cmd/disbatchd", "./cmd/disbatch"} {
+		cmd := exec.Command("go", "build", "-o", dir+"/", pkg)
+		cmd.Dir = "../.."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", pkg, err, out)
+			os.Exit(1)
+		}
+	}
+	code := mongotest.Main(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// perlShared is the folder of start-den and its shims.
+func perlShared(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("PERL_DISBATCH_SHARED")
+	if dir == "" {
+		dir = "/work/shared/perl-disbatch"
+	}
+	src := os.Getenv("PERL_DISBATCH_SRC")
+	if src == "" {
+		src = "/tmp/perl-disbatch-4.103"
+	}
+	_, haveSrc := os.Stat(filepath.Join(src, "bin", "disbatchd"))
+	if _, err := os.Stat(filepath.Join(dir, "start-den")); err != nil || (haveSrc != nil && os.Getenv("DISBATCH_MIRROR") == "") {
+		require.FailNow(t, "the Disbatch 4.103 programs are missing",
+			"fetch github:manwar/disbatch with the search tool's fetch, run %s/install-deps, and set DISBATCH_MIRROR to the folder fetch fills "+
+				"(or PERL_DISBATCH_SRC to an extracted 4.103 source); PERL_DISBATCH_SHARED names the folder of start-den (now %s)", dir, dir)
+	}
+	if _, err := exec.LookPath("perl"); err != nil {
+		require.FailNow(t, "no perl", "install Perl and 4.103's modules: %s/install-deps", dir)
+	}
+	return dir
+}
+
+// perlNode is a running 4.103 disbatchd.
+type perlNode struct {
+	pid    int
+	logdir string
+}
+
+// startPerl starts the real 4.103 node on db: its node name is this host's.
+func startPerl(t *testing.T, uri, db string) *perlNode {
+	t.Helper()
+	dir := perlShared(t)
+	logdir := t.TempDir()
+	out, err := exec.Command(filepath.Join(dir, "start-den"), uri, db, logdir).CombinedOutput()
+	require.NoError(t, err, "start-den: %s", out)
+	pid, err := strconv.Atoi(strings.TrimSpace(lastLine(string(out))))
+	require.NoError(t, err, "start-den printed no PID: %s", out)
+	p := &perlNode{pid: pid, logdir: logdir}
+	t.Cleanup(func() {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		time.Sleep(200 * time.Millisecond)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		if t.Failed() {
+			for _, f := range []string{"den.out", "disbatchd.log"} {
+				b, _ := os.ReadFile(filepath.Join(logdir, f))
+				t.Logf("4.103 %s:\n%s", f, tail(string(b), 40))
+			}
+		}
+	})
+	return p
+}
+
+func (p *perlNode) alive() bool { return syscall.Kill(p.pid, 0) == nil }
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// goNode is one of our disbatchd processes.
+type goNode struct {
+	cmd *exec.Cmd
+	log *syncbuf.Buffer
+}
+
+func startGo(t *testing.T, uri, db, name string, more ...string) *goNode {
+	t.Helper()
+	n := &goNode{log: &syncbuf.Buffer{}}
+	args := append([]string{"--mongo-uri", uri, "--database", db, "--node", name, "--grace", "2s"}, more...)
+	n.cmd = exec.Command(filepath.Join(bins, "disbatchd"), args...)
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	require.NoError(t, n.cmd.Start())
+	t.Cleanup(func() {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = n.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = n.cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("disbatchd %s:\n%s", name, tail(n.log.String(), 40))
+		}
+	})
+	return n
+}
+
+func cli(t *testing.T, uri, db, stdin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(bins, "disbatch"), append([]string{"--mongo-uri", uri, "--database", db}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Run(), "disbatch %s:\n%s", strings.Join(args, " "), out.String())
+	return out.String()
+}
+
+// waitHeartbeat waits until node's document has a timestamp in the last
+// few seconds.
+func waitHeartbeat(t *testing.T, db *mongo.Database, node string, timeout time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var doc struct {
+			Timestamp time.Time `bson:"timestamp"`
+		}
+		if err := db.Collection("nodes").FindOne(context.Background(), bson.D{{Key: "node", Value: node}}).Decode(&doc); err != nil {
+			return false
+		}
+		return time.Since(doc.Timestamp) < 5*time.Second
+	}, timeout, 100*time.Millisecond, "node %s writes its heartbeat", node)
+}
+
+func hostname(t *testing.T) string {
+	t.Helper()
+	h, err := os.Hostname()
+	require.NoError(t, err)
+	return h
+}
+
+// requireQueueNameIndex checks the index both kinds of node need on
+// queues: {name: 1}, named name_1, unique (4.103's ensure_indexes dies on
+// anything else).
+func requireQueueNameIndex(t *testing.T, db *mongo.Database) {
+	t.Helper()
+	cur, err := db.Collection("queues").Indexes().List(context.Background())
+	require.NoError(t, err)
+	var specs []bson.M
+	require.NoError(t, cur.All(context.Background(), &specs))
+	for _, s := range specs {
+		if s["name"] == "name_1" {
+			require.Equal(t, true, s["unique"], "name_1 is unique: %v", s)
+			return
+		}
+	}
+	require.Fail(t, "no name_1 index on queues", "%v", specs)
+}
+
+func TestOursFirstThen4103(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	uri := mongotest.URI(t)
+	startGo(t, uri, db.Name(), "go-1")
+	waitHeartbeat(t, db, "go-1", 30*time.Second)
+	requireQueueNameIndex(t, db)
+	p := startPerl(t, uri, db.Name())
+	waitHeartbeat(t, db, hostname(t), 60*time.Second)
+	time.Sleep(3 * time.Second) // past its ensure_indexes and first passes
+	require.True(t, p.alive(), "the 4.103 node runs beside ours (its ensure_indexes accepted our indexes)")
+	requireQueueNameIndex(t, db)
+	runBothWays(t, uri, db)
+}
+
+func Test4103FirstThenOurs(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	uri := mongotest.URI(t)
+	p := startPerl(t, uri, db.Name())
+	waitHeartbeat(t, db, hostname(t), 60*time.Second)
+	requireQueueNameIndex(t, db)
+	startGo(t, uri, db.Name(), "go-1")
+	waitHeartbeat(t, db, "go-1", 30*time.Second)
+	time.Sleep(3 * time.Second)
+	require.True(t, p.alive(), "the 4.103 node still runs")
+	runBothWays(t, uri, db)
+}
+
+// runBothWays: a queue made by our CLI and pinned to the 4.103 node runs
+// our CLI's tasks on the 4.103 node (its Demo reads params); a queue 4.103
+// nodes leave alone (threads 0) runs tasks inserted the way 4.103's
+// clients insert them (params, node: null) on ours; the counters end
+// exact.
+func runBothWays(t *testing.T, uri string, db *mongo.Database) {
+	t.Helper()
+	ctx := context.Background()
+	host := hostname(t)
+	cli(t, uri, db.Name(), "", "queue", "create", "to-perl", "--constructor", "Disbatch::Plugin::Demo", "--maxthreads", "2")
+	cli(t, uri, db.Name(), "", "queue", "create", "to-go", "--constructor", "Disbatch::Plugin::Demo", "--maxthreads", "2")
+	queues := db.Collection("queues")
+	// Our nodes honour nodes_pin (4.103 ignores it); 4.103 nodes read
+	// threads as a cap across all nodes (ours read maxthreads per node).
+	_, err := queues.UpdateOne(ctx, bson.D{{Key: "name", Value: "to-perl"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "nodes_pin", Value: bson.A{host}}}}})
+	require.NoError(t, err)
+	_, err = queues.UpdateOne(ctx, bson.D{{Key: "name", Value: "to-go"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "threads", Value: 0}}}})
+	require.NoError(t, err)
+	var toGo struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	require.NoError(t, queues.FindOne(ctx, bson.D{{Key: "name", Value: "to-go"}}).Decode(&toGo))
+
+	cli(t, uri, db.Name(), `{"commands":"a"}`+"\n"+`{"commands":"ab"}`+"\n"+`{"commands":"c"}`+"\n", "task", "submit", "to-perl")
+	now := time.Now()
+	var docs []any
+	for _, c := range []string{"a", "ab", "c"} {
+		docs = append(docs, bson.D{{Key: "queue", Value: toGo.ID}, {Key: "status", Value: -2}, {Key: "node", Value: nil},
+			{Key: "params", Value: bson.D{{Key: "commands", Value: c}}}, {Key: "ctime", Value: now}, {Key: "mtime", Value: now}})
+	}
+	_, err = db.Collection("tasks").InsertMany(ctx, docs)
+	require.NoError(t, err)
+
+	type task struct {
+		Queue  bson.ObjectID `bson:"queue"`
+		Status int           `bson:"status"`
+		Node   any           `bson:"node"`
+		Stdout any           `bson:"stdout"`
+		Stderr any           `bson:"stderr"`
+		Params bson.M        `bson:"params"`
+		Param3 bson.M        `bson:"parameters"`
+	}
+	var tasks []task
+	require.Eventually(t, func() bool {
+		cur, err := db.Collection("tasks").Find(ctx, bson.D{})
+		if err != nil {
+			return false
+		}
+		tasks = nil
+		if cur.All(ctx, &tasks) != nil || len(tasks) != 6 {
+			return false
+		}
+		for _, x := range tasks {
+			if x.Status <= 0 {
+				return false
+			}
+		}
+		return true
+	}, 90*time.Second, 200*time.Millisecond, "every task finished: %+v", tasks)
+	for _, x := range tasks {
+		params := x.Params
+		if params == nil {
+			params = x.Param3
+		}
+		cmds, _ := params["commands"].(string)
+		wantNode := "go-1"
+		if x.Queue != toGo.ID {
+			wantNode = host
+		}
+		require.Equal(t, wantNode, x.Node, "task %v ran on the node its queue allows", params)
+		switch cmds {
+		case "a":
+			require.Equal(t, 1, x.Status)
+			require.Equal(t, "This is command 'a' for apple.\n", x.Stdout, "on %s", wantNode)
+		case "ab":
+			require.Equal(t, 1, x.Status)
+			require.Equal(t, "This is command 'b' for banana.\n", x.Stderr, "on %s", wantNode)
+		case "c":
+			require.Equal(t, 2, x.Status, "c fails, on %s", wantNode)
+		default:
+			require.Failf(t, "unexpected task", "%+v", x)
+		}
+	}
+	// The counters follow both kinds of node and the raw inserts.
+	require.Eventually(t, func() bool {
+		var qs []struct {
+			Name    string `bson:"name"`
+			Todo    *int64 `bson:"count_todo"`
+			Total   *int64 `bson:"count_total"`
+			Running *int64 `bson:"count_running"`
+			Failed  *int64 `bson:"count_failed"`
+		}
+		cur, err := queues.Find(ctx, bson.D{})
+		if err != nil || cur.All(ctx, &qs) != nil {
+			return false
+		}
+		for _, q := range qs {
+			if q.Todo == nil || q.Total == nil || q.Running == nil || q.Failed == nil || *q.Todo != 0 || *q.Total != 3 || *q.Running != 0 || *q.Failed != 1 {
+				return false
+			}
+		}
+		return len(qs) == 2
+	}, 30*time.Second, 200*time.Millisecond, "count_todo 0, count_total 3, count_running 0, count_failed 1 on both queues")
+}
+
+// TestDuplicateQueueNames: a database whose queues already repeat a name
+// (seed 000 allows it) cannot have 4.103's unique name_1. Our node starts
+// anyway, without that index, and says why; 4.103's node refuses to start
+// on it, as it would without ours (its ensure_indexes dies on the
+// duplicate).
+func TestDuplicateQueueNames(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	uri := mongotest.URI(t)
+	_, err := db.Collection("queues").InsertMany(context.Background(), []any{
+		bson.D{{Key: "name", Value: "twice"}, {Key: "plugin", Value: "Disbatch::Plugin::Demo"}, {Key: "threads", Value: 1}},
+		bson.D{{Key: "name", Value: "twice"}, {Key: "plugin", Value: "Disbatch::Plugin::Demo"}, {Key: "threads", Value: 1}},
+	})
+	require.NoError(t, err)
+	g := startGo(t, uri, db.Name(), "go-1")
+	waitHeartbeat(t, db, "go-1", 30*time.Second)
+	cur, err := db.Collection("queues").Indexes().List(context.Background())
+	require.NoError(t, err)
+	var specs []bson.M
+	require.NoError(t, cur.All(context.Background(), &specs))
+	for _, s := range specs {
+		require.NotEqual(t, "name_1", s["name"], "no name_1 that 4.103 would refuse: %v", s)
+	}
+	require.Contains(t, g.log.String(), "duplicate queue names")
+	p := startPerl(t, uri, db.Name())
+	require.Eventually(t, func() bool { return !p.alive() }, 30*time.Second, 100*time.Millisecond,
+		"4.103's node refuses a database with duplicate queue names (as without ours)")
+	b, _ := os.ReadFile(filepath.Join(p.logdir, "den.out"))
+	require.Contains(t, string(b), "duplicate key", "it says why")
+}
