@@ -31,4 +31,6 @@ const (
 	CollConfig      = "config"
 	CollTasksFiles  = "tasks.files"
 	CollTasksChunks = "tasks.chunks"
+	// CollReports holds Disbatch 4.103's Demo plugin's reports.
+	CollReports = "reports"
 )

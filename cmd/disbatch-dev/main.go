@@ -66,7 +66,9 @@ func run(port int, dir, nodeName, webAddr string) error {
 	defer conn.Close()
 	st := conn.Store
 	reg := plugin.NewRegistry()
-	reg.Register(plugin.DemoConstructor, plugin.Demo())
+	demo := plugin.Demo()
+	demo.SetReports(st) // its reports, as 4.103's Demo writes them
+	reg.Register(plugin.DemoConstructor, demo)
 	n, err := node.New(node.Config{Name: nodeName, Store: st, Plugins: reg, Logger: log, Grace: 10 * time.Second})
 	if err != nil {
 		return err

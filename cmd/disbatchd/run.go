@@ -452,6 +452,12 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		dlog.Warn("this mongod is not a replica set, so it has no change streams: polling every tick instead (start mongod with --replSet for millisecond pickup)")
 		s.PollOnly = true
 	}
+	// Demo writes its reports (collection reports) as 4.103's does.
+	if p, ok := reg.Lookup(plugin.DemoConstructor); ok {
+		if d, ok := p.(*plugin.DemoPlugin); ok {
+			d.SetReports(conn.Store)
+		}
+	}
 	n, err := node.New(node.Config{
 		Name: s.Node, Store: conn.Store, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
 		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),

@@ -254,12 +254,12 @@ func runBothWays(t *testing.T, uri string, db *mongo.Database) {
 	}
 	require.NoError(t, queues.FindOne(ctx, bson.D{{Key: "name", Value: "to-go"}}).Decode(&toGo))
 
-	cli(t, uri, db.Name(), `{"commands":"a"}`+"\n"+`{"commands":"ab"}`+"\n"+`{"commands":"c"}`+"\n", "task", "submit", "to-perl")
+	cli(t, uri, db.Name(), `{"commands":"a"}`+"\n"+`{"commands":"ab"}`+"\n"+`{"commands":"c"}`+"\n"+`{"counter":5}`+"\n", "task", "submit", "to-perl")
 	now := time.Now()
 	var docs []any
-	for _, c := range []string{"a", "ab", "c"} {
+	for _, p := range []bson.D{{{Key: "commands", Value: "a"}}, {{Key: "commands", Value: "ab"}}, {{Key: "commands", Value: "c"}}, {{Key: "counter", Value: 5}}} {
 		docs = append(docs, bson.D{{Key: "queue", Value: toGo.ID}, {Key: "status", Value: -2}, {Key: "node", Value: nil},
-			{Key: "params", Value: bson.D{{Key: "commands", Value: c}}}, {Key: "ctime", Value: now}, {Key: "mtime", Value: now}})
+			{Key: "params", Value: p}, {Key: "ctime", Value: now}, {Key: "mtime", Value: now}})
 	}
 	_, err = db.Collection("tasks").InsertMany(ctx, docs)
 	require.NoError(t, err)
@@ -280,7 +280,7 @@ func runBothWays(t *testing.T, uri string, db *mongo.Database) {
 			return false
 		}
 		tasks = nil
-		if cur.All(ctx, &tasks) != nil || len(tasks) != 6 {
+		if cur.All(ctx, &tasks) != nil || len(tasks) != 8 {
 			return false
 		}
 		for _, x := range tasks {
@@ -310,6 +310,10 @@ func runBothWays(t *testing.T, uri string, db *mongo.Database) {
 			require.Equal(t, "This is command 'b' for banana.\n", x.Stderr, "on %s", wantNode)
 		case "c":
 			require.Equal(t, 2, x.Status, "c fails, on %s", wantNode)
+		case "":
+			// No commands: 4.103's Demo does nothing and succeeds.
+			require.Equal(t, 1, x.Status, "no commands, on %s", wantNode)
+			require.Contains(t, []any{nil, ""}, x.Stdout, "on %s", wantNode)
 		default:
 			require.Failf(t, "unexpected task", "%+v", x)
 		}
@@ -328,12 +332,41 @@ func runBothWays(t *testing.T, uri string, db *mongo.Database) {
 			return false
 		}
 		for _, q := range qs {
-			if q.Todo == nil || q.Total == nil || q.Running == nil || q.Failed == nil || *q.Todo != 0 || *q.Total != 3 || *q.Running != 0 || *q.Failed != 1 {
+			if q.Todo == nil || q.Total == nil || q.Running == nil || q.Failed == nil || *q.Todo != 0 || *q.Total != 4 || *q.Running != 0 || *q.Failed != 1 {
 				return false
 			}
 		}
 		return len(qs) == 2
-	}, 30*time.Second, 200*time.Millisecond, "count_todo 0, count_total 3, count_running 0, count_failed 1 on both queues")
+	}, 30*time.Second, 200*time.Millisecond, "count_todo 0, count_total 4, count_running 0, count_failed 1 on both queues")
+
+	// Demo's reports, one per task, alike from both kinds of node.
+	var reports []bson.M
+	cur, err := db.Collection("reports").Find(ctx, bson.D{})
+	require.NoError(t, err)
+	require.NoError(t, cur.All(ctx, &reports))
+	require.Len(t, reports, 8)
+	byQueue := map[bson.ObjectID]map[string]bson.M{}
+	for _, r := range reports {
+		q := r["queue_id"].(bson.ObjectID)
+		if byQueue[q] == nil {
+			byQueue[q] = map[string]bson.M{}
+		}
+		c, _ := r["commands"].(string)
+		byQueue[q][c] = r
+	}
+	require.Len(t, byQueue, 2)
+	var sides []map[string]bson.M
+	for _, m := range byQueue {
+		sides = append(sides, m)
+	}
+	for _, c := range []string{"a", "ab", "c", ""} {
+		a, b := sides[0][c], sides[1][c]
+		require.NotNil(t, a, "report of %q", c)
+		require.NotNil(t, b, "report of %q", c)
+		for _, k := range []string{"status", "errors", "error", "counter"} {
+			require.EqualValues(t, a[k], b[k], "report field %s of commands %q: %v against %v", k, c, a, b)
+		}
+	}
 }
 
 // TestDuplicateQueueNames: a database whose queues already repeat a name

@@ -242,3 +242,15 @@ func testTaskRunningCountsReadsTheIndexOnly(t *testing.T, newStore Factory) {
 	require.Contains(t, plan.String(), "status_1_mtime_1_queue_1")
 	require.NotContains(t, plan.String(), "FETCH", "covered by the index: no document is read")
 }
+
+func testReportInsert(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	id := bson.NewObjectID()
+	require.NoError(t, s.ReportInsert(ctx, bson.D{{Key: "task_id", Value: id}, {Key: "status", Value: "SUCCESS"}, {Key: "counter", Value: nil}}))
+	var got bson.M
+	require.NoError(t, db.Collection(schema.CollReports).FindOne(ctx, bson.D{{Key: "task_id", Value: id}}).Decode(&got))
+	require.Equal(t, "SUCCESS", got["status"])
+	require.Contains(t, got, "counter", "a null counter is kept, as 4.103's Demo writes it")
+	require.Nil(t, got["counter"])
+}

@@ -81,6 +81,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"LeaseAcquireEndsAnAbandonedTransaction", testLeaseAcquireEndsAnAbandonedTransaction},
 		{"QueueCreateConcurrentOneWins", testQueueCreateConcurrentOneWins},
 		{"IndexesEnsureBesideDuplicateNames", testIndexesEnsureBesideDuplicateNames},
+		{"ReportInsert", testReportInsert},
 		{"DocumentsByRef", testDocumentsByRef},
 		{"TaskRunningCountsReadsTheIndexOnly", testTaskRunningCountsReadsTheIndexOnly},
 		{"NodeDocsAndBalance", testNodeDocsAndBalance},
