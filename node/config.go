@@ -40,6 +40,11 @@ type Config struct {
 	MaxThreads *int
 	// Label selects the config document (see schema.Config).
 	Label string
+	// ActiveQueues and IgnoreQueues (queue ids or names), when either is
+	// set, replace the config document's lists for this node: Disbatch
+	// 4.103's per-node activequeues and ignorequeues (--perl-config).
+	ActiveQueues []string
+	IgnoreQueues []string
 	// PollOnly turns change streams off: the tick alone finds work.
 	PollOnly bool
 	// Tick is the claimer's fallback interval.

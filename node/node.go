@@ -65,7 +65,8 @@ func New(cfg Config) (*Node, error) {
 	// next run and the leader kill if it dies in one (store.ForNode).
 	cfg.Store = cfg.Store.ForNode(cfg.Name)
 	n := &Node{cfg: cfg, log: log, clock: cfg.Clock} // Validate set the default
-	n.queues = &queueSet{node: cfg.Name, label: cfg.Label, store: cfg.Store, plugins: cfg.Plugins, log: log, live: cfg.FenceAfter}
+	n.queues = &queueSet{node: cfg.Name, label: cfg.Label, store: cfg.Store, plugins: cfg.Plugins, log: log, live: cfg.FenceAfter,
+		active: cfg.ActiveQueues, ignore: cfg.IgnoreQueues}
 	ccfg := claimer.Config{
 		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Clock: cfg.Clock, Logger: log,
 		Refresh: n.queues.refresh, Passed: cfg.passed,

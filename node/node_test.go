@@ -1000,3 +1000,24 @@ func TestStartsBesideDuplicateQueueNames(t *testing.T) {
 	}
 	require.Contains(t, b.logs.String(), "duplicate queue names: the unique index {name: 1} (name_1) was not created")
 }
+
+// TestNodeQueueListsReplaceTheConfigDocuments: the node's own activequeues
+// and ignorequeues (4.103's config file, --perl-config) replace the config
+// document's.
+func TestNodeQueueListsReplaceTheConfigDocuments(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	run := b.queue("run", "test", 1, schema.SortFIFO)
+	skip := b.queue("skip", "test", 1, schema.SortFIFO)
+	// The config document would ignore run; the node's list wins.
+	_, err := b.db.Collection("config").InsertOne(ctx, bson.D{{Key: "active", Value: true}, {Key: "ignorequeues", Value: bson.A{"run"}}})
+	require.NoError(t, err)
+	cfg := b.config("n1")
+	cfg.IgnoreQueues = []string{skip.Hex()}
+	b.start(cfg)
+	skipped := b.tasks(skip, 1, nil)[0]
+	b.waitStatus(b.tasks(run, 1, nil)[0], schema.StatusSucceeded, 10*time.Second)
+	time.Sleep(500 * time.Millisecond) // a few ticks
+	require.EqualValues(t, schema.StatusQueued, b.task(skipped).Lookup("status").AsInt64(), "the ignored queue's task waits")
+	require.Contains(t, b.logs.String(), "in the config's ignorequeues (this node's, from its settings)")
+}

@@ -35,6 +35,9 @@ type queueSet struct {
 	// live: a node whose heartbeat is at most this old (by the server's
 	// clock) counts as serving the queues its heartbeat lists.
 	live time.Duration
+	// active and ignore, when either is set, replace the config
+	// document's activequeues and ignorequeues (Config.ActiveQueues).
+	active, ignore []string
 
 	mu     sync.Mutex
 	all    []schema.Queue // every readable queue, for the heartbeat
@@ -57,6 +60,9 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		seen["config"] = true
 		qs.sayOnce("config", "config", err.Error())
 		cfg = schema.Config{}
+	}
+	if len(qs.active) > 0 || len(qs.ignore) > 0 {
+		cfg.ActiveQueues, cfg.IgnoreQueues = qs.active, qs.ignore
 	}
 	for _, m := range res.Malformed {
 		key := m.Error()
@@ -163,6 +169,15 @@ func (qs *queueSet) sayOnce(key, msg, reason string, attrs ...any) {
 	qs.log.Warn(msg, append(attrs, "reason", reason)...)
 }
 
+// listSource names where the queue lists came from when not the config
+// document.
+func (qs *queueSet) listSource() string {
+	if len(qs.active) > 0 || len(qs.ignore) > 0 {
+		return " (this node's, from its settings)"
+	}
+	return ""
+}
+
 // ignoreReason says why this node does not serve q, or "".
 func (qs *queueSet) ignoreReason(q schema.Queue, cfg schema.Config) string {
 	name := qs.node
@@ -172,9 +187,9 @@ func (qs *queueSet) ignoreReason(q schema.Queue, cfg schema.Config) string {
 	case len(q.NodesPin) == 0 && slices.Contains(q.NodesIgnore, name):
 		return "this node is in nodes_ignore"
 	case len(cfg.ActiveQueues) > 0 && !slices.Contains(cfg.ActiveQueues, q.ID.Hex()) && !slices.Contains(cfg.ActiveQueues, q.Name):
-		return "not in the config's activequeues"
+		return "not in the config's activequeues" + qs.listSource()
 	case len(cfg.ActiveQueues) == 0 && (slices.Contains(cfg.IgnoreQueues, q.ID.Hex()) || slices.Contains(cfg.IgnoreQueues, q.Name)):
-		return "in the config's ignorequeues"
+		return "in the config's ignorequeues" + qs.listSource()
 	}
 	if _, ok := qs.plugins.Lookup(q.Constructor); !ok {
 		return "no plugin for constructor " + q.Constructor + " on this node"

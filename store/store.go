@@ -40,11 +40,17 @@ var (
 // GridFS instead of the task document (as in Disbatch 4).
 const DefaultOutputThreshold = 15 << 20
 
+// OutputAlways as Options.OutputThreshold: every output goes to GridFS
+// (an empty one as a file without chunks).
+const OutputAlways = -1
+
 // Options configure a Store. The zero value is usable.
 type Options struct {
 	// Now is the clock for ctime, mtime and timestamps (default time.Now).
 	Now func() time.Time
-	// OutputThreshold: see DefaultOutputThreshold.
+	// OutputThreshold: see DefaultOutputThreshold; 0 is the default;
+	// OutputAlways (negative) puts every output in GridFS, as Disbatch
+	// 4.103 does with gfs set to anything but "auto" or false.
 	OutputThreshold int
 }
 
@@ -79,8 +85,11 @@ func New(db *mongo.Database, opts Options) *Store {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	if s.threshold <= 0 {
+	switch {
+	case s.threshold == 0:
 		s.threshold = DefaultOutputThreshold
+	case s.threshold < 0:
+		s.threshold = OutputAlways
 	}
 	return s
 }

@@ -58,6 +58,11 @@ type settings struct {
 	LogFormat       string            `json:"log_format"`
 	LogLevel        string            `json:"log_level"`
 	MetricsAddr     string            `json:"metrics_addr"`
+	// ActiveQueues and IgnoreQueues (queue ids or names) select this
+	// node's queues over the config collection's (--perl-config: 4.103's
+	// activequeues and ignorequeues).
+	ActiveQueues []string `json:"-"`
+	IgnoreQueues []string `json:"-"`
 }
 
 // duration reads "30s"-style strings in the config file.
@@ -136,7 +141,7 @@ A second signal exits at once.`
 
 func run(ctx context.Context, args []string, e env) int {
 	var s settings
-	var configFile, maxThreads string
+	var configFile, perlConfig, maxThreads string
 	var external []string
 	cmd := &cobra.Command{
 		Use:   "disbatchd",
@@ -166,6 +171,7 @@ func run(ctx context.Context, args []string, e env) int {
 	f.StringVar(&maxThreads, "maxthreads", "", "cap on this node's concurrent tasks across all queues (default: no cap of its own; the node document's maxthreads also applies)")
 	f.StringVar(&s.Label, "label", "", "which config document to read from the config collection (default: the one marked active: true)")
 	f.StringVar(&configFile, "config", "", "JSON file with settings (flags and environment win over it)")
+	f.StringVar(&perlConfig, "perl-config", "", "Disbatch 4.103's config.json (e.g. /etc/disbatch/config.json): mongohost, database, auth.disbatchd, attributes.ssl, activequeues, ignorequeues, gfs; flags, the environment and --config win over it; unknown keys are reported")
 	f.StringSliceVar(&s.EnablePlugins, "enable-plugin", nil, "enable a built-in plugin that runs commands: exec, shell (repeatable or comma-separated)")
 	f.StringArrayVar(&external, "plugin", nil, "NAME=PATH: run tasks of constructor NAME with the executable PATH (JSON on stdin and stdout; repeatable)")
 	f.Var((*durationFlag)(&s.PluginTimeout), "plugin-timeout", "fail a task whose plugin runs longer than this (0: no limit)")
@@ -189,8 +195,16 @@ func run(ctx context.Context, args []string, e env) int {
 	f.StringVar(&s.MetricsAddr, "metrics-addr", e.getenv(EnvMetricsAddr), "serve /metrics, /healthz and /readyz on HOST:PORT (env "+EnvMetricsAddr+"; off unless given; a bare port binds 127.0.0.1 only, give 0.0.0.0:9464 to expose it)")
 
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		defaults := s
 		if configFile != "" {
 			if err := applyConfigFile(cmd, configFile, &s, &maxThreads, &external, e.getenv); err != nil {
+				return &cmdline.UsageError{Err: err}
+			}
+		}
+		var perlNotes []string
+		if perlConfig != "" {
+			var err error
+			if perlNotes, err = applyPerlConfig(cmd, perlConfig, &s, defaults, e.getenv); err != nil {
 				return &cmdline.UsageError{Err: err}
 			}
 		}
@@ -214,6 +228,9 @@ func run(ctx context.Context, args []string, e env) int {
 		log, err := cmdline.NewLogger(e.stderr, s.LogFormat, s.LogLevel)
 		if err != nil {
 			return &cmdline.UsageError{Err: err}
+		}
+		for _, note := range perlNotes {
+			log.Warn("--perl-config: "+note, "file", perlConfig)
 		}
 		reg, err := plugins(s)
 		if err != nil {
@@ -265,7 +282,7 @@ func checkSettings(s settings) error {
 			return fmt.Errorf("--%s (config key %s) %s, got %s", d.name, strings.ReplaceAll(d.name, "-", "_"), want, time.Duration(d.v))
 		}
 	}
-	if s.OutputThreshold <= 0 {
+	if s.OutputThreshold <= 0 && s.OutputThreshold != store.OutputAlways {
 		return fmt.Errorf("--output-threshold (config key output_threshold) must be a positive number of bytes, got %d", s.OutputThreshold)
 	}
 	return nil
@@ -460,6 +477,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 	}
 	n, err := node.New(node.Config{
 		Name: s.Node, Store: conn.Store, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
+		ActiveQueues: s.ActiveQueues, IgnoreQueues: s.IgnoreQueues,
 		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),

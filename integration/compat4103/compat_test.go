@@ -130,8 +130,13 @@ type goNode struct {
 
 func startGo(t *testing.T, uri, db, name string, more ...string) *goNode {
 	t.Helper()
+	return startGoArgs(t, name, append([]string{"--mongo-uri", uri, "--database", db}, more...)...)
+}
+
+func startGoArgs(t *testing.T, name string, more ...string) *goNode {
+	t.Helper()
 	n := &goNode{log: &syncbuf.Buffer{}}
-	args := append([]string{"--mongo-uri", uri, "--database", db, "--node", name, "--grace", "2s"}, more...)
+	args := append([]string{"--node", name, "--grace", "2s"}, more...)
 	n.cmd = exec.Command(filepath.Join(bins, "disbatchd"), args...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	require.NoError(t, n.cmd.Start())
@@ -398,4 +403,21 @@ func TestDuplicateQueueNames(t *testing.T) {
 		"4.103's node refuses a database with duplicate queue names (as without ours)")
 	b, _ := os.ReadFile(filepath.Join(p.logdir, "den.out"))
 	require.Contains(t, string(b), "duplicate key", "it says why")
+}
+
+// TestOurNodeKeepsThe4103ConfigFile: an operator swaps the binary and
+// keeps /etc/disbatch/config.json: our node reads the file the 4.103 node
+// runs with (start-den's) and serves the same database beside it.
+func TestOurNodeKeepsThe4103ConfigFile(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	uri := mongotest.URI(t)
+	p := startPerl(t, uri, db.Name())
+	waitHeartbeat(t, db, hostname(t), 60*time.Second)
+	g := startGoArgs(t, "go-perl-config", "--perl-config", filepath.Join(p.logdir, "config.json"))
+	waitHeartbeat(t, db, "go-perl-config", 30*time.Second)
+	require.True(t, p.alive())
+	log := g.log.String()
+	require.Contains(t, log, "--perl-config: not used: log4perl")
+	require.Contains(t, log, "database="+db.Name())
 }

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"io"
 	"sync"
 	"testing"
 
@@ -253,4 +254,27 @@ func testReportInsert(t *testing.T, newStore Factory) {
 	require.Equal(t, "SUCCESS", got["status"])
 	require.Contains(t, got, "counter", "a null counter is kept, as 4.103's Demo writes it")
 	require.Nil(t, got["counter"])
+}
+
+// testOutputAlways: with OutputAlways every output goes to GridFS, as
+// Disbatch 4.103 writes it with gfs set to anything but "auto" or false.
+func testOutputAlways(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{OutputThreshold: store.OutputAlways})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1)
+	task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.NoError(t, s.TaskStart(ctx, store.TaskTransitionParams{ID: task.ID, Node: "n1"}))
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: "hi\n"}))
+	raw, err := db.Collection(schema.CollTasks).FindOne(ctx, bson.D{{Key: "_id", Value: task.ID}}).Raw()
+	require.NoError(t, err)
+	require.Equal(t, bson.TypeObjectID, raw.Lookup(schema.TaskStdout).Type, "a 3-byte stdout in GridFS")
+	require.Equal(t, bson.TypeObjectID, raw.Lookup(schema.TaskStderr).Type, "an empty stderr too, as a file without chunks")
+	out, err := s.TaskOutputOpen(ctx, store.TaskOutputOpenParams{ID: task.ID, Name: schema.TaskStdout})
+	require.NoError(t, err)
+	defer out.Close()
+	b, err := io.ReadAll(out)
+	require.NoError(t, err)
+	require.Equal(t, "hi\n", string(b))
 }

@@ -82,6 +82,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"QueueCreateConcurrentOneWins", testQueueCreateConcurrentOneWins},
 		{"IndexesEnsureBesideDuplicateNames", testIndexesEnsureBesideDuplicateNames},
 		{"ReportInsert", testReportInsert},
+		{"OutputAlways", testOutputAlways},
 		{"DocumentsByRef", testDocumentsByRef},
 		{"TaskRunningCountsReadsTheIndexOnly", testTaskRunningCountsReadsTheIndexOnly},
 		{"NodeDocsAndBalance", testNodeDocsAndBalance},

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/disbatch-go/disbatch/internal/cmdline"
+	"github.com/disbatch-go/disbatch/perlconfig"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// applyPerlConfig fills, from Disbatch 4.103's config file, the settings
+// that no flag, environment variable or --config gave (defaults: the
+// settings before --config). It returns notes to log: keys it does not use
+// and why.
+func applyPerlConfig(cmd *cobra.Command, path string, s *settings, defaults settings, getenv func(string) string) ([]string, error) {
+	c, err := perlconfig.Load(path, perlconfig.Node)
+	if err != nil {
+		return nil, fmt.Errorf("--perl-config %s: %w", path, err)
+	}
+	unset := func(flag, envVar string) bool {
+		return !cmd.Flags().Changed(flag) && (envVar == "" || getenv(envVar) == "")
+	}
+	if unset("mongo-uri", cmdline.EnvMongoURI) && s.MongoURI == defaults.MongoURI {
+		s.MongoURI = c.MongoURI
+	}
+	if unset("database", cmdline.EnvDatabase) && s.Database == defaults.Database {
+		s.Database = c.Database
+	}
+	s.ActiveQueues, s.IgnoreQueues = c.ActiveQueues, c.IgnoreQueues
+	if unset("output-threshold", "") && s.OutputThreshold == defaults.OutputThreshold {
+		switch c.GFS {
+		case perlconfig.GFSAlways:
+			s.OutputThreshold = store.OutputAlways
+		case perlconfig.GFSNever:
+			// Inline, unless the task document would pass MongoDB's
+			// 16 MiB: then GridFS all the same, or the task could not
+			// finish.
+			s.OutputThreshold = math.MaxInt32
+		}
+	}
+	var notes []string
+	if len(c.Unknown) > 0 {
+		notes = append(notes, "unknown keys, not used (4.103 does not read them either): "+strings.Join(c.Unknown, ", "))
+	}
+	for _, u := range c.Unused {
+		notes = append(notes, "not used: "+u)
+	}
+	if len(c.Plugins) > 0 {
+		notes = append(notes, "not used by the node: plugins (4.103's node ignores it too; disbatch-web reads it)")
+	}
+	if c.TaskRunner != "" {
+		notes = append(notes, "not used yet: task_runner "+c.TaskRunner+" (Perl plugins do not run under this node; Disbatch::Plugin::Demo is built in)")
+	}
+	return notes, nil
+}
