@@ -25,7 +25,6 @@ import (
 	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/web"
 	"github.com/disbatch-go/disbatch/web/auth"
-	"github.com/disbatch-go/disbatch/web/dci"
 )
 
 // Environment variables of settings without a flag given.
@@ -58,6 +57,8 @@ type settings struct {
 	balanceEnabled     bool
 	webRoot            string
 	jaegerURL          string
+	perlConfig         string
+	balance            map[string]any // 4.103's balance settings (--perl-config), else from --balance-enabled
 	maxBody            int64
 	logFormat          string
 	logLevel           string
@@ -130,6 +131,7 @@ func run(ctx context.Context, args []string, e env) int {
 	f.BoolVar(&s.noMonitoring, "no-monitoring", false, "GET /monitoring answers \"monitoring disabled\" (4.103's monitoring: 0)")
 	f.BoolVar(&s.balanceEnabled, "balance-enabled", false, "GET /monitoring checks QueueBalance's status (4.103's balance.enabled)")
 	f.StringVar(&s.webRoot, "web-root", "", "folder of static files served for other GET paths (4.103's htdocs, for its web page)")
+	f.StringVar(&s.perlConfig, "perl-config", "", "Disbatch 4.103's config.json (e.g. /etc/disbatch/config.json): mongohost, database, auth.disbatch_web, attributes.ssl, plugins, web_root, monitoring, balance, web_extensions; flags and the environment win over it; unknown keys are reported")
 	f.Int64Var(&s.maxBody, "max-body-bytes", web.DefaultMaxBodyBytes, "largest request body accepted")
 	f.StringVar(&s.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&s.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -137,6 +139,15 @@ func run(ctx context.Context, args []string, e env) int {
 		log, err := cmdline.NewLogger(e.stderr, s.logFormat, s.logLevel)
 		if err != nil {
 			return &cmdline.UsageError{Err: err}
+		}
+		if s.perlConfig != "" {
+			notes, err := applyPerlConfig(cmd, &s, e.getenv)
+			if err != nil {
+				return &cmdline.UsageError{Err: err}
+			}
+			for _, n := range notes {
+				log.Warn("--perl-config: "+n, "file", s.perlConfig)
+			}
 		}
 		cfg, err := check(s)
 		if err != nil {
@@ -279,7 +290,7 @@ func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals
 	defer events.Stop()
 	h := web.NewHandler(web.Options{
 		Store: st, Database: s.database, Plugins: s.plugins, LegacyTasks: s.legacyTasks,
-		Monitoring: !s.noMonitoring, Balance: dci.DefaultBalance(s.balanceEnabled),
+		Monitoring: !s.noMonitoring, Balance: balanceSettings(s),
 		WebRoot: s.webRoot, JaegerURL: s.jaegerURL, Users: c.users, Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
 	})
 	api.Store(&h)

@@ -193,3 +193,65 @@ func TestHealthzWhileMongoDBIsUnreachable(t *testing.T) {
 		t.Fatalf("still running after SIGTERM: %s", errOut.String())
 	}
 }
+
+// TestServesFromThe4103ConfigFile: --perl-config alone connects to the
+// file's database and answers its plugins, monitoring and balance
+// settings; the legacy Tasks extension turns its routes on; the rest is
+// reported.
+func TestServesFromThe4103ConfigFile(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	root := t.TempDir()
+	require.NoError(t, os.WriteFile(root+"/index.html", []byte("<p>site page</p>"), 0o600))
+	file := t.TempDir() + "/config.json"
+	require.NoError(t, os.WriteFile(file, []byte(`{
+		"mongohost": "`+strings.TrimPrefix(mongotest.URI(t), "mongodb://")+`", "database": "`+db.Name()+`",
+		"plugins": ["Disbatch::Plugin::Demo", "Site::Plugin"],  # what queues may use
+		"web_root": "`+root+`", "monitoring": 1,
+		"balance": {"enabled": 0, "log": 1, "verbose": 0, "pretend": 0},
+		"web_extensions": {"Disbatch::Web::Tasks": null, "Site::Web::Extra": {}},
+		"views_dir": "/etc/disbatch/views/",
+	}`), 0o600))
+	sigs := make(chan os.Signal, 1)
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(context.Background(), []string{"--perl-config", file, "--listen", "127.0.0.1:0"},
+			env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, signals: sigs})
+	}()
+	var base string
+	require.Eventually(t, func() bool {
+		_, after, ok := strings.Cut(errOut.String(), "msg=\"serving the Disbatch HTTP API\" url=")
+		if ok {
+			base = strings.Fields(after)[0]
+		}
+		return ok
+	}, 30*time.Second, 20*time.Millisecond, "the server did not say where it serves: %s", errOut.String())
+	get := func(path string) (int, string) {
+		resp, err := http.Get(base + strings.TrimPrefix(path, "/"))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	_, body := get("/plugins")
+	require.Equal(t, `["Disbatch::Plugin::Demo","Site::Plugin"]`, body)
+	_, body = get("/info")
+	require.Contains(t, body, db.Name(), "the file's database")
+	_, body = get("/index.html")
+	require.Equal(t, "<p>site page</p>", body, "the file's web_root")
+	_, body = get("/monitoring")
+	require.NotContains(t, body, "monitoring disabled", "monitoring: 1")
+	require.Contains(t, body, `"queuebalance":{"message":"queuebalance disabled"`)
+	_, body = get("/balance")
+	require.Contains(t, body, `"settings"`)
+	require.Contains(t, body, `"verbose"`)
+	code, _ := http.Post(base+"tasks/search", "application/json", strings.NewReader(`{}`))
+	require.NotEqual(t, 404, code.StatusCode, "Disbatch::Web::Tasks's routes are on")
+	code.Body.Close()
+	logs := errOut.String()
+	require.Contains(t, logs, "web_extensions not served (Perl modules; only Disbatch::Web::Tasks has Go routes): Site::Web::Extra")
+	require.Contains(t, logs, "not used: views_dir")
+	sigs <- syscall.SIGTERM
+	require.Zero(t, <-done)
+}
