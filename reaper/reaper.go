@@ -120,6 +120,12 @@ func (r *Reaper) sweep(ctx context.Context, sess *store.LeaseSession) int64 {
 	if r.cfg.DeadAfter > 0 && (r.cfg.MayJudge == nil || r.cfg.MayJudge()) {
 		dead, err := r.cfg.Store.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: r.cfg.DeadAfter, By: r.cfg.Node, Session: sess})
 		for _, d := range dead {
+			if d.Foreign {
+				r.log.Warn("a Disbatch 4.103 node's heartbeat is too old: its claimed tasks went back to the queue; its running tasks are left to its task_runners, which outlive their disbatchd",
+					"perl_node", d.Node, "last_heartbeat", d.Since, "dead_after", r.cfg.DeadAfter, "requeued", d.Requeued, "left_running", d.LeftRunning)
+				n += d.Requeued
+				continue
+			}
 			r.log.Warn("declared a node dead: its heartbeat is too old; its claimed tasks went back to the queue and its running tasks were orphaned",
 				"dead_node", d.Node, "last_heartbeat", d.Since, "dead_after", r.cfg.DeadAfter, "requeued", d.Requeued, "orphaned", d.Orphaned,
 				"sessions_killed", d.Sessions)

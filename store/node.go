@@ -154,6 +154,13 @@ type DeadNode struct {
 	Requeued int64     // claimed, not started (-1), and running ones of queues with rerun_orphans: back to the queue
 	Orphaned int64     // running (0): orphaned (-6)
 	Killed   int64     // asked to be killed: finished as killed
+	// Foreign: a Disbatch 4.103 node (its document has neither state nor
+	// queues). It is
+	// not marked dead (it rewrites its whole document, which would keep
+	// the mark), only its claimed tasks are requeued, and LeftRunning
+	// running tasks are left to its task_runners.
+	Foreign     bool
+	LeftRunning int64
 	// Sessions is how many of its transaction sessions were killed (see
 	// CollSessions); SessionsErr why that failed, if it did.
 	Sessions    int
@@ -184,7 +191,8 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 			bson.D{{Key: "$subtract", Value: bson.A{"$$NOW", p.DeadAfter.Milliseconds()}}},
 		}}}},
 	}
-	cur, err := s.nodes.Find(ctx, stale, options.Find().SetProjection(bson.D{{Key: schema.NodeNode, Value: 1}, {Key: schema.NodeTimestamp, Value: 1}}))
+	cur, err := s.nodes.Find(ctx, stale, options.Find().SetProjection(bson.D{{Key: schema.NodeNode, Value: 1}, {Key: schema.NodeTimestamp, Value: 1},
+		{Key: schema.NodeState, Value: 1}, {Key: schema.NodeQueues, Value: 1}}))
 	if err != nil {
 		return nil, fmt.Errorf("find dead nodes: %w", err)
 	}
@@ -192,6 +200,8 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 		ID        bson.ObjectID `bson:"_id"`
 		Node      any           `bson:"node"`
 		Timestamp time.Time     `bson:"timestamp"`
+		State     bson.RawValue `bson:"state"`
+		Queues    bson.RawValue `bson:"queues"`
 	}
 	if err := cur.All(ctx, &cands); err != nil {
 		return nil, fmt.Errorf("find dead nodes: %w", err)
@@ -201,6 +211,25 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 		name, ok := c.Node.(string)
 		if !ok || name == "" {
 			continue // no name, no tasks to recover
+		}
+		if c.State.Type == 0 && c.Queues.Type == 0 {
+			// Not ours (neither state nor queues: a Disbatch 4.103 node,
+			// whose heartbeat writes only node and timestamp). Its running
+			// tasks are task_runner processes that outlive their
+			// disbatchd, and a task_runner whose task we changed drops
+			// its result silently: leave them. Its claimed tasks are
+			// not started yet (a task_runner starts only a task still
+			// claimed by its host): back to the queue, as 4.103 itself
+			// unclaims them when its disbatchd exits.
+			d, err := s.foreignNodeRecover(ctx, name)
+			if err != nil {
+				return dead, err
+			}
+			if d.Requeued > 0 {
+				d.Since = c.Timestamp.UTC()
+				dead = append(dead, d)
+			}
+			continue
 		}
 		// A transaction it died in holds its locks until killed, and the
 		// recovery may write what it locked: kill its sessions first. (A
@@ -218,6 +247,26 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 		}
 	}
 	return dead, nil
+}
+
+// foreignNodeRecover hands a silent Disbatch 4.103 node's claimed tasks
+// back to the queue and counts the running ones it leaves alone.
+func (s *Store) foreignNodeRecover(ctx context.Context, name string) (DeadNode, error) {
+	res, err := s.tasks.UpdateMany(ctx,
+		bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
+		bson.D{{Key: "$set", Value: bson.D{
+			{Key: schema.TaskNode, Value: schema.Unclaimed},
+			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+			{Key: schema.TaskMTime, Value: s.nowMS()},
+		}}})
+	if err != nil {
+		return DeadNode{}, fmt.Errorf("requeue the claimed tasks of 4.103 node %q: %w", name, err)
+	}
+	running, err := s.tasks.CountDocuments(ctx, bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}})
+	if err != nil {
+		return DeadNode{}, fmt.Errorf("count the running tasks of 4.103 node %q: %w", name, err)
+	}
+	return DeadNode{Node: name, Foreign: true, Requeued: res.ModifiedCount, LeftRunning: running}, nil
 }
 
 func (s *Store) nodeDeadRecover(ctx context.Context, id bson.ObjectID, name string, stale bson.D, by string, ls *LeaseSession) (*DeadNode, error) {

@@ -4,6 +4,7 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -277,4 +278,47 @@ func testOutputAlways(t *testing.T, newStore Factory) {
 	b, err := io.ReadAll(out)
 	require.NoError(t, err)
 	require.Equal(t, "hi\n", string(b))
+}
+
+// testNodesDeadRecoverForeign: a silent Disbatch 4.103 node (a document of
+// node and timestamp only) gets its claimed tasks requeued, but its
+// running ones are left to its task_runners (they outlive their
+// disbatchd, and drop their result if the task changed), and its document
+// is not marked dead (it rewrites the whole document, keeping the mark).
+func testNodesDeadRecoverForeign(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 4)
+	_, err := db.Collection(schema.CollNodes).InsertOne(ctx, bson.D{{Key: "node", Value: "perl-host"}, {Key: "timestamp", Value: time.Now().Add(-time.Hour)}})
+	require.NoError(t, err)
+	for i, id := range ids {
+		_, err := db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: id}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: "perl-host"}, {Key: "status", Value: -(i % 2)}}}})
+		require.NoError(t, err)
+	}
+	dead, err := s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: time.Minute, By: "go-1"})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.True(t, dead[0].Foreign)
+	require.Equal(t, "perl-host", dead[0].Node)
+	require.EqualValues(t, 2, dead[0].Requeued)
+	require.EqualValues(t, 2, dead[0].LeftRunning)
+	for i, id := range ids {
+		raw, err := db.Collection(schema.CollTasks).FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Raw()
+		require.NoError(t, err)
+		if i%2 == 0 {
+			require.EqualValues(t, 0, raw.Lookup("status").AsInt64(), "running: left to its task_runner")
+			require.Equal(t, "perl-host", raw.Lookup("node").StringValue())
+		} else {
+			require.EqualValues(t, -2, raw.Lookup("status").AsInt64(), "claimed, never started: queued again")
+		}
+	}
+	raw, err := db.Collection(schema.CollNodes).FindOne(ctx, bson.D{{Key: "node", Value: "perl-host"}}).Raw()
+	require.NoError(t, err)
+	_, err = raw.LookupErr("dead")
+	require.Error(t, err, "not marked dead")
+	dead, err = s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: time.Minute, By: "go-1"})
+	require.NoError(t, err)
+	require.Empty(t, dead, "nothing more to requeue: nothing reported")
 }

@@ -83,6 +83,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"IndexesEnsureBesideDuplicateNames", testIndexesEnsureBesideDuplicateNames},
 		{"ReportInsert", testReportInsert},
 		{"OutputAlways", testOutputAlways},
+		{"NodesDeadRecoverForeign", testNodesDeadRecoverForeign},
 		{"DocumentsByRef", testDocumentsByRef},
 		{"TaskRunningCountsReadsTheIndexOnly", testTaskRunningCountsReadsTheIndexOnly},
 		{"NodeDocsAndBalance", testNodeDocsAndBalance},
