@@ -561,7 +561,7 @@ func requeue(by string) mongo.Pipeline {
 			{Key: schema.TaskRequeued, Value: bson.D{{Key: schema.KillBy, Value: literal(by)}, {Key: schema.KillAt, Value: "$$NOW"}}},
 			{Key: schema.TaskMTime, Value: "$$NOW"},
 		}}},
-		{{Key: "$unset", Value: bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries, schema.TaskAwaitingParents}}},
+		{{Key: "$unset", Value: bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries, schema.TaskAwaitingParents, schema.TaskComplete}}},
 	}
 }
 

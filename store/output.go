@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/md5"
 	"errors"
 	"fmt"
 	"strings"
@@ -46,6 +47,9 @@ func (s *Store) outputWrite(ctx context.Context, taskID bson.ObjectID, filename,
 		{Key: "filename", Value: filename},
 		{Key: "chunkSize", Value: int32(gridChunkSize)},
 		{Key: "length", Value: int64(len(text))},
+		// As 4.103's put_gfs: readers that check it (its get_gfs does
+		// not, older GridFS clients do) find it.
+		{Key: "md5", Value: fmt.Sprintf("%x", md5.Sum([]byte(text)))},
 		{Key: "uploadDate", Value: s.nowMS()},
 		{Key: "metadata", Value: bson.D{{Key: "task_id", Value: taskID}}},
 	}

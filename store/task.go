@@ -920,6 +920,12 @@ func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.
 			bson.E{Key: schema.TaskTries, Value: p.Retry.Tries})
 	}
 	var unset bson.D
+	if p.Retry == nil {
+		// As 4.103's task_runner marks a task whose result is written.
+		set = append(set, bson.E{Key: schema.TaskComplete, Value: true})
+	} else {
+		unset = append(unset, bson.E{Key: schema.TaskComplete, Value: ""})
+	}
 	if p.Retry == nil && p.Status == schema.StatusSucceeded && p.Output.Type != 0 {
 		set = append(set, bson.E{Key: schema.TaskOutput, Value: p.Output})
 		if p.Then != "" {

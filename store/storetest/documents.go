@@ -1,6 +1,8 @@
 package storetest
 
 import (
+	"crypto/md5"
+	"fmt"
 	"io"
 	"sync"
 	"testing"
@@ -272,6 +274,19 @@ func testOutputAlways(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, bson.TypeObjectID, raw.Lookup(schema.TaskStdout).Type, "a 3-byte stdout in GridFS")
 	require.Equal(t, bson.TypeObjectID, raw.Lookup(schema.TaskStderr).Type, "an empty stderr too, as a file without chunks")
+	require.True(t, raw.Lookup(schema.TaskComplete).Boolean(), "complete: true, as 4.103's task_runner writes it")
+	file, err := db.Collection(schema.CollTasksFiles).FindOne(ctx, bson.D{{Key: "_id", Value: raw.Lookup(schema.TaskStdout).ObjectID()}}).Raw()
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("%x", md5.Sum([]byte("hi\n"))), file.Lookup("md5").StringValue())
+	require.Equal(t, "stdout", file.Lookup("filename").StringValue())
+	require.Equal(t, task.ID, file.Lookup("metadata", "task_id").ObjectID())
+	// A retry makes it incomplete again.
+	_, err = s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{IDs: []bson.ObjectID{task.ID}}, By: "op"})
+	require.NoError(t, err)
+	raw, err = db.Collection(schema.CollTasks).FindOne(ctx, bson.D{{Key: "_id", Value: task.ID}}).Raw()
+	require.NoError(t, err)
+	_, err = raw.LookupErr(schema.TaskComplete)
+	require.Error(t, err, "a retried task is not complete")
 	out, err := s.TaskOutputOpen(ctx, store.TaskOutputOpenParams{ID: task.ID, Name: schema.TaskStdout})
 	require.NoError(t, err)
 	defer out.Close()
