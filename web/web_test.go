@@ -298,6 +298,7 @@ func TestDashboardRoutes(t *testing.T) {
 	resp, body = c.do("GET", "/balance", "reader", "", "Accept", browser)
 	require.Equal(t, 200, resp.StatusCode)
 	require.Contains(t, body, `src="/ui/assets/app.js"`, "a browser gets the editor")
+	require.Contains(t, body, `<h2>QueueBalancer settings</h2>`, "what 4.103's own web test looks for")
 	resp, body = c.do("GET", "/balance", "reader", "")
 	require.Equal(t, 200, resp.StatusCode)
 	require.Contains(t, body, `"known_queues"`, "curl and 4.103's CLI get JSON")

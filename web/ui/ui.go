@@ -66,7 +66,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	js, _ := json.Marshal(c)
 	var b bytes.Buffer
-	if err := shell.Execute(&b, struct{ Config string }{string(js)}); err != nil {
+	// 4.103's balance page says QueueBalancer in an h2 (its own web test
+	// looks for it); the script draws the editor over it.
+	data := struct {
+		Config  string
+		Balance bool
+	}{string(js), path.Clean(r.URL.Path) == "/balance"}
+	if err := shell.Execute(&b, data); err != nil {
 		http.Error(w, "rendering the page: "+err.Error(), http.StatusInternalServerError)
 		return
 	}

@@ -799,7 +799,7 @@ function submitPage() {
 function balancePage() {
   let doc = null;
   const body = h('div');
-  fill(main, h('h1', {}, 'Queue balance'),
+  fill(main, h('h1', {}, 'QueueBalancer settings'),
     h('p', { class: 'muted' }, '4.103\'s QueueBalance: caps the running tasks of groups of queues by day of the week (0 Sunday … 6, * every day) and time of day. Saved to the balance document through POST /balance.'), body);
   const draw = () => {
     const ro = !can('admin');
