@@ -3,6 +3,7 @@ package mongod
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -63,6 +64,10 @@ type Options struct {
 	// ExtraArgs are appended to every member's mongod command line. They may
 	// replace the tunable defaults (see StartReplicaSet) but no other option.
 	ExtraArgs []string
+	// ClientTLS, when set, is the TLS configuration of this package's own
+	// connections (members started with --tlsMode requireTLS in
+	// ExtraArgs). URI does not carry it: callers add their own options.
+	ClientTLS *tls.Config
 }
 
 // ReplicaSet is a MongoDB replica set of local mongod processes, with all its
@@ -73,6 +78,7 @@ type ReplicaSet struct {
 	keepDir bool // dir is Options.Dir: never removed
 	binary  string
 	extra   []string
+	tls     *tls.Config
 	log     *slog.Logger
 	members []*Member
 
@@ -230,6 +236,7 @@ func StartReplicaSet(ctx context.Context, opts Options) (_ *ReplicaSet, err erro
 		keepDir: opts.Dir != "",
 		binary:  opts.Binary,
 		extra:   append([]string(nil), opts.ExtraArgs...),
+		tls:     opts.ClientTLS,
 		log:     opts.Logger.With("replset", opts.ReplSet, "dir", dir),
 	}
 	defer func() {
@@ -759,6 +766,7 @@ type helloReply struct {
 func (m *Member) directClient() (*mongo.Client, error) {
 	return mongo.Connect(options.Client().
 		ApplyURI("mongodb://" + m.Addr() + "/?directConnection=true").
+		SetTLSConfig(m.rs.tls).
 		SetServerSelectionTimeout(2 * time.Second).
 		SetConnectTimeout(2 * time.Second))
 }
@@ -986,7 +994,7 @@ func asInt64(v any) (int64, bool) {
 
 // probeWrite checks that a majority write through the replica set URI works.
 func (rs *ReplicaSet) probeWrite(ctx context.Context) error {
-	c, err := mongo.Connect(options.Client().ApplyURI(rs.URI()))
+	c, err := mongo.Connect(options.Client().ApplyURI(rs.URI()).SetTLSConfig(rs.tls))
 	if err != nil {
 		return err
 	}
