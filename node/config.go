@@ -43,8 +43,13 @@ type Config struct {
 	// ActiveQueues and IgnoreQueues (queue ids or names), when either is
 	// set, replace the config document's lists for this node: Disbatch
 	// 4.103's per-node activequeues and ignorequeues (--perl-config).
-	ActiveQueues []string
-	IgnoreQueues []string
+	// QueueBalance runs Disbatch 4.103's QueueBalance on the elected
+	// leader (package queuebalance): the balance document's caps applied
+	// to its queues; QueueBalancePretend only logs them.
+	QueueBalance        bool
+	QueueBalancePretend bool
+	ActiveQueues        []string
+	IgnoreQueues        []string
 	// PollOnly turns change streams off: the tick alone finds work.
 	PollOnly bool
 	// Tick is the claimer's fallback interval.

@@ -20,6 +20,7 @@ import (
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/leadership"
 	"github.com/disbatch-go/disbatch/projections"
+	"github.com/disbatch-go/disbatch/queuebalance"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -116,6 +117,9 @@ func New(cfg Config) (*Node, error) {
 	duties := []leadership.Duty{n.reaper.Lead, n.timers.Lead, n.admits.Lead, n.contin.Lead, n.chain.Lead}
 	if !cfg.noGraphDuty {
 		duties = append(duties, n.graph.Lead)
+	}
+	if cfg.QueueBalance {
+		duties = append(duties, queuebalance.New(queuebalance.Config{Store: cfg.Store, Pretend: cfg.QueueBalancePretend, Clock: cfg.Clock, Logger: log}).Lead)
 	}
 	n.leader = leadership.New(leadership.Config{Lease: LeaderLease, Owner: cfg.Name, Store: cfg.Store, TTL: cfg.FenceAfter, Clock: cfg.Clock, Logger: log},
 		duties...)

@@ -1022,3 +1022,21 @@ func TestNodeQueueListsReplaceTheConfigDocuments(t *testing.T) {
 	require.EqualValues(t, schema.StatusQueued, b.task(skipped).Lookup("status").AsInt64(), "the ignored queue's task waits")
 	require.Contains(t, b.logs.String(), "in the config's ignorequeues (this node's, from its settings)")
 }
+
+// TestBalanceHoldIsNotScheduled: a queue QueueBalance holds (its cap for
+// now is 0) runs nothing until released.
+func TestBalanceHoldIsNotScheduled(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	q := b.queue("held", "test", 1, schema.SortFIFO)
+	_, err := b.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: q}}, bson.D{{Key: "$set", Value: bson.D{{Key: "balance_hold", Value: true}}}})
+	require.NoError(t, err)
+	b.start(b.config("n1"))
+	id := b.tasks(q, 1, nil)[0]
+	time.Sleep(600 * time.Millisecond) // three ticks
+	require.EqualValues(t, schema.StatusQueued, b.task(id).Lookup("status").AsInt64(), "held: not run")
+	require.Contains(t, b.logs.String(), "held by QueueBalance")
+	_, err = b.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: q}}, bson.D{{Key: "$unset", Value: bson.D{{Key: "balance_hold", Value: ""}}}})
+	require.NoError(t, err)
+	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
+}

@@ -199,6 +199,8 @@ func (qs *queueSet) ignoreReason(q schema.Queue, cfg schema.Config) string {
 		return "maxthreads is 0 or null: the queue runs nothing"
 	case q.Sched.Paused:
 		return "paused"
+	case q.Sched.BalanceHold:
+		return "held by QueueBalance: its cap for now is 0"
 	case q.Sched.Weight < 0:
 		return "its weight is negative: not scheduled"
 	}

@@ -22,6 +22,9 @@ type QueueSched struct {
 	MaxGetwork int
 	// Paused queues are not scheduled; their running tasks finish.
 	Paused bool
+	// BalanceHold: QueueBalance's cap for the queue is 0 for now (the
+	// leader's queuebalance duty sets and clears it); like Paused.
+	BalanceHold bool
 	// MaxRunning is the cluster-wide cap on the queue's claimed and
 	// running tasks (0: none): max_running, else the threads of a queue
 	// Disbatch 4.103 made (threads without maxthreads), which 4.103 nodes
@@ -48,15 +51,16 @@ func (s QueueSched) Capped() bool { return s.MaxRunning > 0 }
 
 // Queue scheduling field names.
 const (
-	QueuePriority   = "priority"
-	QueueWeight     = "weight"
-	QueueNice       = "nice" // seed 001: weight = 20 - nice when weight is absent
-	QueueMaxGetwork = "max_getwork"
-	QueuePaused     = "paused"
-	QueueDisabled   = "disabled" // seed 001's name for paused at creation
-	QueueMaxRunning = "max_running"
-	QueueContinuous = "continuous"
-	QueueThen       = "then"
+	QueuePriority    = "priority"
+	QueueWeight      = "weight"
+	QueueNice        = "nice" // seed 001: weight = 20 - nice when weight is absent
+	QueueMaxGetwork  = "max_getwork"
+	QueuePaused      = "paused"
+	QueueBalanceHold = "balance_hold"
+	QueueDisabled    = "disabled" // seed 001's name for paused at creation
+	QueueMaxRunning  = "max_running"
+	QueueContinuous  = "continuous"
+	QueueThen        = "then"
 	// TaskOutput is what a task's plugin answered as output (an object
 	// or a list of objects), written when it succeeds.
 	TaskOutput = "output"
@@ -147,6 +151,7 @@ func decodeQueueSched(r *reader) QueueSched {
 	if _, _, ok := r.lookup(QueuePaused); !ok {
 		s.Paused = r.flag(QueueDisabled)
 	}
+	s.BalanceHold = r.flag(QueueBalanceHold)
 	return s
 }
 

@@ -435,3 +435,41 @@ func (s *Store) ServerNow(ctx context.Context) (time.Time, error) {
 func isDuplicateKey(err error) bool {
 	return err != nil && mongo.IsDuplicateKeyError(err)
 }
+
+// QueueBalanceSet applies QueueBalance's cap to a queue: a cap above 0
+// becomes max_running (and threads, 4.103's name, which its nodes read);
+// 0 holds the queue (balance_hold, and threads 0 for 4.103 nodes), since
+// max_running 0 means no cap.
+func (s *Store) QueueBalanceSet(ctx context.Context, id bson.ObjectID, cap int) error {
+	if cap < 0 {
+		return fmt.Errorf("queue %s: a balance cap of %d is negative", id.Hex(), cap)
+	}
+	if cap > 0 {
+		if err := s.QueueUpdate(ctx, QueueUpdateParams{ID: id, MaxRunning: &cap}); err != nil {
+			return err
+		}
+		_, err := s.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: id}},
+			bson.D{{Key: "$unset", Value: bson.D{{Key: schema.QueueBalanceHold, Value: ""}}}})
+		return err
+	}
+	_, err := s.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: id}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueBalanceHold, Value: true}, {Key: schema.QueueThreads, Value: 0}}}})
+	if err != nil {
+		return fmt.Errorf("hold queue %s for QueueBalance: %w", id.Hex(), err)
+	}
+	return nil
+}
+
+// BalanceStatusSet writes QueueBalance's status into its document, as
+// 4.103's queuebalanced does (timestamp in Unix seconds, status, message;
+// no document, nothing written), and clears disabled when asked.
+func (s *Store) BalanceStatusSet(ctx context.Context, status, message string, now time.Time, clearDisabled bool) error {
+	set := bson.D{{Key: "timestamp", Value: now.Unix()}, {Key: "status", Value: status}, {Key: "message", Value: message}}
+	if clearDisabled {
+		set = append(set, bson.E{Key: "disabled", Value: nil})
+	}
+	if _, err := s.db.Collection(CollBalance).UpdateOne(ctx, bson.D{}, bson.D{{Key: "$set", Value: set}}); err != nil {
+		return fmt.Errorf("write the balance status: %w", err)
+	}
+	return nil
+}

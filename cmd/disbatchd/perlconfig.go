@@ -42,6 +42,10 @@ func applyPerlConfig(cmd *cobra.Command, path string, s *settings, defaults sett
 			s.OutputThreshold = math.MaxInt32
 		}
 	}
+	if c.Balance != nil && unset("queue-balance", "") && perlTrue(c.Balance["enabled"]) {
+		s.QueueBalance = true
+		s.QueueBalancePretend = perlTrue(c.Balance["pretend"])
+	}
 	var notes []string
 	if len(c.Unknown) > 0 {
 		notes = append(notes, "unknown keys, not used (4.103 does not read them either): "+strings.Join(c.Unknown, ", "))
@@ -56,4 +60,19 @@ func applyPerlConfig(cmd *cobra.Command, path string, s *settings, defaults sett
 		notes = append(notes, "not used yet: task_runner "+c.TaskRunner+" (Perl plugins do not run under this node; Disbatch::Plugin::Demo is built in)")
 	}
 	return notes, nil
+}
+
+// perlTrue is Perl's truth of a value of the config file.
+func perlTrue(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return x
+	case string:
+		return x != "" && x != "0"
+	case fmt.Stringer: // json.Number
+		return x.String() != "0"
+	}
+	return true
 }

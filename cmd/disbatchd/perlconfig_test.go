@@ -64,3 +64,15 @@ func TestApplyPerlConfigErrors(t *testing.T) {
 	_, err := applyPerlConfig(flagsSet(t), "/nonexistent/config.json", &s, defaults(), noEnv)
 	require.ErrorContains(t, err, "--perl-config")
 }
+
+func TestApplyPerlConfigQueueBalance(t *testing.T) {
+	s := defaults()
+	_, err := applyPerlConfig(flagsSet(t), writeConfig(t, `{"mongohost": "h", "database": "d", "balance": {"enabled": 1, "pretend": 1}}`), &s, defaults(), noEnv)
+	require.NoError(t, err)
+	require.True(t, s.QueueBalance, "balance.enabled: the leader applies the balance document")
+	require.True(t, s.QueueBalancePretend)
+	s = defaults()
+	_, err = applyPerlConfig(flagsSet(t), writeConfig(t, `{"mongohost": "h", "database": "d", "balance": {"enabled": 0}}`), &s, defaults(), noEnv)
+	require.NoError(t, err)
+	require.False(t, s.QueueBalance)
+}

@@ -58,11 +58,14 @@ type settings struct {
 	LogFormat       string            `json:"log_format"`
 	LogLevel        string            `json:"log_level"`
 	MetricsAddr     string            `json:"metrics_addr"`
+	QueueBalance    bool              `json:"queue_balance"`
 	// ActiveQueues and IgnoreQueues (queue ids or names) select this
 	// node's queues over the config collection's (--perl-config: 4.103's
 	// activequeues and ignorequeues).
 	ActiveQueues []string `json:"-"`
 	IgnoreQueues []string `json:"-"`
+	// QueueBalancePretend: 4.103's balance.pretend (--perl-config).
+	QueueBalancePretend bool `json:"-"`
 }
 
 // duration reads "30s"-style strings in the config file.
@@ -93,7 +96,7 @@ Settings come from flags, then the environment, then --config FILE (JSON with
 the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
 plugins, plugin_timeout, grace, tick, orphan_after, heartbeat, fence_after,
 dead_after, poll_only, no_projector, output_threshold, log_format, log_level,
-metrics_addr), then the defaults.
+metrics_addr, queue_balance), then the defaults.
 
 --metrics-addr ADDR (env DISBATCH_METRICS_ADDR; off unless given) serves
 Prometheus metrics at /metrics, /healthz (200 while the process runs) and
@@ -188,6 +191,7 @@ func run(ctx context.Context, args []string, e env) int {
 	s.DeadAfter = duration(node.DefaultDeadAfter)
 	f.Var((*durationFlag)(&s.DeadAfter), "dead-after", "declare a node dead whose heartbeat is this old (server clock): requeue its claimed tasks, orphan its running ones")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
+	f.BoolVar(&s.QueueBalance, "queue-balance", false, "when this node leads, apply Disbatch 4.103's QueueBalance document (collection balance: caps on groups of queues by day and time) through max_running, every 30 s (4.103's balance.enabled with --perl-config)")
 	f.BoolVar(&s.NoProjector, "no-projector", false, "do not stand for election as the counter projector (count_todo/count_total/count_running/count_failed); another node must")
 	f.IntVar(&s.OutputThreshold, "output-threshold", store.DefaultOutputThreshold, "stdout+stderr bytes above which output goes to GridFS")
 	f.StringVar(&s.LogFormat, "log-format", "text", "log format: text or json")
@@ -383,6 +387,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	if file.MetricsAddr != "" && unset("metrics-addr", EnvMetricsAddr) {
 		s.MetricsAddr = file.MetricsAddr
 	}
+	if file.QueueBalance && unset("queue-balance", "") {
+		s.QueueBalance = true
+	}
 	return nil
 }
 
@@ -477,7 +484,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 	}
 	n, err := node.New(node.Config{
 		Name: s.Node, Store: conn.Store, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
-		ActiveQueues: s.ActiveQueues, IgnoreQueues: s.IgnoreQueues,
+		ActiveQueues: s.ActiveQueues, IgnoreQueues: s.IgnoreQueues, QueueBalance: s.QueueBalance, QueueBalancePretend: s.QueueBalancePretend,
 		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),
