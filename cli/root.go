@@ -134,7 +134,7 @@ named by --database (env ` + EnvDatabase + `).`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{Err: err} })
 	cmdline.AddConnectionFlags(root, &g.mongoURI, &g.database, io.Getenv)
 	root.PersistentFlags().StringVar(&g.by, "by", "", "who asks, recorded with kills, cancels and retries (default $USER@hostname)")
-	root.AddCommand(newQueueCmd(g), newTaskCmd(g), newNodeCmd(g))
+	root.AddCommand(newQueueCmd(g), newTaskCmd(g), newNodeCmd(g), newUsersCmd(g))
 	// Unknown subcommands are usage errors too.
 	root.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 {

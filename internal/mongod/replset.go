@@ -68,6 +68,11 @@ type Options struct {
 	// connections (members started with --tlsMode requireTLS in
 	// ExtraArgs). URI does not carry it: callers add their own options.
 	ClientTLS *tls.Config
+	// Root, when set, is a user created (through MongoDB's localhost
+	// exception) with the role root once the set has a primary, and the
+	// credentials of this package's own connections after that: for
+	// members started with --auth and --keyFile in ExtraArgs.
+	Root *options.Credential
 }
 
 // ReplicaSet is a MongoDB replica set of local mongod processes, with all its
@@ -79,6 +84,7 @@ type ReplicaSet struct {
 	binary  string
 	extra   []string
 	tls     *tls.Config
+	root    *options.Credential // set once the root user exists
 	log     *slog.Logger
 	members []*Member
 
@@ -308,6 +314,11 @@ func StartReplicaSet(ctx context.Context, opts Options) (_ *ReplicaSet, err erro
 			return nil, err
 		}
 		rs.log.Debug("priority of member 0 reset", "elapsed", time.Since(begin))
+	}
+	if opts.Root != nil {
+		if err := rs.createRoot(ctx, *opts.Root, initiated); err != nil {
+			return nil, err
+		}
 	}
 	if err := rs.probeWrite(ctx); err != nil {
 		return nil, err
@@ -992,9 +1003,36 @@ func asInt64(v any) (int64, bool) {
 	return 0, false
 }
 
+// createRoot makes Options.Root a root user on a fresh set (through the
+// localhost exception: no user exists yet) and authenticates this
+// package's later connections with it.
+func (rs *ReplicaSet) createRoot(ctx context.Context, cred options.Credential, fresh bool) error {
+	if fresh {
+		c, err := mongo.Connect(options.Client().ApplyURI(rs.URI()).SetTLSConfig(rs.tls))
+		if err != nil {
+			return err
+		}
+		defer disconnect(c)
+		err = c.Database("admin").RunCommand(ctx, bson.D{{Key: "createUser", Value: cred.Username}, {Key: "pwd", Value: cred.Password},
+			{Key: "roles", Value: bson.A{bson.D{{Key: "role", Value: "root"}, {Key: "db", Value: "admin"}}}}}).Err()
+		if err != nil {
+			return fmt.Errorf("create the root user %s: %w", cred.Username, err)
+		}
+	}
+	if cred.AuthSource == "" {
+		cred.AuthSource = "admin"
+	}
+	rs.root = &cred
+	return nil
+}
+
 // probeWrite checks that a majority write through the replica set URI works.
 func (rs *ReplicaSet) probeWrite(ctx context.Context) error {
-	c, err := mongo.Connect(options.Client().ApplyURI(rs.URI()).SetTLSConfig(rs.tls))
+	o := options.Client().ApplyURI(rs.URI()).SetTLSConfig(rs.tls)
+	if rs.root != nil {
+		o.SetAuth(*rs.root)
+	}
+	c, err := mongo.Connect(o)
 	if err != nil {
 		return err
 	}
