@@ -167,11 +167,15 @@ const (
 	// tolerance; CI runs came to 0.160); with 10, 7% off.
 	schedWeightNodeMax = 21
 	schedWeightSlots   = 3 * schedWeightNodeMax
-	// Each task runs 2 s: 31.5 claims a second, well within a loaded CI
+	// Each task runs 4 s: 16 claims a second, well within a loaded CI
 	// machine (at 120 a second, one held 42 of 60 slots), and a node's
 	// 1 s view of the cluster-wide counts (count_running, read once a
-	// tick) is half a task old, not a whole one.
-	schedWeightMS    = 2000
+	// tick) is a quarter of a task's life. With 2 s tasks a loaded CI run
+	// settled at 10:19:34 (w1 0.158: every node refilled the lightest
+	// queue from the same stale count); with 4 s, three runs here gave w1
+	// 0.139, 0.141, 0.142. Reading the counts every 250 ms instead did not
+	// help (0.142 to 0.178): the staleness is against a task's life.
+	schedWeightMS    = 4000
 	schedWeightTasks = 1200            // per queue: more than all its slots run in the scenario
 	schedWarmup      = 6 * time.Second // from the nodes' start, not sampled: a loaded machine converged within 5 s (shares by quarter, CI dry run)
 	schedWindow      = 8 * time.Second // sampled
