@@ -500,8 +500,8 @@ func testBadDocuments(t *testing.T) {
 			fate: fateFailed, taskStderr: []string{`field "stdout": want a string, a GridFS ObjectId or null, got 32-bit integer 5`}},
 		{name: "task/stderr an object", coll: "tasks", docs: badOne(func(e *badDocEnv) bson.D { return e.task(badKV("stderr", bson.D{badKV("text", "x")})) }),
 			fate: fateFailed, taskStderr: []string{`field "stderr": want a string, a GridFS ObjectId or null, got object`}},
-		{name: "task/commands a number", coll: "tasks", docs: badOne(func(e *badDocEnv) bson.D { return e.task(badKV("parameters", bson.D{badKV("commands", 5)})) }),
-			fate: fateFailed, taskStderr: []string{"parameters.commands must be a string of command letters"}},
+		// (commands a number is no bad input: Demo reads it as the digits
+		// Perl prints, as 4.103's does; plugin's TestDemoOddCommandsAsPerl.)
 
 		// Tasks the node cannot claim: left alone, named where they show.
 		{name: "task/node a boolean", coll: "tasks", docs: badOne(func(e *badDocEnv) bson.D { return e.task(badKV("node", true)) }),
