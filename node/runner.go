@@ -33,6 +33,7 @@ type runnerStore interface {
 	ThenCreate(ctx context.Context, id bson.ObjectID) (store.ThenResult, error)
 	TaskGraphSettle(ctx context.Context, p store.TaskGraphSettleParams) (store.TaskGraphResult, error)
 	TaskGraphWaiting(ctx context.Context, parent bson.ObjectID) (*store.GraphWaiting, error)
+	TaskStates(ctx context.Context, ids []bson.ObjectID) ([]store.TaskState, error)
 }
 
 // runnerConfig is what the runner needs of the node's config.
@@ -414,6 +415,11 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
 		return "released"
 	}
+	if p, ok := cfg.Plugins.Lookup(q.Constructor); ok {
+		if rw, ok := p.(plugin.ResultWriter); ok {
+			return r.runWritingResult(log, q, t, rw, steps)
+		}
+	}
 	if err := r.write(log, "start", func(ctx context.Context) error { return r.starts.do(ctx, tr) }); err != nil {
 		if errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired) {
 			return r.endUnstarted(log, q, t, err, steps)
@@ -499,6 +505,89 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		})
 	}
 	return res.Status.String()
+}
+
+// runWritingResult runs a task whose plugin writes its start and result
+// itself (Disbatch 4.103's task_runner: plugin.TaskRunner), then looks at
+// what it left: finished, done; still claimed (it never started the task),
+// failed here with why; still running (it died, or was killed or timed
+// out), finished here as failed.
+func (r *runner) runWritingResult(log *slog.Logger, q claimer.Queue, t schema.Task, rw plugin.ResultWriter, steps taskSteps) string {
+	cfg := r.cfg
+	tr := store.TaskTransitionParams{ID: t.ID, Node: cfg.Name}
+	runCtx, notNow := r.runContext(t.ID)
+	if notNow != nil {
+		log.Info("handing back a claimed task: " + notNow.Error())
+		steps.handedBack(notNow.Error())
+		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
+		return "released"
+	}
+	if limit, from := timeLimit(q, t); limit > 0 {
+		deadline := time.AfterFunc(limit, func() {
+			r.kill(t.ID, &controlKill{reason: schema.ReasonTimeout, text: fmt.Sprintf("timeout of %s (%s)", limit, from)})
+		})
+		defer deadline.Stop()
+	}
+	steps.started()
+	log.Debug("task handed to its task_runner")
+	tail, runErr := rw.RunWritingResult(runCtx, plugin.Task{
+		ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,
+		Attempt: t.Control.Attempt + 1, Parameters: t.Parameters, Document: t.Raw, Config: q.Sched.Config,
+	})
+	r.ran(t.ID)
+	reason, why := "", "task_runner ended without writing a result"
+	var ck *controlKill
+	if errors.As(context.Cause(runCtx), &ck) {
+		reason, why = ck.reason, ck.text
+	}
+	if runErr != nil {
+		why += ": " + runErr.Error()
+		if tail != "" {
+			why += "\n" + tail
+		}
+	}
+	var st store.TaskState
+	err := r.write(log, "read back", func(ctx context.Context) error {
+		states, err := cfg.Store.TaskStates(ctx, []bson.ObjectID{t.ID})
+		if err == nil && len(states) == 1 {
+			st = states[0]
+		}
+		return err
+	})
+	switch {
+	case err != nil || !st.Found || st.Node != cfg.Name && st.Status <= 0:
+		res := plugin.Result{Status: schema.StatusFailed}
+		steps.ran(res)
+		steps.finished(res, errors.New("the task is no longer this node's"))
+		return "lost"
+	case st.Status.Finished():
+		res := plugin.Result{Status: st.Status}
+		steps.ran(res)
+		steps.finished(res, nil)
+		log.Debug("task finished by its task_runner", "status", int(st.Status))
+		return st.Status.String()
+	case st.Status == schema.StatusClaimed:
+		// It never marked the task running (it runs only a task claimed
+		// by its host's name: is --node this host's name?).
+		log.Warn("task_runner did not start the task", "why", why)
+		err := r.write(log, "fail", func(ctx context.Context) error {
+			return cfg.Store.TaskFail(ctx, store.TaskFailParams{ID: t.ID, Node: cfg.Name, From: schema.StatusClaimed, Reason: "task_runner did not start the task: " + why})
+		})
+		res := plugin.Result{Status: schema.StatusFailed}
+		steps.ran(res)
+		steps.finished(res, err)
+		return "failed"
+	default: // running: it died, or was killed
+		res := plugin.Result{Status: schema.StatusFailed, Stderr: why + "\n"}
+		steps.ran(res)
+		fp := store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: schema.StatusFailed, Stderr: res.Stderr, Reason: reason}
+		err := r.write(log, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
+		steps.finished(res, err)
+		if err != nil {
+			return "lost"
+		}
+		return "failed"
+	}
 }
 
 // timeLimit is the task's time limit and where it comes from: its own

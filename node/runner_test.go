@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/plugin"
@@ -73,4 +75,54 @@ func TestFollowUpsRunAfterTheSlotIsFree(t *testing.T) {
 	r.dispatch(q, task, claimer.Timing{End: time.Now()})
 	r.wg.Wait()
 	require.Equal(t, []string{"start", "finish", "slot", "then", "settle"}, st.steps)
+}
+
+// fakeTaskRunner writes as 4.103's task_runner would, per task parameter
+// "do": "finish" (running, then status 1 and output), "nothing" (fails
+// without starting it), "die" (running, then gone).
+type fakeTaskRunner struct {
+	db   *mongo.Database
+	node string
+}
+
+func (f fakeTaskRunner) Run(context.Context, plugin.Task) plugin.Result {
+	return plugin.Result{Status: schema.StatusFailed}
+}
+
+func (f fakeTaskRunner) RunWritingResult(ctx context.Context, t plugin.Task) (string, error) {
+	do, _ := t.Parameters.Lookup("do").StringValueOK()
+	tasks := f.db.Collection(schema.CollTasks)
+	if do == "nothing" {
+		return "No task found\n", errors.New("exit status 255")
+	}
+	if _, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: t.ID}, {Key: "status", Value: -1}, {Key: "node", Value: f.node}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 0}}}}); err != nil {
+		return "", err
+	}
+	if do == "die" {
+		return "killed\n", errors.New("signal: killed")
+	}
+	_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: t.ID}, {Key: "status", Value: 0}, {Key: "node", Value: f.node}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}, {Key: "stdout", Value: "perl says hi\n"}, {Key: "stderr", Value: nil}, {Key: "complete", Value: true}}}})
+	return "", err
+}
+
+// TestTaskRunnerWritesItsOwnResult: with a plugin that writes its result
+// (4.103's task_runner), the node writes neither start nor finish when it
+// did, fails a task it never started, and finishes one it left running.
+func TestTaskRunnerWritesItsOwnResult(t *testing.T) {
+	b := setup(t)
+	b.reg.Register("Perl::Plugin", fakeTaskRunner{db: b.db, node: "n1"})
+	q := b.queue("perl", "Perl::Plugin", 3, schema.SortFIFO)
+	ids := b.tasks(q, 3, func(i int) bson.D { return bson.D{{Key: "do", Value: []string{"finish", "nothing", "die"}[i]}} })
+	b.start(b.config("n1"))
+	b.waitStatus(ids[0], schema.StatusSucceeded, 10*time.Second)
+	doc := b.task(ids[0])
+	require.Equal(t, "perl says hi\n", doc.Lookup("stdout").StringValue())
+	_, err := doc.LookupErr("attempts")
+	require.Error(t, err, "the node wrote no finish of its own")
+	b.waitStatus(ids[1], schema.StatusFailed, 10*time.Second)
+	require.Contains(t, b.task(ids[1]).Lookup("stderr").StringValue(), "task_runner did not start the task")
+	b.waitStatus(ids[2], schema.StatusFailed, 10*time.Second)
+	require.Contains(t, b.task(ids[2]).Lookup("stderr").StringValue(), "task_runner ended without writing a result")
 }

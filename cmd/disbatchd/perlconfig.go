@@ -46,6 +46,16 @@ func applyPerlConfig(cmd *cobra.Command, path string, s *settings, defaults sett
 		s.QueueBalance = true
 		s.QueueBalancePretend = perlTrue(c.Balance["pretend"])
 	}
+	s.PerlConfigPath = path
+	if s.TaskRunner == "" {
+		s.TaskRunner = c.TaskRunner
+	}
+	switch c.GFS { // what 4.103's disbatchd passes task_runner
+	case perlconfig.GFSAuto:
+		s.TaskRunnerGFS = "auto"
+	case perlconfig.GFSAlways:
+		s.TaskRunnerGFS = "1"
+	}
 	var notes []string
 	if len(c.Unknown) > 0 {
 		notes = append(notes, "unknown keys, not used (4.103 does not read them either): "+strings.Join(c.Unknown, ", "))
@@ -56,8 +66,8 @@ func applyPerlConfig(cmd *cobra.Command, path string, s *settings, defaults sett
 	if len(c.Plugins) > 0 {
 		notes = append(notes, "not used by the node: plugins (4.103's node ignores it too; disbatch-web reads it)")
 	}
-	if c.TaskRunner != "" {
-		notes = append(notes, "not used yet: task_runner "+c.TaskRunner+" (Perl plugins do not run under this node; Disbatch::Plugin::Demo is built in)")
+	if len(s.PerlPlugins) == 0 {
+		notes = append(notes, "task_runner "+s.TaskRunner+" runs nothing: name the Perl plugins it should run with --perl-plugin")
 	}
 	return notes, nil
 }

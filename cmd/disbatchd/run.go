@@ -66,6 +66,12 @@ type settings struct {
 	IgnoreQueues []string `json:"-"`
 	// QueueBalancePretend: 4.103's balance.pretend (--perl-config).
 	QueueBalancePretend bool `json:"-"`
+	// PerlPlugins are constructors run through 4.103's task_runner
+	// (TaskRunner, with the --perl-config file and its gfs mode).
+	PerlPlugins    []string `json:"-"`
+	TaskRunner     string   `json:"-"`
+	TaskRunnerGFS  string   `json:"-"`
+	PerlConfigPath string   `json:"-"`
 }
 
 // duration reads "30s"-style strings in the config file.
@@ -191,6 +197,8 @@ func run(ctx context.Context, args []string, e env) int {
 	s.DeadAfter = duration(node.DefaultDeadAfter)
 	f.Var((*durationFlag)(&s.DeadAfter), "dead-after", "declare a node dead whose heartbeat is this old (server clock): requeue its claimed tasks, orphan its running ones")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
+	f.StringSliceVar(&s.PerlPlugins, "perl-plugin", nil, "run the tasks of this constructor (a Disbatch::Plugin::* Perl plugin) through Disbatch 4.103's task_runner, which marks them running and writes their result as 4.103 does (repeatable or comma-separated; needs --perl-config, whose file task_runner reads, and --node equal to this host's name, which task_runner claims by)")
+	f.StringVar(&s.TaskRunner, "task-runner", "", "4.103's task_runner for --perl-plugin (default: the --perl-config file's task_runner, else /usr/bin/task_runner)")
 	f.BoolVar(&s.QueueBalance, "queue-balance", false, "when this node leads, apply Disbatch 4.103's QueueBalance document (collection balance: caps on groups of queues by day and time) through max_running, every 30 s (4.103's balance.enabled with --perl-config)")
 	f.BoolVar(&s.NoProjector, "no-projector", false, "do not stand for election as the counter projector (count_todo/count_total/count_running/count_failed); another node must")
 	f.IntVar(&s.OutputThreshold, "output-threshold", store.DefaultOutputThreshold, "stdout+stderr bytes above which output goes to GridFS")
@@ -245,6 +253,14 @@ func run(ctx context.Context, args []string, e env) int {
 		}
 		if err := checkSettings(s); err != nil {
 			return &cmdline.UsageError{Err: err}
+		}
+		if len(s.PerlPlugins) > 0 {
+			if s.PerlConfigPath == "" {
+				return &cmdline.UsageError{Err: errors.New("--perl-plugin needs --perl-config: task_runner reads that file")}
+			}
+			if host, _ := os.Hostname(); host != s.Node {
+				return &cmdline.UsageError{Err: fmt.Errorf("--perl-plugin needs --node to be this host's name (%s): task_runner runs only tasks claimed by it", host)}
+			}
 		}
 		if err := node.CheckTiming(time.Duration(s.Heartbeat), time.Duration(s.FenceAfter), time.Duration(s.DeadAfter)); err != nil {
 			return &cmdline.UsageError{Err: fmt.Errorf("--heartbeat, --fence-after, --dead-after: %w", err)}
@@ -398,6 +414,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 func plugins(s settings) (*plugin.Registry, error) {
 	reg := plugin.NewRegistry()
 	reg.Register(plugin.DemoConstructor, plugin.Demo())
+	for _, name := range s.PerlPlugins {
+		reg.Register(strings.TrimSpace(name), plugin.TaskRunner{Path: s.TaskRunner, Config: s.PerlConfigPath, GFS: s.TaskRunnerGFS})
+	}
 	for _, name := range s.EnablePlugins {
 		switch strings.TrimSpace(name) {
 		case plugin.ExecConstructor:

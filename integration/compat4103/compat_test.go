@@ -421,3 +421,98 @@ func TestOurNodeKeepsThe4103ConfigFile(t *testing.T) {
 	require.Contains(t, log, "--perl-config: not used: log4perl")
 	require.Contains(t, log, "database="+db.Name())
 }
+
+// TestPerlPluginsUnderOurNode: a site's Disbatch::Plugin::* runs under our
+// node through 4.103's own task_runner (--perl-plugin): task_runner marks
+// the task running, runs the plugin and writes status, output and
+// complete: true as 4.103 does; our node waits for it.
+func TestPerlPluginsUnderOurNode(t *testing.T) {
+	t.Parallel()
+	shared := perlShared(t)
+	src := os.Getenv("PERL_DISBATCH_SRC")
+	if src == "" {
+		src = "/tmp/perl-disbatch-4.103"
+	}
+	if _, err := os.Stat(filepath.Join(src, "bin", "task_runner")); err != nil {
+		require.FailNow(t, "no extracted 4.103 source", "run %s/start-den once (it extracts the fetched code to %s), or set PERL_DISBATCH_SRC", shared, src)
+	}
+	db := mongotest.Database(t)
+	uri := mongotest.URI(t)
+	host := hostname(t)
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	hostport := strings.TrimPrefix(uri, "mongodb://")
+	require.NoError(t, os.WriteFile(cfg, []byte(`{
+		"mongohost": "mongodb://`+hostport+`", "database": "`+db.Name()+`",
+		"plugins": ["Disbatch::Plugin::Demo"], "task_runner": "./bin/task_runner", "gfs": "auto",
+	}`), 0o600))
+	n := &goNode{log: &syncbuf.Buffer{}}
+	n.cmd = exec.Command(filepath.Join(bins, "disbatchd"), "--perl-config", cfg, "--node", host, "--perl-plugin", "Disbatch::Plugin::Demo", "--grace", "2s")
+	n.cmd.Dir = src // task_runner's path in the file is relative, as 4.103 runs it
+	n.cmd.Env = append(os.Environ(), "PERL5LIB="+filepath.Join(shared, "lib")+":"+filepath.Join(src, "lib"))
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	require.NoError(t, n.cmd.Start())
+	t.Cleanup(func() {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		_ = n.cmd.Wait()
+		if t.Failed() {
+			t.Logf("disbatchd:\n%s", tail(n.log.String(), 60))
+		}
+	})
+	waitHeartbeat(t, db, host, 30*time.Second)
+	cli(t, uri, db.Name(), "", "queue", "create", "perl", "--constructor", "Disbatch::Plugin::Demo", "--maxthreads", "2")
+	cli(t, uri, db.Name(), `{"commands":"a","counter":3}`+"\n"+`{"commands":"c"}`+"\n", "task", "submit", "perl")
+	type task struct {
+		Status   int    `bson:"status"`
+		Node     any    `bson:"node"`
+		Stdout   any    `bson:"stdout"`
+		Stderr   any    `bson:"stderr"`
+		Complete bool   `bson:"complete"`
+		Params   bson.M `bson:"parameters"`
+		Params4  bson.M `bson:"params"`
+	}
+	var tasks []task
+	require.Eventually(t, func() bool {
+		cur, err := db.Collection("tasks").Find(context.Background(), bson.D{})
+		if err != nil {
+			return false
+		}
+		tasks = nil
+		if cur.All(context.Background(), &tasks) != nil || len(tasks) != 2 {
+			return false
+		}
+		for _, x := range tasks {
+			if x.Status <= 0 {
+				return false
+			}
+		}
+		return true
+	}, 60*time.Second, 200*time.Millisecond, "both tasks finished through task_runner: %+v", tasks)
+	for _, x := range tasks {
+		require.Equal(t, host, x.Node)
+		require.True(t, x.Complete, "complete: true, written by task_runner")
+		p := x.Params
+		if p == nil {
+			p = x.Params4
+		}
+		switch p["commands"] {
+		case "a":
+			require.Equal(t, 1, x.Status)
+			require.Equal(t, "This is command 'a' for apple.\n", x.Stdout)
+		case "c":
+			require.Equal(t, 2, x.Status)
+			require.Equal(t, "This is command 'c' for cry.\n", x.Stderr)
+		}
+	}
+	n2, err := db.Collection("reports").CountDocuments(context.Background(), bson.D{})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n2, "the Perl Demo's reports")
+	// Written by 4.103's programs, not ours: its Demo run from the source
+	// tree writes no version, and task_runner records no attempts.
+	var rep bson.M
+	require.NoError(t, db.Collection("reports").FindOne(context.Background(), bson.D{}).Decode(&rep))
+	require.Nil(t, rep["version"], "the Perl Demo's report: %v", rep)
+	left, err := db.Collection("tasks").CountDocuments(context.Background(), bson.D{{Key: "attempts", Value: bson.D{{Key: "$exists", Value: true}}}})
+	require.NoError(t, err)
+	require.Zero(t, left, "task_runner wrote the results, not our finish")
+	require.NotContains(t, n.log.String(), "task_runner did not start")
+}
