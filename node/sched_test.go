@@ -80,8 +80,11 @@ func TestMaxRunningCapsTheQueueAcrossNodes(t *testing.T) {
 	b := setup(t)
 	q := b.queue("capped", "test", 10, schema.SortFIFO)
 	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: q, MaxRunning: ptr(3)}))
-	b.rec.sleep = 20 * time.Millisecond
-	ids := b.tasks(q, 45, nil)
+	// Long enough that three run at once whatever the machine's load
+	// (with 20 ms a loaded CI run never had three: each admission is a
+	// transaction).
+	b.rec.sleep = 200 * time.Millisecond
+	ids := b.tasks(q, 30, nil)
 	for _, name := range []string{"n1", "n2", "n3"} {
 		cfg := b.config(name)
 		cfg.safetyNets = time.Hour // the nodes' own releases, not the leader's sweep
