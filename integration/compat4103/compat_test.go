@@ -14,10 +14,15 @@ package compat4103
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,6 +33,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/disbatch-go/disbatch/client"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/internal/syncbuf"
 )
@@ -41,7 +47,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bins = dir
-	for _, pkg := range []string{"./cmd/disbatchd", "./cmd/disbatch"} {
+	for _, pkg := range []string{"./cmd/disbatchd", "./cmd/disbatch", "./cmd/disbatch-web"} {
 		cmd := exec.Command("go", "build", "-o", dir+"/", pkg)
 		cmd.Dir = "../.."
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -84,11 +90,14 @@ type perlNode struct {
 }
 
 // startPerl starts the real 4.103 node on db: its node name is this host's.
-func startPerl(t *testing.T, uri, db string) *perlNode {
+// env is more environment for it (and its task_runners).
+func startPerl(t *testing.T, uri, db string, env ...string) *perlNode {
 	t.Helper()
 	dir := perlShared(t)
 	logdir := t.TempDir()
-	out, err := exec.Command(filepath.Join(dir, "start-den"), uri, db, logdir).CombinedOutput()
+	cmd := exec.Command(filepath.Join(dir, "start-den"), uri, db, logdir)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "start-den: %s", out)
 	pid, err := strconv.Atoi(strings.TrimSpace(lastLine(string(out))))
 	require.NoError(t, err, "start-den printed no PID: %s", out)
@@ -428,6 +437,17 @@ func TestOurNodeKeepsThe4103ConfigFile(t *testing.T) {
 // complete: true as 4.103 does; our node waits for it.
 func TestPerlPluginsUnderOurNode(t *testing.T) {
 	t.Parallel()
+	// 4.103's gfs modes, as its task_runner applies them: auto (output in
+	// the task document while it fits), true (always GridFS), false (never).
+	for _, mode := range []string{`"auto"`, `true`, `false`} {
+		t.Run("gfs="+strings.Trim(mode, `"`), func(t *testing.T) {
+			t.Parallel()
+			perlPluginsUnderOurNode(t, mode)
+		})
+	}
+}
+
+func perlPluginsUnderOurNode(t *testing.T, gfs string) {
 	shared := perlShared(t)
 	src := os.Getenv("PERL_DISBATCH_SRC")
 	if src == "" {
@@ -443,12 +463,14 @@ func TestPerlPluginsUnderOurNode(t *testing.T) {
 	hostport := strings.TrimPrefix(uri, "mongodb://")
 	require.NoError(t, os.WriteFile(cfg, []byte(`{
 		"mongohost": "mongodb://`+hostport+`", "database": "`+db.Name()+`",
-		"plugins": ["Disbatch::Plugin::Demo"], "task_runner": "./bin/task_runner", "gfs": "auto",
+		"plugins": ["Disbatch::Plugin::Demo"], "task_runner": "./bin/task_runner", "gfs": `+gfs+`,
 	}`), 0o600))
 	n := &goNode{log: &syncbuf.Buffer{}}
 	n.cmd = exec.Command(filepath.Join(bins, "disbatchd"), "--perl-config", cfg, "--node", host, "--perl-plugin", "Disbatch::Plugin::Demo", "--grace", "2s")
 	n.cmd.Dir = src // task_runner's path in the file is relative, as 4.103 runs it
-	n.cmd.Env = append(os.Environ(), "PERL5LIB="+filepath.Join(shared, "lib")+":"+filepath.Join(src, "lib"))
+	// PERL5OPT: the shared peer's put_gfs needs DateTime and Digest::MD5
+	// loaded, as the 1.x Perl driver did (see TestOurClientsTasksAndOutputBothWays).
+	n.cmd.Env = append(os.Environ(), "PERL5LIB="+filepath.Join(shared, "lib")+":"+filepath.Join(src, "lib"), "PERL5OPT=-MDateTime -MDigest::MD5")
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	require.NoError(t, n.cmd.Start())
 	t.Cleanup(func() {
@@ -462,13 +484,14 @@ func TestPerlPluginsUnderOurNode(t *testing.T) {
 	cli(t, uri, db.Name(), "", "queue", "create", "perl", "--constructor", "Disbatch::Plugin::Demo", "--maxthreads", "2")
 	cli(t, uri, db.Name(), `{"commands":"a","counter":3}`+"\n"+`{"commands":"c"}`+"\n", "task", "submit", "perl")
 	type task struct {
-		Status   int    `bson:"status"`
-		Node     any    `bson:"node"`
-		Stdout   any    `bson:"stdout"`
-		Stderr   any    `bson:"stderr"`
-		Complete bool   `bson:"complete"`
-		Params   bson.M `bson:"parameters"`
-		Params4  bson.M `bson:"params"`
+		ID       bson.ObjectID `bson:"_id"`
+		Status   int           `bson:"status"`
+		Node     any           `bson:"node"`
+		Stdout   any           `bson:"stdout"`
+		Stderr   any           `bson:"stderr"`
+		Complete bool          `bson:"complete"`
+		Params   bson.M        `bson:"parameters"`
+		Params4  bson.M        `bson:"params"`
 	}
 	var tasks []task
 	require.Eventually(t, func() bool {
@@ -494,13 +517,24 @@ func TestPerlPluginsUnderOurNode(t *testing.T) {
 		if p == nil {
 			p = x.Params4
 		}
-		switch p["commands"] {
-		case "a":
-			require.Equal(t, 1, x.Status)
-			require.Equal(t, "This is command 'a' for apple.\n", x.Stdout)
-		case "c":
+		want := map[string]string{"a": "This is command 'a' for apple.\n", "c": "This is command 'c' for cry.\n"}[p["commands"].(string)]
+		out := x.Stdout
+		if p["commands"] == "c" {
 			require.Equal(t, 2, x.Status)
-			require.Equal(t, "This is command 'c' for cry.\n", x.Stderr)
+			out = x.Stderr
+		} else {
+			require.Equal(t, 1, x.Status)
+		}
+		if gfs == "true" {
+			id, ok := out.(bson.ObjectID)
+			require.True(t, ok, "gfs true: output in GridFS, not %T", out)
+			var file bson.M
+			require.NoError(t, db.Collection("tasks.files").FindOne(context.Background(), bson.D{{Key: "_id", Value: id}}).Decode(&file))
+			require.NotEmpty(t, file["md5"], "as 4.103 writes it")
+			show := cli(t, uri, db.Name(), "", "task", "show", x.ID.Hex())
+			require.Contains(t, show, strings.TrimSpace(want), "our CLI reads task_runner's GridFS output")
+		} else {
+			require.Equal(t, want, out, "gfs %s: small output in the task document", gfs)
 		}
 	}
 	n2, err := db.Collection("reports").CountDocuments(context.Background(), bson.D{})
@@ -515,4 +549,165 @@ func TestPerlPluginsUnderOurNode(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, left, "task_runner wrote the results, not our finish")
 	require.NotContains(t, n.log.String(), "task_runner did not start")
+}
+
+// TestOurClientsTasksAndOutputBothWays: tasks from our Go client package
+// and our v1 API run on the real 4.103 node; output 4.103's task_runner
+// writes to GridFS (string chunks, md5, filename, metadata.task_id) is read
+// by our CLI and API whole. (The shared 4.103 peer's put_gfs calls
+// DateTime and Digest::MD5 without loading them, which the 1.x Perl
+// driver did: PERL5OPT loads them, changing nothing of 4.103's code.)
+func TestOurClientsTasksAndOutputBothWays(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	uri := mongotest.URI(t)
+	p := startPerl(t, uri, db.Name(), "PERL5OPT=-MDateTime -MDigest::MD5")
+	waitHeartbeat(t, db, hostname(t), 60*time.Second)
+	cli(t, uri, db.Name(), "", "queue", "create", "q", "--constructor", "Disbatch::Plugin::Demo", "--maxthreads", "3")
+	ctx := context.Background()
+	ids, err := client.New(db).Submit(ctx, "q", bson.D{{Key: "commands", Value: "a"}})
+	require.NoError(t, err)
+	web := exec.Command(filepath.Join(bins, "disbatch-web"), "--mongo-uri", uri, "--database", db.Name(), "--listen", "127.0.0.1:0", "--log-format", "text")
+	wlog := &syncbuf.Buffer{}
+	web.Stdout, web.Stderr = wlog, wlog
+	require.NoError(t, web.Start())
+	t.Cleanup(func() { _ = web.Process.Signal(syscall.SIGTERM); _ = web.Wait() })
+	var base string
+	require.Eventually(t, func() bool {
+		m := regexp.MustCompile(`serving the Disbatch HTTP API" url=(http://127\.0\.0\.1:\d+)/`).FindStringSubmatch(wlog.String())
+		if m != nil {
+			base = m[1]
+		}
+		return m != nil
+	}, 30*time.Second, 50*time.Millisecond, "disbatch-web serves: %s", wlog.String())
+	resp, err := http.Post(base+"/api/v1/tasks", "application/json", strings.NewReader(`{"queue":"q","tasks":[{"params":{"commands":"a"}},{"params":{"commands":"1e"}}]}`))
+	require.NoError(t, err)
+	var sub struct {
+		IDs []string `json:"ids"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&sub))
+	resp.Body.Close()
+	require.Len(t, sub.IDs, 2)
+	all := []string{ids[0].Hex(), sub.IDs[0], sub.IDs[1]}
+	host := hostname(t)
+	for _, id := range all {
+		oid, err := bson.ObjectIDFromHex(id)
+		require.NoError(t, err)
+		var doc bson.M
+		require.Eventually(t, func() bool {
+			doc = nil
+			_ = db.Collection("tasks").FindOne(ctx, bson.D{{Key: "_id", Value: oid}}).Decode(&doc)
+			st, _ := doc["status"].(int32)
+			done, _ := doc["complete"].(bool)
+			return st > 0 && done
+		}, 90*time.Second, 200*time.Millisecond, "task %s finished on the 4.103 node, its output written (complete: true)", id)
+		require.EqualValues(t, 1, doc["status"], "task %s: %v", id, doc["stderr"])
+		require.Equal(t, host, doc["node"], "the 4.103 node ran it")
+	}
+	// 1e: 16 MiB of stdout, to GridFS as 4.103 writes it.
+	big, err := bson.ObjectIDFromHex(sub.IDs[1])
+	require.NoError(t, err)
+	var doc bson.M
+	require.NoError(t, db.Collection("tasks").FindOne(ctx, bson.D{{Key: "_id", Value: big}}).Decode(&doc))
+	fileID, ok := doc["stdout"].(bson.ObjectID)
+	require.True(t, ok, "stdout in GridFS: %T", doc["stdout"])
+	var file bson.M
+	require.NoError(t, db.Collection("tasks.files").FindOne(ctx, bson.D{{Key: "_id", Value: fileID}}).Decode(&file))
+	require.Equal(t, "stdout", file["filename"])
+	require.NotEmpty(t, file["md5"])
+	resp, err = http.Get(base + "/api/v1/tasks/" + sub.IDs[1] + "/stdout")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, 16<<20, len(body), "our API reads 4.103's GridFS output whole")
+	require.Equal(t, strings.Repeat("1", 1<<20), string(body[:1<<20]))
+	show := cli(t, uri, db.Name(), "", "task", "show", sub.IDs[1])
+	require.Contains(t, show, "(GridFS", "our CLI reads it too")
+	require.True(t, p.alive())
+}
+
+// Test4103CLIsTasksRunOnOurNode: a queue and tasks made by 4.103's own CLI
+// through 4.103's own web API (create-queue, create-task, create-tasks) run
+// on our node with the params Demo reads; 4.103's CLI then reads our
+// results (tasks, queues' counts).
+func Test4103CLIsTasksRunOnOurNode(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	uri := mongotest.URI(t)
+	dir := perlShared(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	require.NoError(t, l.Close())
+	logdir := t.TempDir()
+	out, err := exec.Command(filepath.Join(dir, "start-web"), uri, db.Name(), port, logdir).CombinedOutput()
+	require.NoError(t, err, "start-web: %s", out)
+	pid, err := strconv.Atoi(strings.TrimSpace(lastLine(string(out))))
+	require.NoError(t, err, "start-web printed no PID: %s", out)
+	t.Cleanup(func() {
+		_ = syscall.Kill(-pid, syscall.SIGTERM)
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(logdir, "web.out"))
+			t.Logf("4.103 web.out:\n%s", tail(string(b), 40))
+		}
+	})
+	src := os.Getenv("PERL_DISBATCH_SRC")
+	if src == "" {
+		src = "/tmp/perl-disbatch-4.103"
+	}
+	perlCLI := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command("perl", append([]string{filepath.Join(src, "bin/disbatch"), "--url", "http://127.0.0.1:" + port}, args...)...)
+		b, err := cmd.CombinedOutput()
+		require.NoError(t, err, "4.103 disbatch %s:\n%s", strings.Join(args, " "), b)
+		return string(b)
+	}
+	created := perlCLI("create-queue", "perlq", "Disbatch::Plugin::Demo")
+	m := regexp.MustCompile(`Created queue perlq: ([0-9a-f]{24})`).FindStringSubmatch(created)
+	require.NotNil(t, m, "4.103 create-queue: %s", created)
+	perlCLI("update-queue", m[1], "threads", "2")
+	perlCLI("create-task", m[1], "commands", "a")
+	perlCLI("create-tasks", m[1], `[{"commands":"ab"},{"commands":"c"},{"counter":3}]`)
+
+	n := startGo(t, uri, db.Name(), "go-node")
+	ctx := context.Background()
+	var tasks []struct {
+		Status int    `bson:"status"`
+		Node   string `bson:"node"`
+		Stdout string `bson:"stdout"`
+		Stderr string `bson:"stderr"`
+		Params bson.M `bson:"params"`
+	}
+	require.Eventually(t, func() bool {
+		cur, err := db.Collection("tasks").Find(ctx, bson.D{{Key: "status", Value: bson.D{{Key: "$gt", Value: 0}}}})
+		if err != nil {
+			return false
+		}
+		tasks = tasks[:0]
+		return cur.All(ctx, &tasks) == nil && len(tasks) == 4
+	}, 60*time.Second, 100*time.Millisecond, "our node runs the 4.103 CLI's four tasks: %s", n.log.String())
+	// Demo, as 4.103's: a prints an apple to stdout, b a banana to
+	// stderr, c cries and fails; a counter alone succeeds.
+	for _, x := range tasks {
+		require.Equal(t, "go-node", x.Node)
+		switch x.Params["commands"] {
+		case "a":
+			require.Equal(t, 1, x.Status)
+			require.Contains(t, x.Stdout, "This is command 'a' for apple.")
+		case "ab":
+			require.Equal(t, 1, x.Status)
+			require.Contains(t, x.Stderr, "This is command 'b' for banana.")
+		case "c":
+			require.Equal(t, 2, x.Status, "Demo's c fails")
+			require.Contains(t, x.Stderr, "This is command 'c' for cry.")
+		default:
+			require.EqualValues(t, 3, x.Params["counter"], "%v", x.Params)
+			require.Equal(t, 1, x.Status)
+		}
+	}
+	listed := perlCLI("tasks", `{"status":1}`, "--count")
+	require.Equal(t, "3 tasks", strings.TrimSpace(lastLine(listed)), "4.103's CLI counts our succeeded tasks: %s", listed)
+	queues := perlCLI("queues")
+	require.Regexp(t, `perlq\s*\|\s*2\s*\|\s*0\s*\|\s*0\s*\|\s*4\b`, queues, "4.103's CLI shows threads 2, 0 queued, 0 running, 4 completed (3 succeeded, 1 failed): %s", queues)
 }
