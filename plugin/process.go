@@ -59,12 +59,12 @@ const (
 // Mixedout holds only what the command wrote (none of the notes appended to
 // stderr) and is left out when the output passes MaxMixedout. Neither is
 // set when the command could not be started or the parameters were bad.
-func Exec() Plugin { return Func(runExec) }
+func Exec() Plugin { return execPlugin{} }
 
 // Shell returns the shell plugin: bash -c parameters.command (a string,
 // required), with parameters.dir and parameters.env as for Exec, and the
 // same exit status mapping.
-func Shell() Plugin { return Func(runShell) }
+func Shell() Plugin { return shellPlugin{} }
 
 func runExec(ctx context.Context, t Task) Result {
 	params, err := parameters(t)

@@ -1,0 +1,228 @@
+package supervisor
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Launcher starts supervisors for a node.
+type Launcher struct {
+	// Dir is the node's state directory (made 0700 when missing). It must
+	// be the same across the node's restarts for them to adopt its tasks,
+	// and short enough for socket paths (about 75 bytes).
+	Dir string
+	// Command runs a supervisor with DIR and ID appended: the node's own
+	// binary and "supervise".
+	Command []string
+}
+
+// maxSocketPath is the longest unix socket path Linux takes (108 with
+// the NUL).
+const maxSocketPath = 107
+
+// Check makes the directory and checks that its socket paths fit.
+func (l *Launcher) Check() error {
+	if len(l.Command) == 0 {
+		return errors.New("supervisor: no command")
+	}
+	if n := len(sockPath(l.Dir, strings.Repeat("0", 24))); n > maxSocketPath {
+		return fmt.Errorf("state directory %s is too long for its sockets (%d bytes of %d): choose a shorter --state-dir", l.Dir, n, maxSocketPath)
+	}
+	if err := os.MkdirAll(l.Dir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	return nil
+}
+
+// startWait bounds how long Start waits for a new supervisor's socket.
+const startWait = 10 * time.Second
+
+// Start writes the spec, starts a supervisor in a session of its own (a
+// signal to the node's process group does not reach it) and connects.
+func (l *Launcher) Start(spec Spec) (*Handle, error) {
+	id := spec.Task.ID.Hex()
+	if err := writeGob(specPath(l.Dir, id), spec); err != nil {
+		return nil, fmt.Errorf("write the supervisor's spec: %w", err)
+	}
+	logf, err := os.OpenFile(logPath(l.Dir, id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(l.Command[0], append(append([]string{}, l.Command[1:]...), l.Dir, id)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		_ = os.Remove(specPath(l.Dir, id))
+		return nil, fmt.Errorf("start the supervisor: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }() // reaped while the node lives
+	deadline := time.Now().Add(startWait)
+	for {
+		h, err := Attach(l.Dir, id)
+		if err == nil {
+			return h, nil
+		}
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(logPath(l.Dir, id))
+			return nil, fmt.Errorf("the supervisor exited at once: %s", strings.TrimSpace(string(b)))
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("the supervisor did not listen within %s: %w", startWait, err)
+		}
+	}
+}
+
+// List returns the task ids of the supervisors in dir (by their sockets).
+func List(dir string) ([]string, error) {
+	m, err := filepath.Glob(filepath.Join(dir, "*.sock"))
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(m))
+	for _, p := range m {
+		ids = append(ids, strings.TrimSuffix(filepath.Base(p), ".sock"))
+	}
+	return ids, nil
+}
+
+// Handle is the node's connection to one supervisor.
+type Handle struct {
+	dir, id string
+	conn    net.Conn
+	PID     int
+	// Node and Database are whose task it is.
+	Node, Database string
+	mu             sync.Mutex
+	done           chan struct{}
+	out            Outcome
+	err            error
+	closed         bool
+}
+
+// Attach connects to the supervisor of task id in dir.
+func Attach(dir, id string) (*Handle, error) {
+	c, err := net.DialTimeout("unix", sockPath(dir, id), time.Second)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handle{dir: dir, id: id, conn: c, done: make(chan struct{})}
+	sc := bufio.NewScanner(c)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if !sc.Scan() {
+		c.Close()
+		return nil, fmt.Errorf("supervisor of %s: no hello: %v", id, sc.Err())
+	}
+	var hello message
+	if err := json.Unmarshal(sc.Bytes(), &hello); err != nil || hello.Op != opHello {
+		c.Close()
+		return nil, fmt.Errorf("supervisor of %s: bad hello %q", id, sc.Text())
+	}
+	if hello.Version != protocolVersion {
+		c.Close()
+		return nil, fmt.Errorf("supervisor of %s speaks protocol %d, this node %d", id, hello.Version, protocolVersion)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	h.PID, h.Node, h.Database = hello.PID, hello.Node, hello.Database
+	if hello.Done {
+		h.finish()
+	} else {
+		go h.read(sc)
+	}
+	return h, nil
+}
+
+func (h *Handle) read(sc *bufio.Scanner) {
+	for sc.Scan() {
+		var m message
+		if json.Unmarshal(sc.Bytes(), &m) == nil && m.Op == opDone {
+			h.finish()
+			return
+		}
+	}
+	h.mu.Lock()
+	closed := h.closed
+	h.mu.Unlock()
+	if !closed {
+		h.fail(errors.New("the supervisor went away before its result"))
+	}
+}
+
+func (h *Handle) finish() {
+	var o Outcome
+	err := readGob(resultPath(h.dir, h.id), &o)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.done:
+		return
+	default:
+	}
+	h.out, h.err = o, err
+	close(h.done)
+}
+
+func (h *Handle) fail(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.done:
+		return
+	default:
+	}
+	h.err = err
+	close(h.done)
+}
+
+// Done is closed when the outcome is known.
+func (h *Handle) Done() <-chan struct{} { return h.done }
+
+// Outcome is the run's outcome, once Done; an error when the supervisor
+// went away without one.
+func (h *Handle) Outcome() (Outcome, error) {
+	<-h.done
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.out, h.err
+}
+
+// Alive tells the supervisor that a heartbeat sent at sent was
+// acknowledged.
+func (h *Handle) Alive(sent time.Time) error {
+	return send(h.conn, message{Op: opAlive, Sent: sent.UnixNano()})
+}
+
+// Kill asks the supervisor to kill the plugin; reason is task control's
+// reason, or "".
+func (h *Handle) Kill(reason, text string) error {
+	return send(h.conn, message{Op: opKill, Reason: reason, Text: text})
+}
+
+// Ack tells the supervisor its result is taken care of, and lets go.
+func (h *Handle) Ack() {
+	_ = send(h.conn, message{Op: opAck})
+	h.Close()
+}
+
+// Close lets go of the supervisor without a word: the task runs on, and
+// the supervisor fences it unless a node attaches again in time.
+func (h *Handle) Close() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	_ = h.conn.Close()
+}

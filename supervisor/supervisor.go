@@ -1,0 +1,315 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// Main is `disbatchd supervise DIR ID`: it runs the task whose spec is
+// <DIR>/<ID>.spec and returns the exit code. Its log goes to stderr (the
+// node points it at <DIR>/<ID>.log).
+func Main(args []string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if len(args) != 2 {
+		log.Error("usage: disbatchd supervise DIR TASK_ID (started by disbatchd, not by hand)")
+		return 2
+	}
+	// SIGTERM or SIGINT (an operator, a test's cleanup, a machine going
+	// down) kills the task's process group and exits without a finish:
+	// the task is then recovered as its node's.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := Run(ctx, args[0], args[1], log); err != nil {
+		log.Error("supervisor failed", "task_id", args[1], "error", err)
+		return 1
+	}
+	return 0
+}
+
+// fenceCheck is how often a supervisor compares its clock with the fence.
+const fenceCheck = 100 * time.Millisecond
+
+// Killed is the cause a supervisor cancels its plugin with.
+type Killed struct {
+	Reason string // task control's reason, or ""
+	Text   string
+}
+
+func (k *Killed) Error() string { return k.Text }
+
+// sup is one supervisor's state.
+type sup struct {
+	dir, id string
+	spec    Spec
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	alive    time.Time // send time of the node's last acknowledged heartbeat
+	conn     net.Conn  // the node connected now, or nil
+	done     bool      // the result file is written
+	acked    chan struct{}
+	ackOnce  sync.Once
+	gone     chan struct{} // closed and remade when the connected node goes
+	kill     context.CancelCauseFunc
+	fenced   bool
+	stopping bool
+}
+
+// Run supervises one task until its result is handed over or written.
+func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
+	s := &sup{dir: dir, id: id, log: log.With("task_id", id), acked: make(chan struct{}), gone: make(chan struct{})}
+	if err := readGob(specPath(dir, id), &s.spec); err != nil {
+		return fmt.Errorf("read the spec: %w", err)
+	}
+	s.alive = s.spec.Alive
+	p, err := plugin.FromDetached(s.spec.Plugin)
+	if err != nil {
+		return err
+	}
+	_ = os.Remove(sockPath(dir, id))
+	ln, err := net.Listen("unix", sockPath(dir, id))
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	defer s.cleanup(ln)
+	runCtx, kill := context.WithCancelCause(ctx)
+	defer kill(nil)
+	s.kill = kill
+	go s.accept(ln)
+	if !s.spec.Deadline.IsZero() {
+		t := time.AfterFunc(time.Until(s.spec.Deadline), func() {
+			kill(&Killed{Reason: schema.ReasonTimeout, Text: s.spec.TimeoutText})
+		})
+		defer t.Stop()
+	}
+	watch := time.NewTicker(fenceCheck)
+	defer watch.Stop()
+	results := make(chan plugin.Result, 1)
+	go func() { results <- plugin.Run(runCtx, p, s.spec.Task, s.spec.PluginTimeout) }()
+	s.log.Info("supervising", "pid", os.Getpid(), "plugin", s.spec.Plugin.Kind, "fence_after", s.spec.FenceAfter)
+	var res plugin.Result
+	for running := true; running; {
+		select {
+		case res = <-results:
+			running = false
+		case <-watch.C:
+			s.mu.Lock()
+			silence := time.Since(s.alive)
+			fence := !s.fenced && silence > s.spec.FenceAfter
+			if fence {
+				s.fenced = true
+			}
+			s.mu.Unlock()
+			if fence {
+				s.log.Warn("fencing: no acknowledged heartbeat of the node for fence-after; killing the task before other nodes may recover it",
+					"node", s.spec.Node, "silence", silence.Round(time.Millisecond), "fence_after", s.spec.FenceAfter)
+				kill(&Killed{Text: fmt.Sprintf("supervisor fenced: no acknowledged heartbeat of node %s for %s", s.spec.Node, silence.Round(time.Millisecond))})
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		s.log.Warn("supervisor terminated by a signal: the task was killed; its finish is left to its node's recovery")
+		return nil
+	}
+	o := outcomeOf(res)
+	var k *Killed
+	if errors.As(context.Cause(runCtx), &k) && res.Status != schema.StatusSucceeded {
+		o.Reason = k.Reason
+	}
+	s.mu.Lock()
+	o.Fenced = s.fenced
+	s.mu.Unlock()
+	if err := s.handOver(o); err != nil {
+		return err
+	}
+	if !o.Fenced {
+		_ = os.Remove(logPath(s.dir, s.id)) // kept only when something went wrong
+	}
+	return nil
+}
+
+// handOver gives the outcome to a node, or writes the finish itself when
+// no node is there to.
+func (s *sup) handOver(o Outcome) error {
+	if err := writeGob(resultPath(s.dir, s.id), o); err != nil {
+		return fmt.Errorf("write the result: %w", err)
+	}
+	for {
+		s.mu.Lock()
+		s.done = true
+		conn, gone := s.conn, s.gone
+		s.mu.Unlock()
+		if conn != nil {
+			_ = send(conn, message{Op: opDone})
+			select {
+			case <-s.acked:
+				s.log.Info("result handed to the node")
+				return nil
+			case <-gone: // the node went before it acknowledged: again
+				continue
+			}
+		}
+		if o.Fenced {
+			// The task is whoever recovers it: wait a while for the node.
+			select {
+			case <-s.acked:
+				return nil
+			case <-gone:
+				continue
+			case <-time.After(s.spec.DeadAfter):
+				s.log.Warn("fenced and not adopted: exiting without writing a finish (the task is recovered as its node's)")
+				return nil
+			}
+		}
+		return s.writeFinish(o)
+	}
+}
+
+// writeFinish writes the finish the node would have written, guarded by
+// {_id, node, status: 0}.
+func (s *sup) writeFinish(o Outcome) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := store.Connect(ctx, store.ConnectParams{URI: s.spec.Mongo.URI, Database: s.spec.Mongo.Database,
+		Options: store.Options{OutputThreshold: s.spec.Mongo.OutputThreshold}, Retry: true, Logger: s.log})
+	if err != nil {
+		return fmt.Errorf("connect to write the finish: %w", err)
+	}
+	defer conn.Close()
+	res := o.Result()
+	f := s.spec.Finish
+	fp := store.TaskFinishParams{ID: s.spec.Task.ID, Node: s.spec.Node, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
+		Reason: o.Reason, Claimed: f.Claimed, Started: f.Started, Extra: res.Extra, Output: res.Output, Then: f.Then}
+	if res.Status >= schema.StatusFailed && o.Reason != schema.ReasonKilled && f.RetryTries > 0 {
+		fp.Retry = &store.TaskRetryAt{NotBefore: time.Now().Add(f.RetryDelay), Tries: f.RetryTries}
+	}
+	for attempt := 1; ; attempt++ {
+		err = conn.Store.TaskFinish(ctx, fp)
+		if err == nil || errors.Is(err, store.ErrLostTask) || ctx.Err() != nil {
+			break
+		}
+		s.log.Warn("finish write failed; retrying", "error", err, "attempt", attempt)
+		time.Sleep(time.Second)
+	}
+	switch {
+	case errors.Is(err, store.ErrLostTask):
+		s.log.Warn("the task is no longer this node's: its finish was not written", "error", err)
+		return nil
+	case err != nil:
+		return fmt.Errorf("write the finish: %w", err)
+	}
+	o.Written = true
+	_ = writeGob(resultPath(s.dir, s.id), o)
+	s.log.Info("finish written by the supervisor (no node connected)", "status", int(res.Status))
+	// A node that connected meanwhile learns it is written.
+	s.mu.Lock()
+	conn2 := s.conn
+	s.mu.Unlock()
+	if conn2 != nil {
+		_ = send(conn2, message{Op: opDone})
+	}
+	return nil
+}
+
+func (s *sup) cleanup(ln net.Listener) {
+	s.mu.Lock()
+	s.stopping = true
+	if s.conn != nil {
+		_ = s.conn.Close()
+	}
+	s.mu.Unlock()
+	_ = ln.Close()
+	for _, p := range []string{sockPath(s.dir, s.id), specPath(s.dir, s.id), resultPath(s.dir, s.id)} {
+		_ = os.Remove(p)
+	}
+}
+
+// accept serves node connections, one at a time: a new one replaces the
+// old (a restarted node).
+func (s *sup) accept(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		if s.stopping {
+			s.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		if s.conn != nil {
+			_ = s.conn.Close()
+		}
+		s.conn = c
+		done := s.done
+		s.mu.Unlock()
+		_ = send(c, message{Op: opHello, Task: s.id, PID: os.Getpid(), Version: protocolVersion, Done: done, Node: s.spec.Node, Database: s.spec.Mongo.Database})
+		go s.serve(c)
+	}
+}
+
+func (s *sup) serve(c net.Conn) {
+	defer func() {
+		s.mu.Lock()
+		if s.conn == c {
+			s.conn = nil
+			close(s.gone)
+			s.gone = make(chan struct{})
+		}
+		s.mu.Unlock()
+		_ = c.Close()
+	}()
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		var m message
+		if json.Unmarshal(sc.Bytes(), &m) != nil {
+			continue
+		}
+		switch m.Op {
+		case opAlive:
+			t := time.Unix(0, m.Sent)
+			s.mu.Lock()
+			if t.After(s.alive) {
+				s.alive = t
+			}
+			s.mu.Unlock()
+		case opKill:
+			s.mu.Lock()
+			kill := s.kill
+			s.mu.Unlock()
+			s.log.Info("kill from the node", "why", m.Text)
+			kill(&Killed{Reason: m.Reason, Text: m.Text})
+		case opAck:
+			s.ackOnce.Do(func() { close(s.acked) })
+		}
+	}
+}
+
+var sendMu sync.Mutex
+
+func send(c net.Conn, m message) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	sendMu.Lock()
+	defer sendMu.Unlock()
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.Write(append(b, '\n'))
+	return err
+}
