@@ -224,6 +224,11 @@ func (c *Claimer) Total() int { return c.slots.total() }
 // HasWork tells the claimer that q may have queued tasks.
 func (c *Claimer) HasWork(q bson.ObjectID) { c.mark(q, true) }
 
+// Adopt takes a slot of queue q for a task the node did not claim in this
+// run (a running task adopted from its supervisor), whatever the caps
+// say; Finished gives it back.
+func (c *Claimer) Adopt(q bson.ObjectID) { c.slots.take(q) }
+
 // WakeAll asks for a pass over every queue, re-reading them first.
 func (c *Claimer) WakeAll() {
 	c.mu.Lock()

@@ -65,6 +65,14 @@ func (s *slots) resume(reason PauseReason) bool {
 	return was
 }
 
+// take takes a slot of queue q whatever the caps.
+func (s *slots) take(q bson.ObjectID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.perQueue[q]++
+	s.all++
+}
+
 // release gives back a slot of queue q (never below zero).
 func (s *slots) release(q bson.ObjectID) {
 	s.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/supervisor"
 )
 
 // Defaults.
@@ -26,6 +27,9 @@ const (
 	// milliseconds, and the rest covers a failover to a primary whose
 	// clock differs (dead-after is judged by the primary's clock).
 	FenceMargin = 2 * time.Second
+	// NoGrace is a Grace of none: running tasks are killed (or, supervised,
+	// left running) at once at shutdown.
+	NoGrace time.Duration = -1
 )
 
 // Config configures a Node.
@@ -59,7 +63,8 @@ type Config struct {
 	ClaimBatch int
 	// Heartbeat is how often the node document is written.
 	Heartbeat time.Duration
-	// Grace is how long running tasks may finish at shutdown.
+	// Grace is how long running tasks may finish at shutdown (0:
+	// DefaultGrace; NoGrace: not at all).
 	Grace time.Duration
 	// PluginTimeout fails a task whose plugin runs longer (0: no limit).
 	PluginTimeout time.Duration
@@ -75,6 +80,16 @@ type Config struct {
 	FenceAfter time.Duration
 	// Observer, when set, is told about every task's lifecycle (metrics).
 	Observer Observer
+	// Supervise, when set, runs the tasks of detachable plugins (exec,
+	// shell, external executables: plugin.Detachable) each under a
+	// supervisor process of its own (package supervisor): a node that
+	// stops, crashes or is upgraded leaves them running, and its next start
+	// with the same Name and state directory adopts them. Stopping then
+	// detaches such tasks at the end of Grace instead of killing them.
+	// SuperviseMongo is how a supervisor reaches MongoDB to write a finish
+	// while its node is away. Nil: every plugin runs inside the node.
+	Supervise      *supervisor.Launcher
+	SuperviseMongo supervisor.Mongo
 	// NoProjector keeps this node out of the election of the counter
 	// projector (package projections); some node must run it.
 	NoProjector bool
@@ -145,7 +160,7 @@ func (c *Config) Validate() error {
 		{"tick", &c.Tick, DefaultTick}, {"heartbeat", &c.Heartbeat, DefaultHeartbeat}, {"grace", &c.Grace, DefaultGrace},
 		{"dead-after", &c.DeadAfter, DefaultDeadAfter}, {"fence-after", &c.FenceAfter, DefaultFenceAfter},
 	} {
-		if *d.v < 0 {
+		if *d.v < 0 && (d.v != &c.Grace || *d.v != NoGrace) {
 			errs = append(errs, fmt.Errorf("%s must not be negative", d.name))
 		}
 		if *d.v == 0 {

@@ -78,6 +78,8 @@ type livenessTarget interface {
 	// tasks still held.
 	drain()
 	held() int
+	// beatAcked: a heartbeat sent at sent was acknowledged.
+	beatAcked(sent time.Time)
 	// setMaxThreads sets the node-wide cap (nil: none).
 	setMaxThreads(limit *int)
 }
@@ -125,6 +127,13 @@ func (l *liveness) Start(ctx context.Context) error {
 		})
 		return nil
 	})
+}
+
+// lastAcked is when the last acknowledged heartbeat was sent.
+func (l *liveness) lastAcked() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastOK
 }
 
 // last is the heartbeat after the node stopped.
@@ -181,6 +190,7 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 		l.log.Warn("this node had been declared dead (its heartbeat was too old): its claimed tasks went back to the queue and its running ones were orphaned; writes for them will fail and be logged",
 			"declared_by", before.DeadBy, "declared_at", before.DeadAt)
 	}
+	l.target.beatAcked(sent)
 	if wasFenced {
 		l.log.Info("heartbeat acknowledged again: rejoining and claiming")
 		l.target.rejoin()

@@ -24,6 +24,7 @@ import (
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/supervisor"
 	"github.com/disbatch-go/disbatch/timers"
 )
 
@@ -80,7 +81,9 @@ func New(cfg Config) (*Node, error) {
 	// The runner gives its tasks' slots back to the claimer that took them.
 	n.runner = newRunner(runnerConfig{
 		Name: cfg.Name, Store: cfg.Store, Plugins: cfg.Plugins, PluginTimeout: cfg.PluginTimeout, Observer: cfg.Observer, beforeStart: cfg.beforeStart,
-		HasWork: func(q bson.ObjectID) { n.claimer.HasWork(q) },
+		HasWork:   func(q bson.ObjectID) { n.claimer.HasWork(q) },
+		Supervise: cfg.Supervise, SuperviseMongo: cfg.SuperviseMongo, FenceAfter: cfg.FenceAfter, DeadAfter: cfg.DeadAfter,
+		aliveAt: func() time.Time { return n.live.lastAcked() },
 	}, func(q bson.ObjectID) { n.claimer.Finished(q) }, cfg.Clock, log)
 	ccfg.Dispatch, ccfg.Malformed = n.runner.dispatch, n.runner.malformed
 	n.claimer = claimer.New(ccfg)
@@ -158,7 +161,20 @@ func (n *Node) Start(ctx context.Context) error {
 		} else if err != nil {
 			return err
 		}
-		if err := n.reaper.OrphanOwn(ctx); err != nil {
+		// Tasks the previous run left under supervisors still run: they
+		// are adopted, not orphaned.
+		var supervised map[bson.ObjectID]*supervisor.Handle
+		if n.cfg.Supervise != nil {
+			if err := n.cfg.Supervise.Check(); err != nil {
+				return err
+			}
+			supervised = n.runner.attachSupervisors()
+		}
+		except := make([]bson.ObjectID, 0, len(supervised))
+		for id := range supervised {
+			except = append(except, id)
+		}
+		if err := n.reaper.OrphanOwn(ctx, except...); err != nil {
 			return err
 		}
 		if n.stream != nil {
@@ -175,7 +191,8 @@ func (n *Node) Start(ctx context.Context) error {
 			}
 			run.Cleanup(n.proj.Stop)
 		}
-		if _, err := n.queues.refresh(ctx); err != nil {
+		qs, err := n.queues.refresh(ctx)
+		if err != nil {
 			return fmt.Errorf("read queues: %w", err)
 		}
 		n.runner.open()
@@ -190,6 +207,7 @@ func (n *Node) Start(ctx context.Context) error {
 				n.log.Warn("last heartbeat", "error", err)
 			}
 		})
+		n.runner.adopt(ctx, n.cfg.Store, supervised, qs, n.claimer.Adopt, n.cfg.Observer)
 		for _, s := range []lifecycle.Service{n.kills, n.strays, n.leader} {
 			if err := s.Start(ctx); err != nil {
 				return err
@@ -326,6 +344,8 @@ func (t *nodeTarget) rejoin() {
 }
 
 func (t *nodeTarget) drain() { t.claimer.Pause(claimer.PauseDraining) }
+
+func (t *nodeTarget) beatAcked(sent time.Time) { t.runner.alive(sent) }
 
 func (t *nodeTarget) held() int { return t.claimer.Total() }
 

@@ -49,6 +49,9 @@ const (
 	ControlTimeout = "timeout" // killed at its deadline
 	ControlExpired = "expired" // claimed after its expires_at: not started
 	ControlRetry   = "retry"   // a failed attempt sent back for another
+	// Supervised tasks across a node's restart:
+	ControlDetached = "detached" // the node stopped and left the task running under its supervisor
+	ControlAdopted  = "adopted"  // the node's next start took the running task back from its supervisor
 	// The leader's timers, for the cluster:
 	ControlReleased       = "released"        // delayed tasks queued at their not_before
 	ControlExpiredWaiting = "expired_waiting" // waiting tasks finished unrun at their expires_at

@@ -35,6 +35,7 @@ func (fakeParts) fence(time.Duration)                                           
 func (fakeParts) rejoin()                                                       {}
 func (fakeParts) drain()                                                        {}
 func (fakeParts) held() int                                                     { return 0 }
+func (fakeParts) beatAcked(time.Time)                                           {}
 func (fakeParts) setMaxThreads(*int)                                            {}
 
 func TestLivenessAndStraysKeepTheLifecycle(t *testing.T) {

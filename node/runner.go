@@ -16,6 +16,7 @@ import (
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/supervisor"
 )
 
 // errGraceExpired is the cause given to plugins killed at shutdown.
@@ -45,7 +46,14 @@ type runnerConfig struct {
 	Observer      Observer
 	// HasWork tells the claimer that a queue has tasks to claim (children
 	// this node just queued), ahead of their change events.
-	HasWork     func(q bson.ObjectID)
+	HasWork func(q bson.ObjectID)
+	// Supervise runs detachable plugins under supervisors (nil: in the
+	// node); the rest is what their specs need.
+	Supervise             *supervisor.Launcher
+	SuperviseMongo        supervisor.Mongo
+	FenceAfter, DeadAfter time.Duration
+	// aliveAt is the send time of the last acknowledged heartbeat.
+	aliveAt     func() time.Time
 	beforeStart func(schema.Task) // test signal
 }
 
@@ -67,7 +75,11 @@ type runner struct {
 	// pendingKills are kills of held tasks whose plugin has not started
 	// yet: it starts killed.
 	pendingKills map[bson.ObjectID]error
-	wg           sync.WaitGroup
+	// supervised are the tasks running under supervisors (nil until the
+	// supervisor answers); detached those left running at stop.
+	supervised map[bson.ObjectID]*supervisor.Handle
+	detached   map[bson.ObjectID]bool
+	wg         sync.WaitGroup
 
 	// Concurrent tasks' start and finish writes share round trips.
 	starts   *coalescer[store.TaskTransitionParams]
@@ -83,7 +95,8 @@ const writeBatch = 128
 
 func newRunner(cfg runnerConfig, finished func(bson.ObjectID), c clock.Clock, log *slog.Logger) *runner {
 	r := &runner{cfg: cfg, finished: finished, clock: clock.Or(c), log: log,
-		held: map[bson.ObjectID]struct{}{}, running: map[bson.ObjectID]context.CancelCauseFunc{}, pendingKills: map[bson.ObjectID]error{}}
+		held: map[bson.ObjectID]struct{}{}, running: map[bson.ObjectID]context.CancelCauseFunc{}, pendingKills: map[bson.ObjectID]error{},
+		supervised: map[bson.ObjectID]*supervisor.Handle{}, detached: map[bson.ObjectID]bool{}}
 	st := cfg.Store
 	r.starts = newCoalescer(writeBatch, func(ps []store.TaskTransitionParams) []error {
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
@@ -155,6 +168,9 @@ func (r *runner) handle(q claimer.Queue, t schema.Task, work func() (after []fun
 		defer r.finished(q.ID)
 		defer r.hold(t.ID, false)
 		after = work()
+		if r.wasDetached(t.ID) {
+			return // still running under its supervisor: its admission and slot go with the node
+		}
 		if q.Sched.Capped() {
 			r.release(q, t.ID)
 		}
@@ -448,15 +464,39 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		defer deadline.Stop()
 	}
 	var res plugin.Result
+	written := false
 	if p, ok := cfg.Plugins.Lookup(q.Constructor); ok {
 		log.Debug("task running")
-		res = plugin.Run(runCtx, p, plugin.Task{
+		pt := plugin.Task{
 			ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,
 			Attempt: t.Control.Attempt + 1, Parameters: t.Parameters, Document: t.Raw, Config: q.Sched.Config,
-		}, cfg.PluginTimeout)
+		}
+		if d, ok := p.(plugin.Detachable); ok && cfg.Supervise != nil {
+			var end supervisedEnd
+			res, end = r.runSupervised(runCtx, log, q, t, d, pt, claimed, started)
+			switch end {
+			case endDetached:
+				r.ran(t.ID)
+				steps.controlled(ControlDetached, "the node stopped; the task runs on under its supervisor")
+				return "detached"
+			case endWritten:
+				written = true
+			}
+		} else {
+			res = plugin.Run(runCtx, p, pt, cfg.PluginTimeout)
+		}
 	} else {
 		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
 	}
+	return r.complete(log, q, t, runCtx, res, claimed, started, written, steps, after)
+}
+
+// complete settles a task whose plugin ended with res: its task-control
+// reason, a retry, the finish write (unless its supervisor wrote it), and
+// its follow-ups (to after).
+func (r *runner) complete(log *slog.Logger, q claimer.Queue, t schema.Task, runCtx context.Context, res plugin.Result,
+	claimed, started time.Time, written bool, steps taskSteps, after *[]func()) string {
+	cfg := r.cfg
 	var ck *controlKill
 	reason := ""
 	if errors.As(context.Cause(runCtx), &ck) && res.Status != schema.StatusSucceeded {
@@ -483,12 +523,15 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		// them then takes one write, not a read and a write.
 		waiting = r.readWaiting(log, t.ID)
 	}
-	err := r.write(log, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
+	var err error
+	if !written {
+		err = r.write(log, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
+	}
 	steps.finished(res, err)
 	if err != nil {
 		return "lost"
 	}
-	log.Debug("task finished", "status", int(res.Status))
+	log.Debug("task finished", "status", int(res.Status), "written_by_supervisor", written)
 	if fp.Retry != nil {
 		return "retrying"
 	}
@@ -694,13 +737,20 @@ func (r *runner) drain(grace time.Duration) {
 	r.mu.Lock()
 	r.stopping = true
 	r.mu.Unlock()
+	grace = max(grace, 0) // NoGrace
 	if r.wait(grace) {
 		return
 	}
 	r.mu.Lock()
 	running := len(r.running)
 	r.mu.Unlock()
-	r.log.Warn("grace period expired: killing running tasks", "grace", grace, "running", running)
+	if n := r.detachSupervised(); n > 0 {
+		r.log.Info("grace period expired: leaving supervised tasks running for the node's next start", "grace", grace, "detached", n)
+		running -= n
+	}
+	if running > 0 {
+		r.log.Warn("grace period expired: killing running tasks", "grace", grace, "running", running)
+	}
 	r.killAll(fmt.Errorf("%w (%s)", errGraceExpired, grace), false)
 	r.wg.Wait()
 }

@@ -1,6 +1,8 @@
 package reaper
 
 import (
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -78,8 +80,8 @@ func New(cfg Config) *Reaper {
 
 // OrphanOwn orphans this node's unfinished tasks from a previous run. The
 // node calls it at start-up, before it claims anything.
-func (r *Reaper) OrphanOwn(ctx context.Context) error {
-	n, err := r.cfg.Store.TaskOrphanNode(ctx, store.TaskOrphanNodeParams{Node: r.cfg.Node})
+func (r *Reaper) OrphanOwn(ctx context.Context, except ...bson.ObjectID) error {
+	n, err := r.cfg.Store.TaskOrphanNode(ctx, store.TaskOrphanNodeParams{Node: r.cfg.Node, Except: except})
 	if err != nil {
 		return fmt.Errorf("orphan this node's unfinished tasks from a previous run: %w", err)
 	}

@@ -1089,6 +1089,9 @@ func (s *Store) TaskUnstart(ctx context.Context, p TaskTransitionParams) error {
 // TaskOrphanNodeParams name a node whose unfinished tasks are orphans.
 type TaskOrphanNodeParams struct {
 	Node string
+	// Except are tasks left alone: the node adopts them (they still run
+	// under their supervisors).
+	Except []bson.ObjectID
 }
 
 // TaskOrphanNode settles every task of Node in status -1 or 0: at start-up
@@ -1098,14 +1101,15 @@ type TaskOrphanNodeParams struct {
 // queue as a new attempt. The filters are the guard: a task that moved on
 // in the meantime is left alone. It returns how many were settled.
 func (s *Store) TaskOrphanNode(ctx context.Context, p TaskOrphanNodeParams) (int64, error) {
-	gone, err := s.settleGone(ctx, bson.D{{Key: schema.TaskNode, Value: p.Node}}, true)
+	filter := bson.D{{Key: schema.TaskNode, Value: p.Node}}
+	if len(p.Except) > 0 {
+		filter = append(filter, bson.E{Key: "_id", Value: bson.D{{Key: "$nin", Value: p.Except}}})
+	}
+	gone, err := s.settleGone(ctx, filter, true)
 	if err != nil {
 		return 0, fmt.Errorf("settle node %s's unfinished tasks: %w", p.Node, err)
 	}
-	n, err := s.orphan(ctx, bson.D{
-		{Key: schema.TaskNode, Value: p.Node},
-		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
-	})
+	n, err := s.orphan(ctx, append(filter, bson.E{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}))
 	return n + gone.Killed + gone.Rerun + gone.Orphaned, err
 }
 

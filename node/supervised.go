@@ -1,0 +1,298 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/supervisor"
+)
+
+// errDetach is the cause given to supervised tasks the node leaves
+// running when it stops.
+var errDetach = errors.New("node stopping: task left running under its supervisor")
+
+// supervisedEnd is how a supervised run ended for the node.
+type supervisedEnd int
+
+const (
+	endResult   supervisedEnd = iota // a result for the node to write
+	endWritten                       // the supervisor wrote the finish itself
+	endDetached                      // the node let go; the task runs on
+)
+
+// killWait bounds how long the node waits for a supervisor to answer a
+// kill with its result.
+const killWait = 30 * time.Second
+
+// runSupervised runs a task under a supervisor process of its own.
+func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.Queue, t schema.Task, d plugin.Detachable, pt plugin.Task,
+	claimed, started time.Time) (plugin.Result, supervisedEnd) {
+	spec := supervisor.Spec{
+		Node: r.cfg.Name, Task: pt, Plugin: d.Detached(), PluginTimeout: r.cfg.PluginTimeout,
+		FenceAfter: r.cfg.FenceAfter, DeadAfter: r.cfg.DeadAfter, Mongo: r.cfg.SuperviseMongo,
+		Finish: supervisor.Finish{Claimed: claimed, Started: started, Then: q.Sched.Then},
+	}
+	if r.cfg.aliveAt != nil {
+		spec.Alive = r.cfg.aliveAt()
+	}
+	if spec.Alive.IsZero() {
+		spec.Alive = time.Now()
+	}
+	if limit, from := timeLimit(q, t); limit > 0 {
+		spec.Deadline = started.Add(limit)
+		spec.TimeoutText = fmt.Sprintf("timeout of %s (%s)", limit, from)
+	}
+	if rt := r.retry(q, t, schema.StatusFailed, ""); rt != nil {
+		spec.Finish.RetryTries, spec.Finish.RetryDelay = rt.Tries, rt.NotBefore.Sub(r.clock.Now())
+	}
+	r.mu.Lock()
+	r.supervised[t.ID] = nil
+	r.mu.Unlock()
+	h, err := r.cfg.Supervise.Start(spec)
+	if err != nil {
+		r.forgetSupervised(t.ID)
+		log.Error("cannot start the task's supervisor", "error", err)
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: cannot start the task's supervisor: " + err.Error() + "\n"}, endResult
+	}
+	log.Debug("task running under a supervisor", "supervisor_pid", h.PID)
+	return r.await(ctx, log, t.ID, h)
+}
+
+// await waits for a supervised task's outcome, passing on kills; a
+// detach lets go of it.
+func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, h *supervisor.Handle) (plugin.Result, supervisedEnd) {
+	r.mu.Lock()
+	r.supervised[id] = h
+	r.mu.Unlock()
+	defer r.forgetSupervised(id)
+	select {
+	case <-h.Done():
+	case <-ctx.Done():
+		cause := context.Cause(ctx)
+		if errors.Is(cause, errDetach) {
+			r.mu.Lock()
+			r.detached[id] = true
+			r.mu.Unlock()
+			h.Close()
+			log.Info("task left running under its supervisor", "supervisor_pid", h.PID)
+			return plugin.Result{}, endDetached
+		}
+		reason := ""
+		var ck *controlKill
+		if errors.As(cause, &ck) {
+			reason = ck.reason
+		}
+		if err := h.Kill(reason, cause.Error()); err != nil {
+			log.Warn("telling the supervisor to kill the task failed", "error", err)
+		}
+		select {
+		case <-h.Done():
+		case <-time.After(killWait):
+			h.Close()
+			return plugin.Result{Status: schema.StatusFailed, Stderr: fmt.Sprintf("disbatchd: the task's supervisor (pid %d) did not answer a kill within %s\n", h.PID, killWait)}, endResult
+		}
+	}
+	o, err := h.Outcome()
+	if err != nil {
+		h.Close()
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: " + err.Error() + "\n"}, endResult
+	}
+	// The finish is the node's from here: the supervisor may go. Should
+	// the node die before writing it, the task is its next start's
+	// leftover, as any task that ended unwritten.
+	h.Ack()
+	res := o.Result()
+	if o.Written {
+		return res, endWritten
+	}
+	return res, endResult
+}
+
+func (r *runner) forgetSupervised(id bson.ObjectID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.supervised, id)
+}
+
+// wasDetached reports (once) whether a task was left running at stop.
+func (r *runner) wasDetached(id bson.ObjectID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := r.detached[id]
+	delete(r.detached, id)
+	return d
+}
+
+// detachSupervised lets go of every supervised task, leaving it running;
+// it returns how many.
+func (r *runner) detachSupervised() int {
+	r.mu.Lock()
+	var cancels []context.CancelCauseFunc
+	for id := range r.supervised {
+		if c, ok := r.running[id]; ok {
+			cancels = append(cancels, c)
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range cancels {
+		c(errDetach)
+	}
+	return len(cancels)
+}
+
+// alive passes an acknowledged heartbeat on to the supervisors.
+func (r *runner) alive(sent time.Time) {
+	r.mu.Lock()
+	hs := make([]*supervisor.Handle, 0, len(r.supervised))
+	for _, h := range r.supervised {
+		if h != nil {
+			hs = append(hs, h)
+		}
+	}
+	r.mu.Unlock()
+	for _, h := range hs {
+		_ = h.Alive(sent)
+	}
+}
+
+// attachSupervisors connects to the supervisors a previous run left in
+// the state directory.
+func (r *runner) attachSupervisors() map[bson.ObjectID]*supervisor.Handle {
+	l := r.cfg.Supervise
+	ids, err := supervisor.List(l.Dir)
+	if err != nil {
+		r.log.Warn("cannot list the state directory's supervisors", "dir", l.Dir, "error", err)
+		return nil
+	}
+	hs := map[bson.ObjectID]*supervisor.Handle{}
+	for _, s := range ids {
+		id, err := bson.ObjectIDFromHex(s)
+		if err != nil {
+			continue
+		}
+		h, err := supervisor.Attach(l.Dir, s)
+		if err != nil {
+			r.log.Info("a supervisor left in the state directory did not answer", "task_id", s, "error", err)
+			continue
+		}
+		if h.Node != r.cfg.Name || h.Database != r.cfg.SuperviseMongo.Database {
+			r.log.Warn("a supervisor in the state directory runs another node's task: left alone (give each node its own --state-dir)",
+				"task_id", s, "its_node", h.Node, "its_database", h.Database)
+			h.Close()
+			continue
+		}
+		hs[id] = h
+	}
+	return hs
+}
+
+// adoptStore is what adoption reads.
+type adoptStore interface {
+	TaskStates(ctx context.Context, ids []bson.ObjectID) ([]store.TaskState, error)
+	TaskGet(ctx context.Context, id bson.ObjectID) (schema.Task, error)
+}
+
+// adopt takes back the tasks of a previous run that still run under their
+// supervisors: each takes a slot of its queue and is finished as if this
+// run had started it. A supervisor whose task is not this node's running
+// one any more (recovered, finished) is told to kill it and let go.
+func (r *runner) adopt(ctx context.Context, st adoptStore, hs map[bson.ObjectID]*supervisor.Handle, queues []claimer.Queue,
+	take func(q bson.ObjectID), obs Observer) {
+	if len(hs) == 0 {
+		return
+	}
+	ids := make([]bson.ObjectID, 0, len(hs))
+	for id := range hs {
+		ids = append(ids, id)
+	}
+	states, err := st.TaskStates(ctx, ids)
+	byID := map[bson.ObjectID]store.TaskState{}
+	if err == nil {
+		for i, s := range states {
+			byID[ids[i]] = s
+		}
+	}
+	sent := time.Now()
+	if r.cfg.aliveAt != nil {
+		sent = r.cfg.aliveAt()
+	}
+	adopted := 0
+	for id, h := range hs {
+		log := r.log.With("task_id", id.Hex())
+		s, ok := byID[id]
+		var t schema.Task
+		if ok && s.Found && s.Node == r.cfg.Name && s.Status == schema.StatusRunning {
+			t, err = st.TaskGet(ctx, id)
+			ok = err == nil
+		} else {
+			ok = false
+		}
+		if !ok {
+			log.Warn("a supervisor's task is no longer this node's running task: killing it", "status", int(s.Status), "node", s.Node, "error", err)
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				_ = h.Kill("", "task killed: it is no longer node "+r.cfg.Name+"'s running task")
+				select {
+				case <-h.Done():
+				case <-time.After(killWait):
+				}
+				h.Ack()
+			}()
+			continue
+		}
+		_ = h.Alive(sent)
+		q := claimer.Queue{ID: t.Queue, Name: t.Queue.Hex()}
+		for _, x := range queues {
+			if x.ID == t.Queue {
+				q = x
+			}
+		}
+		take(q.ID)
+		adopted++
+		tt := newTaskTrace(r.cfg.Name, q, t, claimer.Timing{Start: r.clock.Now(), End: r.clock.Now()})
+		steps := stepsList{tt, &taskMetrics{obs: obs, clock: r.clock, queue: q.Name}}
+		steps.controlled(ControlAdopted, fmt.Sprintf("taken back from its supervisor (pid %d) by the node's new run", h.PID))
+		log.Info("adopted a running task from its supervisor", "queue", q.Name, "supervisor_pid", h.PID)
+		r.handle(q, t, func() (after []func()) {
+			steps.end(r.resume(log, q, t, h, steps, &after))
+			return after
+		})
+	}
+	if adopted > 0 {
+		r.log.Info("adopted the previous run's running tasks", "tasks", adopted)
+	}
+}
+
+// resume finishes an adopted task as run does one it started.
+func (r *runner) resume(log *slog.Logger, q claimer.Queue, t schema.Task, h *supervisor.Handle, steps taskSteps, after *[]func()) string {
+	runCtx, notNow := r.runContext(t.ID)
+	if notNow != nil {
+		// The node fenced itself meanwhile: the supervisor fences the
+		// task on its own clock.
+		runCtx = context.Background()
+	}
+	steps.started()
+	r.mu.Lock()
+	r.supervised[t.ID] = nil
+	r.mu.Unlock()
+	res, end := r.await(runCtx, log, t.ID, h)
+	switch end {
+	case endDetached:
+		r.ran(t.ID)
+		steps.controlled(ControlDetached, "the node stopped; the task runs on under its supervisor")
+		return "detached"
+	case endWritten:
+		return r.complete(log, q, t, runCtx, res, time.Time{}, time.Time{}, true, steps, after)
+	}
+	return r.complete(log, q, t, runCtx, res, time.Time{}, time.Time{}, false, steps, after)
+}
