@@ -4,6 +4,8 @@
 package main
 
 import (
+	"github.com/disbatch-go/disbatch/supervisor"
+
 	"context"
 	"os"
 	"os/signal"
@@ -11,6 +13,11 @@ import (
 )
 
 func main() {
+	// "disbatchd supervise DIR ID" is a task's supervisor, started by the
+	// node (package supervisor), not an operator's command.
+	if len(os.Args) > 1 && os.Args[1] == "supervise" {
+		os.Exit(supervisor.Main(os.Args[2:]))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sigs := make(chan os.Signal, 2)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/supervisor"
 	"github.com/disbatch-go/disbatch/tracing"
 )
 
@@ -59,6 +61,8 @@ type settings struct {
 	LogLevel        string            `json:"log_level"`
 	MetricsAddr     string            `json:"metrics_addr"`
 	QueueBalance    bool              `json:"queue_balance"`
+	Supervise       bool              `json:"supervise"`
+	StateDir        string            `json:"state_dir"`
 	// ActiveQueues and IgnoreQueues (queue ids or names) select this
 	// node's queues over the config collection's (--perl-config: 4.103's
 	// activequeues and ignorequeues).
@@ -145,8 +149,13 @@ TLS and authentication are set in the URI (e.g. ?tls=true&authSource=admin);
 the password is never printed.
 
 SIGTERM or SIGINT stops claiming at once, hands back claimed tasks, lets
-running tasks finish within --grace, then kills them and marks them failed.
-A second signal exits at once.`
+running tasks finish within --grace, then leaves supervised tasks (exec,
+shell, --plugin; see --supervise) running for the next start and kills the
+others (Demo, Perl plugins), marking them failed. A second signal kills
+every task and exits at once. Supervised tasks survive the node: their
+supervisors finish them if it stays away, and kill them (fence) when no
+heartbeat of the node was acknowledged for --fence-after, before other nodes
+may recover them (docs/restarts.md).`
 
 func run(ctx context.Context, args []string, e env) int {
 	var s settings
@@ -197,6 +206,8 @@ func run(ctx context.Context, args []string, e env) int {
 	s.DeadAfter = duration(node.DefaultDeadAfter)
 	f.Var((*durationFlag)(&s.DeadAfter), "dead-after", "declare a node dead whose heartbeat is this old (server clock): requeue its claimed tasks, orphan its running ones")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
+	f.BoolVar(&s.Supervise, "supervise", true, "run exec, shell and --plugin tasks each under a supervisor process of its own, so that stopping, killing or upgrading disbatchd leaves them running and its next start (same --node, same --state-dir) adopts them; false: they run inside the node and die with it")
+	f.StringVar(&s.StateDir, "state-dir", "", "where supervisors keep their sockets and results (default $STATE_DIRECTORY/NODE under systemd, else $TMPDIR/disbatchd-UID/NODE); must survive the node's restarts")
 	f.StringSliceVar(&s.PerlPlugins, "perl-plugin", nil, "run the tasks of this constructor (a Disbatch::Plugin::* Perl plugin) through Disbatch 4.103's task_runner, which marks them running and writes their result as 4.103 does (repeatable or comma-separated; needs --perl-config, whose file task_runner reads, and --node equal to this host's name, which task_runner claims by)")
 	f.StringVar(&s.TaskRunner, "task-runner", "", "4.103's task_runner for --perl-plugin (default: the --perl-config file's task_runner, else /usr/bin/task_runner)")
 	f.BoolVar(&s.QueueBalance, "queue-balance", false, "when this node leads, apply Disbatch 4.103's QueueBalance document (collection balance: caps on groups of queues by day and time) through max_running, every 30 s (4.103's balance.enabled with --perl-config)")
@@ -501,13 +512,21 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 			d.SetReports(conn.Store)
 		}
 	}
+	var launcher *supervisor.Launcher
+	if s.Supervise {
+		if launcher, err = supervisorLauncher(s, os.Getenv); err != nil {
+			return err
+		}
+		dlog.Info("supervised plugins: exec, shell and --plugin tasks survive this node's restarts", "state_dir", launcher.Dir)
+	}
 	n, err := node.New(node.Config{
 		Name: s.Node, Store: conn.Store, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
 		ActiveQueues: s.ActiveQueues, IgnoreQueues: s.IgnoreQueues, QueueBalance: s.QueueBalance, QueueBalancePretend: s.QueueBalancePretend,
-		Tick: time.Duration(s.Tick), Grace: time.Duration(s.Grace), PluginTimeout: time.Duration(s.PluginTimeout),
+		Tick: time.Duration(s.Tick), Grace: grace(time.Duration(s.Grace)), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),
-		Observer: obs,
+		Observer: obs, Supervise: launcher,
+		SuperviseMongo: supervisor.Mongo{URI: s.MongoURI, Database: s.Database, OutputThreshold: s.OutputThreshold},
 	})
 	if err != nil {
 		return err
@@ -543,4 +562,35 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		exitAtOnce = true
 		return errors.New("exited on a second signal before the node had stopped")
 	}
+}
+
+// supervisorLauncher runs supervisors with this binary ("disbatchd
+// supervise") in the node's state directory.
+func supervisorLauncher(s settings, getenv func(string) string) (*supervisor.Launcher, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("--supervise needs this binary's path: %w", err)
+	}
+	dir := s.StateDir
+	if dir == "" {
+		base := getenv("STATE_DIRECTORY") // systemd's StateDirectory=
+		if base == "" {
+			base = filepath.Join(os.TempDir(), fmt.Sprintf("disbatchd-%d", os.Getuid()))
+		}
+		dir = filepath.Join(base, strings.NewReplacer("/", "_", "\x00", "_").Replace(s.Node))
+	}
+	l := &supervisor.Launcher{Dir: dir, Command: []string{exe, "supervise"}}
+	if err := l.Check(); err != nil {
+		return nil, &cmdline.UsageError{Err: err}
+	}
+	return l, nil
+}
+
+// grace is --grace for the node: 0 means none (node.NoGrace), not the
+// node's default.
+func grace(d time.Duration) time.Duration {
+	if d == 0 {
+		return node.NoGrace
+	}
+	return d
 }
