@@ -9,10 +9,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,6 +48,7 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	stateRoot = filepath.Join(dir, "st")
 	begin := time.Now()
 	if err := buildBinaries(dir); err != nil {
 		fmt.Fprintln(os.Stderr, "integration: building the binaries:", err)
@@ -123,9 +126,65 @@ type proc struct {
 // startNode starts disbatchd with args and extra environment. The process
 // is killed (if still running) when the test ends, and its log is printed
 // if the test failed.
+//
+// Unless args name one, the node gets a --state-dir of its own for the
+// test and its node name, the same across its restarts in the test (so
+// they adopt its supervised tasks) and never another test's; the
+// supervisors left in it are terminated when the test ends.
 func startNode(t *testing.T, args []string, env ...string) *proc {
 	t.Helper()
-	return startProc(t, disbatchdBin, args, env...)
+	return startProc(t, disbatchdBin, withStateDir(t, args), env...)
+}
+
+// stateRoot holds the nodes' state directories (made by testMain).
+var stateRoot string
+
+func withStateDir(t *testing.T, args []string) []string {
+	t.Helper()
+	name := "default"
+	for i, a := range args {
+		if a == "--state-dir" || strings.HasPrefix(a, "--state-dir=") {
+			return args
+		}
+		if a == "--node" && i+1 < len(args) {
+			name = args[i+1]
+		} else if v, ok := strings.CutPrefix(a, "--node="); ok {
+			name = v
+		}
+	}
+	testDir := testStateDir(t)
+	dir := filepath.Join(testDir, fmt.Sprintf("%08x", fnvString(name)))
+	if _, err := os.Stat(testDir); os.IsNotExist(err) {
+		require.NoError(t, os.MkdirAll(testDir, 0o700))
+		t.Cleanup(func() { terminateSupervisors(testDir) })
+	}
+	return append(append([]string{}, args...), "--state-dir", dir)
+}
+
+// testStateDir holds the state directories of the test's nodes.
+func testStateDir(t *testing.T) string {
+	return filepath.Join(stateRoot, fmt.Sprintf("%08x", fnvString(t.Name())))
+}
+
+func fnvString(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
+}
+
+// terminateSupervisors sends SIGTERM to every supervisor whose command
+// line names dir (they kill their tasks' process groups and exit).
+func terminateSupervisors(dir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(b, []byte("\x00supervise\x00")) || !bytes.Contains(b, []byte(dir)) {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+		}
+	}
 }
 
 // startProc starts the binary bin (named in logs by its base name) as
