@@ -71,6 +71,13 @@ func TestRestartKeepsSupervisedTasks(t *testing.T) {
 	p := startNode(t, args)
 	p.waitLog("node started", 30*time.Second)
 	waitRunning(t, db, 20, 30*time.Second)
+	rss := supervisorsRSS(t, testStateDir(t))
+	require.Len(t, rss, 20, "one supervisor per running task")
+	total := 0
+	for _, kb := range rss {
+		total += kb
+	}
+	t.Logf("supervisors' RSS: mean %d KiB over %d (VmRSS, shared pages of the binary included)", total/len(rss), len(rss))
 
 	restart := func(how string, bin string) {
 		time.Sleep(1500 * time.Millisecond)
@@ -252,4 +259,30 @@ echo "end $DISBATCH_TASK_ID $DISBATCH_ATTEMPT" >> %s`, locks, runs, runs)
 		}
 	}
 	require.Equal(t, 5, fenced, "each supervisor fenced its task")
+}
+
+// supervisorsRSS is the VmRSS (KiB) of each supervisor process whose
+// command line names dir.
+func supervisorsRSS(t *testing.T, dir string) []int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var out []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), "\x00supervise\x00") || !strings.Contains(string(b), dir) {
+			continue
+		}
+		st, err := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				var kb int
+				_, _ = fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb)
+				out = append(out, kb)
+			}
+		}
+	}
+	return out
 }

@@ -67,11 +67,16 @@ type sup struct {
 	kill     context.CancelCauseFunc
 	fenced   bool
 	stopping bool
+	first    chan struct{} // closed at the first connection
 }
+
+// firstWait bounds how long a supervisor waits for its node's first
+// connection before it runs the task anyway.
+const firstWait = 10 * time.Second
 
 // Run supervises one task until its result is handed over or written.
 func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
-	s := &sup{dir: dir, id: id, log: log.With("task_id", id), acked: make(chan struct{}), gone: make(chan struct{})}
+	s := &sup{dir: dir, id: id, log: log.With("task_id", id), acked: make(chan struct{}), gone: make(chan struct{}), first: make(chan struct{})}
 	if err := readGob(specPath(dir, id), &s.spec); err != nil {
 		return fmt.Errorf("read the spec: %w", err)
 	}
@@ -90,6 +95,14 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 	defer kill(nil)
 	s.kill = kill
 	go s.accept(ln)
+	// The node that started it connects at once: the plugin starts only
+	// then, so that even a task of a millisecond hands its result to the
+	// node rather than to a write of the supervisor's own.
+	select {
+	case <-s.first:
+	case <-time.After(firstWait):
+		s.log.Warn("no node connected; running the task anyway", "waited", firstWait)
+	}
 	if !s.spec.Deadline.IsZero() {
 		t := time.AfterFunc(time.Until(s.spec.Deadline), func() {
 			kill(&Killed{Reason: schema.ReasonTimeout, Text: s.spec.TimeoutText})
@@ -257,6 +270,11 @@ func (s *sup) accept(ln net.Listener) {
 		}
 		s.conn = c
 		done := s.done
+		select {
+		case <-s.first:
+		default:
+			close(s.first)
+		}
 		s.mu.Unlock()
 		_ = send(c, message{Op: opHello, Task: s.id, PID: os.Getpid(), Version: protocolVersion, Done: done, Node: s.spec.Node, Database: s.spec.Mongo.Database})
 		go s.serve(c)

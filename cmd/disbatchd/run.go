@@ -61,8 +61,11 @@ type settings struct {
 	LogLevel        string            `json:"log_level"`
 	MetricsAddr     string            `json:"metrics_addr"`
 	QueueBalance    bool              `json:"queue_balance"`
-	Supervise       bool              `json:"supervise"`
-	StateDir        string            `json:"state_dir"`
+	// Supervise is --supervise (default on); the file turns it off with
+	// no_supervise: true.
+	Supervise   bool   `json:"-"`
+	NoSupervise bool   `json:"no_supervise"`
+	StateDir    string `json:"state_dir"`
 	// ActiveQueues and IgnoreQueues (queue ids or names) select this
 	// node's queues over the config collection's (--perl-config: 4.103's
 	// activequeues and ignorequeues).
@@ -106,7 +109,7 @@ Settings come from flags, then the environment, then --config FILE (JSON with
 the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
 plugins, plugin_timeout, grace, tick, orphan_after, heartbeat, fence_after,
 dead_after, poll_only, no_projector, output_threshold, log_format, log_level,
-metrics_addr, queue_balance), then the defaults.
+metrics_addr, queue_balance, no_supervise, state_dir), then the defaults.
 
 --metrics-addr ADDR (env DISBATCH_METRICS_ADDR; off unless given) serves
 Prometheus metrics at /metrics, /healthz (200 while the process runs) and
@@ -416,6 +419,12 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	}
 	if file.QueueBalance && unset("queue-balance", "") {
 		s.QueueBalance = true
+	}
+	if file.NoSupervise && unset("supervise", "") {
+		s.Supervise = false
+	}
+	if file.StateDir != "" && unset("state-dir", "") {
+		s.StateDir = file.StateDir
 	}
 	return nil
 }

@@ -222,7 +222,7 @@ func TestHelp(t *testing.T) {
 	}
 	require.ElementsMatch(t, keys, documented, "config keys in --help vs the settings struct")
 
-	flagFor := map[string]string{"enable_plugins": "enable-plugin", "plugins": "plugin"}
+	flagFor := map[string]string{"enable_plugins": "enable-plugin", "plugins": "plugin", "no_supervise": "supervise"}
 	for _, k := range keys {
 		f := flagFor[k]
 		if f == "" {

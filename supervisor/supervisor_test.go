@@ -1,0 +1,108 @@
+package supervisor
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// runInProcess runs a supervisor for spec in a goroutine (the process is
+// the same code: Main calls Run) and returns its task id and end.
+func runInProcess(t *testing.T, dir string, spec Spec) (string, <-chan error) {
+	t.Helper()
+	spec.Task.ID = bson.NewObjectID()
+	id := spec.Task.ID.Hex()
+	require.NoError(t, writeGob(specPath(dir, id), spec))
+	done := make(chan error, 1)
+	go func() { done <- Run(context.Background(), dir, id, slog.New(slog.DiscardHandler)) }()
+	require.Eventually(t, func() bool { _, err := os.Stat(sockPath(dir, id)); return err == nil }, 5*time.Second, 5*time.Millisecond)
+	return id, done
+}
+
+func shellSpec(command string, fenceAfter time.Duration) Spec {
+	params, _ := bson.Marshal(bson.D{{Key: "command", Value: command}})
+	return Spec{Node: "n", Task: plugin.Task{Parameters: params}, Plugin: plugin.DetachedSpec{Kind: plugin.ShellConstructor},
+		Alive: time.Now(), FenceAfter: fenceAfter, DeadAfter: 300 * time.Millisecond, Mongo: Mongo{Database: "d"}}
+}
+
+func TestTheNodeGetsTheResultAndTheSupervisorExits(t *testing.T) {
+	dir := t.TempDir()
+	id, done := runInProcess(t, dir, shellSpec("echo out; echo err >&2", time.Minute))
+	h, err := Attach(dir, id)
+	require.NoError(t, err)
+	require.Equal(t, "n", h.Node)
+	require.Equal(t, "d", h.Database)
+	o, err := h.Outcome()
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusSucceeded, o.Status)
+	require.Equal(t, "out\n", o.Stdout)
+	require.Equal(t, "err\n", o.Stderr)
+	require.False(t, o.Written)
+	require.NotEmpty(t, o.Result().Extra, "exec and shell's result and mixedout")
+	h.Ack()
+	require.NoError(t, <-done)
+	left, _ := os.ReadDir(dir)
+	require.Empty(t, left, "a supervisor that handed its result over leaves nothing behind")
+}
+
+func TestAKillFromTheNodeKillsThePlugin(t *testing.T) {
+	dir := t.TempDir()
+	id, done := runInProcess(t, dir, shellSpec("sleep 60", time.Minute))
+	h, err := Attach(dir, id)
+	require.NoError(t, err)
+	require.NoError(t, h.Kill(schema.ReasonKilled, "kill requested by ops"))
+	select {
+	case <-h.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no result after a kill")
+	}
+	o, err := h.Outcome()
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusFailed, o.Status)
+	require.Equal(t, schema.ReasonKilled, o.Reason)
+	require.Contains(t, o.Stderr, "kill requested by ops")
+	h.Ack()
+	require.NoError(t, <-done)
+}
+
+func TestWithoutHeartbeatsTheSupervisorFencesAndWritesNothing(t *testing.T) {
+	dir := t.TempDir()
+	begin := time.Now()
+	id, done := runInProcess(t, dir, shellSpec("sleep 60", 300*time.Millisecond))
+	// A node that keeps saying alive keeps the task running...
+	h, err := Attach(dir, id)
+	require.NoError(t, err)
+	for range 8 {
+		require.NoError(t, h.Alive(time.Now()))
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case <-h.Done():
+		t.Fatal("fenced although the node said alive")
+	default:
+	}
+	// ...and when it goes silent (here: gone), the task is killed within
+	// fence-after of the last alive, and no finish is written.
+	h.Close()
+	err = <-done
+	require.NoError(t, err, "fenced, not adopted within DeadAfter: exits without writing (no MongoDB here to write to)")
+	require.Less(t, time.Since(begin), 5*time.Second)
+	b, _ := os.ReadFile(logPath(dir, id))
+	_ = b // the log goes to stderr in Main; here it was discarded
+	_, err = os.Stat(sockPath(dir, id))
+	require.True(t, os.IsNotExist(err))
+}
+
+func TestAnotherVersionIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	_, err := Attach(dir, bson.NewObjectID().Hex())
+	require.Error(t, err, "no supervisor there")
+}
