@@ -175,16 +175,25 @@ func fnvString(s string) uint32 {
 // terminateSupervisors sends SIGTERM to every supervisor whose command
 // line names dir (they kill their tasks' process groups and exit).
 func terminateSupervisors(dir string) {
+	for _, pid := range supervisorPIDs(dir) {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}
+}
+
+// supervisorPIDs are the supervisor processes whose command line names dir.
+func supervisorPIDs(dir string) []int {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
 		if err != nil || !bytes.Contains(b, []byte("\x00supervise\x00")) || !bytes.Contains(b, []byte(dir)) {
 			continue
 		}
 		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
-			_ = syscall.Kill(pid, syscall.SIGTERM)
+			pids = append(pids, pid)
 		}
 	}
+	return pids
 }
 
 // startProc starts the binary bin (named in logs by its base name) as

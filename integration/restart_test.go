@@ -30,6 +30,16 @@ for i in $(seq %d); do echo "line $i"; sleep 1; done
 echo "end $DISBATCH_TASK_ID $DISBATCH_ATTEMPT" >> %s`, locks, runs, secs, runs)
 }
 
+// restartSetup gives a restart test its database, a work directory, and
+// in it the file of runs and the directory of locks restartTask uses.
+func restartSetup(t *testing.T) (db *mongo.Database, uri, work, runs, locks string) {
+	t.Helper()
+	db, uri, work = mongotest.Database(t), mongotest.URI(t), t.TempDir()
+	runs, locks = filepath.Join(work, "runs"), filepath.Join(work, "locks")
+	require.NoError(t, os.Mkdir(locks, 0o700))
+	return db, uri, work, runs, locks
+}
+
 // waitRunning waits until n tasks of db are running (status 0).
 func waitRunning(t *testing.T, db *mongo.Database, n int64, timeout time.Duration) {
 	t.Helper()
@@ -46,11 +56,7 @@ func waitRunning(t *testing.T, db *mongo.Database, n int64, timeout time.Duratio
 // whole output, and the counters end exact.
 func TestRestartKeepsSupervisedTasks(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
-	uri := mongotest.URI(t)
-	work := t.TempDir()
-	runs, locks := filepath.Join(work, "runs"), filepath.Join(work, "locks")
-	require.NoError(t, os.Mkdir(locks, 0o700))
+	db, uri, work, runs, locks := restartSetup(t)
 	cli(t, uri, db.Name(), "", "queue", "create", "sh", "--constructor", "shell", "--maxthreads", "20")
 	secs := map[string]int{}
 	var lines []string
@@ -176,15 +182,7 @@ func requireCountersExact(t *testing.T, db *mongo.Database, queue string, total 
 // names dir.
 func supervisorsRunning(t *testing.T, dir string) int {
 	t.Helper()
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	n := 0
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err == nil && strings.Contains(string(b), "\x00supervise\x00") && strings.Contains(string(b), dir) {
-			n++
-		}
-	}
-	return n
+	return len(supervisorPIDs(dir))
 }
 
 // findTasks reads every task of db in _id order.
@@ -204,11 +202,7 @@ func findTasks(t *testing.T, db *mongo.Database) []task {
 // overlaps another, every task ends once, on the live node.
 func TestSupervisorsFenceWhenTheNodeNeverReturns(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
-	uri := mongotest.URI(t)
-	work := t.TempDir()
-	runs, locks := filepath.Join(work, "runs"), filepath.Join(work, "locks")
-	require.NoError(t, os.Mkdir(locks, 0o700))
+	db, uri, _, runs, locks := restartSetup(t)
 	cli(t, uri, db.Name(), "", "queue", "create", "sh", "--constructor", "shell", "--maxthreads", "5")
 	cli(t, uri, db.Name(), "", "queue", "set", "sh", "--rerun-orphans=true")
 	// The first attempt would run a minute; the rerun, a second.
@@ -265,14 +259,9 @@ echo "end $DISBATCH_TASK_ID $DISBATCH_ATTEMPT" >> %s`, locks, runs, runs)
 // command line names dir.
 func supervisorsRSS(t *testing.T, dir string) []int {
 	t.Helper()
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	var out []int
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(b), "\x00supervise\x00") || !strings.Contains(string(b), dir) {
-			continue
-		}
-		st, err := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
+	for _, pid := range supervisorPIDs(dir) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		if err != nil {
 			continue
 		}
