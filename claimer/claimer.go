@@ -239,6 +239,9 @@ func (c *Claimer) WakeAll() {
 
 func (c *Claimer) mark(q bson.ObjectID, work bool) {
 	c.mu.Lock()
+	if c.dirty == nil { // before Start (an adopted task that ended at once): Start tries every queue anyway
+		c.dirty = map[bson.ObjectID]bool{}
+	}
 	if !work && c.capped {
 		c.retryBlocked = true
 	}

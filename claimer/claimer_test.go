@@ -805,3 +805,14 @@ func TestABatchLostToOtherNodesIsNotAnEmptyQueue(t *testing.T) {
 	require.Equal(t, 100, h.claimedCount(), "the lost batch did not end the queue's turn")
 	require.Equal(t, int64(1), h.c.Stats().EmptyClaims, "empty once, at the end")
 }
+
+func TestFinishedAndHasWorkBeforeStartDoNotPanic(t *testing.T) {
+	c := claimer.New(claimer.Config{Node: "n", Dispatch: func(claimer.Queue, schema.Task, claimer.Timing) {},
+		Refresh: func(context.Context) ([]claimer.Queue, error) { return nil, nil }})
+	q := bson.NewObjectID()
+	c.Adopt(q)
+	require.Equal(t, 1, c.Running(q))
+	c.Finished(q)
+	c.HasWork(q)
+	require.Equal(t, 0, c.Running(q))
+}
