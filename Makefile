@@ -42,8 +42,10 @@ jaeger:
 # The benchmark program (cmd/disbatch-bench): a table of every figure and
 # its conditions, on its own replica set. `make bench ARGS=--quick` takes a
 # minute; `make bench ARGS=--help` lists the options.
+# The supervise group runs the small supervisor binary, built first.
 bench: mongod
-	$(GO) run ./cmd/disbatch-bench $(ARGS)
+	$(GO) build -o $(BIN)/ ./cmd/disbatch-supervisor
+	DISBATCH_SUPERVISOR=$(abspath $(BIN))/disbatch-supervisor $(GO) run ./cmd/disbatch-bench $(ARGS)
 
 # Refreshes the dashboard's screenshots in docs/screenshots (the README
 # shows them) from a run of its browser test (integration, TestDashboard:

@@ -79,7 +79,10 @@ func buildBinaries(dir string) error {
 	root := filepath.Dir(gomod)
 	disbatchdBin = filepath.Join(dir, "disbatchd")
 	disbatchBin = filepath.Join(dir, "disbatch")
-	for bin, pkg := range map[string]string{disbatchdBin: "./cmd/disbatchd", disbatchBin: "./cmd/disbatch"} {
+	// disbatch-supervisor beside disbatchd: the node runs it (the small
+	// supervisor); a copy of disbatchd elsewhere supervises itself.
+	supervisorBin := filepath.Join(dir, "disbatch-supervisor")
+	for bin, pkg := range map[string]string{disbatchdBin: "./cmd/disbatchd", disbatchBin: "./cmd/disbatch", supervisorBin: "./cmd/disbatch-supervisor"} {
 		args := []string{"build", "-o", bin}
 		if raceBuild {
 			args = append(args, "-race")
@@ -186,7 +189,7 @@ func supervisorPIDs(dir string) []int {
 	var pids []int
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(b, []byte("\x00supervise\x00")) || !bytes.Contains(b, []byte(dir)) {
+		if err != nil || !bytes.Contains(b, []byte("supervise")) || !bytes.Contains(b, []byte(dir)) {
 			continue
 		}
 		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {

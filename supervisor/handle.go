@@ -21,9 +21,12 @@ type Launcher struct {
 	// be the same across the node's restarts for them to adopt its tasks,
 	// and short enough for socket paths (about 75 bytes).
 	Dir string
-	// Command runs a supervisor with DIR and ID appended: the node's own
-	// binary and "supervise".
-	Command []string
+	// Command runs a supervisor with DIR and ID appended:
+	// disbatch-supervisor (small), or the node's own binary and
+	// "supervise". FinishCommand writes a finish for a supervisor whose
+	// node is away (`disbatchd supervise-finish`).
+	Command       []string
+	FinishCommand []string
 }
 
 // maxSocketPath is the longest unix socket path Linux takes (108 with
@@ -51,6 +54,7 @@ const startWait = 10 * time.Second
 // signal to the node's process group does not reach it) and connects.
 func (l *Launcher) Start(spec Spec) (*Handle, error) {
 	id := spec.Task.ID.Hex()
+	spec.FinishCommand = l.FinishCommand
 	if err := writeGob(specPath(l.Dir, id), spec); err != nil {
 		return nil, fmt.Errorf("write the supervisor's spec: %w", err)
 	}

@@ -36,6 +36,10 @@ type Spec struct {
 	DeadAfter time.Duration
 	Mongo     Mongo
 	Finish    Finish
+	// FinishCommand writes the finish when no node is there to, with DIR
+	// and ID appended (package supervisor/finish; `disbatchd
+	// supervise-finish`).
+	FinishCommand []string
 }
 
 // Mongo is how a supervisor reaches MongoDB when it must write the
@@ -127,3 +131,18 @@ func readGob(path string, v any) error {
 	}
 	return nil
 }
+
+// ReadSpec reads the spec of task id in dir.
+func ReadSpec(dir, id string) (Spec, error) {
+	var s Spec
+	return s, readGob(specPath(dir, id), &s)
+}
+
+// ReadOutcome reads the outcome of task id in dir.
+func ReadOutcome(dir, id string) (Outcome, error) {
+	var o Outcome
+	return o, readGob(resultPath(dir, id), &o)
+}
+
+// WriteOutcome replaces the outcome of task id in dir.
+func WriteOutcome(dir, id string, o Outcome) error { return writeGob(resultPath(dir, id), o) }

@@ -9,14 +9,15 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
-	"github.com/disbatch-go/disbatch/store"
 )
 
 // Main is `disbatchd supervise DIR ID`: it runs the task whose spec is
@@ -109,6 +110,17 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 		})
 		defer t.Stop()
 	}
+	s.mu.Lock()
+	late := time.Since(s.alive)
+	s.mu.Unlock()
+	if late > s.spec.FenceAfter {
+		// The node went silent before the task could start: it must not
+		// start now, other nodes may recover it soon.
+		s.log.Warn("fencing before the start: no acknowledged heartbeat of the node for fence-after", "node", s.spec.Node, "silence", late.Round(time.Millisecond))
+		s.fenced = true
+		return s.handOver(Outcome{Status: schema.StatusFailed, Fenced: true,
+			Stderr: fmt.Sprintf("task killed: supervisor fenced before the start: no acknowledged heartbeat of node %s for %s\n", s.spec.Node, late.Round(time.Millisecond))})
+	}
 	watch := time.NewTicker(fenceCheck)
 	defer watch.Stop()
 	results := make(chan plugin.Result, 1)
@@ -192,51 +204,41 @@ func (s *sup) handOver(o Outcome) error {
 	}
 }
 
-// writeFinish writes the finish the node would have written, guarded by
-// {_id, node, status: 0}.
+// writeFinish has the finish the node would have written, guarded by
+// {_id, node, status: 0}, written by the spec's FinishCommand (package
+// supervisor/finish: it links the MongoDB driver, which this process does
+// not, to stay small).
 func (s *sup) writeFinish(o Outcome) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	if len(s.spec.FinishCommand) == 0 {
+		return errors.New("no finish command in the spec: the result stays in the state directory")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := store.Connect(ctx, store.ConnectParams{URI: s.spec.Mongo.URI, Database: s.spec.Mongo.Database,
-		Options: store.Options{OutputThreshold: s.spec.Mongo.OutputThreshold}, Retry: true, Logger: s.log})
-	if err != nil {
-		return fmt.Errorf("connect to write the finish: %w", err)
-	}
-	defer conn.Close()
-	res := o.Result()
-	f := s.spec.Finish
-	fp := store.TaskFinishParams{ID: s.spec.Task.ID, Node: s.spec.Node, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
-		Reason: o.Reason, Claimed: f.Claimed, Started: f.Started, Extra: res.Extra, Output: res.Output, Then: f.Then}
-	if res.Status >= schema.StatusFailed && o.Reason != schema.ReasonKilled && f.RetryTries > 0 {
-		fp.Retry = &store.TaskRetryAt{NotBefore: time.Now().Add(f.RetryDelay), Tries: f.RetryTries}
-	}
-	for attempt := 1; ; attempt++ {
-		err = conn.Store.TaskFinish(ctx, fp)
-		if err == nil || errors.Is(err, store.ErrLostTask) || ctx.Err() != nil {
-			break
-		}
-		s.log.Warn("finish write failed; retrying", "error", err, "attempt", attempt)
-		time.Sleep(time.Second)
-	}
+	cmd := exec.CommandContext(ctx, s.spec.FinishCommand[0], append(append([]string{}, s.spec.FinishCommand[1:]...), s.dir, s.id)...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
 	switch {
-	case errors.Is(err, store.ErrLostTask):
-		s.log.Warn("the task is no longer this node's: its finish was not written", "error", err)
+	case errors.As(err, &ee) && ee.ExitCode() == FinishLost:
+		s.log.Warn("the task is no longer this node's: its finish was not written")
 		return nil
 	case err != nil:
-		return fmt.Errorf("write the finish: %w", err)
+		return fmt.Errorf("write the finish (%s): %w", strings.Join(s.spec.FinishCommand, " "), err)
 	}
-	o.Written = true
-	_ = writeGob(resultPath(s.dir, s.id), o)
-	s.log.Info("finish written by the supervisor (no node connected)", "status", int(res.Status))
+	s.log.Info("finish written by the supervisor (no node connected)", "status", int(o.Status))
 	// A node that connected meanwhile learns it is written.
 	s.mu.Lock()
-	conn2 := s.conn
+	conn := s.conn
 	s.mu.Unlock()
-	if conn2 != nil {
-		_ = send(conn2, message{Op: opDone})
+	if conn != nil {
+		_ = send(conn, message{Op: opDone})
 	}
 	return nil
 }
+
+// FinishLost is the finish command's exit code when the guard did not
+// match: the task is no longer the node's.
+const FinishLost = 3
 
 func (s *sup) cleanup(ln net.Listener) {
 	s.mu.Lock()

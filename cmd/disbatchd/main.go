@@ -4,6 +4,8 @@
 package main
 
 import (
+	"github.com/disbatch-go/disbatch/supervisor/finish"
+
 	"github.com/disbatch-go/disbatch/supervisor"
 
 	"context"
@@ -17,6 +19,11 @@ func main() {
 	// node (package supervisor), not an operator's command.
 	if len(os.Args) > 1 && os.Args[1] == "supervise" {
 		os.Exit(supervisor.Main(os.Args[2:]))
+	}
+	// "disbatchd supervise-finish DIR ID" writes a supervised task's
+	// finish for its supervisor while the node is away.
+	if len(os.Args) > 1 && os.Args[1] == "supervise-finish" {
+		os.Exit(finish.Main(os.Args[2:]))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

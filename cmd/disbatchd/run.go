@@ -526,7 +526,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		if launcher, err = supervisorLauncher(s, os.Getenv); err != nil {
 			return err
 		}
-		dlog.Info("supervised plugins: exec, shell and --plugin tasks survive this node's restarts", "state_dir", launcher.Dir)
+		dlog.Info("supervised plugins: exec, shell and --plugin tasks survive this node's restarts", "state_dir", launcher.Dir, "supervisor", strings.Join(launcher.Command, " "))
 	}
 	n, err := node.New(node.Config{
 		Name: s.Node, Store: conn.Store, Plugins: reg, MaxThreads: s.MaxThreads, Label: s.Label, PollOnly: s.PollOnly,
@@ -588,7 +588,13 @@ func supervisorLauncher(s settings, getenv func(string) string) (*supervisor.Lau
 		}
 		dir = filepath.Join(base, strings.NewReplacer("/", "_", "\x00", "_").Replace(s.Node))
 	}
-	l := &supervisor.Launcher{Dir: dir, Command: []string{exe, "supervise"}}
+	// disbatch-supervisor beside this binary is the small one (no MongoDB
+	// driver, about 5 MiB); without it, this binary supervises.
+	command := []string{exe, "supervise"}
+	if small := filepath.Join(filepath.Dir(exe), "disbatch-supervisor"); isExecutable(small) {
+		command = []string{small}
+	}
+	l := &supervisor.Launcher{Dir: dir, Command: command, FinishCommand: []string{exe, "supervise-finish"}}
 	if err := l.Check(); err != nil {
 		return nil, &cmdline.UsageError{Err: err}
 	}
@@ -602,4 +608,9 @@ func grace(d time.Duration) time.Duration {
 		return node.NoGrace
 	}
 	return d
+}
+
+func isExecutable(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
 }

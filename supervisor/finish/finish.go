@@ -1,0 +1,83 @@
+// Package finish writes the finish of a supervised task whose node was
+// away when it ended (`disbatchd supervise-finish DIR ID`, run by the
+// task's supervisor): the same guarded write as the node's, from the
+// spec and the result in the state directory. It lives apart from package
+// supervisor so that the supervisor process, which runs once per task,
+// does not link the MongoDB driver.
+package finish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/supervisor"
+)
+
+// Main writes the finish of task ID from DIR and returns the exit code:
+// 0 written, supervisor.FinishLost when the task is no longer the node's,
+// 1 on failure.
+func Main(args []string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if len(args) != 2 {
+		log.Error("usage: disbatchd supervise-finish DIR TASK_ID (run by a task's supervisor, not by hand)")
+		return 2
+	}
+	err := Write(context.Background(), args[0], args[1], log)
+	switch {
+	case errors.Is(err, store.ErrLostTask):
+		return supervisor.FinishLost
+	case err != nil:
+		log.Error("finish not written", "task_id", args[1], "error", err)
+		return 1
+	}
+	return 0
+}
+
+// Write writes the finish and marks the outcome written.
+func Write(ctx context.Context, dir, id string, log *slog.Logger) error {
+	spec, err := supervisor.ReadSpec(dir, id)
+	if err != nil {
+		return err
+	}
+	o, err := supervisor.ReadOutcome(dir, id)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	conn, err := store.Connect(ctx, store.ConnectParams{URI: spec.Mongo.URI, Database: spec.Mongo.Database,
+		Options: store.Options{OutputThreshold: spec.Mongo.OutputThreshold}, Retry: true, Logger: log})
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close()
+	res := o.Result()
+	f := spec.Finish
+	fp := store.TaskFinishParams{ID: spec.Task.ID, Node: spec.Node, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
+		Reason: o.Reason, Claimed: f.Claimed, Started: f.Started, Extra: res.Extra, Output: res.Output, Then: f.Then}
+	if res.Status >= schema.StatusFailed && o.Reason != schema.ReasonKilled && f.RetryTries > 0 {
+		fp.Retry = &store.TaskRetryAt{NotBefore: time.Now().Add(f.RetryDelay), Tries: f.RetryTries}
+	}
+	for attempt := 1; ; attempt++ {
+		err = conn.Store.TaskFinish(ctx, fp)
+		if err == nil || errors.Is(err, store.ErrLostTask) || ctx.Err() != nil {
+			break
+		}
+		log.Warn("finish write failed; retrying", "task_id", id, "error", err, "attempt", attempt)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	if err != nil {
+		return err
+	}
+	o.Written = true
+	return supervisor.WriteOutcome(dir, id, o)
+}
