@@ -154,6 +154,10 @@ func goodReport() *Report {
 			Browser: &DashBrowser{Chromium: "chromium", FirstPaintMS: 120, FilledMS: 300, Transitions: 1990, Events: 1980, Renders: 3,
 				MainThreadBusy: 0.2, ScriptBusy: 0.1, Answer: lat(1), DrainSeconds: 3},
 			Goals: []Goal{{Goal: "server", Met: true}}},
+		Supervise: &SuperviseReport{Floor: lat(5), FloorSource: "the pickup group of this run", InProcess: Latency{N: 40, P50: 6, P95: 7, P99: 8, Max: 9},
+			Supervised: Latency{N: 40, P50: 7, P95: 8, P99: 9, Max: 10}, Ratio: Ratio{What: "supervised / in-process: insert -> shell process running", P50: 1.17, P99: 1.1},
+			FloorRatio: Ratio{What: "supervised start / pickup floor", P50: 1.4, P99: 1.2}, Sleeping: 100, RSSKiB: Summary{Mean: 9000, Max: 9500},
+			PSSKiB: Summary{Mean: 3000, Max: 3500}, StartSecs: 4, Goals: []Goal{{Goal: "supervised start p50 <= 1.3x in-process", Met: true}, {Goal: "RSS per supervisor <= 5 MiB (mean 8.8 MiB)"}}},
 		WebSubmit: &WebSubmitReport{Tasks: 10_000, Repeats: 3, Ratio: 1.5, Inserted: 80_000, Expected: 80_000, Rows: []SubmitRow{
 			{How: howPOST, Seconds: 0.2, Rate: 50_000, Rates: []float64{50_000, 40_000, 60_000}},
 			{How: howCLI, Seconds: 0.3, Rate: 33_333, Rates: []float64{33_333, 30_000, 35_000}},
@@ -200,6 +204,8 @@ func TestSanityFindsProblems(t *testing.T) {
 		"held left":            {func(r *Report) { r.Control.Delay.HeldLeft = 7 }, "7 held tasks left"},
 		"wait rounds":          {func(r *Report) { r.Control.Wait.Latency.N = 14 }, "14 rounds timed, want 15"},
 		"missing control":      {func(r *Report) { r.Control = nil }, "control: missing"},
+		"missing supervise":    {func(r *Report) { r.Supervise = nil }, "supervise: missing"},
+		"supervise starts":     {func(r *Report) { r.Supervise.Supervised.N = 3 }, "supervise: 40 and 3 starts timed, want 40 each"},
 		"wrong queue counts":   {func(r *Report) { r.WebQueues.WrongProjected = 3 }, "wrong counts for 3 queues"},
 		"failed requests":      {func(r *Report) { r.WebQueues.Errors = 2 }, "2 of 102 requests failed"},
 		"lost events":          {func(r *Report) { r.WebEvents.Lost = 5; r.WebEvents.Lag.N -= 5 }, "5 transitions lost"},
@@ -256,6 +262,7 @@ func TestRenderTable(t *testing.T) {
 		"TASK GRAPHS: EDGE LATENCY", "one pair every 20ms", "met: edge p50 <= 1.5x the pickup floor p50 (7.00 <= 7.50 ms)",
 		"SCHEDULER: CLAIMER PASSES", "1000 queues (priorities 0-3, weights 1-100)", "no: drain timeout",
 		"MAX_RUNNING: 2 nodes", "max_running 16 (binds: 2 nodes x maxthreads 64)",
+		"SUPERVISED TASKS, ms", "NOT MET: RSS per supervisor <= 5 MiB (mean 8.8 MiB)", "supervised / in-process: insert -> shell process running  1.17x",
 		"SANITY: every figure present",
 	} {
 		require.Contains(t, out, want)

@@ -25,12 +25,13 @@ const (
 	groupControl    = "control"
 	groupScheduling = "scheduling"
 	groupDashboard  = "dashboard"
+	groupSupervise  = "supervise"
 	// groupWeb selects the three web groups.
 	groupWeb = "web"
 )
 
 var (
-	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl, groupScheduling, groupDashboard}
+	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl, groupScheduling, groupDashboard, groupSupervise}
 	webGroups = []string{groupWebQueues, groupWebEvents, groupWebSubmit}
 )
 
@@ -80,9 +81,13 @@ type config struct {
 	SubmitRepeats int
 
 	KillSamples int
-	DelayHeld   int
-	DelayProbes int
-	WaitRounds  int
+	// SuperviseSamples: starts timed each way; SuperviseSleeping:
+	// supervised tasks sleeping at once for the memory figure.
+	SuperviseSamples  int
+	SuperviseSleeping int
+	DelayHeld         int
+	DelayProbes       int
+	WaitRounds        int
 
 	DAGEdges    int
 	SchedQueues int
@@ -94,75 +99,79 @@ type config struct {
 
 // defaults: a run that fits in 10 minutes on a 2-core machine.
 var defaults = config{
-	MaxThreads:     64,
-	ClaimBatch:     claimer.DefaultBatch,
-	PickupRate:     50,
-	PickupDuration: 20 * time.Second,
-	Tasks:          100_000,
-	CeilingTasks:   20_000,
-	DrainTimeout:   60 * time.Second,
-	Backlogs:       []int{1_000, 100_000, 1_000_000},
-	Claims:         300,
-	ScaleDrain:     500,
-	RSSDuration:    5 * time.Second,
-	WebQueues:      200,
-	WebTasks:       1_000_000,
-	DashQueues:     1000,
-	DashTasks:      1_000_000,
-	DashDrain:      10 * time.Second,
-	WebRate:        200,
-	WebDuration:    10 * time.Second,
-	WebSlow:        5,
-	SSESubscribers: 100,
-	SSERate:        2000,
-	SSEDuration:    10 * time.Second,
-	SubmitTasks:    apiv1.MaxSubmit,
-	SubmitRepeats:  5,
-	KillSamples:    50,
-	DelayHeld:      100_000,
-	DelayProbes:    200,
-	WaitRounds:     50,
-	DAGEdges:       500,
-	SchedQueues:    1000,
-	SchedTasks:     10_000,
-	CacheGB:        1,
-	OplogMiB:       2048,
+	MaxThreads:        64,
+	ClaimBatch:        claimer.DefaultBatch,
+	PickupRate:        50,
+	PickupDuration:    20 * time.Second,
+	Tasks:             100_000,
+	CeilingTasks:      20_000,
+	DrainTimeout:      60 * time.Second,
+	Backlogs:          []int{1_000, 100_000, 1_000_000},
+	Claims:            300,
+	ScaleDrain:        500,
+	RSSDuration:       5 * time.Second,
+	WebQueues:         200,
+	WebTasks:          1_000_000,
+	DashQueues:        1000,
+	DashTasks:         1_000_000,
+	DashDrain:         10 * time.Second,
+	WebRate:           200,
+	WebDuration:       10 * time.Second,
+	WebSlow:           5,
+	SSESubscribers:    100,
+	SSERate:           2000,
+	SSEDuration:       10 * time.Second,
+	SubmitTasks:       apiv1.MaxSubmit,
+	SubmitRepeats:     5,
+	KillSamples:       50,
+	SuperviseSamples:  200,
+	SuperviseSleeping: 500,
+	DelayHeld:         100_000,
+	DelayProbes:       200,
+	WaitRounds:        50,
+	DAGEdges:          500,
+	SchedQueues:       1000,
+	SchedTasks:        10_000,
+	CacheGB:           1,
+	OplogMiB:          2048,
 }
 
 // quickDefaults: a run that fits in 1 minute (CI's sanity run).
 var quickDefaults = config{
-	MaxThreads:     64,
-	PickupRate:     50,
-	PickupDuration: 3 * time.Second,
-	Tasks:          5_000,
-	CeilingTasks:   2_000,
-	DrainTimeout:   4 * time.Second,
-	Backlogs:       []int{1_000, 20_000},
-	Claims:         100,
-	ScaleDrain:     200,
-	RSSDuration:    2 * time.Second,
-	WebQueues:      200,
-	WebTasks:       100_000,
-	DashQueues:     1000,
-	DashTasks:      50_000,
-	DashDrain:      3 * time.Second,
-	WebRate:        200,
-	WebDuration:    3 * time.Second,
-	WebSlow:        3,
-	SSESubscribers: 20,
-	SSERate:        2000,
-	SSEDuration:    3 * time.Second,
-	SubmitTasks:    apiv1.MaxSubmit,
-	SubmitRepeats:  3,
-	KillSamples:    15,
-	DelayHeld:      20_000,
-	DelayProbes:    50,
-	WaitRounds:     15,
-	DAGEdges:       100,
-	SchedQueues:    1000,
-	SchedTasks:     3000,
-	CacheGB:        1,
-	OplogMiB:       2048,
+	MaxThreads:        64,
+	PickupRate:        50,
+	PickupDuration:    3 * time.Second,
+	Tasks:             5_000,
+	CeilingTasks:      2_000,
+	DrainTimeout:      4 * time.Second,
+	Backlogs:          []int{1_000, 20_000},
+	Claims:            100,
+	ScaleDrain:        200,
+	RSSDuration:       2 * time.Second,
+	WebQueues:         200,
+	WebTasks:          100_000,
+	DashQueues:        1000,
+	DashTasks:         50_000,
+	DashDrain:         3 * time.Second,
+	WebRate:           200,
+	WebDuration:       3 * time.Second,
+	WebSlow:           3,
+	SSESubscribers:    20,
+	SSERate:           2000,
+	SSEDuration:       3 * time.Second,
+	SubmitTasks:       apiv1.MaxSubmit,
+	SubmitRepeats:     3,
+	KillSamples:       15,
+	SuperviseSamples:  40,
+	SuperviseSleeping: 100,
+	DelayHeld:         20_000,
+	DelayProbes:       50,
+	WaitRounds:        15,
+	DAGEdges:          100,
+	SchedQueues:       1000,
+	SchedTasks:        3000,
+	CacheGB:           1,
+	OplogMiB:          2048,
 }
 
 const usageHead = `disbatch-bench measures a disbatch node against real MongoDB and prints
@@ -241,6 +250,12 @@ Figure groups (--only):
               drained by 2 nodes without a cap, with one that cannot bind and
               one that binds, rates as ratios, the tasks in -1/0 counted from
               a change stream of every status change (never above the cap).
+  supervise   issue 19's cost of supervised tasks: --supervise-samples shell
+              tasks, one every 25 ms, on one in-process node with supervisors
+              off and on, insert start -> the task's first command (bash's
+              $EPOCHREALTIME); goal supervised p50 <= 1.3x in-process; and
+              --supervise-sleeping supervised 'exec sleep 600' tasks at once:
+              each supervisor's VmRSS and PSS; goal RSS <= 5 MiB.
 
 The run exits non-zero when a figure is missing, zero, NaN or nonsensical
 (p50 > p99, throughput 0), or when an answer is wrong (GET /queues counts
@@ -289,6 +304,8 @@ func parseFlags(args []string) (config, string, error) {
 	fs.DurationVar(&c.SSEDuration, "sse-duration", defaults.SSEDuration, "web-events: how long the writer drains (quick: "+quickDefaults.SSEDuration.String()+")")
 	fs.IntVar(&c.SubmitTasks, "submit-tasks", defaults.SubmitTasks, "web-submit: tasks per submit (at most "+strconv.Itoa(apiv1.MaxSubmit)+", one request)")
 	fs.IntVar(&c.SubmitRepeats, "submit-repeats", defaults.SubmitRepeats, "web-submit: submits timed each way (quick: "+strconv.Itoa(quickDefaults.SubmitRepeats)+")")
+	fs.IntVar(&c.SuperviseSamples, "supervise-samples", defaults.SuperviseSamples, "supervise: shell task starts timed in-process and supervised (quick: "+strconv.Itoa(quickDefaults.SuperviseSamples)+")")
+	fs.IntVar(&c.SuperviseSleeping, "supervise-sleeping", defaults.SuperviseSleeping, "supervise: supervised tasks sleeping at once for the memory figure (quick: "+strconv.Itoa(quickDefaults.SuperviseSleeping)+")")
 	fs.IntVar(&c.KillSamples, "kill-samples", defaults.KillSamples, "control: kills timed (quick: "+strconv.Itoa(quickDefaults.KillSamples)+")")
 	fs.IntVar(&c.DelayHeld, "delay-held", defaults.DelayHeld, "control: tasks held until +1 h beside the delayed probes (quick: "+strconv.Itoa(quickDefaults.DelayHeld)+")")
 	fs.IntVar(&c.DelayProbes, "delay-probes", defaults.DelayProbes, "control: delayed tasks timed (quick: "+strconv.Itoa(quickDefaults.DelayProbes)+")")
@@ -332,28 +349,30 @@ func parseFlags(args []string) (config, string, error) {
 func (c *config) applyQuick(set map[string]bool) {
 	q := quickDefaults
 	for name, apply := range map[string]func(){
-		"pickup-duration": func() { c.PickupDuration = q.PickupDuration },
-		"tasks":           func() { c.Tasks = q.Tasks },
-		"ceiling-tasks":   func() { c.CeilingTasks = q.CeilingTasks },
-		"drain-timeout":   func() { c.DrainTimeout = q.DrainTimeout },
-		"backlogs":        func() { c.Backlogs = q.Backlogs },
-		"claims":          func() { c.Claims = q.Claims },
-		"scale-drain":     func() { c.ScaleDrain = q.ScaleDrain },
-		"rss-duration":    func() { c.RSSDuration = q.RSSDuration },
-		"web-tasks":       func() { c.WebTasks = q.WebTasks },
-		"web-duration":    func() { c.WebDuration = q.WebDuration },
-		"web-slow":        func() { c.WebSlow = q.WebSlow },
-		"sse-subscribers": func() { c.SSESubscribers = q.SSESubscribers },
-		"sse-duration":    func() { c.SSEDuration = q.SSEDuration },
-		"submit-repeats":  func() { c.SubmitRepeats = q.SubmitRepeats },
-		"kill-samples":    func() { c.KillSamples = q.KillSamples },
-		"delay-held":      func() { c.DelayHeld = q.DelayHeld },
-		"delay-probes":    func() { c.DelayProbes = q.DelayProbes },
-		"wait-rounds":     func() { c.WaitRounds = q.WaitRounds },
-		"dag-edges":       func() { c.DAGEdges = q.DAGEdges },
-		"sched-tasks":     func() { c.SchedTasks = q.SchedTasks },
-		"dash-tasks":      func() { c.DashTasks = q.DashTasks },
-		"dash-drain":      func() { c.DashDrain = q.DashDrain },
+		"pickup-duration":    func() { c.PickupDuration = q.PickupDuration },
+		"tasks":              func() { c.Tasks = q.Tasks },
+		"ceiling-tasks":      func() { c.CeilingTasks = q.CeilingTasks },
+		"drain-timeout":      func() { c.DrainTimeout = q.DrainTimeout },
+		"backlogs":           func() { c.Backlogs = q.Backlogs },
+		"claims":             func() { c.Claims = q.Claims },
+		"scale-drain":        func() { c.ScaleDrain = q.ScaleDrain },
+		"rss-duration":       func() { c.RSSDuration = q.RSSDuration },
+		"web-tasks":          func() { c.WebTasks = q.WebTasks },
+		"web-duration":       func() { c.WebDuration = q.WebDuration },
+		"web-slow":           func() { c.WebSlow = q.WebSlow },
+		"sse-subscribers":    func() { c.SSESubscribers = q.SSESubscribers },
+		"sse-duration":       func() { c.SSEDuration = q.SSEDuration },
+		"submit-repeats":     func() { c.SubmitRepeats = q.SubmitRepeats },
+		"kill-samples":       func() { c.KillSamples = q.KillSamples },
+		"supervise-samples":  func() { c.SuperviseSamples = q.SuperviseSamples },
+		"supervise-sleeping": func() { c.SuperviseSleeping = q.SuperviseSleeping },
+		"delay-held":         func() { c.DelayHeld = q.DelayHeld },
+		"delay-probes":       func() { c.DelayProbes = q.DelayProbes },
+		"wait-rounds":        func() { c.WaitRounds = q.WaitRounds },
+		"dag-edges":          func() { c.DAGEdges = q.DAGEdges },
+		"sched-tasks":        func() { c.SchedTasks = q.SchedTasks },
+		"dash-tasks":         func() { c.DashTasks = q.DashTasks },
+		"dash-drain":         func() { c.DashDrain = q.DashDrain },
 	} {
 		if !set[name] {
 			apply()
@@ -389,6 +408,8 @@ func (c *config) validate() error {
 	positive("submit-tasks", c.SubmitTasks)
 	positive("submit-repeats", c.SubmitRepeats)
 	positive("kill-samples", c.KillSamples)
+	positive("supervise-samples", c.SuperviseSamples)
+	positive("supervise-sleeping", c.SuperviseSleeping)
 	positive("delay-held", c.DelayHeld)
 	positive("delay-probes", c.DelayProbes)
 	positive("wait-rounds", c.WaitRounds)

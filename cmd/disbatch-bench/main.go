@@ -17,11 +17,16 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"syscall"
+
+	"github.com/disbatch-go/disbatch/supervisor/finish"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == nodeCommand {
 		os.Exit(runNodeProcess(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == superviseFinishCommand {
+		os.Exit(finish.Main(os.Args[2:]))
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/supervisor"
 )
 
 // nodeSpec describes in-process nodes to start on one database.
@@ -26,6 +27,8 @@ type nodeSpec struct {
 	PollOnly   bool
 	Plugins    *plugin.Registry
 	Observer   node.Observer
+	// Supervise runs the shell and exec tasks under supervisors.
+	Supervise *supervisor.Launcher
 }
 
 // nodes are running in-process nodes, each with its own client and store.
@@ -46,14 +49,16 @@ func (e *env) startNodes(ctx context.Context, spec nodeSpec) (*nodes, error) {
 		ns.clients = append(ns.clients, c)
 		maxThreads := spec.MaxThreads
 		n, err := node.New(node.Config{
-			Name:       fmt.Sprintf("%s-%d", spec.Name, i+1),
-			Store:      store.New(c.Database(spec.DB), store.Options{}),
-			Plugins:    spec.Plugins,
-			MaxThreads: &maxThreads,
-			ClaimBatch: e.cfg.ClaimBatch,
-			PollOnly:   spec.PollOnly,
-			Observer:   spec.Observer,
-			Logger:     e.nodeLog,
+			Name:           fmt.Sprintf("%s-%d", spec.Name, i+1),
+			Store:          store.New(c.Database(spec.DB), store.Options{}),
+			Plugins:        spec.Plugins,
+			MaxThreads:     &maxThreads,
+			ClaimBatch:     e.cfg.ClaimBatch,
+			PollOnly:       spec.PollOnly,
+			Observer:       spec.Observer,
+			Logger:         e.nodeLog,
+			Supervise:      spec.Supervise,
+			SuperviseMongo: supervisor.Mongo{URI: e.uri, Database: spec.DB},
 		})
 		if err != nil {
 			ns.stop()

@@ -23,6 +23,7 @@ type Report struct {
 	Control    *ControlReport    `json:"control,omitempty"`
 	Scheduling *SchedulingReport `json:"scheduling,omitempty"`
 	Dashboard  *DashboardReport  `json:"dashboard,omitempty"`
+	Supervise  *SuperviseReport  `json:"supervise,omitempty"`
 	// Problems are the sanity check's findings (none on a good run).
 	Problems []string `json:"problems"`
 }
@@ -167,6 +168,7 @@ func renderTable(r *Report) string {
 	renderControl(&b, r)
 	renderScheduling(&b, r)
 	renderDashboard(&b, r)
+	renderSupervise(&b, r)
 
 	if len(r.Problems) == 0 {
 		b.WriteString("SANITY: every figure present, finite and consistent\n")

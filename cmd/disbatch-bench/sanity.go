@@ -42,6 +42,9 @@ func sanity(r *Report, cfg config) []string {
 	if cfg.runs(groupDashboard) {
 		k.dashboard(r.Dashboard)
 	}
+	if cfg.runs(groupSupervise) {
+		k.supervise(r.Supervise, cfg)
+	}
 	return k.problems
 }
 
