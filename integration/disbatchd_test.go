@@ -189,7 +189,10 @@ func TestSIGTERMKillsRunningTasksAfterGrace(t *testing.T) {
 	uri, db := mongotest.URI(t), mongotest.Database(t)
 	dir := t.TempDir()
 	sleepers(t, uri, db.Name(), dir, 6)
-	n := startNode(t, nodeArgs(uri, db.Name(), "n", "--enable-plugin", "shell", "--grace", "1s"))
+	// In-process plugins (Demo, Go) die with the node after the grace;
+	// supervised ones are left running (TestRestartKeepsSupervisedTasks):
+	// here shell runs in-process.
+	n := startNode(t, nodeArgs(uri, db.Name(), "n", "--enable-plugin", "shell", "--grace", "1s", "--supervise=false"))
 	running := twoRunning(t, db, dir)
 
 	begin := time.Now()

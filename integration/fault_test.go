@@ -10,6 +10,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +37,7 @@ func TestFault(t *testing.T) {
 		{"KillNode", faultKillNode},
 		{"CutNode", faultCutNode},
 		{"RestartAll", faultRestartAll},
+		{"RestartNodeDuringStepdown", faultRestartNodeDuringStepdown},
 	}
 	for _, sc := range scenarios {
 		s.waitHealthy(t, 2*time.Minute)
@@ -315,6 +317,53 @@ func faultRestartAll(t *testing.T, s *faultSuite) {
 	require.NoError(t, err)
 	sc.extra = append(sc.extra, fmt.Sprintf("mongods_back_after=%v primary_after=%v",
 		restarted.Round(time.Millisecond), time.Since(sc.fault).Round(time.Millisecond)))
+	sc.finish(wait)
+}
+
+// faultRestartNodeDuringStepdown: a node is killed with SIGKILL while it
+// runs tasks and started again at once, while the primary steps down: its
+// supervisors keep its running tasks (recorder tasks are external plugins,
+// supervised) and the new run adopts them, or finish them themselves if
+// the node is not back, or fence them if it is away longer than
+// fence-after; nothing is lost or run twice either way.
+func faultRestartNodeDuringStepdown(t *testing.T, s *faultSuite) {
+	sc := s.newScenario(t)
+	sc.startThree()
+	wait := sc.startWorkload()
+	time.Sleep(faultAt)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	old, err := s.rs.WaitPrimary(ctx)
+	require.NoError(t, err)
+	c := directClient(t, old)
+	defer disconnectQuietly(c)
+	n := sc.node("n1")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, running := sc.heldBy("n1"); len(running) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node n1 ran no task for 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	sc.fault = time.Now()
+	stepped := make(chan error, 1)
+	go func() {
+		stepped <- c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetStepDown", Value: 10}, {Key: "secondaryCatchUpPeriodSecs", Value: 5}}).Err()
+	}()
+	sc.kill(n)
+	again := sc.startNode("n1", "")
+	again.p.waitLog("node started", nodeStartWait)
+	back := time.Since(sc.fault)
+	require.NoError(t, <-stepped, "replSetStepDown")
+	p, err := s.rs.WaitPrimary(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, old.Addr(), p.Addr(), "the primary did not change")
+	sc.extra = append(sc.extra, fmt.Sprintf("n1_back_after=%v %s", back.Round(time.Millisecond),
+		strings.TrimSpace(lastMatch(again.p.log.String(), "adopted the previous run's running tasks"))))
 	sc.finish(wait)
 }
 

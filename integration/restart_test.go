@@ -77,8 +77,9 @@ func TestRestartKeepsSupervisedTasks(t *testing.T) {
 	p := startNode(t, args)
 	p.waitLog("node started", 30*time.Second)
 	waitRunning(t, db, 20, 30*time.Second)
-	rss := supervisorsRSS(t, testStateDir(t))
-	require.Len(t, rss, 20, "one supervisor per running task")
+	var rss []int
+	require.Eventually(t, func() bool { rss = supervisorsRSS(t, testStateDir(t)); return len(rss) == 20 },
+		30*time.Second, 50*time.Millisecond, "one supervisor per running task")
 	total := 0
 	for _, kb := range rss {
 		total += kb
@@ -220,6 +221,10 @@ echo "end $DISBATCH_TASK_ID $DISBATCH_ATTEMPT" >> %s`, locks, runs, runs)
 	p := startNode(t, args)
 	p.waitLog("node started", 30*time.Second)
 	waitRunning(t, db, 5, 30*time.Second)
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(runs)
+		return strings.Count(string(b), " 1 gone\n") == 5
+	}, 30*time.Second, 50*time.Millisecond, "the five first attempts run")
 	killed := time.Now()
 	require.NoError(t, p.cmd.Process.Kill())
 	<-p.done
