@@ -189,7 +189,7 @@ func supervisorPIDs(dir string) []int {
 	var pids []int
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(b, []byte("supervise")) || !bytes.Contains(b, []byte(dir)) {
+		if err != nil || !bytes.Contains(b, []byte("supervis")) || !bytes.Contains(b, []byte(dir)) {
 			continue
 		}
 		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {

@@ -436,7 +436,11 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 			return r.runWritingResult(log, q, t, rw, steps)
 		}
 	}
+	// A supervised task's supervisor is forked while its start is
+	// written; it waits for the node's word before it runs anything.
+	pending := r.launch(log, q, t)
 	if err := r.write(log, "start", func(ctx context.Context) error { return r.starts.do(ctx, tr) }); err != nil {
+		pending.cancel()
 		if errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired) {
 			return r.endUnstarted(log, q, t, err, steps)
 		}
@@ -447,6 +451,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 	steps.started()
 	runCtx, notNow := r.runContext(t.ID)
 	if notNow != nil {
+		pending.cancel()
 		// Marked running, but the node fenced itself before the plugin
 		// started: nothing ran, so the task goes back to the queue.
 		log.Info("handing back a task marked running: " + notNow.Error())
@@ -473,7 +478,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		}
 		if d, ok := p.(plugin.Detachable); ok && cfg.Supervise != nil {
 			var end supervisedEnd
-			res, end = r.runSupervised(runCtx, log, q, t, d, pt, claimed, started)
+			res, end = r.runSupervised(runCtx, log, q, t, d, pt, claimed, started, pending)
 			switch end {
 			case endDetached:
 				r.ran(t.ID)
@@ -483,9 +488,11 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 				written = true
 			}
 		} else {
+			pending.cancel()
 			res = plugin.Run(runCtx, p, pt, cfg.PluginTimeout)
 		}
 	} else {
+		pending.cancel()
 		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
 	}
 	return r.complete(log, q, t, runCtx, res, claimed, started, written, steps, after)

@@ -33,9 +33,43 @@ const (
 // kill with its result.
 const killWait = 30 * time.Second
 
-// runSupervised runs a task under a supervisor process of its own.
+// launched is a supervisor forked ahead of its task's start write (nil:
+// none; the task is not supervised, or the fork failed and runSupervised
+// starts one itself).
+type launched struct{ p *supervisor.Pending }
+
+// launch forks the supervisor of a supervised task.
+func (r *runner) launch(log *slog.Logger, q claimer.Queue, t schema.Task) *launched {
+	if r.cfg.Supervise == nil {
+		return nil
+	}
+	p, ok := r.cfg.Plugins.Lookup(q.Constructor)
+	if !ok {
+		return nil
+	}
+	if _, ok := p.(plugin.Detachable); !ok {
+		return nil
+	}
+	pending, err := r.cfg.Supervise.Launch(t.ID.Hex())
+	if err != nil {
+		log.Warn("cannot fork the task's supervisor ahead of its start; trying again after", "error", err)
+		return nil
+	}
+	return &launched{p: pending}
+}
+
+// cancel stops a supervisor forked for a task that will not run under it.
+func (l *launched) cancel() {
+	if l != nil && l.p != nil {
+		l.p.Cancel()
+		l.p = nil
+	}
+}
+
+// runSupervised runs a task under a supervisor process of its own: the one
+// launched ahead, or a new one.
 func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.Queue, t schema.Task, d plugin.Detachable, pt plugin.Task,
-	claimed, started time.Time) (plugin.Result, supervisedEnd) {
+	claimed, started time.Time, pre *launched) (plugin.Result, supervisedEnd) {
 	spec := supervisor.Spec{
 		Node: r.cfg.Name, Task: pt, Plugin: d.Detached(), PluginTimeout: r.cfg.PluginTimeout,
 		FenceAfter: r.cfg.FenceAfter, DeadAfter: r.cfg.DeadAfter, Mongo: r.cfg.SuperviseMongo,
@@ -57,7 +91,14 @@ func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.
 	r.mu.Lock()
 	r.supervised[t.ID] = nil
 	r.mu.Unlock()
-	h, err := r.cfg.Supervise.Start(spec)
+	var h *supervisor.Handle
+	var err error
+	if pre != nil && pre.p != nil {
+		h, err = pre.p.Run(spec)
+		pre.p = nil
+	} else {
+		h, err = r.cfg.Supervise.Start(spec)
+	}
 	if err != nil {
 		r.forgetSupervised(t.ID)
 		log.Error("cannot start the task's supervisor", "error", err)

@@ -51,45 +51,88 @@ func (l *Launcher) Check() error {
 const startWait = 10 * time.Second
 
 // Start writes the spec, starts a supervisor in a session of its own (a
-// signal to the node's process group does not reach it) and connects.
+// signal to the node's process group does not reach it) and connects:
+// Launch, then Pending.Run.
 func (l *Launcher) Start(spec Spec) (*Handle, error) {
-	id := spec.Task.ID.Hex()
-	spec.FinishCommand = l.FinishCommand
-	if err := writeGob(specPath(l.Dir, id), spec); err != nil {
-		return nil, fmt.Errorf("write the supervisor's spec: %w", err)
+	p, err := l.Launch(spec.Task.ID.Hex())
+	if err != nil {
+		return nil, err
 	}
+	return p.Run(spec)
+}
+
+// Pending is a supervisor started and waiting for its spec and go.
+type Pending struct {
+	l   *Launcher
+	id  string
+	cmd *exec.Cmd
+}
+
+// Launch starts the supervisor of task id, which waits (up to 10 s) for
+// Run before it does anything: the node forks it while the task's start
+// is being written, so the fork costs no time of the task's.
+func (l *Launcher) Launch(id string) (*Pending, error) {
 	logf, err := os.OpenFile(logPath(l.Dir, id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
+	// The node makes the socket and hands it to the supervisor (fd 3), so
+	// it can connect at once instead of waiting for the supervisor to
+	// listen: the connection waits in the backlog until it accepts.
+	path := sockPath(l.Dir, id)
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("the supervisor's socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	lf, err := ln.File()
+	_ = ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("the supervisor's socket: %w", err)
+	}
+	defer lf.Close()
 	cmd := exec.Command(l.Command[0], append(append([]string{}, l.Command[1:]...), l.Dir, id)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{lf}
+	cmd.Env = append(os.Environ(), listenerEnv+"=3")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
-		_ = os.Remove(specPath(l.Dir, id))
+		_ = os.Remove(path)
 		return nil, fmt.Errorf("start the supervisor: %w", err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }() // reaped while the node lives
-	deadline := time.Now().Add(startWait)
-	for {
-		h, err := Attach(l.Dir, id)
-		if err == nil {
-			return h, nil
-		}
-		select {
-		case <-exited:
-			b, _ := os.ReadFile(logPath(l.Dir, id))
-			return nil, fmt.Errorf("the supervisor exited at once: %s", strings.TrimSpace(string(b)))
-		case <-time.After(5 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			return nil, fmt.Errorf("the supervisor did not listen within %s: %w", startWait, err)
-		}
+	go func() { _ = cmd.Wait() }() // reaped while the node lives
+	return &Pending{l: l, id: id, cmd: cmd}, nil
+}
+
+// Run writes the spec and connects: the supervisor starts the task.
+func (p *Pending) Run(spec Spec) (*Handle, error) {
+	spec.FinishCommand = p.l.FinishCommand
+	if err := writeGob(specPath(p.l.Dir, p.id), spec); err != nil {
+		p.Cancel()
+		return nil, fmt.Errorf("write the supervisor's spec: %w", err)
+	}
+	h, err := attach(p.l.Dir, p.id, startWait)
+	if err != nil {
+		p.Cancel()
+		b, _ := os.ReadFile(logPath(p.l.Dir, p.id))
+		return nil, fmt.Errorf("the supervisor did not answer: %w: %s", err, strings.TrimSpace(string(b)))
+	}
+	return h, nil
+}
+
+// Cancel stops a supervisor that was not given its task, and removes its
+// files.
+func (p *Pending) Cancel() {
+	_ = p.cmd.Process.Kill()
+	for _, f := range []string{sockPath(p.l.Dir, p.id), specPath(p.l.Dir, p.id), logPath(p.l.Dir, p.id)} {
+		_ = os.Remove(f)
 	}
 }
+
+// listenerEnv names the supervisor's inherited listening socket.
+const listenerEnv = "DISBATCH_SUPERVISOR_LISTENER_FD"
 
 // List returns the task ids of the supervisors in dir (by their sockets).
 func List(dir string) ([]string, error) {
@@ -119,14 +162,16 @@ type Handle struct {
 }
 
 // Attach connects to the supervisor of task id in dir.
-func Attach(dir, id string) (*Handle, error) {
+func Attach(dir, id string) (*Handle, error) { return attach(dir, id, 5*time.Second) }
+
+func attach(dir, id string, helloWait time.Duration) (*Handle, error) {
 	c, err := net.DialTimeout("unix", sockPath(dir, id), time.Second)
 	if err != nil {
 		return nil, err
 	}
 	h := &Handle{dir: dir, id: id, conn: c, done: make(chan struct{})}
 	sc := bufio.NewScanner(c)
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(helloWait))
 	if !sc.Scan() {
 		c.Close()
 		return nil, fmt.Errorf("supervisor of %s: no hello: %v", id, sc.Err())

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -68,42 +69,49 @@ type sup struct {
 	kill     context.CancelCauseFunc
 	fenced   bool
 	stopping bool
-	first    chan struct{} // closed at the first connection
 }
 
 // firstWait bounds how long a supervisor waits for its node's first
-// connection before it runs the task anyway.
+// connection; without one it exits and runs nothing.
 const firstWait = 10 * time.Second
 
 // Run supervises one task until its result is handed over or written.
 func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
-	s := &sup{dir: dir, id: id, log: log.With("task_id", id), acked: make(chan struct{}), gone: make(chan struct{}), first: make(chan struct{})}
+	s := &sup{dir: dir, id: id, log: log.With("task_id", id), acked: make(chan struct{}), gone: make(chan struct{})}
+	ln, err := listen(dir, id)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	defer s.cleanup(ln)
+	// The node may start the supervisor before the task is marked running
+	// (Launcher.Launch): its first connection says go, with the spec
+	// written. Without it, nothing runs: the node gave the task up.
+	if ul, ok := ln.(*net.UnixListener); ok {
+		_ = ul.SetDeadline(time.Now().Add(firstWait))
+	}
+	first, err := ln.Accept()
+	if err != nil {
+		s.log.Info("no node connected: exiting without running the task", "waited", firstWait, "error", err)
+		return nil
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		_ = ul.SetDeadline(time.Time{})
+	}
 	if err := readGob(specPath(dir, id), &s.spec); err != nil {
+		_ = first.Close()
 		return fmt.Errorf("read the spec: %w", err)
 	}
 	s.alive = s.spec.Alive
 	p, err := plugin.FromDetached(s.spec.Plugin)
 	if err != nil {
+		_ = first.Close()
 		return err
 	}
-	_ = os.Remove(sockPath(dir, id))
-	ln, err := net.Listen("unix", sockPath(dir, id))
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	defer s.cleanup(ln)
 	runCtx, kill := context.WithCancelCause(ctx)
 	defer kill(nil)
 	s.kill = kill
+	s.adopt(first)
 	go s.accept(ln)
-	// The node that started it connects at once: the plugin starts only
-	// then, so that even a task of a millisecond hands its result to the
-	// node rather than to a write of the supervisor's own.
-	select {
-	case <-s.first:
-	case <-time.After(firstWait):
-		s.log.Warn("no node connected; running the task anyway", "waited", firstWait)
-	}
 	if !s.spec.Deadline.IsZero() {
 		t := time.AfterFunc(time.Until(s.spec.Deadline), func() {
 			kill(&Killed{Reason: schema.ReasonTimeout, Text: s.spec.TimeoutText})
@@ -261,26 +269,30 @@ func (s *sup) accept(ln net.Listener) {
 		if err != nil {
 			return
 		}
-		s.mu.Lock()
-		if s.stopping {
-			s.mu.Unlock()
-			_ = c.Close()
+		if !s.adopt(c) {
 			return
 		}
-		if s.conn != nil {
-			_ = s.conn.Close()
-		}
-		s.conn = c
-		done := s.done
-		select {
-		case <-s.first:
-		default:
-			close(s.first)
-		}
-		s.mu.Unlock()
-		_ = send(c, message{Op: opHello, Task: s.id, PID: os.Getpid(), Version: protocolVersion, Done: done, Node: s.spec.Node, Database: s.spec.Mongo.Database})
-		go s.serve(c)
 	}
+}
+
+// adopt makes c the node's connection, says hello and serves it; false
+// when the supervisor is stopping.
+func (s *sup) adopt(c net.Conn) bool {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		_ = c.Close()
+		return false
+	}
+	if s.conn != nil {
+		_ = s.conn.Close()
+	}
+	s.conn = c
+	done := s.done
+	s.mu.Unlock()
+	_ = send(c, message{Op: opHello, Task: s.id, PID: os.Getpid(), Version: protocolVersion, Done: done, Node: s.spec.Node, Database: s.spec.Mongo.Database})
+	go s.serve(c)
+	return true
 }
 
 func (s *sup) serve(c net.Conn) {
@@ -332,4 +344,20 @@ func send(c net.Conn, m message) error {
 	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	_, err = c.Write(append(b, '\n'))
 	return err
+}
+
+// listen takes the socket the node made (Launcher.Start), or makes it.
+func listen(dir, id string) (net.Listener, error) {
+	if fd := os.Getenv(listenerEnv); fd != "" {
+		_ = os.Unsetenv(listenerEnv) // not the plugin's
+		n, err := strconv.Atoi(fd)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q", listenerEnv, fd)
+		}
+		f := os.NewFile(uintptr(n), "listener")
+		defer f.Close()
+		return net.FileListener(f)
+	}
+	_ = os.Remove(sockPath(dir, id))
+	return net.Listen("unix", sockPath(dir, id))
 }

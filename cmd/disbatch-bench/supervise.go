@@ -248,7 +248,7 @@ func (e *env) superviseMemory(ctx context.Context, rep *SuperviseReport) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d tasks running, %d supervisors, after 3 minutes", running, n, len(supervisorPIDs(dir)))
+			return fmt.Errorf("%d of %d tasks running, %d supervisors (in %s), after 3 minutes", running, n, len(supervisorPIDs(dir)), dir)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -308,7 +308,7 @@ func supervisorPIDs(dir string) []int {
 	var pids []int
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(b, []byte("supervise")) || !bytes.Contains(b, []byte(dir)) {
+		if err != nil || !bytes.Contains(b, []byte("supervis")) || !bytes.Contains(b, []byte(dir)) {
 			continue
 		}
 		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
@@ -335,11 +335,13 @@ func renderSupervise(b *strings.Builder, r *Report) {
 	t.render(b)
 	fmt.Fprintf(b, "  %d supervised `exec sleep 600` tasks at once on one node (all running under their supervisors after %.1f s): per supervisor VmRSS mean %.0f KiB (max %.0f), PSS mean %.0f KiB (max %.0f)\n\n",
 		v.Sleeping, v.StartSecs, v.RSSKiB.Mean, v.RSSKiB.Max, v.PSSKiB.Mean, v.PSSKiB.Max)
-	t = table{title: "SUPERVISED TASKS: RATIOS AND GOALS", header: []string{"ratio", "p50", "p99", "goal"}}
-	t.add(v.Ratio.What, fx(v.Ratio.P50), fx(v.Ratio.P99), v.Goals[0].String())
-	t.add(v.FloorRatio.What, fx(v.FloorRatio.P50), fx(v.FloorRatio.P99), "")
-	t.add("memory", "", "", v.Goals[1].String())
-	t.render(b)
+	if len(v.Goals) == 2 {
+		t = table{title: "SUPERVISED TASKS: RATIOS AND GOALS", header: []string{"ratio", "p50", "p99", "goal"}}
+		t.add(v.Ratio.What, fx(v.Ratio.P50), fx(v.Ratio.P99), v.Goals[0].String())
+		t.add(v.FloorRatio.What, fx(v.FloorRatio.P50), fx(v.FloorRatio.P99), "")
+		t.add("memory", "", "", v.Goals[1].String())
+		t.render(b)
+	}
 	if len(v.Failures) > 0 {
 		b.WriteString("  SUPERVISED TASKS FAILURES:\n")
 		for _, f := range v.Failures {
