@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/internal/mongod"
 )
@@ -64,12 +65,9 @@ func faultStepdown(t *testing.T, s *faultSuite) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	old, err := s.rs.WaitPrimary(ctx)
-	require.NoError(t, err)
-	c := directClient(t, old)
-	defer disconnectQuietly(c)
+	old, c := primaryClient(ctx, t, s)
 	sc.fault = time.Now()
-	err = c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetStepDown", Value: 10}, {Key: "secondaryCatchUpPeriodSecs", Value: 5}}).Err()
+	err := stepDown(ctx, c)
 	took := time.Since(sc.fault)
 	require.NoError(t, err, "replSetStepDown")
 	p, err := s.rs.WaitPrimary(ctx)
@@ -120,17 +118,7 @@ func faultKillNode(t *testing.T, s *faultSuite) {
 		victim = "n2"
 	}
 	n := sc.node(victim)
-	// Kill it while it runs tasks.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, running := sc.heldBy(victim); len(running) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s ran no task for 10s", victim)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	sc.waitRunningOn(victim) // kill it while it runs tasks
 	sc.fault = time.Now()
 	sc.kill(n)
 	time.Sleep(300 * time.Millisecond) // writes in flight land
@@ -334,26 +322,12 @@ func faultRestartNodeDuringStepdown(t *testing.T, s *faultSuite) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	old, err := s.rs.WaitPrimary(ctx)
-	require.NoError(t, err)
-	c := directClient(t, old)
-	defer disconnectQuietly(c)
+	old, c := primaryClient(ctx, t, s)
 	n := sc.node("n1")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, running := sc.heldBy("n1"); len(running) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node n1 ran no task for 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	sc.waitRunningOn("n1")
 	sc.fault = time.Now()
 	stepped := make(chan error, 1)
-	go func() {
-		stepped <- c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetStepDown", Value: 10}, {Key: "secondaryCatchUpPeriodSecs", Value: 5}}).Err()
-	}()
+	go func() { stepped <- stepDown(ctx, c) }()
 	sc.kill(n)
 	again := sc.startNode("n1", "")
 	again.p.waitLog("node started", nodeStartWait)
@@ -365,6 +339,37 @@ func faultRestartNodeDuringStepdown(t *testing.T, s *faultSuite) {
 	sc.extra = append(sc.extra, fmt.Sprintf("n1_back_after=%v %s", back.Round(time.Millisecond),
 		strings.TrimSpace(lastMatch(again.p.log.String(), "adopted the previous run's running tasks"))))
 	sc.finish(wait)
+}
+
+// primaryClient returns the primary and a direct client to it, closed
+// when the test ends.
+func primaryClient(ctx context.Context, t *testing.T, s *faultSuite) (*mongod.Member, *mongo.Client) {
+	t.Helper()
+	old, err := s.rs.WaitPrimary(ctx)
+	require.NoError(t, err)
+	c := directClient(t, old)
+	t.Cleanup(func() { disconnectQuietly(c) })
+	return old, c
+}
+
+// stepDown asks the primary c is connected to to step down for 10 s.
+func stepDown(ctx context.Context, c *mongo.Client) error {
+	return c.Database("admin").RunCommand(ctx, bson.D{{Key: "replSetStepDown", Value: 10}, {Key: "secondaryCatchUpPeriodSecs", Value: 5}}).Err()
+}
+
+// waitRunningOn waits until node name runs a task (at most 10 s).
+func (sc *scenario) waitRunningOn(name string) {
+	sc.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, running := sc.heldBy(name); len(running) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			sc.t.Fatalf("node %s ran no task for 10s", name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // eachMember runs fn on every member at once.

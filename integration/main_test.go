@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/internal/syncbuf"
+	"github.com/disbatch-go/disbatch/supervisor"
 )
 
 // Paths of the binaries TestMain builds.
@@ -178,25 +178,9 @@ func fnvString(s string) uint32 {
 // terminateSupervisors sends SIGTERM to every supervisor whose command
 // line names dir (they kill their tasks' process groups and exit).
 func terminateSupervisors(dir string) {
-	for _, pid := range supervisorPIDs(dir) {
+	for _, pid := range supervisor.PIDs(dir) {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
-}
-
-// supervisorPIDs are the supervisor processes whose command line names dir.
-func supervisorPIDs(dir string) []int {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var pids []int
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(b, []byte("supervis")) || !bytes.Contains(b, []byte(dir)) {
-			continue
-		}
-		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // startProc starts the binary bin (named in logs by its base name) as

@@ -17,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/supervisor"
 )
 
 // restartTask is a shell task that prints one line a second for secs
@@ -183,7 +184,7 @@ func requireCountersExact(t *testing.T, db *mongo.Database, queue string, total 
 // names dir.
 func supervisorsRunning(t *testing.T, dir string) int {
 	t.Helper()
-	return len(supervisorPIDs(dir))
+	return len(supervisor.PIDs(dir))
 }
 
 // findTasks reads every task of db in _id order.
@@ -265,7 +266,7 @@ echo "end $DISBATCH_TASK_ID $DISBATCH_ATTEMPT" >> %s`, locks, runs, runs)
 func supervisorsRSS(t *testing.T, dir string) []int {
 	t.Helper()
 	var out []int
-	for _, pid := range supervisorPIDs(dir) {
+	for _, pid := range supervisor.PIDs(dir) {
 		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		if err != nil {
 			continue

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -274,4 +276,22 @@ func (h *Handle) Close() {
 	h.closed = true
 	h.mu.Unlock()
 	_ = h.conn.Close()
+}
+
+// PIDs returns the supervisor processes of state directory dir (those
+// whose command line names a supervisor and dir), read from Linux's /proc;
+// none elsewhere. For operators' tools, tests and benchmarks.
+func PIDs(dir string) []int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(b, []byte("supervis")) || !bytes.Contains(b, []byte(dir)) {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }

@@ -134,7 +134,7 @@ func (e *env) superviseNode(ctx context.Context, db string, threads int, supervi
 	}
 	return stateDir, func() {
 		if stateDir != "" {
-			for _, pid := range supervisorPIDs(stateDir) {
+			for _, pid := range supervisor.PIDs(stateDir) {
 				_ = syscall.Kill(pid, syscall.SIGTERM)
 			}
 		}
@@ -244,11 +244,11 @@ func (e *env) superviseMemory(ctx context.Context, rep *SuperviseReport) error {
 		if err != nil {
 			return err
 		}
-		if int(running) == n && len(supervisorPIDs(dir)) == n {
+		if int(running) == n && len(supervisor.PIDs(dir)) == n {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d tasks running, %d supervisors (in %s), after 3 minutes", running, n, len(supervisorPIDs(dir)), dir)
+			return fmt.Errorf("%d of %d tasks running, %d supervisors (in %s), after 3 minutes", running, n, len(supervisor.PIDs(dir)), dir)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -256,7 +256,7 @@ func (e *env) superviseMemory(ctx context.Context, rep *SuperviseReport) error {
 	time.Sleep(time.Second) // settled: every supervisor waiting on its sleep
 	rep.Sleeping = n
 	var rss, pss []float64
-	for _, pid := range supervisorPIDs(dir) {
+	for _, pid := range supervisor.PIDs(dir) {
 		r, p, err := procMemory(pid)
 		if err != nil {
 			continue
@@ -300,22 +300,6 @@ func kibField(b []byte, name string) float64 {
 		}
 	}
 	return 0
-}
-
-// supervisorPIDs are the supervisor processes whose command line names dir.
-func supervisorPIDs(dir string) []int {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var pids []int
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(b, []byte("supervis")) || !bytes.Contains(b, []byte(dir)) {
-			continue
-		}
-		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // renderSupervise renders the supervise group's tables.
