@@ -470,6 +470,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 	}
 	var res plugin.Result
 	written := false
+	ack := func() {} // a supervisor's: once the finish is written
 	if p, ok := cfg.Plugins.Lookup(q.Constructor); ok {
 		log.Debug("task running")
 		pt := plugin.Task{
@@ -478,7 +479,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		}
 		if d, ok := p.(plugin.Detachable); ok && cfg.Supervise != nil {
 			var end supervisedEnd
-			res, end = r.runSupervised(runCtx, log, q, t, d, pt, claimed, started, pending)
+			res, end, ack = r.runSupervised(runCtx, log, q, t, d, pt, claimed, started, pending)
 			switch end {
 			case endDetached:
 				r.ran(t.ID)
@@ -495,6 +496,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		pending.cancel()
 		res = plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: no plugin for constructor " + q.Constructor + " on node " + cfg.Name}
 	}
+	defer ack()
 	return r.complete(log, q, t, runCtx, res, claimed, started, written, steps, after)
 }
 

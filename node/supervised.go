@@ -69,7 +69,7 @@ func (l *launched) cancel() {
 // runSupervised runs a task under a supervisor process of its own: the one
 // launched ahead, or a new one.
 func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.Queue, t schema.Task, d plugin.Detachable, pt plugin.Task,
-	claimed, started time.Time, pre *launched) (plugin.Result, supervisedEnd) {
+	claimed, started time.Time, pre *launched) (plugin.Result, supervisedEnd, func()) {
 	spec := supervisor.Spec{
 		Node: r.cfg.Name, Task: pt, Plugin: d.Detached(), PluginTimeout: r.cfg.PluginTimeout,
 		FenceAfter: r.cfg.FenceAfter, DeadAfter: r.cfg.DeadAfter, Mongo: r.cfg.SuperviseMongo,
@@ -102,15 +102,18 @@ func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.
 	if err != nil {
 		r.forgetSupervised(t.ID)
 		log.Error("cannot start the task's supervisor", "error", err)
-		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: cannot start the task's supervisor: " + err.Error() + "\n"}, endResult
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: cannot start the task's supervisor: " + err.Error() + "\n"}, endResult, func() {}
 	}
 	log.Debug("task running under a supervisor", "supervisor_pid", h.PID)
 	return r.await(ctx, log, t.ID, h)
 }
 
 // await waits for a supervised task's outcome, passing on kills; a
-// detach lets go of it.
-func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, h *supervisor.Handle) (plugin.Result, supervisedEnd) {
+// detach lets go of it. Once the node has written the finish (or given
+// up), it calls the returned ack: the supervisor then exits. Should the
+// node die before, its next start adopts the supervisor and gets the
+// outcome again.
+func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, h *supervisor.Handle) (plugin.Result, supervisedEnd, func()) {
 	r.mu.Lock()
 	r.supervised[id] = h
 	r.mu.Unlock()
@@ -125,7 +128,7 @@ func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, 
 			r.mu.Unlock()
 			h.Close()
 			log.Info("task left running under its supervisor", "supervisor_pid", h.PID)
-			return plugin.Result{}, endDetached
+			return plugin.Result{}, endDetached, func() {}
 		}
 		reason := ""
 		var ck *controlKill
@@ -139,23 +142,20 @@ func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, 
 		case <-h.Done():
 		case <-time.After(killWait):
 			h.Close()
-			return plugin.Result{Status: schema.StatusFailed, Stderr: fmt.Sprintf("disbatchd: the task's supervisor (pid %d) did not answer a kill within %s\n", h.PID, killWait)}, endResult
+			return plugin.Result{Status: schema.StatusFailed, Stderr: fmt.Sprintf("disbatchd: the task's supervisor (pid %d) did not answer a kill within %s\n", h.PID, killWait)}, endResult, func() {}
 		}
 	}
 	o, err := h.Outcome()
 	if err != nil {
 		h.Close()
-		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: " + err.Error() + "\n"}, endResult
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: " + err.Error() + "\n"}, endResult, func() {}
 	}
-	// The finish is the node's from here: the supervisor may go. Should
-	// the node die before writing it, the task is its next start's
-	// leftover, as any task that ended unwritten.
-	h.Ack()
 	res := o.Result()
 	if o.Written {
-		return res, endWritten
+		h.Ack()
+		return res, endWritten, func() {}
 	}
-	return res, endResult
+	return res, endResult, h.Ack
 }
 
 func (r *runner) forgetSupervised(id bson.ObjectID) {
@@ -326,14 +326,12 @@ func (r *runner) resume(log *slog.Logger, q claimer.Queue, t schema.Task, h *sup
 	r.mu.Lock()
 	r.supervised[t.ID] = nil
 	r.mu.Unlock()
-	res, end := r.await(runCtx, log, t.ID, h)
-	switch end {
-	case endDetached:
+	res, end, ack := r.await(runCtx, log, t.ID, h)
+	defer ack()
+	if end == endDetached {
 		r.ran(t.ID)
 		steps.controlled(ControlDetached, "the node stopped; the task runs on under its supervisor")
 		return "detached"
-	case endWritten:
-		return r.complete(log, q, t, runCtx, res, time.Time{}, time.Time{}, true, steps, after)
 	}
-	return r.complete(log, q, t, runCtx, res, time.Time{}, time.Time{}, false, steps, after)
+	return r.complete(log, q, t, runCtx, res, time.Time{}, time.Time{}, end == endWritten, steps, after)
 }
