@@ -905,6 +905,12 @@ func (w *taskWatcher) handle(ev bson.Raw) {
 		before, known = pre.Lookup("status").AsInt64OK()
 	}
 	changed := func(change string) {
+		// An operator's kill finishes an orphaned task as killed (task
+		// control: "killed while orphaned"): -6 is final for nodes, not
+		// for operators.
+		if known && before == -6 && strings.Contains(change, " status=2") && strings.Contains(change, " kill") {
+			return
+		}
 		if known && finalStatus(before) {
 			w.overwrites = append(w.overwrites, overwrite{Task: id.Hex(), Before: int(before), Change: change})
 		}
