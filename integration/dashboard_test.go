@@ -536,9 +536,11 @@ func countTasks(t *testing.T, db *mongo.Database) int64 {
 	return n
 }
 
+// textOf reads an element's text in one evaluation: a node looked up
+// first could be replaced by a render before its text is read.
 func textOf(b *browser, sel string) string {
 	b.t.Helper()
 	var s string
-	b.run(chromedp.Text(sel, &s, chromedp.ByQuery))
+	b.eval(fmt.Sprintf(`document.querySelector(%q)?.innerText ?? ""`, sel), &s)
 	return s
 }

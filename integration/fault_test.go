@@ -134,19 +134,28 @@ func faultKillNode(t *testing.T, s *faultSuite) {
 	sc.finish(wait)
 
 	// What it held: running tasks orphaned (or, when the killer had asked
-	// to kill them, finished as killed by the recovery), claimed ones run
-	// elsewhere.
+	// to kill them, finished as killed by the recovery), unless their
+	// supervisors finished them first, on the dead node's name (the
+	// recorder is an external plugin, so supervised: docs/restarts.md);
+	// claimed ones run elsewhere.
 	final := map[string]finalTask{}
 	for _, x := range sc.finalTasks() {
 		final[x.ID] = x
 	}
+	bySupervisor := 0
 	for _, id := range running {
-		if sc.killer.wasAsked(id) {
-			require.Equal(t, 2, final[id.Hex()].Status, "task %s was running on the killed node and asked to be killed", id.Hex())
+		x := final[id.Hex()]
+		if (x.Status == 1 || x.Status == 2 && x.Reason != "killed") && x.Node == victim {
+			bySupervisor++
 			continue
 		}
-		require.Equal(t, -6, final[id.Hex()].Status, "task %s was running on the killed node", id.Hex())
+		if sc.killer.wasAsked(id) {
+			require.Equal(t, 2, x.Status, "task %s was running on the killed node and asked to be killed", id.Hex())
+			continue
+		}
+		require.Equal(t, -6, x.Status, "task %s was running on the killed node: %+v", id.Hex(), x)
 	}
+	t.Logf("of the %d tasks running on the killed node, %d were finished by their supervisors", len(running), bySupervisor)
 	for _, id := range claimed {
 		x := final[id.Hex()]
 		require.Contains(t, []int{1, 2}, x.Status, "task %s was claimed by the killed node: want it run elsewhere", id.Hex())
