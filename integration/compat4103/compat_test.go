@@ -504,12 +504,12 @@ func perlPluginsUnderOurNode(t *testing.T, gfs string) {
 			return false
 		}
 		for _, x := range tasks {
-			if x.Status <= 0 {
+			if x.Status <= 0 || !x.Complete { // task_runner writes complete after the status
 				return false
 			}
 		}
 		return true
-	}, 60*time.Second, 200*time.Millisecond, "both tasks finished through task_runner: %+v", tasks)
+	}, 60*time.Second, 200*time.Millisecond, "both tasks finished through task_runner, their output written: %+v", tasks)
 	for _, x := range tasks {
 		require.Equal(t, host, x.Node)
 		require.True(t, x.Complete, "complete: true, written by task_runner")
