@@ -168,7 +168,7 @@ func Parse(b []byte, p Program) (Config, error) {
 	if v, ok := raw["web_root"].(string); ok && v != "" {
 		c.WebRoot = v
 	}
-	c.Monitoring = perlTrue(raw["monitoring"])
+	c.Monitoring = Truthy(raw["monitoring"])
 	c.Balance, _ = raw["balance"].(map[string]any)
 	c.WebExtensions, _ = raw["web_extensions"].(map[string]any)
 	return c, nil
@@ -194,8 +194,9 @@ func stringList(raw map[string]any, key string) ([]string, error) {
 	return out, nil
 }
 
-// perlTrue is Perl's truth of a JSON value.
-func perlTrue(v any) bool {
+// Truthy is Perl's truth of a value of the file (decoded with json.Number):
+// null, false, "", "0" and 0 are false.
+func Truthy(v any) bool {
 	switch x := v.(type) {
 	case nil:
 		return false
@@ -238,7 +239,7 @@ func mongoURI(host, db string, raw map[string]any, p Program) (string, error) {
 			if ca, ok := ssl["SSL_ca_file"].(string); ok {
 				q.Set("tlsCAFile", ca)
 			}
-			if mode, ok := ssl["SSL_verify_mode"]; ok && !perlTrue(mode) {
+			if mode, ok := ssl["SSL_verify_mode"]; ok && !Truthy(mode) {
 				q.Set("tlsInsecure", "true")
 			}
 			cert, _ := ssl["SSL_cert_file"].(string)
@@ -250,7 +251,7 @@ func mongoURI(host, db string, raw map[string]any, p Program) (string, error) {
 				return "", errors.New("attributes.ssl: SSL_cert_file and SSL_key_file must be one PEM file here (the Go driver reads both from tlsCertificateKeyFile)")
 			}
 		default:
-			if perlTrue(ssl) {
+			if Truthy(ssl) {
 				q.Set("tls", "true")
 			}
 		}

@@ -51,7 +51,7 @@ func applyPerlConfig(cmd *cobra.Command, s *settings, getenv func(string) string
 	if c.Balance != nil {
 		s.balance = c.Balance
 		if unset("balance-enabled", "") {
-			s.balanceEnabled = truthy(c.Balance["enabled"])
+			s.balanceEnabled = perlconfig.Truthy(c.Balance["enabled"])
 		}
 	}
 	var exts []string
@@ -116,21 +116,4 @@ func plainNumbers(v any) any {
 		}
 	}
 	return v
-}
-
-// truthy is Perl's truth of a decoded JSON value.
-func truthy(v any) bool {
-	switch x := v.(type) {
-	case nil:
-		return false
-	case bool:
-		return x
-	case string:
-		return x != "" && x != "0"
-	case fmt.Stringer:
-		return x.String() != "0"
-	case float64:
-		return x != 0
-	}
-	return true
 }
