@@ -431,14 +431,13 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
 		return "released"
 	}
-	if p, ok := cfg.Plugins.Lookup(q.Constructor); ok {
-		if rw, ok := p.(plugin.ResultWriter); ok {
-			return r.runWritingResult(log, q, t, rw, steps)
-		}
+	p, havePlugin := cfg.Plugins.Lookup(q.Constructor) // once per task
+	if rw, ok := p.(plugin.ResultWriter); ok {
+		return r.runWritingResult(log, q, t, rw, steps)
 	}
 	// A supervised task's supervisor is forked while its start is
 	// written; it waits for the node's word before it runs anything.
-	pending := r.launch(log, q, t)
+	pending := r.launch(log, t, p)
 	if err := r.write(log, "start", func(ctx context.Context) error { return r.starts.do(ctx, tr) }); err != nil {
 		pending.cancel()
 		if errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired) {
@@ -471,7 +470,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 	var res plugin.Result
 	written := false
 	ack := func() {} // a supervisor's: once the finish is written
-	if p, ok := cfg.Plugins.Lookup(q.Constructor); ok {
+	if havePlugin {
 		log.Debug("task running")
 		pt := plugin.Task{
 			ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,

@@ -38,13 +38,9 @@ const killWait = 30 * time.Second
 // starts one itself).
 type launched struct{ p *supervisor.Pending }
 
-// launch forks the supervisor of a supervised task.
-func (r *runner) launch(log *slog.Logger, q claimer.Queue, t schema.Task) *launched {
+// launch forks the supervisor of a task whose plugin p is detachable.
+func (r *runner) launch(log *slog.Logger, t schema.Task, p plugin.Plugin) *launched {
 	if r.cfg.Supervise == nil {
-		return nil
-	}
-	p, ok := r.cfg.Plugins.Lookup(q.Constructor)
-	if !ok {
 		return nil
 	}
 	if _, ok := p.(plugin.Detachable); !ok {
