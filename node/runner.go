@@ -168,7 +168,7 @@ func (r *runner) handle(q claimer.Queue, t schema.Task, work func() (after []fun
 		defer r.finished(q.ID)
 		defer r.hold(t.ID, false)
 		after = work()
-		if r.wasDetached(t.ID) {
+		if r.cfg.Supervise != nil && r.wasDetached(t.ID) {
 			return // still running under its supervisor: its admission and slot go with the node
 		}
 		if q.Sched.Capped() {
