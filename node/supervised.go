@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/supervisor"
+	"github.com/disbatch-go/disbatch/supervisor/finish"
 )
 
 // errDetach is the cause given to supervised tasks the node leaves
@@ -66,8 +68,18 @@ func (l *launched) cancel() {
 // launched ahead, or a new one.
 func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.Queue, t schema.Task, d plugin.Detachable, pt plugin.Task,
 	claimed, started time.Time, pre *launched) (plugin.Result, supervisedEnd, func()) {
+	command, bad := d.Prepare(pt)
+	if bad != nil { // bad parameters: nothing to run, here or there
+		pre.cancel()
+		return *bad, endResult, func() {}
+	}
+	named, err := json.Marshal(d.Detached())
+	if err != nil {
+		pre.cancel()
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: the plugin's name for its supervisor: " + err.Error() + "\n"}, endResult, func() {}
+	}
 	spec := supervisor.Spec{
-		Node: r.cfg.Name, Task: pt, Plugin: d.Detached(), PluginTimeout: r.cfg.PluginTimeout,
+		Node: r.cfg.Name, TaskID: t.ID.Hex(), Plugin: named, Command: command, PluginTimeout: r.cfg.PluginTimeout,
 		FenceAfter: r.cfg.FenceAfter, DeadAfter: r.cfg.DeadAfter, Mongo: r.cfg.SuperviseMongo,
 		Finish: supervisor.Finish{Claimed: claimed, Started: started, Then: q.Sched.Then},
 	}
@@ -80,6 +92,7 @@ func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.
 	if limit, from := timeLimit(q, t); limit > 0 {
 		spec.Deadline = started.Add(limit)
 		spec.TimeoutText = fmt.Sprintf("timeout of %s (%s)", limit, from)
+		spec.TimeoutReason = schema.ReasonTimeout
 	}
 	if rt := r.retry(q, t, schema.StatusFailed, ""); rt != nil {
 		spec.Finish.RetryTries, spec.Finish.RetryDelay = rt.Tries, rt.NotBefore.Sub(r.clock.Now())
@@ -88,7 +101,6 @@ func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.
 	r.supervised[t.ID] = nil
 	r.mu.Unlock()
 	var h *supervisor.Handle
-	var err error
 	if pre != nil && pre.p != nil {
 		h, err = pre.p.Run(spec)
 		pre.p = nil
@@ -101,15 +113,16 @@ func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.
 		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: cannot start the task's supervisor: " + err.Error() + "\n"}, endResult, func() {}
 	}
 	log.Debug("task running under a supervisor", "supervisor_pid", h.PID)
-	return r.await(ctx, log, t.ID, h)
+	return r.await(ctx, log, t.ID, h, &spec)
 }
 
 // await waits for a supervised task's outcome, passing on kills; a
-// detach lets go of it. Once the node has written the finish (or given
+// detach lets go of it. The outcome is read with the task's spec (nil:
+// the one in the state directory). Once the node has written the finish (or given
 // up), it calls the returned ack: the supervisor then exits. Should the
 // node die before, its next start adopts the supervisor and gets the
 // outcome again.
-func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, h *supervisor.Handle) (plugin.Result, supervisedEnd, func()) {
+func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, h *supervisor.Handle, spec *supervisor.Spec) (plugin.Result, supervisedEnd, func()) {
 	r.mu.Lock()
 	r.supervised[id] = h
 	r.mu.Unlock()
@@ -146,7 +159,19 @@ func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, 
 		h.Close()
 		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: " + err.Error() + "\n"}, endResult, func() {}
 	}
-	res := o.Result()
+	if spec == nil {
+		s, err := supervisor.ReadSpec(r.cfg.Supervise.Dir, id.Hex())
+		if err != nil {
+			h.Close()
+			return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: the supervised task's spec: " + err.Error() + "\n"}, endResult, func() {}
+		}
+		spec = &s
+	}
+	res, err := finish.Result(*spec, o)
+	if err != nil {
+		h.Close()
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "disbatchd: the supervised task's result: " + err.Error() + "\n"}, endResult, func() {}
+	}
 	if o.Written {
 		h.Ack()
 		return res, endWritten, func() {}
@@ -322,7 +347,7 @@ func (r *runner) resume(log *slog.Logger, q claimer.Queue, t schema.Task, h *sup
 	r.mu.Lock()
 	r.supervised[t.ID] = nil
 	r.mu.Unlock()
-	res, end, ack := r.await(runCtx, log, t.ID, h)
+	res, end, ack := r.await(runCtx, log, t.ID, h, nil)
 	defer ack()
 	if end == endDetached {
 		r.ran(t.ID)

@@ -11,6 +11,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/disbatch-go/disbatch/plugin/proc"
 	"github.com/disbatch-go/disbatch/schema"
 )
 
@@ -80,37 +81,44 @@ type external struct {
 	args []string
 }
 
-func (e *external) Run(ctx context.Context, t Task) Result {
-	name := "plugin " + e.path
+func (e *external) Run(ctx context.Context, t Task) Result { return runDetachable(ctx, e, t) }
+
+// Prepare is the executable with the task as JSON on its stdin.
+func (e *external) Prepare(t Task) (proc.Command, *Result) {
 	input, err := encodeInput(t)
 	if err != nil {
-		return Result{Status: schema.StatusFailed, Stderr: fmt.Sprintf("%s: cannot encode the task: %v\n", name, err)}
+		return proc.Command{}, &Result{Status: schema.StatusFailed, Stderr: fmt.Sprintf("plugin %s: cannot encode the task: %v\n", e.path, err)}
 	}
-	r := process{path: e.path, args: e.args, env: taskEnv(t), stdin: input}.run(ctx)
+	return proc.Command{Path: e.path, Args: e.args, Env: taskEnv(t), Stdin: input}, nil
+}
 
+// Interpret reads the executable's answer.
+func (e *external) Interpret(_ proc.Command, r proc.Result) Result {
+	name := "plugin " + e.path
+	stdout, stderr := r.StdoutText(), r.StderrText()
 	fail := func(stdout, stderr, reason string) Result {
 		return Result{Status: schema.StatusFailed, Stdout: stdout, Stderr: appendLine(stderr, reason)}
 	}
 	switch {
-	case r.err != nil:
-		return fail(r.stdout, r.stderr, fmt.Sprintf("cannot run %s: %v", name, r.err))
-	case r.killed != nil:
-		return fail(r.stdout, r.stderr, name+" "+killPhrase(r.killed))
-	case !r.state.Success():
-		if code := r.state.ExitCode(); code >= 0 {
-			return fail(r.stdout, r.stderr, fmt.Sprintf("%s exited with status %d", name, code))
+	case r.StartErr != "":
+		return fail(stdout, stderr, fmt.Sprintf("cannot run %s: %s", name, r.StartErr))
+	case r.Killed != nil:
+		return fail(stdout, stderr, name+" "+killPhrase(r.Killed))
+	case !r.Success():
+		if r.ExitCode >= 0 {
+			return fail(stdout, stderr, fmt.Sprintf("%s exited with status %d", name, r.ExitCode))
 		}
-		return fail(r.stdout, r.stderr, fmt.Sprintf("%s was terminated by %v", name, r.state))
-	case r.stdoutCut:
-		return fail(r.stdout, r.stderr, fmt.Sprintf("%s answered garbage: more than 64 MiB", name))
+		return fail(stdout, stderr, fmt.Sprintf("%s was terminated by %s", name, r.State))
+	case r.StdoutCut:
+		return fail(stdout, stderr, fmt.Sprintf("%s answered garbage: more than 64 MiB", name))
 	}
 
-	ans, err := parseExternalAnswer(r.rawStdout)
+	ans, err := parseExternalAnswer(r.Stdout)
 	if err != nil {
-		return fail(r.stdout, r.stderr, fmt.Sprintf("%s answered garbage: %v: %s", name, err, snippet(r.rawStdout)))
+		return fail(stdout, stderr, fmt.Sprintf("%s answered garbage: %v: %s", name, err, snippet(r.Stdout)))
 	}
 	if !ans.statusOK || ans.status <= 0 {
-		return fail(ans.stdout, appendBlock(ans.stderr, r.stderr),
+		return fail(ans.stdout, appendBlock(ans.stderr, stderr),
 			fmt.Sprintf("%s answered an invalid status %s: want a positive integer", name, ans.rawStatus))
 	}
 	return Result{Status: schema.Status(ans.status), Stdout: ans.stdout, Stderr: ans.stderr, Output: ans.output}

@@ -3,7 +3,6 @@
 package plugin
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/disbatch-go/disbatch/plugin/proc"
 	"github.com/disbatch-go/disbatch/schema"
 )
 
@@ -156,39 +156,6 @@ func TestExecOutputCap(t *testing.T) {
 	require.Equal(t, bson.D{{Key: schema.TaskResult, Value: int32(0)}}, res.Extra, "mixedout past MaxMixedout is left out")
 }
 
-func TestCapped(t *testing.T) {
-	t.Parallel()
-	var c capped
-	n, err := c.Write([]byte("abc"))
-	require.NoError(t, err)
-	require.Equal(t, 3, n)
-	require.Equal(t, "abc", c.String())
-	big := bytes.Repeat([]byte{'z'}, MaxOutput)
-	n, err = c.Write(big)
-	require.NoError(t, err, "a full buffer must not fail writes")
-	require.Equal(t, len(big), n)
-	n, err = c.Write([]byte("more"))
-	require.NoError(t, err)
-	require.Equal(t, 4, n)
-	s := c.String()
-	require.Len(t, s, MaxOutput+len(TruncatedNote))
-	require.Equal(t, "abczz", s[:5])
-	b, cut := c.Bytes()
-	require.True(t, cut)
-	require.Len(t, b, MaxOutput)
-
-	var exact capped
-	_, _ = exact.Write(big)
-	require.Equal(t, string(big), exact.String(), "exactly MaxOutput is not truncated")
-
-	small := capped{limit: 4}
-	_, _ = small.Write([]byte("abc"))
-	_, _ = small.Write([]byte("de"))
-	b, cut = small.Bytes()
-	require.True(t, cut)
-	require.Equal(t, "abcd", string(b))
-}
-
 func TestShell(t *testing.T) {
 	t.Parallel()
 	shell := func(cmd string) Task {
@@ -314,8 +281,8 @@ func TestExecPipesHeld(t *testing.T) {
 	require.Equal(t, "done\n", res.Stdout)
 	require.Contains(t, res.Stderr, "kept its output open")
 	require.Equal(t, extra(0, "done\n"), res.Extra)
-	require.GreaterOrEqual(t, elapsed, waitDelay)
-	require.Less(t, elapsed, waitDelay+slack+time.Second)
+	require.GreaterOrEqual(t, elapsed, proc.WaitDelay)
+	require.Less(t, elapsed, proc.WaitDelay+slack+time.Second)
 	// Leave no process behind.
 	b, err := os.ReadFile(pidFile)
 	require.NoError(t, err)

@@ -9,13 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/disbatch-go/disbatch/plugin/proc"
 	"github.com/disbatch-go/disbatch/schema"
 )
 
 // ErrTimeout is (wrapped in) the cause, as context.Cause reports it, of the
 // context Run gives a plugin when Run's timeout expires. Its message reads
 // "timeout of 1m30s".
-var ErrTimeout = errors.New("timeout")
+var ErrTimeout = proc.ErrTimeout
 
 // abandonGrace is how long Run waits, once the plugin's context is done, for
 // the plugin to return before abandoning it. It lets a process plugin, whose

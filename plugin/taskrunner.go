@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 
+	"github.com/disbatch-go/disbatch/plugin/proc"
 	"github.com/disbatch-go/disbatch/schema"
 )
 
@@ -50,8 +51,8 @@ func (r TaskRunner) RunWritingResult(ctx context.Context, t Task) (string, error
 		args = append(args, "--quiet")
 	}
 	cmd := exec.CommandContext(ctx, r.Path, args...)
-	killGroupOnCancel(cmd)
-	out := &capped{limit: 64 << 10}
+	proc.KillGroupOnCancel(cmd)
+	out := &proc.Capped{Limit: 64 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
 	err := cmd.Run()
 	if err == nil {

@@ -6,11 +6,15 @@
 // The node (package node, through Launcher and Handle) writes the task's
 // Spec to <dir>/<task id>.spec and starts `disbatchd supervise <dir> <id>`
 // in a session of its own. The supervisor listens on <dir>/<id>.sock, runs
-// the plugin with plugin.Run (the plugin's process group, its output, the
-// node's plugin timeout) plus the task's own time limit, and answers the
+// the plugin's process as the node prepared it (plugin.Detachable's
+// Prepare: a plugin/proc Command, so this package links neither BSON nor
+// the plugins) in a process group of its own, capturing its output, under
+// the node's plugin timeout and the task's own time limit, and answers the
 // node's messages: alive (an acknowledged heartbeat), kill (task control,
 // a fence, a second signal) and ack (the node wrote the finish). When the
-// plugin ends it writes <dir>/<id>.result and tells the node; if no node is
+// process ends it writes how (Outcome: the raw proc.Result, which the
+// node reads with the plugin's Interpret, package supervisor/finish) to
+// <dir>/<id>.result and tells the node; if no node is
 // connected it writes the guarded finish to MongoDB itself
 // ({_id, node, status: 0}, the same write the node makes), so a result is
 // never lost while the node is away. It then removes its files and exits.

@@ -56,7 +56,7 @@ const startWait = 10 * time.Second
 // signal to the node's process group does not reach it) and connects:
 // Launch, then Pending.Run.
 func (l *Launcher) Start(spec Spec) (*Handle, error) {
-	p, err := l.Launch(spec.Task.ID.Hex())
+	p, err := l.Launch(spec.TaskID)
 	if err != nil {
 		return nil, err
 	}
@@ -110,8 +110,8 @@ func (l *Launcher) Launch(id string) (*Pending, error) {
 
 // Run writes the spec and connects: the supervisor starts the task.
 func (p *Pending) Run(spec Spec) (*Handle, error) {
-	spec.FinishCommand = p.l.FinishCommand
-	if err := writeGob(specPath(p.l.Dir, p.id), spec); err != nil {
+	spec.TaskID, spec.FinishCommand = p.id, p.l.FinishCommand
+	if err := writeFile(specPath(p.l.Dir, p.id), spec); err != nil {
 		p.Cancel()
 		return nil, fmt.Errorf("write the supervisor's spec: %w", err)
 	}
@@ -215,7 +215,7 @@ func (h *Handle) read(sc *bufio.Scanner) {
 
 func (h *Handle) finish() {
 	var o Outcome
-	err := readGob(resultPath(h.dir, h.id), &o)
+	err := readFile(resultPath(h.dir, h.id), &o)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	select {

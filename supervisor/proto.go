@@ -32,5 +32,7 @@ const (
 )
 
 // protocolVersion is the hello's version: a node refuses supervisors of
-// another one (after an upgrade that changed it, drain instead).
-const protocolVersion = 1
+// another one (after an upgrade that changed it, drain instead). 2: the
+// spec and result files are JSON, and the result is the process's raw
+// outcome (1: gob, and the plugin's result).
+const protocolVersion = 2

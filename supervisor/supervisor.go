@@ -17,8 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/disbatch-go/disbatch/plugin"
-	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/plugin/proc"
 )
 
 // Main is `disbatchd supervise DIR ID`: it runs the task whose spec is
@@ -97,16 +96,11 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 	if ul, ok := ln.(*net.UnixListener); ok {
 		_ = ul.SetDeadline(time.Time{})
 	}
-	if err := readGob(specPath(dir, id), &s.spec); err != nil {
+	if err := readFile(specPath(dir, id), &s.spec); err != nil {
 		_ = first.Close()
 		return fmt.Errorf("read the spec: %w", err)
 	}
 	s.alive = s.spec.Alive
-	p, err := plugin.FromDetached(s.spec.Plugin)
-	if err != nil {
-		_ = first.Close()
-		return err
-	}
 	runCtx, kill := context.WithCancelCause(ctx)
 	defer kill(nil)
 	s.kill = kill
@@ -114,7 +108,7 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 	go s.accept(ln)
 	if !s.spec.Deadline.IsZero() {
 		t := time.AfterFunc(time.Until(s.spec.Deadline), func() {
-			kill(&Killed{Reason: schema.ReasonTimeout, Text: s.spec.TimeoutText})
+			kill(&Killed{Reason: s.spec.TimeoutReason, Text: s.spec.TimeoutText})
 		})
 		defer t.Stop()
 	}
@@ -126,15 +120,21 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 		// start now, other nodes may recover it soon.
 		s.log.Warn("fencing before the start: no acknowledged heartbeat of the node for fence-after", "node", s.spec.Node, "silence", late.Round(time.Millisecond))
 		s.fenced = true
-		return s.handOver(Outcome{Status: schema.StatusFailed, Fenced: true,
-			Stderr: fmt.Sprintf("task killed: supervisor fenced before the start: no acknowledged heartbeat of node %s for %s\n", s.spec.Node, late.Round(time.Millisecond))})
+		return s.handOver(Outcome{Fenced: true,
+			Failure: fmt.Sprintf("task killed: supervisor fenced before the start: no acknowledged heartbeat of node %s for %s\n", s.spec.Node, late.Round(time.Millisecond))})
 	}
 	watch := time.NewTicker(fenceCheck)
 	defer watch.Stop()
-	results := make(chan plugin.Result, 1)
-	go func() { results <- plugin.Run(runCtx, p, s.spec.Task, s.spec.PluginTimeout) }()
-	s.log.Info("supervising", "pid", os.Getpid(), "plugin", s.spec.Plugin.Kind, "fence_after", s.spec.FenceAfter)
-	var res plugin.Result
+	procCtx := runCtx
+	if s.spec.PluginTimeout > 0 {
+		var cancel context.CancelFunc
+		procCtx, cancel = context.WithTimeoutCause(runCtx, s.spec.PluginTimeout, fmt.Errorf("%w of %v", proc.ErrTimeout, s.spec.PluginTimeout))
+		defer cancel()
+	}
+	results := make(chan proc.Result, 1)
+	go func() { results <- s.spec.Command.Run(procCtx) }()
+	s.log.Info("supervising", "pid", os.Getpid(), "command", s.spec.Command.Path, "fence_after", s.spec.FenceAfter)
+	var res proc.Result
 	for running := true; running; {
 		select {
 		case res = <-results:
@@ -158,9 +158,9 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 		s.log.Warn("supervisor terminated by a signal: the task was killed; its finish is left to its node's recovery")
 		return nil
 	}
-	o := outcomeOf(res)
+	o := Outcome{Proc: res}
 	var k *Killed
-	if errors.As(context.Cause(runCtx), &k) && res.Status != schema.StatusSucceeded {
+	if errors.As(context.Cause(runCtx), &k) && res.Killed != nil {
 		o.Reason = k.Reason
 	}
 	s.mu.Lock()
@@ -178,7 +178,7 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 // handOver gives the outcome to a node, or writes the finish itself when
 // no node is there to.
 func (s *sup) handOver(o Outcome) error {
-	if err := writeGob(resultPath(s.dir, s.id), o); err != nil {
+	if err := writeFile(resultPath(s.dir, s.id), o); err != nil {
 		return fmt.Errorf("write the result: %w", err)
 	}
 	for {
@@ -233,7 +233,7 @@ func (s *sup) writeFinish(o Outcome) error {
 	case err != nil:
 		return fmt.Errorf("write the finish (%s): %w", strings.Join(s.spec.FinishCommand, " "), err)
 	}
-	s.log.Info("finish written by the supervisor (no node connected)", "status", int(o.Status))
+	s.log.Info("finish written by the supervisor (no node connected)")
 	// A node that connected meanwhile learns it is written.
 	s.mu.Lock()
 	conn := s.conn

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/plugin/proc"
 	"github.com/disbatch-go/disbatch/schema"
 )
 
@@ -18,9 +18,9 @@ import (
 // the same code: Main calls Run) and returns its task id and end.
 func runInProcess(t *testing.T, dir string, spec Spec) (string, <-chan error) {
 	t.Helper()
-	spec.Task.ID = bson.NewObjectID()
-	id := spec.Task.ID.Hex()
-	require.NoError(t, writeGob(specPath(dir, id), spec))
+	spec.TaskID = bson.NewObjectID().Hex()
+	id := spec.TaskID
+	require.NoError(t, writeFile(specPath(dir, id), spec))
 	done := make(chan error, 1)
 	go func() { done <- Run(context.Background(), dir, id, slog.New(slog.DiscardHandler)) }()
 	require.Eventually(t, func() bool { _, err := os.Stat(sockPath(dir, id)); return err == nil }, 5*time.Second, 5*time.Millisecond)
@@ -41,8 +41,7 @@ func attachSoon(t *testing.T, dir, id string) *Handle {
 }
 
 func shellSpec(command string, fenceAfter time.Duration) Spec {
-	params, _ := bson.Marshal(bson.D{{Key: "command", Value: command}})
-	return Spec{Node: "n", Task: plugin.Task{Parameters: params}, Plugin: plugin.DetachedSpec{Kind: plugin.ShellConstructor},
+	return Spec{Node: "n", Command: proc.Command{Path: "bash", Args: []string{"-c", command}, Interleave: true},
 		Alive: time.Now(), FenceAfter: fenceAfter, DeadAfter: 300 * time.Millisecond, Mongo: Mongo{Database: "d"}}
 }
 
@@ -54,11 +53,11 @@ func TestTheNodeGetsTheResultAndTheSupervisorExits(t *testing.T) {
 	require.Equal(t, "d", h.Database)
 	o, err := h.Outcome()
 	require.NoError(t, err)
-	require.Equal(t, schema.StatusSucceeded, o.Status)
-	require.Equal(t, "out\n", o.Stdout)
-	require.Equal(t, "err\n", o.Stderr)
+	require.True(t, o.Proc.Success())
+	require.Equal(t, "out\n", string(o.Proc.Stdout))
+	require.Equal(t, "err\n", string(o.Proc.Stderr))
+	require.NotEmpty(t, o.Proc.Mixed, "interleaved, as asked")
 	require.False(t, o.Written)
-	require.NotEmpty(t, o.Result().Extra, "exec and shell's result and mixedout")
 	h.Ack()
 	require.NoError(t, <-done)
 	left, _ := os.ReadDir(dir)
@@ -77,9 +76,10 @@ func TestAKillFromTheNodeKillsThePlugin(t *testing.T) {
 	}
 	o, err := h.Outcome()
 	require.NoError(t, err)
-	require.Equal(t, schema.StatusFailed, o.Status)
+	require.False(t, o.Proc.Success())
 	require.Equal(t, schema.ReasonKilled, o.Reason)
-	require.Contains(t, o.Stderr, "kill requested by ops")
+	require.NotNil(t, o.Proc.Killed)
+	require.Equal(t, "kill requested by ops", o.Proc.Killed.Text)
 	h.Ack()
 	require.NoError(t, <-done)
 }

@@ -313,7 +313,7 @@ func renderSupervise(b *strings.Builder, r *Report) {
 	for _, x := range []struct {
 		what string
 		l    Latency
-	}{{"in-process (--supervise=false)", v.InProcess}, {"supervised (a disbatchd supervise process per task)", v.Supervised}, {"pickup floor of this run: insert -> running, bare driver loop (" + v.FloorSource + ")", v.Floor}} {
+	}{{"in-process (--supervise=false)", v.InProcess}, {"supervised (a disbatch-supervisor process per task)", v.Supervised}, {"pickup floor of this run: insert -> running, bare driver loop (" + v.FloorSource + ")", v.Floor}} {
 		t.add(x.what, strconv.Itoa(x.l.N), fms(x.l.P50), fms(x.l.P95), fms(x.l.P99), fms(x.l.Max))
 	}
 	t.render(b)

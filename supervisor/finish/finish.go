@@ -8,15 +8,18 @@ package finish
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/supervisor"
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // Main writes the finish of task ID from DIR and returns the exit code:
@@ -57,9 +60,16 @@ func Write(ctx context.Context, dir, id string, log *slog.Logger) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close()
-	res := o.Result()
+	res, err := Result(spec, o)
+	if err != nil {
+		return err
+	}
+	taskID, err := bson.ObjectIDFromHex(spec.TaskID)
+	if err != nil {
+		return fmt.Errorf("spec of %s: task id: %w", id, err)
+	}
 	f := spec.Finish
-	fp := store.TaskFinishParams{ID: spec.Task.ID, Node: spec.Node, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
+	fp := store.TaskFinishParams{ID: taskID, Node: spec.Node, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
 		Reason: o.Reason, Claimed: f.Claimed, Started: f.Started, Extra: res.Extra, Output: res.Output, Then: f.Then}
 	if res.Status >= schema.StatusFailed && o.Reason != schema.ReasonKilled && f.RetryTries > 0 {
 		fp.Retry = &store.TaskRetryAt{NotBefore: time.Now().Add(f.RetryDelay), Tries: f.RetryTries}
@@ -80,4 +90,23 @@ func Write(ctx context.Context, dir, id string, log *slog.Logger) error {
 	}
 	o.Written = true
 	return supervisor.WriteOutcome(dir, id, o)
+}
+
+// Result is the task's result from a supervisor's outcome: the plugin's
+// Interpret of how its process ended, as the plugin's own Run would have
+// said it; or the supervisor's failure when it never started the process.
+// The node reads adopted and supervised tasks' outcomes with it too.
+func Result(spec supervisor.Spec, o supervisor.Outcome) (plugin.Result, error) {
+	if o.Failure != "" {
+		return plugin.Result{Status: schema.StatusFailed, Stderr: o.Failure}, nil
+	}
+	var d plugin.DetachedSpec
+	if err := json.Unmarshal(spec.Plugin, &d); err != nil {
+		return plugin.Result{}, fmt.Errorf("the spec's plugin: %w", err)
+	}
+	p, err := plugin.FromDetached(d)
+	if err != nil {
+		return plugin.Result{}, err
+	}
+	return p.Interpret(spec.Command, o.Proc), nil
 }

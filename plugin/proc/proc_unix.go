@@ -1,6 +1,6 @@
 //go:build unix
 
-package plugin
+package proc
 
 import (
 	"os"
@@ -8,10 +8,10 @@ import (
 	"syscall"
 )
 
-// killGroupOnCancel starts cmd as the leader of a new process group and
+// KillGroupOnCancel starts cmd as the leader of a new process group and
 // makes cancellation SIGKILL the whole group, so the command's children die
 // with it.
-func killGroupOnCancel(cmd *exec.Cmd) {
+func KillGroupOnCancel(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error {
 		if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil {
