@@ -35,12 +35,16 @@ const (
 // kill with its result.
 const killWait = 30 * time.Second
 
-// launched is a supervisor forked ahead of its task's start write (nil:
-// none; the task is not supervised, or the fork failed and runSupervised
-// starts one itself).
-type launched struct{ p *supervisor.Pending }
+// launched is a supervisor being forked while its task's start is written
+// (nil: none; the task is not supervised). Its fork runs beside the write
+// and is awaited after it; should it fail, runSupervised starts one itself.
+type launched struct {
+	done chan struct{}
+	p    *supervisor.Pending // once done; nil when the fork failed
+}
 
-// launch forks the supervisor of a task whose plugin p is detachable.
+// launch forks the supervisor of a task whose plugin p is detachable, in
+// the background.
 func (r *runner) launch(log *slog.Logger, t schema.Task, p plugin.Plugin) *launched {
 	if r.cfg.Supervise == nil {
 		return nil
@@ -48,19 +52,34 @@ func (r *runner) launch(log *slog.Logger, t schema.Task, p plugin.Plugin) *launc
 	if _, ok := p.(plugin.Detachable); !ok {
 		return nil
 	}
-	pending, err := r.cfg.Supervise.Launch(t.ID.Hex())
-	if err != nil {
-		log.Warn("cannot fork the task's supervisor ahead of its start; trying again after", "error", err)
+	l := &launched{done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		pending, err := r.cfg.Supervise.Launch(t.ID.Hex())
+		if err != nil {
+			log.Warn("cannot fork the task's supervisor ahead of its start; trying again after", "error", err)
+			return
+		}
+		l.p = pending
+	}()
+	return l
+}
+
+// take waits for the fork and returns it (nil: it failed), once.
+func (l *launched) take() *supervisor.Pending {
+	if l == nil {
 		return nil
 	}
-	return &launched{p: pending}
+	<-l.done
+	p := l.p
+	l.p = nil
+	return p
 }
 
 // cancel stops a supervisor forked for a task that will not run under it.
 func (l *launched) cancel() {
-	if l != nil && l.p != nil {
-		l.p.Cancel()
-		l.p = nil
+	if p := l.take(); p != nil {
+		p.Cancel()
 	}
 }
 
@@ -101,9 +120,8 @@ func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.
 	r.supervised[t.ID] = nil
 	r.mu.Unlock()
 	var h *supervisor.Handle
-	if pre != nil && pre.p != nil {
-		h, err = pre.p.Run(spec)
-		pre.p = nil
+	if p := pre.take(); p != nil {
+		h, err = p.Run(spec)
 	} else {
 		h, err = r.cfg.Supervise.Start(spec)
 	}
