@@ -180,11 +180,12 @@ func requireCountersExact(t *testing.T, db *mongo.Database, queue string, total 
 	}, 20*time.Second, 100*time.Millisecond, "counters exact: %v", q)
 }
 
-// supervisorsRunning counts the supervisor processes whose command line
-// names dir.
+// supervisorsRunning counts the supervisors in dir (and under it) that
+// run a task: not the nodes' pools of idle ones.
 func supervisorsRunning(t *testing.T, dir string) int {
 	t.Helper()
-	return len(supervisor.PIDs(dir))
+	busy, _ := supervisor.Processes(dir)
+	return len(busy)
 }
 
 // findTasks reads every task of db in _id order.
@@ -261,12 +262,13 @@ echo "end $DISBATCH_TASK_ID $DISBATCH_ATTEMPT" >> %s`, locks, runs, runs)
 	require.Equal(t, 5, fenced, "each supervisor fenced its task")
 }
 
-// supervisorsRSS is the VmRSS (KiB) of each supervisor process whose
-// command line names dir.
+// supervisorsRSS is the VmRSS (KiB) of each supervisor in dir (and under
+// it) that runs a task.
 func supervisorsRSS(t *testing.T, dir string) []int {
 	t.Helper()
 	var out []int
-	for _, pid := range supervisor.PIDs(dir) {
+	busy, _ := supervisor.Processes(dir)
+	for _, pid := range busy {
 		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		if err != nil {
 			continue

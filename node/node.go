@@ -168,6 +168,8 @@ func (n *Node) Start(ctx context.Context) error {
 			if err := n.cfg.Supervise.Check(); err != nil {
 				return err
 			}
+			n.cfg.Supervise.Warm()
+			run.Cleanup(n.cfg.Supervise.Close)
 			supervised = n.runner.attachSupervisors()
 		}
 		except := make([]bson.ObjectID, 0, len(supervised))

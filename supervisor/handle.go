@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -29,6 +30,22 @@ type Launcher struct {
 	// node is away (`disbatchd supervise-finish`).
 	Command       []string
 	FinishCommand []string
+	// Pool is how many supervisors wait ready, forked ahead of need, so
+	// that a task's start costs no fork and exec (0: each is forked for
+	// its task). Each waits as a small idle process until it is given a
+	// task, or until the node stops or dies.
+	Pool int
+
+	mu      sync.Mutex
+	idle    []*Pending
+	filling int
+	closed  bool
+	fills   sync.WaitGroup
+	seq     int
+	// nodeR and nodeW are a pipe whose write end only the node holds:
+	// idle supervisors, given the read end, exit at its EOF (the node
+	// stopped or died) instead of waiting for a task for ever.
+	nodeR, nodeW *os.File
 }
 
 // maxSocketPath is the longest unix socket path Linux takes (108 with
@@ -68,13 +85,133 @@ type Pending struct {
 	l   *Launcher
 	id  string
 	cmd *exec.Cmd
+	// pooled: it waits for a task id on its first connection (it was
+	// started as pool-*, and its files renamed to id's).
+	pooled bool
+	exited atomic.Bool
 }
 
-// Launch starts the supervisor of task id, which waits (up to 10 s) for
-// Run before it does anything: the node forks it while the task's start
-// is being written, so the fork costs no time of the task's.
+// Launch gives the supervisor of task id, which waits for Run before it
+// does anything (a fresh one up to 10 s): an idle one from the pool, or
+// one forked now. The node launches it while the task's start is being
+// written, so the fork costs no time of the task's.
 func (l *Launcher) Launch(id string) (*Pending, error) {
-	logf, err := os.OpenFile(logPath(l.Dir, id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if p := l.takeIdle(id); p != nil {
+		return p, nil
+	}
+	return l.fork(id, false)
+}
+
+// DefaultPool is disbatchd's Pool: enough for a burst of starts between
+// two refills (a fork each, about a millisecond), at about 4 MiB each.
+const DefaultPool = 2
+
+// refillAfter delays the refill after a take, so that its fork and the new
+// supervisor's start do not compete with the task's own start.
+const refillAfter = 5 * time.Millisecond
+
+// poolPrefix starts the name of an idle supervisor (its files and the
+// ID argument) until it is given a task.
+const poolPrefix = "pool-"
+
+// Warm fills the pool (when Pool > 0) in the background.
+func (l *Launcher) Warm() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refillLocked()
+}
+
+// refillLocked forks, in the background, as many idle supervisors as
+// the pool lacks.
+func (l *Launcher) refillLocked() {
+	if l.closed || l.Pool <= 0 || len(l.idle)+l.filling >= l.Pool {
+		return
+	}
+	if l.nodeW == nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return
+		}
+		l.nodeR, l.nodeW = r, w
+	}
+	n := l.Pool - len(l.idle) - l.filling
+	l.filling += n
+	l.fills.Add(1)
+	go func() {
+		defer l.fills.Done()
+		for i := range n {
+			l.mu.Lock()
+			l.seq++
+			name := fmt.Sprintf("%s%d-%d", poolPrefix, os.Getpid(), l.seq)
+			l.mu.Unlock()
+			p, err := l.fork(name, true)
+			l.mu.Lock()
+			l.filling--
+			switch {
+			case err != nil:
+				l.filling -= n - i - 1 // tried again at the next take
+				l.mu.Unlock()
+				return
+			case l.closed:
+				l.mu.Unlock()
+				p.Cancel()
+				continue
+			}
+			l.idle = append(l.idle, p)
+			l.mu.Unlock()
+		}
+	}()
+}
+
+// takeIdle gives an idle supervisor the name id (its socket and log
+// renamed), or nil when none is ready.
+func (l *Launcher) takeIdle(id string) *Pending {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.idle) > 0 {
+		p := l.idle[0]
+		l.idle = l.idle[1:]
+		if p.exited.Load() {
+			p.Cancel()
+			continue
+		}
+		if err := os.Rename(sockPath(l.Dir, p.id), sockPath(l.Dir, id)); err != nil {
+			p.Cancel()
+			continue
+		}
+		_ = os.Rename(logPath(l.Dir, p.id), logPath(l.Dir, id))
+		p.id = id
+		return p
+	}
+	return nil
+}
+
+// Close stops the idle supervisors (the node is stopping); those given a
+// task are not touched. Launch forks each supervisor afterwards.
+func (l *Launcher) Close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.fills.Wait()
+	l.mu.Lock()
+	idle := l.idle
+	l.idle = nil
+	if l.nodeW != nil {
+		_ = l.nodeW.Close()
+		_ = l.nodeR.Close()
+		l.nodeR, l.nodeW = nil, nil
+	}
+	l.mu.Unlock()
+	for _, p := range idle {
+		p.Cancel()
+	}
+}
+
+// fork starts the supervisor named name, in a session of its own (a
+// signal to the node's process group does not reach it); pooled ones wait
+// for their task without a time limit, until the node goes.
+func (l *Launcher) fork(name string, pooled bool) (*Pending, error) {
+	logf, err := os.OpenFile(logPath(l.Dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +219,7 @@ func (l *Launcher) Launch(id string) (*Pending, error) {
 	// The node makes the socket and hands it to the supervisor (fd 3), so
 	// it can connect at once instead of waiting for the supervisor to
 	// listen: the connection waits in the backlog until it accepts.
-	path := sockPath(l.Dir, id)
+	path := sockPath(l.Dir, name)
 	_ = os.Remove(path)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
@@ -95,27 +232,42 @@ func (l *Launcher) Launch(id string) (*Pending, error) {
 		return nil, fmt.Errorf("the supervisor's socket: %w", err)
 	}
 	defer lf.Close()
-	cmd := exec.Command(l.Command[0], append(append([]string{}, l.Command[1:]...), l.Dir, id)...)
+	cmd := exec.Command(l.Command[0], append(append([]string{}, l.Command[1:]...), l.Dir, name)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lf}
 	cmd.Env = append(os.Environ(), listenerEnv+"=3")
+	if pooled {
+		l.mu.Lock()
+		nodeR := l.nodeR
+		l.mu.Unlock()
+		if nodeR == nil {
+			_ = os.Remove(path)
+			return nil, errors.New("the launcher is closed")
+		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, nodeR)
+		cmd.Env = append(cmd.Env, nodeEnv+"=4")
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		_ = os.Remove(path)
 		return nil, fmt.Errorf("start the supervisor: %w", err)
 	}
-	go func() { _ = cmd.Wait() }() // reaped while the node lives
-	return &Pending{l: l, id: id, cmd: cmd}, nil
+	p := &Pending{l: l, id: name, cmd: cmd, pooled: pooled}
+	go func() { // reaped while the node lives
+		_ = cmd.Wait()
+		p.exited.Store(true)
+	}()
+	return p, nil
 }
 
-// Run writes the spec and connects: the supervisor starts the task.
+// Run gives the supervisor its task and spec: it starts the task, then
+// keeps the spec in <dir>/<id>.spec.
 func (p *Pending) Run(spec Spec) (*Handle, error) {
 	spec.TaskID, spec.FinishCommand = p.id, p.l.FinishCommand
-	if err := writeFile(specPath(p.l.Dir, p.id), spec); err != nil {
-		p.Cancel()
-		return nil, fmt.Errorf("write the supervisor's spec: %w", err)
-	}
-	h, err := attach(p.l.Dir, p.id, startWait)
+	h, err := attach(p.l.Dir, p.id, startWait, &message{Op: opTask, Task: p.id, Spec: &spec})
+	// The pool is refilled once the task has started (its hello comes
+	// after), so that the fork does not compete with the start.
+	time.AfterFunc(refillAfter, p.l.Warm)
 	if err != nil {
 		p.Cancel()
 		b, _ := os.ReadFile(logPath(p.l.Dir, p.id))
@@ -133,8 +285,12 @@ func (p *Pending) Cancel() {
 	}
 }
 
-// listenerEnv names the supervisor's inherited listening socket.
-const listenerEnv = "DISBATCH_SUPERVISOR_LISTENER_FD"
+// listenerEnv names the supervisor's inherited listening socket, nodeEnv
+// an idle one's end of the node's pipe.
+const (
+	listenerEnv = "DISBATCH_SUPERVISOR_LISTENER_FD"
+	nodeEnv     = "DISBATCH_SUPERVISOR_NODE_FD"
+)
 
 // List returns the task ids of the supervisors in dir (by their sockets).
 func List(dir string) ([]string, error) {
@@ -164,12 +320,19 @@ type Handle struct {
 }
 
 // Attach connects to the supervisor of task id in dir.
-func Attach(dir, id string) (*Handle, error) { return attach(dir, id, 5*time.Second) }
+func Attach(dir, id string) (*Handle, error) { return attach(dir, id, 5*time.Second, nil) }
 
-func attach(dir, id string, helloWait time.Duration) (*Handle, error) {
+// attach connects; first, when given, is the task for a new supervisor.
+func attach(dir, id string, helloWait time.Duration, first *message) (*Handle, error) {
 	c, err := net.DialTimeout("unix", sockPath(dir, id), time.Second)
 	if err != nil {
 		return nil, err
+	}
+	if first != nil {
+		if err := send(c, *first); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("supervisor of %s: give it its task: %w", id, err)
+		}
 	}
 	h := &Handle{dir: dir, id: id, conn: c, done: make(chan struct{})}
 	sc := bufio.NewScanner(c)
@@ -276,6 +439,30 @@ func (h *Handle) Close() {
 	h.closed = true
 	h.mu.Unlock()
 	_ = h.conn.Close()
+}
+
+// Processes splits the supervisors of PIDs(dir) into those running (or
+// finishing) a task and the pools' idle ones: an idle one's pool-* socket
+// is still its own (the node renames it to the task's when it gives it
+// one; its command line keeps the pool-* name).
+func Processes(dir string) (busy, idle []int) {
+	for _, pid := range PIDs(dir) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) < 2 {
+			continue
+		}
+		own, name := args[len(args)-2], args[len(args)-1]
+		if _, err := os.Stat(sockPath(own, name)); err == nil && strings.HasPrefix(name, poolPrefix) {
+			idle = append(idle, pid)
+		} else {
+			busy = append(busy, pid)
+		}
+	}
+	return busy, idle
 }
 
 // PIDs returns the supervisor processes of state directory dir (those

@@ -13,6 +13,8 @@ type message struct {
 	// another's supervisor found in its directory.
 	Node     string `json:"node,omitempty"`
 	Database string `json:"database,omitempty"`
+	// task (node → supervisor, first): the task (Task) and its spec.
+	Spec *Spec `json:"spec,omitempty"`
 	// alive (node → supervisor): the send time of an acknowledged
 	// heartbeat, Unix nanoseconds.
 	Sent int64 `json:"sent,omitempty"`
@@ -24,6 +26,7 @@ type message struct {
 
 // Messages.
 const (
+	opTask  = "task"  // node, first: the task (Task) and its Spec: go
 	opHello = "hello" // supervisor: who it is; Done when the result is ready
 	opDone  = "done"  // supervisor: the result is in <id>.result
 	opAlive = "alive" // node: its heartbeat was acknowledged

@@ -15,20 +15,24 @@ import (
 )
 
 // runInProcess runs a supervisor for spec in a goroutine (the process is
-// the same code: Main calls Run) and returns its task id and end.
-func runInProcess(t *testing.T, dir string, spec Spec) (string, <-chan error) {
+// the same code: Main calls Run), gives it its task as the node does, and
+// returns the node's handle and the supervisor's end.
+func runInProcess(t *testing.T, dir string, spec Spec) (string, *Handle, <-chan error) {
 	t.Helper()
 	spec.TaskID = bson.NewObjectID().Hex()
 	id := spec.TaskID
-	require.NoError(t, writeFile(specPath(dir, id), spec))
 	done := make(chan error, 1)
 	go func() { done <- Run(context.Background(), dir, id, slog.New(slog.DiscardHandler)) }()
-	require.Eventually(t, func() bool { _, err := os.Stat(sockPath(dir, id)); return err == nil }, 5*time.Second, 5*time.Millisecond)
-	return id, done
+	var h *Handle
+	require.Eventually(t, func() bool { // its socket file exists a moment before it accepts
+		var err error
+		h, err = attach(dir, id, 5*time.Second, &message{Op: opTask, Task: id, Spec: &spec})
+		return err == nil
+	}, 5*time.Second, 5*time.Millisecond)
+	return id, h, done
 }
 
-// attachSoon attaches once the supervisor listens (its socket file exists
-// a moment before it accepts).
+// attachSoon attaches as a restarted node does: no task, just hello.
 func attachSoon(t *testing.T, dir, id string) *Handle {
 	t.Helper()
 	var h *Handle
@@ -47,8 +51,11 @@ func shellSpec(command string, fenceAfter time.Duration) Spec {
 
 func TestTheNodeGetsTheResultAndTheSupervisorExits(t *testing.T) {
 	dir := t.TempDir()
-	id, done := runInProcess(t, dir, shellSpec("echo out; echo err >&2", time.Minute))
-	h := attachSoon(t, dir, id)
+	id, h, done := runInProcess(t, dir, shellSpec("echo out; echo err >&2", time.Minute))
+	kept, err := ReadSpec(dir, id)
+	require.NoError(t, err, "the spec is kept for a restarted node and the finish command before the hello")
+	require.Equal(t, id, kept.TaskID)
+	require.Equal(t, []string{"-c", "echo out; echo err >&2"}, kept.Command.Args)
 	require.Equal(t, "n", h.Node)
 	require.Equal(t, "d", h.Database)
 	o, err := h.Outcome()
@@ -66,7 +73,9 @@ func TestTheNodeGetsTheResultAndTheSupervisorExits(t *testing.T) {
 
 func TestAKillFromTheNodeKillsThePlugin(t *testing.T) {
 	dir := t.TempDir()
-	id, done := runInProcess(t, dir, shellSpec("sleep 60", time.Minute))
+	id, first, done := runInProcess(t, dir, shellSpec("sleep 60", time.Minute))
+	// The node restarts: it lets go, and attaches again (no task this time).
+	first.Close()
 	h := attachSoon(t, dir, id)
 	require.NoError(t, h.Kill(schema.ReasonKilled, "kill requested by ops"))
 	select {
@@ -87,9 +96,8 @@ func TestAKillFromTheNodeKillsThePlugin(t *testing.T) {
 func TestWithoutHeartbeatsTheSupervisorFencesAndWritesNothing(t *testing.T) {
 	dir := t.TempDir()
 	begin := time.Now()
-	id, done := runInProcess(t, dir, shellSpec("sleep 60", 300*time.Millisecond))
 	// A node that keeps saying alive keeps the task running...
-	h := attachSoon(t, dir, id)
+	id, h, done := runInProcess(t, dir, shellSpec("sleep 60", 300*time.Millisecond))
 	for range 8 {
 		require.NoError(t, h.Alive(time.Now()))
 		time.Sleep(100 * time.Millisecond)

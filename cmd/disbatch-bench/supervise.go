@@ -34,12 +34,16 @@ type SuperviseReport struct {
 	// Sleeping supervised tasks measured at once, and each supervisor's
 	// memory: VmRSS (shared pages of the binary counted in each) and PSS
 	// (shared pages divided among their users), KiB.
-	Sleeping  int      `json:"sleeping"`
-	RSSKiB    Summary  `json:"rss_kib"`
-	PSSKiB    Summary  `json:"pss_kib"`
-	StartSecs float64  `json:"start_seconds"` // until every sleeping task ran under its supervisor
-	Goals     []Goal   `json:"goals"`
-	Failures  []string `json:"failures,omitempty"`
+	Sleeping  int     `json:"sleeping"`
+	RSSKiB    Summary `json:"rss_kib"`
+	PSSKiB    Summary `json:"pss_kib"`
+	StartSecs float64 `json:"start_seconds"` // until every sleeping task ran under its supervisor
+	// Idle supervisors of the node's pool (supervisor.DefaultPool) beside
+	// them, and their VmRSS, KiB.
+	Idle       int      `json:"idle"`
+	IdleRSSKiB Summary  `json:"idle_rss_kib"`
+	Goals      []Goal   `json:"goals"`
+	Failures   []string `json:"failures,omitempty"`
 }
 
 // Summary is a mean and a max.
@@ -126,7 +130,7 @@ func (e *env) superviseNode(ctx context.Context, db string, threads int, supervi
 		if stateDir, err = os.MkdirTemp("", "dsb-"); err != nil {
 			return "", nil, err
 		}
-		spec.Supervise = &supervisor.Launcher{Dir: stateDir, Command: []string{sup}, FinishCommand: []string{exe, superviseFinishCommand}}
+		spec.Supervise = &supervisor.Launcher{Dir: stateDir, Command: []string{sup}, FinishCommand: []string{exe, superviseFinishCommand}, Pool: supervisor.DefaultPool}
 	}
 	ns, err := e.startNodes(ctx, spec)
 	if err != nil {
@@ -244,26 +248,34 @@ func (e *env) superviseMemory(ctx context.Context, rep *SuperviseReport) error {
 		if err != nil {
 			return err
 		}
-		if int(running) == n && len(supervisor.PIDs(dir)) == n {
+		busy, _ := supervisor.Processes(dir)
+		if int(running) == n && len(busy) == n {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d tasks running, %d supervisors (in %s), after 3 minutes", running, n, len(supervisor.PIDs(dir)), dir)
+			return fmt.Errorf("%d of %d tasks running, %d supervisors running tasks (in %s), after 3 minutes", running, n, len(busy), dir)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	rep.StartSecs = time.Since(begin).Seconds()
 	time.Sleep(time.Second) // settled: every supervisor waiting on its sleep
 	rep.Sleeping = n
-	var rss, pss []float64
-	for _, pid := range supervisor.PIDs(dir) {
+	busy, idle := supervisor.Processes(dir)
+	var rss, pss, idleRSS []float64
+	for _, pid := range busy {
 		r, p, err := procMemory(pid)
 		if err != nil {
 			continue
 		}
 		rss, pss = append(rss, r), append(pss, p)
 	}
+	for _, pid := range idle {
+		if r, _, err := procMemory(pid); err == nil {
+			idleRSS = append(idleRSS, r)
+		}
+	}
 	rep.RSSKiB, rep.PSSKiB = summary(rss), summary(pss)
+	rep.Idle, rep.IdleRSSKiB = len(idle), summary(idleRSS)
 	return nil
 }
 
@@ -317,8 +329,8 @@ func renderSupervise(b *strings.Builder, r *Report) {
 		t.add(x.what, strconv.Itoa(x.l.N), fms(x.l.P50), fms(x.l.P95), fms(x.l.P99), fms(x.l.Max))
 	}
 	t.render(b)
-	fmt.Fprintf(b, "  %d supervised `exec sleep 600` tasks at once on one node (all running under their supervisors after %.1f s): per supervisor VmRSS mean %.0f KiB (max %.0f), PSS mean %.0f KiB (max %.0f)\n\n",
-		v.Sleeping, v.StartSecs, v.RSSKiB.Mean, v.RSSKiB.Max, v.PSSKiB.Mean, v.PSSKiB.Max)
+	fmt.Fprintf(b, "  %d supervised `exec sleep 600` tasks at once on one node (all running under their supervisors after %.1f s): per supervisor VmRSS mean %.0f KiB (max %.0f), PSS mean %.0f KiB (max %.0f); beside them %d idle supervisors of the pool, VmRSS mean %.0f KiB\n\n",
+		v.Sleeping, v.StartSecs, v.RSSKiB.Mean, v.RSSKiB.Max, v.PSSKiB.Mean, v.PSSKiB.Max, v.Idle, v.IdleRSSKiB.Mean)
 	if len(v.Goals) == 2 {
 		t = table{title: "SUPERVISED TASKS: RATIOS AND GOALS", header: []string{"ratio", "p50", "p99", "goal"}}
 		t.add(v.Ratio.What, fx(v.Ratio.P50), fx(v.Ratio.P99), v.Goals[0].String())

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -66,6 +67,8 @@ type settings struct {
 	Supervise   bool   `json:"-"`
 	NoSupervise bool   `json:"no_supervise"`
 	StateDir    string `json:"state_dir"`
+	// SupervisorPool is how many idle supervisors wait ready (0: none).
+	SupervisorPool *int `json:"supervisor_pool"`
 	// ActiveQueues and IgnoreQueues (queue ids or names) select this
 	// node's queues over the config collection's (--perl-config: 4.103's
 	// activequeues and ignorequeues).
@@ -109,7 +112,8 @@ Settings come from flags, then the environment, then --config FILE (JSON with
 the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
 plugins, plugin_timeout, grace, tick, orphan_after, heartbeat, fence_after,
 dead_after, poll_only, no_projector, output_threshold, log_format, log_level,
-metrics_addr, queue_balance, no_supervise, state_dir), then the defaults.
+metrics_addr, queue_balance, no_supervise, state_dir, supervisor_pool), then
+the defaults.
 
 --metrics-addr ADDR (env DISBATCH_METRICS_ADDR; off unless given) serves
 Prometheus metrics at /metrics, /healthz (200 while the process runs) and
@@ -211,6 +215,14 @@ func run(ctx context.Context, args []string, e env) int {
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
 	f.BoolVar(&s.Supervise, "supervise", true, "run exec, shell and --plugin tasks each under a supervisor process of its own, so that stopping, killing or upgrading disbatchd leaves them running and its next start (same --node, same --state-dir) adopts them; false: they run inside the node and die with it")
 	f.StringVar(&s.StateDir, "state-dir", "", "where supervisors keep their sockets and results (default $STATE_DIRECTORY/NODE under systemd, else $TMPDIR/disbatchd-UID/NODE); must survive the node's restarts")
+	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return err
+		}
+		s.SupervisorPool = &n
+		return nil
+	})
 	f.StringSliceVar(&s.PerlPlugins, "perl-plugin", nil, "run the tasks of this constructor (a Disbatch::Plugin::* Perl plugin) through Disbatch 4.103's task_runner, which marks them running and writes their result as 4.103 does (repeatable or comma-separated; needs --perl-config, whose file task_runner reads, and --node equal to this host's name, which task_runner claims by)")
 	f.StringVar(&s.TaskRunner, "task-runner", "", "4.103's task_runner for --perl-plugin (default: the --perl-config file's task_runner, else /usr/bin/task_runner)")
 	f.BoolVar(&s.QueueBalance, "queue-balance", false, "when this node leads, apply Disbatch 4.103's QueueBalance document (collection balance: caps on groups of queues by day and time) through max_running, every 30 s (4.103's balance.enabled with --perl-config)")
@@ -426,6 +438,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	if file.StateDir != "" && unset("state-dir", "") {
 		s.StateDir = file.StateDir
 	}
+	if file.SupervisorPool != nil && unset("supervisor-pool", "") {
+		s.SupervisorPool = file.SupervisorPool
+	}
 	return nil
 }
 
@@ -594,7 +609,14 @@ func supervisorLauncher(s settings, getenv func(string) string) (*supervisor.Lau
 	if small := filepath.Join(filepath.Dir(exe), "disbatch-supervisor"); isExecutable(small) {
 		command = []string{small}
 	}
-	l := &supervisor.Launcher{Dir: dir, Command: command, FinishCommand: []string{exe, "supervise-finish"}}
+	pool := supervisor.DefaultPool
+	if s.SupervisorPool != nil {
+		pool = *s.SupervisorPool
+	}
+	if pool < 0 {
+		return nil, &cmdline.UsageError{Err: fmt.Errorf("--supervisor-pool %d: want 0 or more", pool)}
+	}
+	l := &supervisor.Launcher{Dir: dir, Command: command, FinishCommand: []string{exe, "supervise-finish"}, Pool: pool}
 	if err := l.Check(); err != nil {
 		return nil, &cmdline.UsageError{Err: err}
 	}
