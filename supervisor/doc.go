@@ -3,10 +3,15 @@
 // node, so that a node can stop, crash or be upgraded without killing the
 // task (think containerd's shim).
 //
-// The node (package node, through Launcher and Handle) writes the task's
-// Spec to <dir>/<task id>.spec and starts `disbatchd supervise <dir> <id>`
-// in a session of its own. The supervisor listens on <dir>/<id>.sock, runs
-// the plugin's process as the node prepared it (plugin.Detachable's
+// The node (package node, through Launcher and Handle) starts
+// `disbatch-supervisor <dir> <id>` in a session of its own, listening on
+// <dir>/<id>.sock, or takes an idle one from its pool (started as
+// pool-<pid>-<n>, warmed, waiting until the node gives it a task or goes;
+// the node renames its socket and log to the task's). Its first message
+// is the task and its Spec. The supervisor starts the plugin's process
+// first, then keeps the spec in <dir>/<id>.spec (for a restarted node and
+// the finish command) and says hello. It runs the process as the node
+// prepared it (plugin.Detachable's
 // Prepare: a plugin/proc Command, so this package links neither BSON nor
 // the plugins) in a process group of its own, capturing its output, under
 // the node's plugin timeout and the task's own time limit, and answers the

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/disbatch-go/disbatch/supervisor"
 	"github.com/disbatch-go/disbatch/web/live"
 )
 
@@ -152,7 +153,7 @@ func counts(cfg config) []Count {
 	add(groupControl, "wait", fmt.Sprintf("%d rounds: control.Wait (a client of its own) on %d tasks inserted running; after its first read, %d finished by one updateMany, the last %s later by another (majority); no node", cfg.WaitRounds, waitTasks, waitTasks-1, waitGap))
 	add(groupDashboard, "overview", fmt.Sprintf("%d queues (priority 1, weight 30), %d node documents (20 queues each), %d tasks spread evenly and inserted raw as web-queues does, counters set as the projector keeps them; disbatch-web's handler in-process with its live hub; server time: %d requests a route, one at a time, after 1 not counted", cfg.DashQueues, dashNodes, cfg.DashTasks, dashServerN))
 	add(groupDashboard, "browser", fmt.Sprintf("headless Chromium ($DISBATCH_CHROMIUM or Debian's chromium), 1280x900, a fresh profile: the overview's first contentful paint and the moment every queue's row is in the table (performance.now, from the navigation's start); then for %s queued tasks go claimed, running, succeeded by UpdateMany every 50 ms (%d transitions/s, one change event each) while the page is open: its events and coalesced renders (window.disbatchStats), its main thread's busy share (CDP Performance.getMetrics TaskDuration, ScriptDuration), and how long it takes to answer Runtime.evaluate(1), every 100 ms", cfg.DashDrain, dashDrainRate))
-	add(groupSupervise, "starts", fmt.Sprintf("%d shell tasks each way, one inserted every %s (TaskInsertMany of one, majority) into a queue of one in-process node (maxthreads %d), with --supervise off and on (each supervisor: a disbatch-supervisor process, built as make build builds it); timed from the insert's start to bash's $EPOCHREALTIME, the task's first command", cfg.SuperviseSamples, superviseGap, superviseThreads))
+	add(groupSupervise, "starts", fmt.Sprintf("%d shell tasks each way, in turn: two in-process nodes (maxthreads %d) on databases of their own, --supervise off and on (a pool of %d idle disbatch-supervisor processes, built as make build builds it), each given a task (TaskInsertMany of one, majority) every %s, %s after the other's; timed from the insert's start to bash's $EPOCHREALTIME, the task's first command", cfg.SuperviseSamples, superviseThreads, supervisor.DefaultPool, superviseGap, superviseGap/2))
 	add(groupSupervise, "memory", fmt.Sprintf("%d supervised `exec sleep 600` shell tasks at once on one in-process node; each supervisor's VmRSS and Pss (/proc/PID/smaps_rollup) once all run; then the supervisors are sent SIGTERM", cfg.SuperviseSleeping))
 	add(groupScheduling, "pickup floor", "the pickup group's when it ran, else the control group's, else measured first in this group the same way")
 	add(groupScheduling, "task graph edges", fmt.Sprintf("%d parent -> child pairs after %d not counted, one store.TaskInsertGraph of both every %s (majority), one fifo queue, one in-process node (maxthreads %d) and its leader's graph duty; times on this process's clock (the no-op plugin's calls), change events on a stream of the bench's own, attempts as the node recorded them", cfg.DAGEdges, dagWarmUp, secondFraction(cfg.PickupRate), cfg.MaxThreads))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
@@ -86,17 +87,9 @@ func (e *env) supervise(ctx context.Context, pickup *PickupReport) (*SuperviseRe
 	if rep.Floor, rep.FloorSource, err = e.controlFloor(ctx, pickup); err != nil {
 		return rep, fmt.Errorf("supervise, pickup floor: %w", err)
 	}
-	for _, supervised := range []bool{false, true} {
-		e.log.Info("supervise: start latency", "supervised", supervised, "tasks", e.cfg.SuperviseSamples)
-		l, err := e.superviseStarts(ctx, supervised, rep)
-		if err != nil {
-			return rep, fmt.Errorf("supervise, start latency (supervised %v): %w", supervised, err)
-		}
-		if supervised {
-			rep.Supervised = l
-		} else {
-			rep.InProcess = l
-		}
+	e.log.Info("supervise: start latency, in-process and supervised in turn", "tasks", e.cfg.SuperviseSamples)
+	if rep.InProcess, rep.Supervised, err = e.superviseStarts(ctx, rep); err != nil {
+		return rep, fmt.Errorf("supervise, start latency: %w", err)
 	}
 	e.log.Info("supervise: memory of sleeping supervised tasks", "tasks", e.cfg.SuperviseSleeping)
 	if err := e.superviseMemory(ctx, rep); err != nil {
@@ -149,66 +142,84 @@ func (e *env) superviseNode(ctx context.Context, db string, threads int, supervi
 	}, nil
 }
 
-// superviseStarts inserts SuperviseSamples shell tasks one every
-// superviseGap and times each from its insert to its process running.
-func (e *env) superviseStarts(ctx context.Context, supervised bool, rep *SuperviseReport) (Latency, error) {
-	db, drop := e.database("supervise")
-	defer drop()
-	s := store.New(db, store.Options{})
-	if err := s.IndexesEnsure(ctx); err != nil {
-		return Latency{}, err
-	}
-	threads := superviseThreads
-	q, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: "sh", Constructor: plugin.ShellConstructor, MaxThreads: &threads, Sort: schema.SortFIFO})
-	if err != nil {
-		return Latency{}, err
-	}
+// superviseStarts times SuperviseSamples shell task starts each way, from
+// each insert to its process running, interleaved: a node with
+// supervisors and one without, each on a database of its own, get a task
+// in turn, superviseGap/2 apart, so both see the same moments of MongoDB
+// (a checkpoint, a cache flush) and the same load.
+func (e *env) superviseStarts(ctx context.Context, rep *SuperviseReport) (inProcess, supervised Latency, err error) {
 	dir, err := os.MkdirTemp("", "dsb-starts-")
 	if err != nil {
-		return Latency{}, err
+		return Latency{}, Latency{}, err
 	}
 	defer os.RemoveAll(dir)
 	params, err := bson.Marshal(bson.D{{Key: "command", Value: fmt.Sprintf(`echo $EPOCHREALTIME > '%s'/"$DISBATCH_TASK_ID"`, dir)}})
 	if err != nil {
-		return Latency{}, err
+		return Latency{}, Latency{}, err
 	}
-	_, stop, err := e.superviseNode(ctx, db.Name(), threads, supervised)
-	if err != nil {
-		return Latency{}, err
+	type side struct {
+		db       *mongo.Database
+		s        *store.Store
+		q        bson.ObjectID
+		ids      []bson.ObjectID
+		inserted map[bson.ObjectID]time.Time
 	}
-	defer stop()
-	inserted := map[bson.ObjectID]time.Time{}
-	var ids []bson.ObjectID
+	var sides [2]*side // in-process, supervised
+	for i, sup := range []bool{false, true} {
+		db, drop := e.database(fmt.Sprintf("supervise-%d", i))
+		defer drop()
+		s := store.New(db, store.Options{})
+		if err := s.IndexesEnsure(ctx); err != nil {
+			return Latency{}, Latency{}, err
+		}
+		threads := superviseThreads
+		q, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: "sh", Constructor: plugin.ShellConstructor, MaxThreads: &threads, Sort: schema.SortFIFO})
+		if err != nil {
+			return Latency{}, Latency{}, err
+		}
+		_, stop, err := e.superviseNode(ctx, db.Name(), threads, sup)
+		if err != nil {
+			return Latency{}, Latency{}, err
+		}
+		defer stop()
+		sides[i] = &side{db: db, s: s, q: q.ID, inserted: map[bson.ObjectID]time.Time{}}
+	}
+	time.Sleep(time.Second) // the supervised node's pool is warm
 	for range e.cfg.SuperviseSamples {
-		t0 := time.Now()
-		got, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{params}})
-		if err != nil {
-			return Latency{}, err
+		for _, sd := range sides {
+			t0 := time.Now()
+			got, err := sd.s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: sd.q, Parameters: []bson.Raw{params}})
+			if err != nil {
+				return Latency{}, Latency{}, err
+			}
+			sd.inserted[got[0]] = t0
+			sd.ids = append(sd.ids, got[0])
+			time.Sleep(superviseGap / 2)
 		}
-		inserted[got[0]] = t0
-		ids = append(ids, got[0])
-		time.Sleep(superviseGap)
 	}
-	if left, err := e.waitFinished(ctx, db, ids, time.Minute); err != nil {
-		return Latency{}, err
-	} else if left > 0 {
-		return Latency{}, fmt.Errorf("%d of %d tasks did not finish within a minute", left, len(ids))
-	}
-	var lat []time.Duration
-	for _, id := range ids {
-		b, err := os.ReadFile(filepath.Join(dir, id.Hex()))
-		if err != nil {
-			rep.Failures = append(rep.Failures, fmt.Sprintf("task %s wrote no start time: %v", id.Hex(), err))
-			continue
+	var out [2]Latency
+	for i, sd := range sides {
+		if left, err := e.waitFinished(ctx, sd.db, sd.ids, time.Minute); err != nil {
+			return Latency{}, Latency{}, err
+		} else if left > 0 {
+			return Latency{}, Latency{}, fmt.Errorf("%d of %d tasks did not finish within a minute", left, len(sd.ids))
 		}
-		secs, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
-		if err != nil {
-			return Latency{}, fmt.Errorf("bash's $EPOCHREALTIME %q: %w", b, err)
+		var lat []time.Duration
+		for _, id := range sd.ids {
+			b, err := os.ReadFile(filepath.Join(dir, id.Hex()))
+			if err != nil {
+				rep.Failures = append(rep.Failures, fmt.Sprintf("task %s wrote no start time: %v", id.Hex(), err))
+				continue
+			}
+			secs, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+			if err != nil {
+				return Latency{}, Latency{}, fmt.Errorf("bash's $EPOCHREALTIME %q: %w", b, err)
+			}
+			lat = append(lat, time.Unix(0, int64(secs*1e9)).Sub(sd.inserted[id]))
 		}
-		start := time.Unix(0, int64(secs*1e9))
-		lat = append(lat, start.Sub(inserted[id]))
+		out[i] = summarize(lat)
 	}
-	return summarize(lat), nil
+	return out[0], out[1], nil
 }
 
 // superviseMemory runs SuperviseSleeping supervised `exec sleep 600`
@@ -320,7 +331,7 @@ func renderSupervise(b *strings.Builder, r *Report) {
 	if v == nil {
 		return
 	}
-	t := table{title: fmt.Sprintf("SUPERVISED TASKS, ms: insert start -> the shell task's process running (bash $EPOCHREALTIME), one task every %s, one in-process node, maxthreads %d", superviseGap, superviseThreads),
+	t := table{title: fmt.Sprintf("SUPERVISED TASKS, ms: insert start -> the shell task's process running (bash $EPOCHREALTIME), each way in turn, one task every %s each, %s apart", superviseGap, superviseGap/2),
 		header: []string{"what", "n", "p50", "p95", "p99", "max"}}
 	for _, x := range []struct {
 		what string

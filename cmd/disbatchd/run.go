@@ -217,8 +217,8 @@ func run(ctx context.Context, args []string, e env) int {
 	f.StringVar(&s.StateDir, "state-dir", "", "where supervisors keep their sockets and results (default $STATE_DIRECTORY/NODE under systemd, else $TMPDIR/disbatchd-UID/NODE); must survive the node's restarts")
 	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), func(v string) error {
 		n, err := strconv.Atoi(v)
-		if err != nil {
-			return err
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a count of 0 or more, got %q", v)
 		}
 		s.SupervisorPool = &n
 		return nil

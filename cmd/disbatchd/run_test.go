@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/disbatch-go/disbatch/supervisor"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 )
@@ -49,6 +50,7 @@ func flagsSet(t *testing.T, args ...string) *cobra.Command {
 	f.Bool("poll-only", false, "")
 	f.Bool("no-projector", false, "")
 	f.Int("output-threshold", 0, "")
+	f.Int("supervisor-pool", 0, "")
 	require.NoError(t, f.Parse(args))
 	return cmd
 }
@@ -190,6 +192,8 @@ func TestRunUsageErrors(t *testing.T) {
 		{"--plugin", "nameonly"},
 		{"--node", ""},
 		{"--config", writeConfig(t, `{"nodename": "x"}`)},
+		{"--supervisor-pool", "two"},
+		{"--supervisor-pool", "-1"},
 	} {
 		code, _, stderr := runNoMongo(t, append(nowhere, args...), nil)
 		require.Equal(t, 2, code, "%v: %s", args, stderr)
@@ -231,4 +235,27 @@ func TestHelp(t *testing.T) {
 		require.Regexp(t, `(?m)^\s+--`+regexp.QuoteMeta(f)+`\b`, stdout, "config key %s has no flag --%s in --help", k, f)
 	}
 	require.Regexp(t, `(?m)^\s+--config\b`, stdout)
+}
+
+func TestSupervisorPool(t *testing.T) {
+	base := settings{Node: "n", StateDir: t.TempDir()}
+	l, err := supervisorLauncher(base, noEnv)
+	require.NoError(t, err)
+	require.Equal(t, supervisor.DefaultPool, l.Pool, "the default")
+	zero := 0
+	base.SupervisorPool = &zero
+	l, err = supervisorLauncher(base, noEnv)
+	require.NoError(t, err)
+	require.Zero(t, l.Pool, "0: a fork per task")
+
+	s := defaults()
+	var maxThreads string
+	var external []string
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"supervisor_pool": 5}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 5, *s.SupervisorPool, "from the config file")
+	s = defaults()
+	three := 3
+	s.SupervisorPool = &three
+	require.NoError(t, applyConfigFile(flagsSet(t, "--supervisor-pool", "3"), writeConfig(t, `{"supervisor_pool": 5}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 3, *s.SupervisorPool, "the flag wins")
 }
