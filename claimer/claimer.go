@@ -78,9 +78,14 @@ type Config struct {
 	Tick time.Duration
 	// Batch is the most tasks one batched claim takes (default
 	// DefaultBatch; 1 turns batching off). See claim.
-	Batch  int
-	Clock  clock.Clock
-	Logger *slog.Logger
+	Batch int
+	// StartAtClaim, when it says so for a queue, claims its tasks
+	// straight into running (store.TaskClaimParams.Start): Dispatch then
+	// gets tasks in status 0, to start at once without a start write.
+	// Capped queues' claims (transactions) never do.
+	StartAtClaim func(Queue) bool
+	Clock        clock.Clock
+	Logger       *slog.Logger
 	// Passed, when set, is called after every pass (a test signal).
 	Passed func()
 }
@@ -632,7 +637,7 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
 	start := c.clock.Now()
-	t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort})
+	t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Start: c.startAtClaim(q)})
 	var de *schema.DecodeError
 	switch {
 	case err == nil:
@@ -648,6 +653,11 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 		return 0, nil
 	}
 	return 0, err
+}
+
+// startAtClaim says whether q's claims go straight into running.
+func (c *Claimer) startAtClaim(q Queue) bool {
+	return c.cfg.StartAtClaim != nil && !q.Sched.Capped() && c.cfg.StartAtClaim(q)
 }
 
 // claimMany claims up to limit tasks into slots already taken. lost: none,
@@ -669,7 +679,7 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (won int, l
 			return 0, false, nil
 		}
 	} else {
-		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit})
+		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q)})
 	}
 	if err != nil {
 		return 0, false, err

@@ -1080,6 +1080,9 @@ func dagLatencies(specs []dagSpec, index map[bson.ObjectID]int, events []dagEven
 		case e.status == -1:
 			at[i].claimed = e.wall
 		case e.status == 0:
+			if at[i].claimed.IsZero() { // claimed straight into running
+				at[i].claimed = e.wall
+			}
 			at[i].started = e.wall
 		case e.status > 0:
 			at[i].ended = e.wall

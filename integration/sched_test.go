@@ -386,6 +386,7 @@ func schedPriority(t *testing.T, s *faultSuite) {
 			continue
 		}
 		prev, seen := status[e.id]
+		claim := isClaim(prev, seen, e.status)
 		status[e.id] = e.status
 		if ofHi[e.id] {
 			if seen && prev == -2 {
@@ -394,7 +395,7 @@ func schedPriority(t *testing.T, s *faultSuite) {
 			if e.status == -2 {
 				hiQueued++
 			}
-			if e.status == -1 {
+			if claim {
 				lastHiClaim = e
 				if hiAtLo >= 0 {
 					hiClaimsAfterLo++
@@ -405,7 +406,7 @@ func schedPriority(t *testing.T, s *faultSuite) {
 		if !seen && hiAtLo < 0 { // lo's first insert
 			hiAtLo = hiQueued
 		}
-		if e.status == -1 {
+		if claim {
 			if loClaims == 0 {
 				firstLoClaim = e
 			}
@@ -593,7 +594,7 @@ func schedMaxRunning(t *testing.T, s *faultSuite) {
 		if e.status == 1 {
 			ends[e.id]++
 		}
-		if e.status == -1 {
+		if isClaim(prev, seen, e.status) {
 			claims++
 			if e.wall.After(killedAt) {
 				afterKill++
@@ -789,8 +790,14 @@ func schedPauseResume(t *testing.T, s *faultSuite) {
 	// as the test's here): the claims after the pause.
 	var inFlight, inPause, firstAfter int
 	var lastInFlight, firstResumed time.Time
+	status := map[bson.ObjectID]int64{}
 	for _, e := range events {
-		if !e.hasStatus || e.status != -1 || e.wall.Before(pauseAt.Truncate(time.Millisecond)) {
+		if !e.hasStatus {
+			continue
+		}
+		prev, seen := status[e.id]
+		status[e.id] = e.status
+		if !isClaim(prev, seen, e.status) || e.wall.Before(pauseAt.Truncate(time.Millisecond)) {
 			continue
 		}
 		switch {
@@ -838,4 +845,11 @@ func schedPauseResume(t *testing.T, s *faultSuite) {
 		require.True(t, ok, "node %s claimed nothing within 10s of the resume", n.name)
 		require.LessOrEqual(t, d, schedResumeWithin, "node %s claimed again %v after the resume", n.name, d.Round(time.Millisecond))
 	}
+}
+
+// isClaim reports whether a change to status claims its task: to -1, or
+// straight into 0 (disbatchd claims into running by default), not from -1
+// (a start). prev is the task's status before, if seen.
+func isClaim(prev int64, seen bool, status int64) bool {
+	return status == -1 || status == 0 && !(seen && prev == -1)
 }

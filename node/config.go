@@ -61,6 +61,15 @@ type Config struct {
 	// ClaimBatch is the most tasks one batched claim takes on a backlog
 	// (default claimer.DefaultBatch; 1 claims one task at a time).
 	ClaimBatch int
+	// ClaimRunning claims tasks straight into running (seed 004's "status
+	// 0 if immediately processed"): one write per task fewer (the start),
+	// with its change event, pre-image and projection. The cost: a task
+	// claimed so whose node dies before its plugin starts (a window of
+	// milliseconds) is orphaned like a running one, not requeued; and a
+	// claim whose answer is lost is handed back only after strayAge.
+	// Queues of capped claims (max_running) and of plugins that write
+	// their own start (4.103's task_runner) are claimed as before.
+	ClaimRunning bool
 	// Heartbeat is how often the node document is written.
 	Heartbeat time.Duration
 	// Grace is how long running tasks may finish at shutdown (0:

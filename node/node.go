@@ -19,6 +19,7 @@ import (
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/leadership"
+	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/queuebalance"
 	"github.com/disbatch-go/disbatch/reaper"
@@ -73,6 +74,13 @@ func New(cfg Config) (*Node, error) {
 		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Clock: cfg.Clock, Logger: log,
 		Refresh: n.queues.refresh, Passed: cfg.passed,
 	}
+	if cfg.ClaimRunning {
+		ccfg.StartAtClaim = func(q claimer.Queue) bool {
+			p, _ := cfg.Plugins.Lookup(q.Constructor)
+			_, writesItsStart := p.(plugin.ResultWriter)
+			return !writesItsStart
+		}
+	}
 	if !cfg.PollOnly {
 		n.bus = newBus(log)
 		ccfg.Events = n.bus
@@ -96,7 +104,7 @@ func New(cfg Config) (*Node, error) {
 	if n.bus != nil {
 		n.kills.events = n.bus
 	}
-	n.strays = &strays{node: cfg.Name, store: cfg.Store, holds: n.runner.holds, fenced: n.live.isFenced, clock: n.clock, log: log}
+	n.strays = &strays{node: cfg.Name, store: cfg.Store, holds: n.runner.holds, claimRunning: cfg.ClaimRunning, fenced: n.live.isFenced, clock: n.clock, log: log}
 	n.reaper = reaper.New(reaper.Config{
 		Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Clock: cfg.Clock, Logger: log,
 		MayJudge: n.live.mayJudge, Reaped: cfg.reaped,

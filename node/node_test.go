@@ -1042,3 +1042,58 @@ func TestBalanceHoldIsNotScheduled(t *testing.T) {
 	require.NoError(t, err)
 	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
 }
+
+// TestClaimRunningStartsWithoutAStartWrite: a node with ClaimRunning runs
+// every task once with two writes (claim into 0, finish), none passing
+// through -1 (a change stream sees each status the tasks were given); a
+// task whose kill was requested before it was requeued ends killed,
+// unrun; and a claim into running whose answer was lost is handed back
+// and run.
+func TestClaimRunningStartsWithoutAStartWrite(t *testing.T) {
+	b := setup(t)
+	ctx := t.Context()
+	q := b.queue("q", "test", 8, schema.SortFIFO)
+	cs, err := b.db.Collection("tasks").Watch(ctx, mongo.Pipeline{{{Key: "$match", Value: bson.D{{Key: "operationType", Value: "update"}}}}})
+	require.NoError(t, err)
+	defer cs.Close(context.Background())
+	killed := b.tasks(q, 1, nil)[0]
+	_, err = b.db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: killed}}, bson.D{{Key: "$set", Value: bson.D{
+		{Key: schema.TaskKill, Value: bson.D{{Key: "node", Value: "gone"}, {Key: "by", Value: "ops"}}}}}})
+	require.NoError(t, err)
+	ids := b.tasks(q, 200, nil)
+	cfg := b.config("n1")
+	cfg.ClaimRunning = true
+	b.start(cfg)
+	b.waitDone(bson.D{{Key: "queue", Value: q}}, 201, 30*time.Second)
+
+	doc := b.task(killed)
+	require.Equal(t, int32(2), doc.Lookup("status").Int32())
+	require.Equal(t, schema.ReasonKilled, doc.Lookup(schema.TaskReason).StringValue())
+	b.rec.mu.Lock()
+	require.Empty(t, b.rec.runs[killed], "started killed: the plugin never ran")
+	for _, id := range ids {
+		require.Len(t, b.rec.runs[id], 1)
+	}
+	b.rec.mu.Unlock()
+
+	statuses := map[bson.ObjectID][]int32{}
+	seen := 0
+	for seen < 2*len(ids) && cs.Next(ctx) {
+		id := cs.Current.Lookup("documentKey", "_id").ObjectID()
+		if st, ok := cs.Current.Lookup("updateDescription", "updatedFields", "status").AsInt64OK(); ok && id != killed {
+			statuses[id] = append(statuses[id], int32(st))
+			seen++
+		}
+	}
+	require.NoError(t, cs.Err())
+	for _, id := range ids {
+		require.Equal(t, []int32{0, 1}, statuses[id], "task %s: claimed into running, then finished", id.Hex())
+	}
+
+	// A claim into running the server applied but whose answer was lost.
+	res, err := b.db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: q}, {Key: "node", Value: "n1"}, {Key: "status", Value: 0},
+		{Key: "parameters", Value: bson.D{}}, {Key: "ctime", Value: time.Now()}, {Key: "mtime", Value: time.Now().Add(-time.Minute)}})
+	require.NoError(t, err)
+	b.waitStatus(res.InsertedID.(bson.ObjectID), schema.StatusSucceeded, 20*time.Second)
+	require.Contains(t, b.logs.String(), "claimed_into_running=true")
+}

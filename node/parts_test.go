@@ -30,6 +30,7 @@ func (fakeParts) TaskListClaimed(context.Context, store.TaskListClaimedParams) (
 	return nil, nil
 }
 func (fakeParts) TaskRelease(context.Context, store.TaskTransitionParams) error { return nil }
+func (fakeParts) TaskUnstart(context.Context, store.TaskTransitionParams) error { return nil }
 func (fakeParts) heartbeatQueues() []schema.NodeQueue                           { return nil }
 func (fakeParts) fence(time.Duration)                                           {}
 func (fakeParts) rejoin()                                                       {}

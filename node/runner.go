@@ -277,7 +277,7 @@ func (r *runner) holds(id bson.ObjectID) bool {
 func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
 	r.handle(q, t, func() []func() {
 		log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
-		p := store.TaskFailParams{ID: t.ID, Node: r.cfg.Name, From: schema.StatusClaimed, Reason: "disbatchd: malformed task document: " + derr.Error()}
+		p := store.TaskFailParams{ID: t.ID, Node: r.cfg.Name, From: t.Status, Reason: "disbatchd: malformed task document: " + derr.Error()}
 		if t.ID.IsZero() {
 			// Its _id is not an ObjectId: fail it by the _id it has.
 			v, err := t.Raw.LookupErr("_id")
@@ -425,10 +425,16 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 		cfg.beforeStart(t)
 	}
 	tr := store.TaskTransitionParams{ID: t.ID, Node: cfg.Name}
+	// Claimed straight into running (Config.ClaimRunning): no start write.
+	startedAtClaim := t.Status == schema.StatusRunning
 	if why := r.handBack(); why != "" {
 		log.Info("handing back a claimed task: " + why)
 		steps.handedBack(why)
-		r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
+		if startedAtClaim {
+			r.write(log, "hand back", func(ctx context.Context) error { return cfg.Store.TaskUnstart(ctx, tr) })
+		} else {
+			r.write(log, "release", func(ctx context.Context) error { return cfg.Store.TaskRelease(ctx, tr) })
+		}
 		return "released"
 	}
 	p, havePlugin := cfg.Plugins.Lookup(q.Constructor) // once per task
@@ -438,7 +444,13 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 	// A supervised task's supervisor is forked while its start is
 	// written; it waits for the node's word before it runs anything.
 	pending := r.launch(log, t, p)
-	if err := r.write(log, "start", func(ctx context.Context) error { return r.starts.do(ctx, tr) }); err != nil {
+	if startedAtClaim {
+		if t.Control.Kill != nil {
+			// An operator asked to kill it before it was requeued: it
+			// starts killed, as a task the node held would.
+			r.kill(t.ID, killRequested(*t.Control.Kill))
+		}
+	} else if err := r.write(log, "start", func(ctx context.Context) error { return r.starts.do(ctx, tr) }); err != nil {
 		pending.cancel()
 		if errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired) {
 			return r.endUnstarted(log, q, t, err, steps)
@@ -476,7 +488,7 @@ func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps ta
 			ID: t.ID, QueueID: q.ID, Queue: q.Name, Constructor: q.Constructor, Node: cfg.Name,
 			Attempt: t.Control.Attempt + 1, Parameters: t.Parameters, Document: t.Raw, Config: q.Sched.Config,
 		}
-		if d, ok := p.(plugin.Detachable); ok && cfg.Supervise != nil {
+		if d, ok := p.(plugin.Detachable); ok && cfg.Supervise != nil && runCtx.Err() == nil {
 			var end supervisedEnd
 			res, end, ack = r.runSupervised(runCtx, log, q, t, d, pt, claimed, started, pending)
 			switch end {

@@ -25,6 +25,7 @@ const (
 type strayStore interface {
 	TaskListClaimed(ctx context.Context, p store.TaskListClaimedParams) ([]bson.ObjectID, error)
 	TaskRelease(ctx context.Context, p store.TaskTransitionParams) error
+	TaskUnstart(ctx context.Context, p store.TaskTransitionParams) error
 }
 
 // strays hands back, every strayEvery, tasks claimed (-1) by this node that
@@ -34,12 +35,15 @@ type strayStore interface {
 // and then never run. They never started, so the queue gets them back.
 type strays struct {
 	lifecycle.Base
-	node   string
-	store  strayStore
-	holds  func(bson.ObjectID) bool // the node received it from a claim
-	fenced func() bool              // a fenced node writes nothing
-	clock  clock.Clock
-	log    *slog.Logger
+	node  string
+	store strayStore
+	holds func(bson.ObjectID) bool // the node received it from a claim
+	// claimRunning: the node claims into running (Config.ClaimRunning),
+	// so lost claims may also be in status 0.
+	claimRunning bool
+	fenced       func() bool // a fenced node writes nothing
+	clock        clock.Clock
+	log          *slog.Logger
 }
 
 // Start sweeps every strayEvery until Stop.
@@ -56,10 +60,21 @@ func (s *strays) release(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ids, err := s.store.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: s.node, ClaimedFor: strayAge, Limit: 1000})
+	s.sweep(ctx, false, s.store.TaskRelease)
+	if s.claimRunning {
+		// Claimed straight into running, answer lost: never started
+		// either (a task this run started is one it holds).
+		s.sweep(ctx, true, s.store.TaskUnstart)
+	}
+}
+
+// sweep hands back, with handBack, this node's tasks in status -1 (or 0
+// with running) older than strayAge that it does not hold.
+func (s *strays) sweep(ctx context.Context, running bool, handBack func(context.Context, store.TaskTransitionParams) error) {
+	ids, err := s.store.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: s.node, Running: running, ClaimedFor: strayAge, Limit: 1000})
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Debug("look for stray claims", "error", err)
+			s.log.Debug("look for stray claims", "running", running, "error", err)
 		}
 		return
 	}
@@ -67,10 +82,10 @@ func (s *strays) release(ctx context.Context) {
 		if s.holds(id) {
 			continue
 		}
-		err := s.store.TaskRelease(ctx, store.TaskTransitionParams{ID: id, Node: s.node})
+		err := handBack(ctx, store.TaskTransitionParams{ID: id, Node: s.node})
 		switch {
 		case err == nil:
-			s.log.Warn("handed back a task this node had claimed without knowing (the claim's answer was lost, e.g. in a failover)", "task_id", id.Hex())
+			s.log.Warn("handed back a task this node had claimed without knowing (the claim's answer was lost, e.g. in a failover)", "task_id", id.Hex(), "claimed_into_running", running)
 		case errors.Is(err, store.ErrLostTask):
 		default:
 			s.log.Debug("hand back a stray claim", "task_id", id.Hex(), "error", err)

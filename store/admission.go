@@ -156,7 +156,7 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 	if len(ids) == 0 {
 		return TaskClaimManyResult{}, nil
 	}
-	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort)
+	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort, schema.StatusClaimed)
 }
 
 // AdmissionsRelease gives back the admissions of the given tasks of a

@@ -276,6 +276,31 @@ type TaskClaimParams struct {
 	Queue bson.ObjectID
 	Node  string
 	Sort  schema.Sort
+	// Start claims straight into running (status 0): seed 004's "or 0 if
+	// immediately processed", for a caller that starts what it gets at
+	// once. The claim then clears the reason, as TaskStart does, and
+	// saves the start's write; it does not check the start's guard: a
+	// task whose kill was requested before it was requeued comes with its
+	// Control.Kill, for the caller to start killed. A task claimed so
+	// that never starts must be handed back with TaskUnstart; one whose
+	// node dies is orphaned, not requeued.
+	Start bool
+}
+
+// claimTo is the status a claim sets, and claimUpdate its update.
+func claimTo(start bool) schema.Status {
+	if start {
+		return schema.StatusRunning
+	}
+	return schema.StatusClaimed
+}
+
+func claimUpdate(set bson.D, start bool) bson.D {
+	u := bson.D{{Key: "$set", Value: set}}
+	if start {
+		u = append(u, startClears)
+	}
+	return u
 }
 
 // unclaimed matches node -1 (seed 000) and node null (Disbatch 4.103).
@@ -289,11 +314,11 @@ var unclaimed = bson.D{{Key: "$in", Value: bson.A{schema.Unclaimed, nil}}}
 // Task with only ID, Queue, Node, Status and Raw set: it is claimed by this
 // node and the caller must deal with it (TaskFail).
 func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, error) {
-	update := bson.D{{Key: "$set", Value: bson.D{
+	update := claimUpdate(bson.D{
 		{Key: schema.TaskNode, Value: p.Node},
-		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+		{Key: schema.TaskStatus, Value: int32(claimTo(p.Start))},
 		{Key: schema.TaskMTime, Value: s.nowMS()},
-	}}}
+	}, p.Start)
 	var raw bson.Raw
 	err := mongo.ErrNoDocuments
 	for _, ph := range claimPhases(claimFilter(p.Queue, s.nowMS()), p.Sort) {
@@ -314,7 +339,7 @@ func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, 
 	t, err := schema.DecodeTask(raw)
 	if err != nil {
 		id, _ := raw.Lookup("_id").ObjectIDOK()
-		return schema.Task{ID: id, Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed, Raw: raw}, err
+		return schema.Task{ID: id, Queue: p.Queue, Node: p.Node, Status: claimTo(p.Start), Raw: raw}, err
 	}
 	return t, nil
 }
@@ -325,6 +350,8 @@ type TaskClaimManyParams struct {
 	Node  string
 	Sort  schema.Sort
 	Limit int // 1..MaxClaimBatch
+	// Start claims straight into running, as TaskClaimParams.Start.
+	Start bool
 }
 
 // MaxClaimBatch bounds one batched claim.
@@ -381,22 +408,23 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		}
 		res, err := s.tasks.UpdateMany(ctx,
 			append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, filter...),
-			bson.D{{Key: "$set", Value: bson.D{
+			claimUpdate(bson.D{
 				{Key: schema.TaskNode, Value: p.Node},
-				{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+				{Key: schema.TaskStatus, Value: int32(claimTo(p.Start))},
 				{Key: schema.TaskMTime, Value: s.nowMS()},
 				{Key: schema.TaskClaimToken, Value: token},
-			}}})
+			}, p.Start))
 		if err != nil {
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
 		}
 		won = res.ModifiedCount
 	}
-	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort)
+	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort, claimTo(p.Start))
 }
 
-// readBackClaimed reads the tasks a claim with token won among ids.
-func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node string, ids bson.A, token bson.ObjectID, sort schema.Sort) (TaskClaimManyResult, error) {
+// readBackClaimed reads the tasks a claim with token won among ids, into
+// status to.
+func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node string, ids bson.A, token bson.ObjectID, sort schema.Sort, to schema.Status) (TaskClaimManyResult, error) {
 	// Read back what was won. The token, not node and status, says which:
 	// one of these ids could have been requeued and claimed by this node
 	// through another path in between.
@@ -408,7 +436,7 @@ func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node s
 		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
 		{Key: schema.TaskClaimToken, Value: token},
 		{Key: schema.TaskNode, Value: node},
-		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+		{Key: schema.TaskStatus, Value: int32(to)},
 	}, ro)
 	if err != nil {
 		return TaskClaimManyResult{}, fmt.Errorf("read back the tasks claimed in queue %s: %w", queue.Hex(), err)
@@ -420,7 +448,7 @@ func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node s
 		t, err := schema.DecodeTask(raw)
 		if err != nil {
 			id, _ := raw.Lookup("_id").ObjectIDOK()
-			out.Malformed = append(out.Malformed, schema.Task{ID: id, Queue: queue, Node: node, Status: schema.StatusClaimed, Raw: raw})
+			out.Malformed = append(out.Malformed, schema.Task{ID: id, Queue: queue, Node: node, Status: to, Raw: raw})
 			out.Errors = append(out.Errors, err)
 			continue
 		}
@@ -432,7 +460,7 @@ func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node s
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		_, rerr := s.tasks.UpdateMany(cctx,
-			bson.D{{Key: schema.TaskClaimToken, Value: token}, {Key: schema.TaskNode, Value: node}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
+			bson.D{{Key: schema.TaskClaimToken, Value: token}, {Key: schema.TaskNode, Value: node}, {Key: schema.TaskStatus, Value: int32(to)}},
 			bson.D{{Key: "$set", Value: bson.D{
 				{Key: schema.TaskNode, Value: schema.Unclaimed},
 				{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
@@ -1038,6 +1066,9 @@ func (s *Store) TaskFail(ctx context.Context, p TaskFailParams) error {
 // TaskListClaimedParams select one node's claimed (-1) tasks.
 type TaskListClaimedParams struct {
 	Node string
+	// Running lists Node's tasks in status 0 instead (claimed straight
+	// into running), by the same mtime rule.
+	Running bool
 	// ClaimedFor: only claims older than this, by this store's clock
 	// (Options.Now), which wrote their mtime when Node claimed them.
 	ClaimedFor time.Duration
@@ -1054,7 +1085,7 @@ func (s *Store) TaskListClaimed(ctx context.Context, p TaskListClaimedParams) ([
 	}
 	cur, err := s.tasks.Find(ctx, bson.D{
 		{Key: schema.TaskNode, Value: p.Node},
-		{Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)},
+		{Key: schema.TaskStatus, Value: int32(claimTo(p.Running))},
 		{Key: schema.TaskMTime, Value: bson.D{{Key: "$lt", Value: s.nowMS().Add(-p.ClaimedFor)}}},
 	}, o)
 	if err != nil {

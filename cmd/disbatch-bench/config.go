@@ -49,6 +49,9 @@ type config struct {
 	// ClaimBatch is the nodes' batched-claim size (1: one findOneAndUpdate
 	// per task, the way before batching).
 	ClaimBatch int
+	// ClaimRunning: the nodes claim straight into running (node
+	// Config.ClaimRunning).
+	ClaimRunning bool
 
 	PickupRate     int
 	PickupDuration time.Duration
@@ -101,6 +104,7 @@ type config struct {
 var defaults = config{
 	MaxThreads:        64,
 	ClaimBatch:        claimer.DefaultBatch,
+	ClaimRunning:      true,
 	PickupRate:        50,
 	PickupDuration:    20 * time.Second,
 	Tasks:             100_000,
@@ -282,6 +286,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.StringVar(&c.CPUProf, "cpuprofile", "", "write a CPU profile of this process (in-process nodes included) to `FILE`")
 	fs.IntVar(&c.MaxThreads, "maxthreads", defaults.MaxThreads, "queue and node maxthreads in throughput and scale; goroutines of the raw per-task loop")
 	fs.IntVar(&c.ClaimBatch, "claim-batch", defaults.ClaimBatch, "the nodes' batched-claim size on a backlog (1: one findOneAndUpdate per task, to compare)")
+	fs.BoolVar(&c.ClaimRunning, "claim-running", defaults.ClaimRunning, "the nodes claim tasks straight into running, as disbatchd does by default (false: claim into -1, then a start write, to compare)")
 	fs.IntVar(&c.PickupRate, "pickup-rate", defaults.PickupRate, "pickup: tasks inserted per second, one at a time")
 	fs.DurationVar(&c.PickupDuration, "pickup-duration", defaults.PickupDuration, "pickup: how long each of the five pickup runs submits (quick: "+quickDefaults.PickupDuration.String()+")")
 	fs.IntVar(&c.Tasks, "tasks", defaults.Tasks, "throughput: tasks queued for each node run (quick: "+strconv.Itoa(quickDefaults.Tasks)+")")

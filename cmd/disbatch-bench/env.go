@@ -130,16 +130,17 @@ func (e *env) database(what string) (*mongo.Database, func()) {
 // conditions describes what the figures were measured on.
 func (e *env) conditions(ctx context.Context) Conditions {
 	c := Conditions{
-		Started:    time.Now().UTC(),
-		Mode:       "default",
-		Groups:     e.cfg.Only,
-		GoVersion:  runtime.Version(),
-		OSArch:     runtime.GOOS + "/" + runtime.GOARCH,
-		NumCPU:     runtime.NumCPU(),
-		GOMAXPROCS: runtime.GOMAXPROCS(0),
-		Driver:     driverVersion(),
-		MaxThreads: e.cfg.MaxThreads,
-		ClaimBatch: e.cfg.ClaimBatch,
+		Started:      time.Now().UTC(),
+		Mode:         "default",
+		Groups:       e.cfg.Only,
+		GoVersion:    runtime.Version(),
+		OSArch:       runtime.GOOS + "/" + runtime.GOARCH,
+		NumCPU:       runtime.NumCPU(),
+		GOMAXPROCS:   runtime.GOMAXPROCS(0),
+		Driver:       driverVersion(),
+		MaxThreads:   e.cfg.MaxThreads,
+		ClaimBatch:   e.cfg.ClaimBatch,
+		ClaimRunning: e.cfg.ClaimRunning,
 		WriteConcerns: "nodes, store and raw loops: majority; pickup submitter: majority and w:1 " +
 			"(rows); throughput and scale inserts: majority",
 		Deployment: "--mongo-uri " + redact(e.uri),

@@ -54,6 +54,7 @@ func (e *env) startNodes(ctx context.Context, spec nodeSpec) (*nodes, error) {
 			Plugins:        spec.Plugins,
 			MaxThreads:     &maxThreads,
 			ClaimBatch:     e.cfg.ClaimBatch,
+			ClaimRunning:   e.cfg.ClaimRunning,
 			PollOnly:       spec.PollOnly,
 			Observer:       spec.Observer,
 			Logger:         e.nodeLog,

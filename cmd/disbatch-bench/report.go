@@ -44,6 +44,7 @@ type Conditions struct {
 	GOMAXPROCS     int       `json:"gomaxprocs"`
 	MaxThreads     int       `json:"maxthreads"`
 	ClaimBatch     int       `json:"claim_batch"`
+	ClaimRunning   bool      `json:"claim_running"`
 	WriteConcerns  string    `json:"write_concerns"`
 	Counts         []Count   `json:"counts"`
 	// Load is the machine's 1-minute load average at the start and after
@@ -92,7 +93,7 @@ func renderTable(r *Report) string {
 		cond.add("machine load", "1-minute load average (/proc/loadavg) at "+strings.Join(loads, ", after "))
 	}
 	cond.add("write concerns", c.WriteConcerns)
-	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, c.MaxThreads, ceilingBatch))
+	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d%s; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, claimsInto(c.ClaimRunning), c.MaxThreads, ceilingBatch))
 	cond.add("tasks", "fifo queues of a no-op plugin; in-process nodes with their own client each; fresh database per measurement")
 	for _, n := range c.Counts {
 		cond.add(n.Group+": "+n.What, fmt.Sprint(n.Value))
@@ -253,4 +254,12 @@ func (t *table) render(b *strings.Builder) {
 func numeric(cell string) bool {
 	_, err := strconv.ParseFloat(strings.TrimSuffix(cell, "x"), 64)
 	return err == nil
+}
+
+// claimsInto says where the nodes' claims put tasks.
+func claimsInto(running bool) string {
+	if running {
+		return ", claims straight into running (--claim-running)"
+	}
+	return ""
 }

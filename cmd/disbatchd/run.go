@@ -56,6 +56,9 @@ type settings struct {
 	FenceAfter      duration          `json:"fence_after"`
 	DeadAfter       duration          `json:"dead_after"`
 	PollOnly        bool              `json:"poll_only"`
+	// ClaimRunning is --claim-running (default on); the file turns it off
+	// with claim_running: false.
+	ClaimRunning *bool `json:"claim_running"`
 	NoProjector     bool              `json:"no_projector"`
 	OutputThreshold int               `json:"output_threshold"`
 	LogFormat       string            `json:"log_format"`
@@ -112,7 +115,8 @@ Settings come from flags, then the environment, then --config FILE (JSON with
 the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
 plugins, plugin_timeout, grace, tick, orphan_after, heartbeat, fence_after,
 dead_after, poll_only, no_projector, output_threshold, log_format, log_level,
-metrics_addr, queue_balance, no_supervise, state_dir, supervisor_pool), then
+metrics_addr, queue_balance, no_supervise, state_dir, supervisor_pool,
+claim_running), then
 the defaults.
 
 --metrics-addr ADDR (env DISBATCH_METRICS_ADDR; off unless given) serves
@@ -213,6 +217,15 @@ func run(ctx context.Context, args []string, e env) int {
 	s.DeadAfter = duration(node.DefaultDeadAfter)
 	f.Var((*durationFlag)(&s.DeadAfter), "dead-after", "declare a node dead whose heartbeat is this old (server clock): requeue its claimed tasks, orphan its running ones")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
+	f.Func("claim-running", "claim tasks straight into running (status 0, seed 004's \"or 0 if immediately processed\"), saving each task's start write; a task so claimed whose node dies before its plugin starts (milliseconds) is orphaned, not requeued (default true; false: claim into -1, then start)", func(v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false, got %q", v)
+		}
+		s.ClaimRunning = &b
+		return nil
+	})
+	f.Lookup("claim-running").NoOptDefVal = "true"
 	f.BoolVar(&s.Supervise, "supervise", true, "run exec, shell and --plugin tasks each under a supervisor process of its own, so that stopping, killing or upgrading disbatchd leaves them running and its next start (same --node, same --state-dir) adopts them; false: they run inside the node and die with it")
 	f.StringVar(&s.StateDir, "state-dir", "", "where supervisors keep their sockets and results (default $STATE_DIRECTORY/NODE under systemd, else $TMPDIR/disbatchd-UID/NODE); must survive the node's restarts")
 	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), func(v string) error {
@@ -411,6 +424,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 			*pair[0] = *pair[1]
 		}
 	}
+	if file.ClaimRunning != nil && unset("claim-running", "") {
+		s.ClaimRunning = file.ClaimRunning
+	}
 	if file.PollOnly && unset("poll-only", "") {
 		s.PollOnly = true
 	}
@@ -549,7 +565,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		Tick: time.Duration(s.Tick), Grace: grace(time.Duration(s.Grace)), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),
-		Observer: obs, Supervise: launcher,
+		Observer: obs, Supervise: launcher, ClaimRunning: s.ClaimRunning == nil || *s.ClaimRunning,
 		SuperviseMongo: supervisor.Mongo{URI: s.MongoURI, Database: s.Database, OutputThreshold: s.OutputThreshold},
 	})
 	if err != nil {

@@ -51,6 +51,7 @@ func flagsSet(t *testing.T, args ...string) *cobra.Command {
 	f.Bool("no-projector", false, "")
 	f.Int("output-threshold", 0, "")
 	f.Int("supervisor-pool", 0, "")
+	f.Bool("claim-running", true, "")
 	require.NoError(t, f.Parse(args))
 	return cmd
 }
@@ -194,6 +195,7 @@ func TestRunUsageErrors(t *testing.T) {
 		{"--config", writeConfig(t, `{"nodename": "x"}`)},
 		{"--supervisor-pool", "two"},
 		{"--supervisor-pool", "-1"},
+		{"--claim-running=maybe"},
 	} {
 		code, _, stderr := runNoMongo(t, append(nowhere, args...), nil)
 		require.Equal(t, 2, code, "%v: %s", args, stderr)
@@ -258,4 +260,18 @@ func TestSupervisorPool(t *testing.T) {
 	s.SupervisorPool = &three
 	require.NoError(t, applyConfigFile(flagsSet(t, "--supervisor-pool", "3"), writeConfig(t, `{"supervisor_pool": 5}`), &s, &maxThreads, &external, noEnv))
 	require.Equal(t, 3, *s.SupervisorPool, "the flag wins")
+}
+
+func TestClaimRunningSetting(t *testing.T) {
+	s := defaults()
+	var maxThreads string
+	var external []string
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"claim_running": false}`), &s, &maxThreads, &external, noEnv))
+	require.NotNil(t, s.ClaimRunning)
+	require.False(t, *s.ClaimRunning, "the file turns it off")
+	s = defaults()
+	on := true
+	s.ClaimRunning = &on
+	require.NoError(t, applyConfigFile(flagsSet(t, "--claim-running"), writeConfig(t, `{"claim_running": false}`), &s, &maxThreads, &external, noEnv))
+	require.True(t, *s.ClaimRunning, "the flag wins")
 }

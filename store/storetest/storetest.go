@@ -61,6 +61,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskGuardedTransitions", testTaskGuarded},
 		{"TaskStartFinishManyGuardEach", testTaskStartFinishMany},
 		{"TaskListClaimedAndUnstart", testTaskListClaimedUnstart},
+		{"TaskClaimStraightIntoRunning", testTaskClaimStart},
 		{"TaskFinishGridFS", testTaskFinishGridFS},
 		{"TaskFinishTooLargeFallsBackToGridFS", testTaskFinishTooLarge},
 		{"TaskFinishExtra", testTaskFinishExtra},
@@ -1149,4 +1150,50 @@ func testTaskListClaimedUnstart(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, schema.StatusQueued, got.Status)
 	require.Equal(t, "", got.Node, "node -1: unclaimed")
+}
+
+// testTaskClaimStart: a claim with Start takes tasks straight to status 0
+// (one write, no -1), clears a reason left by an earlier attempt as the
+// start does, still claims a task whose kill was requested before it was
+// requeued (its runner starts it killed), and is listed, old enough, by
+// TaskListClaimed with Running; its tasks go back with TaskUnstart.
+func testTaskClaimStart(t *testing.T, newStore Factory) {
+	now := time.Now()
+	s, db := newStore(t, store.Options{Now: func() time.Time { return now }})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 5)
+	_, err := db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{
+		{Key: schema.TaskReason, Value: schema.ReasonRetrying}, {Key: schema.TaskKill, Value: bson.D{{Key: "node", Value: "gone"}, {Key: "by", Value: "ops"}}}}}})
+	require.NoError(t, err)
+
+	one, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Start: true})
+	require.NoError(t, err)
+	require.Equal(t, ids[0], one.ID)
+	require.Equal(t, schema.StatusRunning, one.Status)
+	now = now.Add(time.Minute)
+	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 3, Start: true})
+	require.NoError(t, err)
+	require.Len(t, res.Tasks, 3)
+	for i, task := range res.Tasks {
+		require.Equal(t, ids[i+1], task.ID, "claim order")
+		require.Equal(t, schema.StatusRunning, task.Status)
+		doc := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: task.ID}})
+		require.Equal(t, int32(0), doc.Lookup("status").Int32())
+		_, hasReason := doc.Lookup(schema.TaskReason).StringValueOK()
+		require.False(t, hasReason, "the start's $unset of the reason")
+	}
+	require.NotNil(t, res.Tasks[0].Control.Kill, "a kill requested before the requeue comes with the task")
+
+	// Only claims older than the cut, only in status 0 with Running.
+	ids0, err := s.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: "n1", Running: true, ClaimedFor: 30 * time.Second})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{one.ID}, ids0)
+	none, err := s.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: "n1", ClaimedFor: 30 * time.Second})
+	require.NoError(t, err)
+	require.Empty(t, none, "nothing in -1")
+	require.NoError(t, s.TaskUnstart(ctx, store.TaskTransitionParams{ID: one.ID, Node: "n1"}))
+	back, err := s.TaskGet(ctx, one.ID)
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusQueued, back.Status)
 }
