@@ -41,30 +41,30 @@ type env struct {
 // settings are everything a node can be told, from flags, the environment
 // and the config file.
 type settings struct {
-	MongoURI        string            `json:"mongo_uri"`
-	Database        string            `json:"database"`
-	Node            string            `json:"node"`
-	MaxThreads      *int              `json:"maxthreads"`
-	Label           string            `json:"label"`
-	EnablePlugins   []string          `json:"enable_plugins"`
-	Plugins         map[string]string `json:"plugins"` // constructor -> executable
-	PluginTimeout   duration          `json:"plugin_timeout"`
-	Grace           duration          `json:"grace"`
-	Tick            duration          `json:"tick"`
-	OrphanAfter     duration          `json:"orphan_after"`
-	Heartbeat       duration          `json:"heartbeat"`
-	FenceAfter      duration          `json:"fence_after"`
-	DeadAfter       duration          `json:"dead_after"`
-	PollOnly        bool              `json:"poll_only"`
+	MongoURI      string            `json:"mongo_uri"`
+	Database      string            `json:"database"`
+	Node          string            `json:"node"`
+	MaxThreads    *int              `json:"maxthreads"`
+	Label         string            `json:"label"`
+	EnablePlugins []string          `json:"enable_plugins"`
+	Plugins       map[string]string `json:"plugins"` // constructor -> executable
+	PluginTimeout duration          `json:"plugin_timeout"`
+	Grace         duration          `json:"grace"`
+	Tick          duration          `json:"tick"`
+	OrphanAfter   duration          `json:"orphan_after"`
+	Heartbeat     duration          `json:"heartbeat"`
+	FenceAfter    duration          `json:"fence_after"`
+	DeadAfter     duration          `json:"dead_after"`
+	PollOnly      bool              `json:"poll_only"`
 	// ClaimRunning is --claim-running (default on); the file turns it off
 	// with claim_running: false.
-	ClaimRunning *bool `json:"claim_running"`
-	NoProjector     bool              `json:"no_projector"`
-	OutputThreshold int               `json:"output_threshold"`
-	LogFormat       string            `json:"log_format"`
-	LogLevel        string            `json:"log_level"`
-	MetricsAddr     string            `json:"metrics_addr"`
-	QueueBalance    bool              `json:"queue_balance"`
+	ClaimRunning    *bool  `json:"claim_running"`
+	NoProjector     bool   `json:"no_projector"`
+	OutputThreshold int    `json:"output_threshold"`
+	LogFormat       string `json:"log_format"`
+	LogLevel        string `json:"log_level"`
+	MetricsAddr     string `json:"metrics_addr"`
+	QueueBalance    bool   `json:"queue_balance"`
 	// Supervise is --supervise (default on); the file turns it off with
 	// no_supervise: true.
 	Supervise   bool   `json:"-"`
