@@ -116,6 +116,7 @@ func goodReport() *Report {
 		{What: whatPerTask, Concurrency: "64 goroutines", Queued: 500, Finished: 500, Seconds: 1, Rate: 500, Complete: true},
 		{What: whatBatched, Concurrency: batchedConcurrency(1), Queued: 500, Finished: 500, Seconds: 0.2, Rate: 2500, Complete: true},
 		{What: whatBatched, Concurrency: batchedConcurrency(3), Queued: 500, Finished: 500, Seconds: 0.1, Rate: 5000, Complete: true},
+		{What: whatNodeProcs, Concurrency: "3 processes", Queued: 1000, Finished: 1000, Seconds: 1.0, Rate: 1000, Complete: true},
 	}
 	ctl := &ControlReport{Floor: lat(5), FloorSource: "the pickup group of this run",
 		Kill: KillFigures{Kills: quickDefaults.KillSamples, Running: 10, Dead: lat(3), Finished: lat(8), DeadFromReturn: lat(1),
@@ -177,7 +178,7 @@ func TestSanityAcceptsAGoodReport(t *testing.T) {
 	t.Parallel()
 	r := goodReport()
 	require.Len(t, r.Pickup.Ratios, 4)
-	require.Len(t, r.Throughput.Ratios, 4)
+	require.Len(t, r.Throughput.Ratios, 5)
 	require.Empty(t, sanity(r, quickConfig(t)))
 }
 

@@ -22,6 +22,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/disbatch-go/disbatch/node"
+	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
@@ -38,7 +39,11 @@ type nodeMessage struct {
 	Ready    bool    `json:"ready,omitempty"`
 	Finished int     `json:"finished"`
 	Seconds  float64 `json:"seconds,omitempty"`
-	Error    string  `json:"error,omitempty"`
+	// FirstClaim and LastFinish: Unix nanoseconds (0: none), so that the
+	// drains of processes on one host can be put together.
+	FirstClaim int64  `json:"first_claim,omitempty"`
+	LastFinish int64  `json:"last_finish,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // runNodeProcess is `disbatch-bench node --db DB [--maxthreads N] [--name
@@ -50,6 +55,7 @@ func runNodeProcess(args []string) int {
 	dbName := fs.String("db", "", "database")
 	maxThreads := fs.Int("maxthreads", 64, "node maxthreads")
 	name := fs.String("name", "bench-rss", "node name")
+	claimRunning := fs.Bool("claim-running", defaults.ClaimRunning, "claim straight into running")
 	verbose := fs.Bool("verbose", false, "info logs")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -86,7 +92,7 @@ func runNodeProcess(args []string) int {
 	obs := newDrainObserver(math.MaxInt32)
 	n, err := node.New(node.Config{
 		Name: *name, Store: store.New(client.Database(*dbName), store.Options{}), Plugins: noopRegistry(nil),
-		MaxThreads: maxThreads, Observer: obs, Logger: log,
+		MaxThreads: maxThreads, Observer: obs, Logger: log, ClaimRunning: *claimRunning,
 	})
 	if err != nil {
 		return fail(err)
@@ -101,7 +107,8 @@ func runNodeProcess(args []string) int {
 	}
 	n.Stop()
 	finished, span := obs.result()
-	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds()})
+	first, last := obs.times()
+	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds(), FirstClaim: first, LastFinish: last})
 	return 0
 }
 
@@ -112,7 +119,7 @@ func (e *env) nodeRSS(ctx context.Context, db string, backlog int) (RSSRow, erro
 	if err != nil {
 		return RSSRow{}, err
 	}
-	args := []string{nodeCommand, "--db", db, "--maxthreads", strconv.Itoa(e.cfg.MaxThreads)}
+	args := []string{nodeCommand, "--db", db, "--maxthreads", strconv.Itoa(e.cfg.MaxThreads), "--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning)}
 	if e.cfg.Verbose {
 		args = append(args, "--verbose")
 	}
@@ -238,4 +245,111 @@ func parseStatusKB(status, field string) (int64, error) {
 		return strconv.ParseInt(f[0], 10, 64)
 	}
 	return 0, fmt.Errorf("no %s in /proc/PID/status", field)
+}
+
+// nodeProcDrain drains --tasks queued no-op tasks with k node processes
+// (this program's node subcommand, each its own client and Go runtime, as
+// k disbatchd processes on one host would be), first claim to last finish
+// by the processes' own clocks (one host's).
+func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
+	db, drop := e.database("pdrain")
+	defer drop()
+	s := store.New(db, store.Options{})
+	if err := s.IndexesEnsure(ctx); err != nil {
+		return DrainRow{}, err
+	}
+	q, err := newQueue(ctx, s, "drain", e.cfg.MaxThreads)
+	if err != nil {
+		return DrainRow{}, err
+	}
+	if err := insertTasks(ctx, e.log, s, q.ID, e.cfg.Tasks); err != nil {
+		return DrainRow{}, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return DrainRow{}, err
+	}
+	type proc struct {
+		cmd   *exec.Cmd
+		stdin io.WriteCloser
+		msgs  chan nodeMessage
+	}
+	procs := make([]*proc, 0, k)
+	defer func() {
+		for _, p := range procs {
+			_ = p.stdin.Close()
+			done := make(chan struct{})
+			go func() { _ = p.cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(time.Minute):
+				_ = p.cmd.Process.Kill()
+			}
+		}
+	}()
+	for i := range k {
+		args := []string{nodeCommand, "--db", db.Name(), "--maxthreads", strconv.Itoa(e.cfg.MaxThreads),
+			"--name", fmt.Sprintf("bench-proc-%d", i+1), "--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning)}
+		cmd := exec.CommandContext(ctx, exe, args...)
+		cmd.Env = append(os.Environ(), envURI+"="+e.uri)
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = childSysProcAttr()
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return DrainRow{}, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return DrainRow{}, err
+		}
+		if err := cmd.Start(); err != nil {
+			return DrainRow{}, fmt.Errorf("start %s: %w", exe, err)
+		}
+		p := &proc{cmd: cmd, stdin: stdin, msgs: make(chan nodeMessage, 4)}
+		procs = append(procs, p)
+		go func() {
+			defer close(p.msgs)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				var m nodeMessage
+				if json.Unmarshal(sc.Bytes(), &m) == nil {
+					p.msgs <- m
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(e.cfg.DrainTimeout)
+	complete := false
+	for !complete && time.Now().Before(deadline) {
+		n, err := countStatus(ctx, db, q.ID, schema.StatusSucceeded)
+		if err != nil {
+			return DrainRow{}, err
+		}
+		complete = n == int64(e.cfg.Tasks)
+		if !complete {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	var finished int
+	var first, last int64
+	for _, p := range procs {
+		_ = p.stdin.Close() // asks the node to stop; it says what it did
+		for m := range p.msgs {
+			if m.Error != "" {
+				return DrainRow{}, fmt.Errorf("node process: %s", m.Error)
+			}
+			if m.Ready {
+				continue
+			}
+			finished += m.Finished
+			if m.FirstClaim != 0 && (first == 0 || m.FirstClaim < first) {
+				first = m.FirstClaim
+			}
+			last = max(last, m.LastFinish)
+		}
+	}
+	conc := fmt.Sprintf("%d processes", k)
+	e.leftover(ctx, db, "drain, "+conc)
+	span := time.Duration(last - first)
+	return DrainRow{What: whatNodeProcs, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete && finished == e.cfg.Tasks}, nil
 }

@@ -159,6 +159,16 @@ func (o *drainObserver) result() (finished int, span time.Duration) {
 	return int(o.finished.Load()), time.Duration(o.lastFinish.Load() - (first - 1))
 }
 
+// times are the first claim and the last finish, Unix nanoseconds (0:
+// none).
+func (o *drainObserver) times() (firstClaim, lastFinish int64) {
+	first := o.firstClaim.Load()
+	if first == 0 {
+		return 0, 0
+	}
+	return o.base.Add(time.Duration(first - 1)).UnixNano(), o.base.Add(time.Duration(o.lastFinish.Load())).UnixNano()
+}
+
 // wait waits for the target, ctx or timeout; it reports whether the target
 // was reached.
 func (o *drainObserver) wait(ctx context.Context, timeout time.Duration) (bool, error) {

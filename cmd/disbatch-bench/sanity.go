@@ -120,7 +120,7 @@ func (k *checker) throughput(t *ThroughputReport) {
 		k.bad("throughput: missing")
 		return
 	}
-	want := []string{whatNode + ", " + nodesConcurrency(1), whatNode + ", " + nodesConcurrency(3), whatPerTask,
+	want := []string{whatNode + ", " + nodesConcurrency(1), whatNode + ", " + nodesConcurrency(3), whatNodeProcs + ", 3 processes", whatPerTask,
 		whatBatched + ", " + batchedConcurrency(1), whatBatched + ", " + batchedConcurrency(3)}
 	seen := map[string]bool{}
 	for _, row := range t.Rows {
@@ -140,8 +140,8 @@ func (k *checker) throughput(t *ThroughputReport) {
 			k.bad("throughput: no row for %s", w)
 		}
 	}
-	if len(t.Ratios) != 4 {
-		k.bad("throughput: %d ratios, want 4", len(t.Ratios))
+	if len(t.Ratios) != 5 {
+		k.bad("throughput: %d ratios, want 5", len(t.Ratios))
 	}
 	for _, x := range t.Ratios {
 		k.positive("throughput ratio "+x.What, x.Value)
