@@ -64,6 +64,8 @@ type config struct {
 	Claims      int
 	ScaleDrain  int
 	RSSDuration time.Duration
+	// NodeMemProf: the RSS node process writes a heap profile there.
+	NodeMemProf string
 
 	WebQueues int
 	WebTasks  int
@@ -295,6 +297,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.StringVar(&backlogs, "backlogs", joinInts(defaults.Backlogs), "scale: comma-separated `counts` of queued tasks to measure claims at (quick: "+joinInts(quickDefaults.Backlogs)+")")
 	fs.IntVar(&c.Claims, "claims", defaults.Claims, "scale: timed TaskClaim calls per backlog (quick: "+strconv.Itoa(quickDefaults.Claims)+")")
 	fs.IntVar(&c.ScaleDrain, "scale-drain", defaults.ScaleDrain, "scale: tasks an in-process node drains per backlog (quick: "+strconv.Itoa(quickDefaults.ScaleDrain)+")")
+	fs.StringVar(&c.NodeMemProf, "node-memprofile", "", "scale: the node process whose RSS is sampled writes a heap profile of its live objects to `FILE` at the end")
 	fs.DurationVar(&c.RSSDuration, "rss-duration", defaults.RSSDuration, "scale: how long the node process runs while its RSS is sampled (quick: "+quickDefaults.RSSDuration.String()+")")
 	fs.IntVar(&c.DashQueues, "dash-queues", defaults.DashQueues, "dashboard: queues on the overview")
 	fs.IntVar(&c.DashTasks, "dash-tasks", defaults.DashTasks, "dashboard: tasks in all (quick: "+strconv.Itoa(quickDefaults.DashTasks)+")")

@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,6 +58,7 @@ func runNodeProcess(args []string) int {
 	maxThreads := fs.Int("maxthreads", 64, "node maxthreads")
 	name := fs.String("name", "bench-rss", "node name")
 	claimRunning := fs.Bool("claim-running", defaults.ClaimRunning, "claim straight into running")
+	memProfile := fs.String("memprofile", "", "write a heap profile to `FILE` when asked to stop, before stopping")
 	verbose := fs.Bool("verbose", false, "info logs")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -105,6 +108,11 @@ func runNodeProcess(args []string) int {
 	case <-ctx.Done():
 	case <-stdinClosed:
 	}
+	if *memProfile != "" {
+		if err := writeHeapProfile(*memProfile); err != nil {
+			log.Warn("heap profile not written", "error", err)
+		}
+	}
 	n.Stop()
 	finished, span := obs.result()
 	first, last := obs.times()
@@ -122,6 +130,9 @@ func (e *env) nodeRSS(ctx context.Context, db string, backlog int) (RSSRow, erro
 	args := []string{nodeCommand, "--db", db, "--maxthreads", strconv.Itoa(e.cfg.MaxThreads), "--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning)}
 	if e.cfg.Verbose {
 		args = append(args, "--verbose")
+	}
+	if e.cfg.NodeMemProf != "" {
+		args = append(args, "--memprofile", e.cfg.NodeMemProf)
 	}
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Env = append(os.Environ(), envURI+"="+e.uri)
@@ -352,4 +363,19 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	e.leftover(ctx, db, "drain, "+conc)
 	span := time.Duration(last - first)
 	return DrainRow{What: whatNodeProcs, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete && finished == e.cfg.Tasks}, nil
+}
+
+// writeHeapProfile writes the heap's live objects (after a collection)
+// to path, for go tool pprof.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
