@@ -123,55 +123,17 @@ func runNodeProcess(args []string) int {
 // nodeRSS runs this program's node subcommand against db for
 // --rss-duration after it is ready, sampling its resident memory.
 func (e *env) nodeRSS(ctx context.Context, db string, backlog int) (RSSRow, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return RSSRow{}, err
-	}
-	args := []string{nodeCommand, "--db", db, "--maxthreads", strconv.Itoa(e.cfg.MaxThreads), "--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning)}
-	if e.cfg.Verbose {
-		args = append(args, "--verbose")
-	}
+	var extra []string
 	if e.cfg.NodeMemProf != "" {
-		args = append(args, "--memprofile", e.cfg.NodeMemProf)
+		extra = append(extra, "--memprofile", e.cfg.NodeMemProf)
 	}
-	cmd := exec.CommandContext(ctx, exe, args...)
-	cmd.Env = append(os.Environ(), envURI+"="+e.uri)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = childSysProcAttr()
-	stdin, err := cmd.StdinPipe()
+	p, err := e.startNodeProc(ctx, db, "bench-rss", extra...)
 	if err != nil {
 		return RSSRow{}, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return RSSRow{}, err
-	}
-	if err := cmd.Start(); err != nil {
-		return RSSRow{}, fmt.Errorf("start %s: %w", exe, err)
-	}
-	exited := make(chan error, 1)
-	msgs := make(chan nodeMessage, 4)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var m nodeMessage
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				msgs <- m
-			}
-		}
-		close(msgs)
-		exited <- cmd.Wait()
-	}()
-	defer func() {
-		_ = stdin.Close()
-		select {
-		case <-exited:
-		case <-time.After(time.Minute):
-			_ = cmd.Process.Kill()
-		}
-	}()
-
-	pid := cmd.Process.Pid
+	defer p.stop()
+	msgs, stdin := p.msgs, p.stdin
+	pid := p.cmd.Process.Pid
 	row := RSSRow{Backlog: backlog}
 	sample := func() {
 		if kb, err := procStatusKB(pid, "VmRSS"); err == nil {
@@ -276,58 +238,18 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	if err := insertTasks(ctx, e.log, s, q.ID, e.cfg.Tasks); err != nil {
 		return DrainRow{}, err
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return DrainRow{}, err
-	}
-	type proc struct {
-		cmd   *exec.Cmd
-		stdin io.WriteCloser
-		msgs  chan nodeMessage
-	}
-	procs := make([]*proc, 0, k)
+	procs := make([]*nodeProc, 0, k)
 	defer func() {
 		for _, p := range procs {
-			_ = p.stdin.Close()
-			done := make(chan struct{})
-			go func() { _ = p.cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(time.Minute):
-				_ = p.cmd.Process.Kill()
-			}
+			p.stop()
 		}
 	}()
 	for i := range k {
-		args := []string{nodeCommand, "--db", db.Name(), "--maxthreads", strconv.Itoa(e.cfg.MaxThreads),
-			"--name", fmt.Sprintf("bench-proc-%d", i+1), "--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning)}
-		cmd := exec.CommandContext(ctx, exe, args...)
-		cmd.Env = append(os.Environ(), envURI+"="+e.uri)
-		cmd.Stderr = os.Stderr
-		cmd.SysProcAttr = childSysProcAttr()
-		stdin, err := cmd.StdinPipe()
+		p, err := e.startNodeProc(ctx, db.Name(), fmt.Sprintf("bench-proc-%d", i+1))
 		if err != nil {
 			return DrainRow{}, err
 		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return DrainRow{}, err
-		}
-		if err := cmd.Start(); err != nil {
-			return DrainRow{}, fmt.Errorf("start %s: %w", exe, err)
-		}
-		p := &proc{cmd: cmd, stdin: stdin, msgs: make(chan nodeMessage, 4)}
 		procs = append(procs, p)
-		go func() {
-			defer close(p.msgs)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				var m nodeMessage
-				if json.Unmarshal(sc.Bytes(), &m) == nil {
-					p.msgs <- m
-				}
-			}
-		}()
 	}
 	deadline := time.Now().Add(e.cfg.DrainTimeout)
 	complete := false
@@ -378,4 +300,69 @@ func writeHeapProfile(path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// nodeProc is one node subcommand process and its messages.
+type nodeProc struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	msgs   chan nodeMessage // closed when its stdout ends
+	exited chan error
+}
+
+// startNodeProc starts this program's node subcommand on db, named name,
+// with the run's maxthreads and claim mode.
+func (e *env) startNodeProc(ctx context.Context, db, name string, extra ...string) (*nodeProc, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{nodeCommand, "--db", db, "--name", name, "--maxthreads", strconv.Itoa(e.cfg.MaxThreads),
+		"--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning)}, extra...)
+	if e.cfg.Verbose {
+		args = append(args, "--verbose")
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(os.Environ(), envURI+"="+e.uri)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = childSysProcAttr()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", exe, err)
+	}
+	p := &nodeProc{cmd: cmd, stdin: stdin, msgs: make(chan nodeMessage, 4), exited: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var m nodeMessage
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				p.msgs <- m
+			}
+		}
+		close(p.msgs)
+		p.exited <- cmd.Wait()
+	}()
+	return p, nil
+}
+
+// stop asks the process to stop (its stdin closes) and waits up to a
+// minute before killing it.
+func (p *nodeProc) stop() {
+	_ = p.stdin.Close()
+	go func() {
+		for range p.msgs { // drained, so that its reader can reach Wait
+		}
+	}()
+	select {
+	case <-p.exited:
+	case <-time.After(time.Minute):
+		_ = p.cmd.Process.Kill()
+	}
 }
