@@ -55,7 +55,7 @@ func Run(ctx context.Context, p Plugin, t Task, timeout time.Duration) Result {
 	defer cancel()
 	if timeout > 0 {
 		var cancelTimeout context.CancelFunc
-		runCtx, cancelTimeout = context.WithTimeoutCause(runCtx, timeout, fmt.Errorf("%w of %v", ErrTimeout, timeout))
+		runCtx, cancelTimeout = proc.WithTimeout(runCtx, timeout)
 		defer cancelTimeout()
 	}
 

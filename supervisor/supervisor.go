@@ -204,7 +204,7 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 	procCtx := runCtx
 	if s.spec.PluginTimeout > 0 {
 		var cancel context.CancelFunc
-		procCtx, cancel = context.WithTimeoutCause(runCtx, s.spec.PluginTimeout, fmt.Errorf("%w of %v", proc.ErrTimeout, s.spec.PluginTimeout))
+		procCtx, cancel = proc.WithTimeout(runCtx, s.spec.PluginTimeout)
 		defer cancel()
 	}
 	// The process first; the spec's file (for a restarted node and the

@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -39,6 +40,12 @@ const WaitDelay = 2 * time.Second
 // timeout ("timeout of 1m30s"); a Cause made from it reports it to
 // errors.Is.
 var ErrTimeout = errors.New("timeout")
+
+// WithTimeout is ctx ended after d (a plugin timeout) with the cause
+// "timeout of d" (ErrTimeout), which both the node and a supervisor give.
+func WithTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, d, fmt.Errorf("%w of %v", ErrTimeout, d))
+}
 
 // Command is one run of an executable.
 type Command struct {

@@ -3,7 +3,6 @@ package finish
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"testing"
 	"time"
 
@@ -91,7 +90,7 @@ func TestAFailureBeforeTheStartIsTheResult(t *testing.T) {
 }
 
 func TestAPluginTimeoutReadsAsOne(t *testing.T) {
-	ctx, cancel := context.WithTimeoutCause(t.Context(), 100*time.Millisecond, fmt.Errorf("%w of 100ms", proc.ErrTimeout))
+	ctx, cancel := proc.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	res := detached(t, ctx, plugin.Shell().(plugin.Detachable), plugin.Task{ID: bson.NewObjectID(), Parameters: mustParams(t, "sleep 30")})
 	require.Equal(t, schema.StatusFailed, res.Status)
