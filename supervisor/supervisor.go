@@ -269,6 +269,14 @@ func (s *sup) handOver(o Outcome) error {
 		return fmt.Errorf("write the result: %w", err)
 	}
 	for {
+		// A node that acknowledged and then closed makes both acked and
+		// gone ready: the ack wins, or the finish would be written again.
+		select {
+		case <-s.acked:
+			s.log.Info("result handed to the node")
+			return nil
+		default:
+		}
 		s.mu.Lock()
 		s.done = true
 		conn, gone := s.conn, s.gone
