@@ -264,7 +264,7 @@ func (l *Launcher) fork(name string, pooled bool) (*Pending, error) {
 // keeps the spec in <dir>/<id>.spec.
 func (p *Pending) Run(spec Spec) (*Handle, error) {
 	spec.TaskID, spec.FinishCommand = p.id, p.l.FinishCommand
-	h, err := attach(p.l.Dir, p.id, startWait, &message{Op: opTask, Task: p.id, Spec: &spec})
+	h, err := attach(p.l.Dir, p.id, startWait, &message{Op: opTask, Spec: &spec})
 	// The pool is refilled once the task has started (its hello comes
 	// after), so that the fork does not compete with the start.
 	time.AfterFunc(refillAfter, p.l.Warm)

@@ -26,7 +26,7 @@ type message struct {
 
 // Messages.
 const (
-	opTask  = "task"  // node, first: the task (Task) and its Spec: go
+	opTask  = "task"  // node, first: the task's Spec: go
 	opHello = "hello" // supervisor: who it is; Done when the result is ready
 	opDone  = "done"  // supervisor: the result is in <id>.result
 	opAlive = "alive" // node: its heartbeat was acknowledged

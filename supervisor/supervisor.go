@@ -105,19 +105,20 @@ func (s *sup) watchNode(ln net.Listener) {
 	}()
 }
 
-// readTask reads the node's first message: the task and its spec.
-func readTask(c net.Conn, in *bufio.Reader) (message, error) {
+// readTask reads the node's first message: the task's spec (its TaskID
+// names the task, and the supervisor's files).
+func readTask(c net.Conn, in *bufio.Reader) (Spec, error) {
 	_ = c.SetReadDeadline(time.Now().Add(startWait))
 	defer c.SetReadDeadline(time.Time{})
 	line, err := in.ReadBytes('\n')
 	if err != nil {
-		return message{}, err
+		return Spec{}, err
 	}
 	var m message
-	if err := json.Unmarshal(line, &m); err != nil || m.Op != opTask || m.Spec == nil || m.Task == "" || strings.ContainsAny(m.Task, "/.") {
-		return message{}, fmt.Errorf("want a task, got %.200q", line)
+	if err := json.Unmarshal(line, &m); err != nil || m.Op != opTask || m.Spec == nil || m.Spec.TaskID == "" || strings.ContainsAny(m.Spec.TaskID, "/.") {
+		return Spec{}, fmt.Errorf("want a task, got %.200q", line)
 	}
-	return m, nil
+	return *m.Spec, nil
 }
 
 // keepSpec writes the spec to <id>.spec: a restarted node reads the
@@ -167,11 +168,11 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 	// The first message is the task and its spec. An idle supervisor's
 	// files are the task's now (renamed by the node).
 	in := bufio.NewReader(first)
-	m, err := readTask(first, in)
+	spec, err := readTask(first, in)
 	s.mu.Lock()
 	s.assigned = true
 	if err == nil {
-		s.id, s.log, s.spec = m.Task, log.With("task_id", m.Task), *m.Spec
+		s.id, s.log, s.spec = spec.TaskID, log.With("task_id", spec.TaskID), spec
 	}
 	s.mu.Unlock()
 	if err != nil {

@@ -26,7 +26,7 @@ func runInProcess(t *testing.T, dir string, spec Spec) (string, *Handle, <-chan 
 	var h *Handle
 	require.Eventually(t, func() bool { // its socket file exists a moment before it accepts
 		var err error
-		h, err = attach(dir, id, 5*time.Second, &message{Op: opTask, Task: id, Spec: &spec})
+		h, err = attach(dir, id, 5*time.Second, &message{Op: opTask, Spec: &spec})
 		return err == nil
 	}, 5*time.Second, 5*time.Millisecond)
 	return id, h, done
