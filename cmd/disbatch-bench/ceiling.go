@@ -13,7 +13,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/disbatch-go/disbatch/schema"
-	"github.com/disbatch-go/disbatch/store"
 )
 
 // rawLoop drains queue in tasks with conc workers, telling obs of claims
@@ -23,17 +22,9 @@ type rawLoop func(ctx context.Context, tasks *mongo.Collection, queue bson.Objec
 // ceiling queues --ceiling-tasks tasks in a fresh database (the node's
 // indexes, no pre-images, no projector) and drains them with loop.
 func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) (DrainRow, error) {
-	db, drop := e.database("ceiling")
+	db, q, drop, err := e.backlog(ctx, "ceiling", e.cfg.CeilingTasks)
 	defer drop()
-	s := store.New(db, store.Options{})
-	if err := s.IndexesEnsure(ctx); err != nil {
-		return DrainRow{}, err
-	}
-	q, err := newQueue(ctx, s, "ceiling", e.cfg.MaxThreads)
 	if err != nil {
-		return DrainRow{}, err
-	}
-	if err := insertTasks(ctx, e.log, s, q.ID, e.cfg.CeilingTasks); err != nil {
 		return DrainRow{}, err
 	}
 	c, err := e.connect()
@@ -45,7 +36,7 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 	obs := newDrainObserver(e.cfg.CeilingTasks)
 	dctx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)
 	defer cancel()
-	if err := loop(dctx, tasks, q.ID, conc, obs); err != nil && (dctx.Err() == nil || ctx.Err() != nil) {
+	if err := loop(dctx, tasks, q, conc, obs); err != nil && (dctx.Err() == nil || ctx.Err() != nil) {
 		return DrainRow{}, err
 	}
 	finished, span := obs.result()

@@ -225,17 +225,9 @@ func parseStatusKB(status, field string) (int64, error) {
 // k disbatchd processes on one host would be), first claim to last finish
 // by the processes' own clocks (one host's).
 func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
-	db, drop := e.database("pdrain")
+	db, q, drop, err := e.backlog(ctx, "pdrain", e.cfg.Tasks)
 	defer drop()
-	s := store.New(db, store.Options{})
-	if err := s.IndexesEnsure(ctx); err != nil {
-		return DrainRow{}, err
-	}
-	q, err := newQueue(ctx, s, "drain", e.cfg.MaxThreads)
 	if err != nil {
-		return DrainRow{}, err
-	}
-	if err := insertTasks(ctx, e.log, s, q.ID, e.cfg.Tasks); err != nil {
 		return DrainRow{}, err
 	}
 	procs := make([]*nodeProc, 0, k)
@@ -254,7 +246,7 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	deadline := time.Now().Add(e.cfg.DrainTimeout)
 	complete := false
 	for !complete && time.Now().Before(deadline) {
-		n, err := countStatus(ctx, db, q.ID, schema.StatusSucceeded)
+		n, err := countStatus(ctx, db, q, schema.StatusSucceeded)
 		if err != nil {
 			return DrainRow{}, err
 		}

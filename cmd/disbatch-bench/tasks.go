@@ -137,3 +137,18 @@ func (e *env) leftover(ctx context.Context, db *mongo.Database, what string) {
 		e.log.Warn("tasks left claimed or running after the nodes stopped", "run", what, "claimed", claimed, "running", running)
 	}
 }
+
+// backlog makes a fresh database named after what with the node's
+// indexes and one no-op queue holding n queued tasks; drop removes it.
+func (e *env) backlog(ctx context.Context, what string, n int) (db *mongo.Database, q bson.ObjectID, drop func(), err error) {
+	db, drop = e.database(what)
+	s := store.New(db, store.Options{})
+	if err := s.IndexesEnsure(ctx); err != nil {
+		return db, q, drop, err
+	}
+	queue, err := newQueue(ctx, s, what, e.cfg.MaxThreads)
+	if err != nil {
+		return db, q, drop, err
+	}
+	return db, queue.ID, drop, insertTasks(ctx, e.log, s, queue.ID, n)
+}

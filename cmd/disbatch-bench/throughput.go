@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/disbatch-go/disbatch/store"
 )
 
 // DrainRow is one drain of a backlog of no-op tasks.
@@ -143,18 +141,10 @@ func batchedConcurrency(k int) string {
 
 // nodeDrain queues --tasks tasks and drains them with k in-process nodes.
 func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
-	db, drop := e.database("drain")
-	defer drop()
-	s := store.New(db, store.Options{})
-	if err := s.IndexesEnsure(ctx); err != nil {
-		return DrainRow{}, LagRow{}, err
-	}
-	q, err := newQueue(ctx, s, "drain", e.cfg.MaxThreads)
-	if err != nil {
-		return DrainRow{}, LagRow{}, err
-	}
 	start := time.Now()
-	if err := insertTasks(ctx, e.log, s, q.ID, e.cfg.Tasks); err != nil {
+	db, _, drop, err := e.backlog(ctx, "drain", e.cfg.Tasks)
+	defer drop()
+	if err != nil {
 		return DrainRow{}, LagRow{}, err
 	}
 	e.log.Info("throughput: queued", "tasks", e.cfg.Tasks, "took", time.Since(start).Round(time.Millisecond))
