@@ -193,7 +193,7 @@ func (r *StreamReader) positionLost(cause error) {
 
 // open opens the stream at from; a lost position opens it at the present.
 func (r *StreamReader) open(ctx context.Context, from Position) error {
-	o := r.shape.options(r.p.MaxAwait)
+	o := r.shape.options(r.p.MaxAwait, r.p.MaxBatch)
 	switch {
 	case from.Token != nil:
 		o.SetStartAfter(from.Token)
@@ -205,7 +205,7 @@ func (r *StreamReader) open(ctx context.Context, from Position) error {
 	if err != nil && !from.IsZero() && StreamPositionLost(err) {
 		r.positionLost(err)
 		from = Position{}
-		cs, err = r.s.db.Watch(ctx, r.shape.pipeline, r.shape.options(r.p.MaxAwait))
+		cs, err = r.s.db.Watch(ctx, r.shape.pipeline, r.shape.options(r.p.MaxAwait, r.p.MaxBatch))
 	}
 	if err != nil {
 		return fmt.Errorf("open change stream (%s) on %s: %w", r.p.Profile, r.s.db.Name(), err)

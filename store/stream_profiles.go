@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -132,9 +133,12 @@ type streamShape struct {
 	preImages bool // fullDocumentBeforeChange: whenAvailable
 }
 
-// options returns fresh change stream options for the shape.
-func (sh streamShape) options(maxAwait time.Duration) *options.ChangeStreamOptionsBuilder {
-	o := options.ChangeStream().SetMaxAwaitTime(maxAwait)
+// options returns fresh change stream options for the shape. The server
+// sends at most batch events per reply: without a cap a reader far behind
+// (a projector resuming after a million inserts) gets 16 MiB replies, and
+// the driver holds each whole while it is decoded.
+func (sh streamShape) options(maxAwait time.Duration, batch int) *options.ChangeStreamOptionsBuilder {
+	o := options.ChangeStream().SetMaxAwaitTime(maxAwait).SetBatchSize(int32(min(batch, math.MaxInt32)))
 	if sh.preImages {
 		o.SetFullDocumentBeforeChange(options.WhenAvailable)
 	}
