@@ -105,6 +105,11 @@ type Stats struct {
 	EmptyClaims int64 // claims that found nothing
 	Batches     int64 // batched claims that won tasks
 	CapReached  int64 // claims refused by the queue's max_running
+	// Contended: tasks a batched claim read that other nodes took first
+	// (claim conflicts); LostBatches: batched claims that won none
+	// because of them, round after round.
+	Contended   int64
+	LostBatches int64
 	// Passes and PassTime: passes run, and their time in all (on the
 	// clock), queue reads and claims included.
 	Passes   int64
@@ -689,6 +694,10 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (won int, l
 	c.stats.Claims += int64(len(res.Tasks))
 	if len(res.Tasks)+len(res.Malformed) > 0 {
 		c.stats.Batches++
+	}
+	c.stats.Contended += int64(res.Contended)
+	if res.Lost {
+		c.stats.LostBatches++
 	}
 	c.mu.Unlock()
 	for _, t := range res.Tasks {

@@ -726,7 +726,7 @@ func (b *batchStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParam
 	var res store.TaskClaimManyResult
 	if b.lost > 0 {
 		b.lost--
-		return store.TaskClaimManyResult{Lost: true}, nil
+		return store.TaskClaimManyResult{Lost: true, Contended: 3 * p.Limit}, nil
 	}
 	for ; b.left > 0 && len(res.Tasks) < p.Limit; b.left-- {
 		res.Tasks = append(res.Tasks, schema.Task{ID: bson.NewObjectID(), Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed})
@@ -803,7 +803,10 @@ func TestABatchLostToOtherNodesIsNotAnEmptyQueue(t *testing.T) {
 	h.start()
 	h.pass()
 	require.Equal(t, 100, h.claimedCount(), "the lost batch did not end the queue's turn")
-	require.Equal(t, int64(1), h.c.Stats().EmptyClaims, "empty once, at the end")
+	st := h.c.Stats()
+	require.Equal(t, int64(1), st.EmptyClaims, "empty once, at the end")
+	require.Equal(t, int64(1), st.LostBatches, "the lost batch is counted")
+	require.Equal(t, int64(3*64), st.Contended, "its conflicts are counted: three rounds of 64 taken by others")
 }
 
 func TestFinishedAndHasWorkBeforeStartDoNotPanic(t *testing.T) {

@@ -156,6 +156,8 @@ var (
 		"Task events this node applied to the counters as projector.", nil, nil)
 	descNodeState = prometheus.NewDesc("disbatch_node_state",
 		"1 for the state the node is in: serving, fenced (no heartbeat acknowledged for --fence-after: not claiming, tasks killed) or draining (asked to exit when idle).", []string{"state"}, nil)
+	descConflicts = prometheus.NewDesc("disbatch_claim_conflicts_total",
+		"Tasks a batched claim of this node read that another node took first (claim conflicts between nodes).", nil, nil)
 	descBatches = prometheus.NewDesc("disbatch_claim_batches_total",
 		"Batched claims (update-then-find, on a backlog) that won tasks.", nil, nil)
 	descClusterLeader = prometheus.NewDesc("disbatch_cluster_leader",
@@ -170,7 +172,7 @@ var (
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descClusterLeader, descReasons} {
+		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons} {
 		ch <- d
 	}
 }
@@ -255,6 +257,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descPasses, cs.WakePasses, "wakeup")
 	counter(descPasses, cs.TickPasses, "tick")
 	counter(descBatches, cs.Batches)
+	counter(descConflicts, cs.Contended)
 
 	fenced, draining := src.Fenced(), src.Draining()
 	flag := func(b bool) float64 {

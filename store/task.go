@@ -368,6 +368,10 @@ type TaskClaimManyResult struct {
 	// Lost: no tasks because other claimers won every task read, round
 	// after round; the queue may still hold some.
 	Lost bool
+	// Contended counts the tasks read as candidates that other claimers
+	// took between the read and the update, over every round: the
+	// claim's conflicts.
+	Contended int
 }
 
 // TaskClaimMany is seed 004's update-then-find claim, for a backlog: it
@@ -387,11 +391,12 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	var ids bson.A
 	token := bson.NewObjectID()
 	var won int64
+	contended := 0
 	// Other claimers may win every candidate between the find and the
 	// update; then the queue may still hold tasks, so look again.
 	for attempt := 0; won == 0; attempt++ {
 		if attempt == 3 {
-			return TaskClaimManyResult{Lost: true}, nil
+			return TaskClaimManyResult{Lost: true, Contended: contended}, nil
 		}
 		cands, err := claimCandidates[struct {
 			ID any `bson:"_id"`
@@ -418,8 +423,11 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
 		}
 		won = res.ModifiedCount
+		contended += len(cands) - int(won)
 	}
-	return s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort, claimTo(p.Start))
+	out, err := s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort, claimTo(p.Start))
+	out.Contended = contended
+	return out, err
 }
 
 // readBackClaimed reads the tasks a claim with token won among ids, into
