@@ -79,6 +79,7 @@ func TestParseFlags(t *testing.T) {
 	for _, bad := range [][]string{
 		{"--only", "pickup,speed"}, {"--tasks", "0"}, {"--backlogs", "10,x"}, {"--nope"}, {"extra"}, {"--pickup-rate", "5000"},
 		{"--submit-tasks", "10001"}, {"--kill-samples", "0"}, {"--dag-edges", "0"}, {"--sched-queues", "1"}, {"--sched-tasks", "10", "--sched-queues", "20"}, {"--delay-probes", "-1"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
+		{"--members", "2"}, {"--members", "3", "--mongo-uri", "mongodb://x"},
 	} {
 		_, _, err := parseFlags(bad)
 		require.Error(t, err, "%v", bad)
@@ -87,7 +88,7 @@ func TestParseFlags(t *testing.T) {
 	_, help, err := parseFlags([]string{"--help"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
-		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "verbose", "cpuprofile",
+		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "members", "scaleout-nodes", "scaleout-maxthreads", "scaleout-tasks", "scaleout-pickups", "verbose", "cpuprofile",
 		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats",
 		"kill-samples", "delay-held", "delay-probes", "wait-rounds", "dag-edges", "sched-queues", "sched-tasks"} {
 		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)
@@ -139,8 +140,8 @@ func goodReport() *Report {
 		Lag:        []LagRow{{Run: "drain, 1 node", Events: 3000, Batches: 10, P50: 20, P99: 80}, {Run: "drain, 3 nodes", Events: 2700, Batches: 9, P50: 25, P99: 90}},
 		Scale: &ScaleReport{
 			Rows: []ScaleRow{
-				{Backlog: 1000, Claim: lat(1), ClaimMany: lat(4), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400},
-				{Backlog: 20000, Claim: lat(1.2), ClaimMany: lat(4.5), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400},
+				{Backlog: 1000, Claim: lat(1), ClaimMany: lat(4), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400, RawRate: 800, CatchUp: 0.3},
+				{Backlog: 20000, Claim: lat(1.2), ClaimMany: lat(4.5), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400, RawRate: 800, CatchUp: 0.3},
 			},
 			RSS:        &RSSRow{Backlog: 20000, Seconds: 2, Samples: 40, ReadyMiB: 20, MaxMiB: 36, Finished: 1000},
 			InsertRate: 20000,
@@ -164,6 +165,12 @@ func goodReport() *Report {
 		WebSubmit: &WebSubmitReport{Tasks: 10_000, Repeats: 3, Ratio: 1.5, Inserted: 80_000, Expected: 80_000, Rows: []SubmitRow{
 			{How: howPOST, Seconds: 0.2, Rate: 50_000, Rates: []float64{50_000, 40_000, 60_000}},
 			{How: howCLI, Seconds: 0.3, Rate: 33_333, Rates: []float64{33_333, 30_000, 35_000}},
+		}},
+		Scaleout: &ScaleoutReport{Rows: []ScaleoutRow{
+			{Nodes: 1, Threads: 8, Tasks: 1000, StartSeconds: 0.3, Seconds: 1, Rate: 1000, Claims: 1020, Batches: 40, Heartbeats: 1, LeaderCPU: 0.3,
+				MongodCPU: 1.1, MachineBusy: 1.6, Pickup: lat(4), Leader: "bench-out-1"},
+			{Nodes: 3, Threads: 8, Tasks: 1000, StartSeconds: 0.6, Seconds: 0.5, Rate: 2000, Claims: 1020, Batches: 50, Contended: 300, LostBatches: 2, Heartbeats: 3,
+				LeaderCPU: 0.2, NodeCPUMedian: 0.1, NodesCPU: 0.4, MongodCPU: 1.3, MachineBusy: 1.9, Pickup: lat(4.5), Leader: "bench-out-2"},
 		}},
 	}
 }
@@ -198,6 +205,10 @@ func TestSanityFindsProblems(t *testing.T) {
 		"lag p50 over p99":     {func(r *Report) { r.Lag[0].P50 = 100 }, "p50 100 > p99 80"},
 		"missing backlog":      {func(r *Report) { r.Scale.Rows = r.Scale.Rows[:1] }, "1 backlogs measured, want 2"},
 		"missing RSS":          {func(r *Report) { r.Scale.RSS = nil }, "RSS missing"},
+		"no scale raw loop":    {func(r *Report) { r.Scale.Rows[1].RawRate = 0 }, "backlog 20000, raw loop tasks/s"},
+		"run twice":            {func(r *Report) { r.Scaleout.Rows[1].RunTwice = 1 }, "scaleout, 3 nodes: 1 tasks run twice"},
+		"no leader":            {func(r *Report) { r.Scaleout.Rows[0].Leader = "" }, "scaleout, 1 nodes: no leader"},
+		"missing scaleout row": {func(r *Report) { r.Scaleout.Rows = r.Scaleout.Rows[:1] }, "scaleout: 1 rows, want 2"},
 		"no MongoDB version":   {func(r *Report) { r.Conditions.MongoDBVersion = "" }, "MongoDB version"},
 		"zero ratio":           {func(r *Report) { r.Throughput.Ratios[0].Value = 0 }, "throughput ratio"},
 		"no samples":           {func(r *Report) { r.Pickup.Rows[0].Pickup = Latency{} }, "no samples"},
@@ -267,6 +278,7 @@ func TestRenderTable(t *testing.T) {
 		"MAX_RUNNING: 2 nodes", "max_running 16 (binds: 2 nodes x maxthreads 64)",
 		"SUPERVISED TASKS, ms", "NOT MET: RSS per supervisor <= 5 MiB (mean 8.8 MiB)", "supervised / in-process: insert -> shell process running   1.17x",
 		"supervised pickup (insert -> running seen) / pickup floor  0.80x", "pickup, supervised: the same",
+		"SCALE-OUT: node processes (maxthreads 8 each)", "lost batches", "2.00x",
 		"SANITY: every figure present",
 	} {
 		require.Contains(t, out, want)

@@ -26,12 +26,13 @@ const (
 	groupScheduling = "scheduling"
 	groupDashboard  = "dashboard"
 	groupSupervise  = "supervise"
+	groupScaleout   = "scaleout"
 	// groupWeb selects the three web groups.
 	groupWeb = "web"
 )
 
 var (
-	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl, groupScheduling, groupDashboard, groupSupervise}
+	allGroups = []string{groupPickup, groupThroughput, groupScale, groupLag, groupWebQueues, groupWebEvents, groupWebSubmit, groupControl, groupScheduling, groupDashboard, groupSupervise, groupScaleout}
 	webGroups = []string{groupWebQueues, groupWebEvents, groupWebSubmit}
 )
 
@@ -64,6 +65,16 @@ type config struct {
 	Claims      int
 	ScaleDrain  int
 	RSSDuration time.Duration
+
+	// Scale-out: node processes of ScaleoutThreads each, one row per
+	// count, each draining ScaleoutTasks, then timing ScaleoutPickups.
+	ScaleoutNodes   []int
+	ScaleoutThreads int
+	ScaleoutTasks   int
+	ScaleoutPickups int
+	// ScaleoutPollOnly runs the processes without wake-up streams, to
+	// tell what the streams cost.
+	ScaleoutPollOnly bool
 	// NodeMemProf: the RSS node process writes a heap profile there.
 	NodeMemProf string
 
@@ -100,6 +111,9 @@ type config struct {
 
 	CacheGB  float64
 	OplogMiB int
+	// Members is the size of the replica set the bench starts (1, or 3
+	// for production's shape); every write is majority either way.
+	Members int
 }
 
 // defaults: a run that fits in 10 minutes on a 2-core machine.
@@ -114,8 +128,12 @@ var defaults = config{
 	DrainTimeout:      60 * time.Second,
 	Backlogs:          []int{1_000, 100_000, 1_000_000},
 	Claims:            300,
-	ScaleDrain:        500,
+	ScaleDrain:        5000,
 	RSSDuration:       5 * time.Second,
+	ScaleoutNodes:     []int{1, 3, 10, 25, 50},
+	ScaleoutThreads:   8,
+	ScaleoutTasks:     10_000,
+	ScaleoutPickups:   100,
 	WebQueues:         200,
 	WebTasks:          1_000_000,
 	DashQueues:        1000,
@@ -140,6 +158,7 @@ var defaults = config{
 	SchedTasks:        10_000,
 	CacheGB:           1,
 	OplogMiB:          2048,
+	Members:           1,
 }
 
 // quickDefaults: a run that fits in 1 minute (CI's sanity run).
@@ -154,6 +173,10 @@ var quickDefaults = config{
 	Claims:            100,
 	ScaleDrain:        200,
 	RSSDuration:       2 * time.Second,
+	ScaleoutNodes:     []int{1, 3},
+	ScaleoutThreads:   8,
+	ScaleoutTasks:     1000,
+	ScaleoutPickups:   20,
 	WebQueues:         200,
 	WebTasks:          100_000,
 	DashQueues:        1000,
@@ -178,6 +201,7 @@ var quickDefaults = config{
 	SchedTasks:        3000,
 	CacheGB:           1,
 	OplogMiB:          2048,
+	Members:           1,
 }
 
 const usageHead = `disbatch-bench measures a disbatch node against real MongoDB and prints
@@ -279,7 +303,7 @@ Flags:
 func parseFlags(args []string) (config, string, error) {
 	fs := flag.NewFlagSet("disbatch-bench", flag.ContinueOnError)
 	var c config
-	var only, backlogs string
+	var only, backlogs, scaleoutNodes string
 	fs.StringVar(&c.MongoURI, "mongo-uri", "", "use this replica set (`URI`) instead of starting one; the run creates and drops databases named disbatch_bench_*")
 	fs.StringVar(&c.JSONFile, "json", "", "also write every figure and condition as JSON to `FILE`")
 	fs.BoolVar(&c.Quick, "quick", false, "small counts and durations (about 1 minute): the (quick: ...) values below")
@@ -296,7 +320,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", defaults.DrainTimeout, "throughput and scale: longest a drain may run; the rate is of what finished by then (quick: "+quickDefaults.DrainTimeout.String()+")")
 	fs.StringVar(&backlogs, "backlogs", joinInts(defaults.Backlogs), "scale: comma-separated `counts` of queued tasks to measure claims at (quick: "+joinInts(quickDefaults.Backlogs)+")")
 	fs.IntVar(&c.Claims, "claims", defaults.Claims, "scale: timed TaskClaim calls per backlog (quick: "+strconv.Itoa(quickDefaults.Claims)+")")
-	fs.IntVar(&c.ScaleDrain, "scale-drain", defaults.ScaleDrain, "scale: tasks an in-process node drains per backlog (quick: "+strconv.Itoa(quickDefaults.ScaleDrain)+")")
+	fs.IntVar(&c.ScaleDrain, "scale-drain", defaults.ScaleDrain, "scale: tasks an in-process node, then the raw batched loop, drain at each backlog (at most the backlog; quick: "+strconv.Itoa(quickDefaults.ScaleDrain)+")")
 	fs.StringVar(&c.NodeMemProf, "node-memprofile", "", "scale: the node process whose RSS is sampled writes a heap profile of its live objects to `FILE` at the end")
 	fs.DurationVar(&c.RSSDuration, "rss-duration", defaults.RSSDuration, "scale: how long the node process runs while its RSS is sampled (quick: "+quickDefaults.RSSDuration.String()+")")
 	fs.IntVar(&c.DashQueues, "dash-queues", defaults.DashQueues, "dashboard: queues on the overview")
@@ -322,7 +346,13 @@ func parseFlags(args []string) (config, string, error) {
 	fs.IntVar(&c.SchedQueues, "sched-queues", defaults.SchedQueues, "scheduling: queues of mixed priorities and weights the claimer's passes are measured with, against 1")
 	fs.IntVar(&c.SchedTasks, "sched-tasks", defaults.SchedTasks, "scheduling: tasks queued for each pass and max_running drain (quick: "+strconv.Itoa(quickDefaults.SchedTasks)+")")
 	fs.Float64Var(&c.CacheGB, "cache-gb", defaults.CacheGB, "the started mongod's --wiredTigerCacheSizeGB")
+	fs.StringVar(&scaleoutNodes, "scaleout-nodes", joinInts(defaults.ScaleoutNodes), "scaleout: comma-separated `counts` of node processes, one row each (quick: "+joinInts(quickDefaults.ScaleoutNodes)+")")
+	fs.IntVar(&c.ScaleoutThreads, "scaleout-maxthreads", defaults.ScaleoutThreads, "scaleout: maxthreads of each node process")
+	fs.IntVar(&c.ScaleoutTasks, "scaleout-tasks", defaults.ScaleoutTasks, "scaleout: tasks queued for each row's drain (quick: "+strconv.Itoa(quickDefaults.ScaleoutTasks)+")")
+	fs.IntVar(&c.ScaleoutPickups, "scaleout-pickups", defaults.ScaleoutPickups, "scaleout: tasks inserted one at a time after each drain, with every node process idle, for the pickup (quick: "+strconv.Itoa(quickDefaults.ScaleoutPickups)+")")
+	fs.BoolVar(&c.ScaleoutPollOnly, "scaleout-poll-only", false, "scaleout: the node processes open no wake-up change streams (the 1 s tick and their own finishes find work), to compare")
 	fs.IntVar(&c.OplogMiB, "oplog-mib", defaults.OplogMiB, "the started mongod's --oplogSize in MiB")
+	fs.IntVar(&c.Members, "members", defaults.Members, "members of the started replica set, all on this machine: 1, or 3 for production's shape (majority writes then wait for a secondary)")
 	fs.Usage = func() {}
 	fs.SetOutput(discard{})
 	if err := fs.Parse(args); err != nil {
@@ -343,6 +373,9 @@ func parseFlags(args []string) (config, string, error) {
 	var err error
 	if c.Backlogs, err = parseInts(backlogs); err != nil {
 		return config{}, "", fmt.Errorf("--backlogs: %w", err)
+	}
+	if c.ScaleoutNodes, err = parseInts(scaleoutNodes); err != nil {
+		return config{}, "", fmt.Errorf("--scaleout-nodes: %w", err)
 	}
 	if c.Only, err = parseGroups(only); err != nil {
 		return config{}, "", fmt.Errorf("--only: %w", err)
@@ -365,6 +398,9 @@ func (c *config) applyQuick(set map[string]bool) {
 		"claims":             func() { c.Claims = q.Claims },
 		"scale-drain":        func() { c.ScaleDrain = q.ScaleDrain },
 		"rss-duration":       func() { c.RSSDuration = q.RSSDuration },
+		"scaleout-nodes":     func() { c.ScaleoutNodes = q.ScaleoutNodes },
+		"scaleout-tasks":     func() { c.ScaleoutTasks = q.ScaleoutTasks },
+		"scaleout-pickups":   func() { c.ScaleoutPickups = q.ScaleoutPickups },
 		"web-tasks":          func() { c.WebTasks = q.WebTasks },
 		"web-duration":       func() { c.WebDuration = q.WebDuration },
 		"web-slow":           func() { c.WebSlow = q.WebSlow },
@@ -402,6 +438,9 @@ func (c *config) validate() error {
 	positive("ceiling-tasks", c.CeilingTasks)
 	positive("claims", c.Claims)
 	positive("scale-drain", c.ScaleDrain)
+	positive("scaleout-maxthreads", c.ScaleoutThreads)
+	positive("scaleout-tasks", c.ScaleoutTasks)
+	positive("scaleout-pickups", c.ScaleoutPickups)
 	positive("oplog-mib", c.OplogMiB)
 	positive("web-queue-count", c.WebQueues)
 	positive("dash-queues", c.DashQueues)
@@ -447,8 +486,17 @@ func (c *config) validate() error {
 	if c.SchedTasks < c.SchedQueues {
 		errs = append(errs, fmt.Errorf("--sched-tasks %d is fewer than --sched-queues %d", c.SchedTasks, c.SchedQueues))
 	}
+	if c.Members != 1 && c.Members != 3 && c.Members != 5 {
+		errs = append(errs, fmt.Errorf("--members must be 1, 3 or 5, got %d", c.Members))
+	}
+	if c.Members != 1 && c.MongoURI != "" {
+		errs = append(errs, errors.New("--members sizes the replica set the bench starts; it cannot be used with --mongo-uri"))
+	}
 	if c.CacheGB < 0.25 {
 		errs = append(errs, fmt.Errorf("--cache-gb must be at least 0.25, got %g", c.CacheGB))
+	}
+	if len(c.ScaleoutNodes) == 0 && c.runs(groupScaleout) {
+		errs = append(errs, errors.New("--scaleout-nodes is empty"))
 	}
 	if len(c.Backlogs) == 0 && c.runs(groupScale) {
 		errs = append(errs, errors.New("--backlogs is empty"))

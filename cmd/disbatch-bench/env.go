@@ -49,13 +49,13 @@ func setup(ctx context.Context, cfg config, log *slog.Logger) (*env, error) {
 		prefix:  "disbatch_bench_" + randHex(3),
 	}
 	if e.uri == "" {
-		log.Info("starting a single-member replica set", "cache_gb", cfg.CacheGB, "oplog_mib", cfg.OplogMiB)
+		log.Info("starting a replica set", "members", cfg.Members, "cache_gb", cfg.CacheGB, "oplog_mib", cfg.OplogMiB)
 		rsLog := slog.New(slog.DiscardHandler)
 		if cfg.Verbose {
 			rsLog = log
 		}
 		rs, err := mongod.StartReplicaSet(ctx, mongod.Options{
-			Members: 1,
+			Members: cfg.Members,
 			Logger:  rsLog,
 			ExtraArgs: []string{
 				"--wiredTigerCacheSizeGB", strconv.FormatFloat(cfg.CacheGB, 'f', -1, 64),

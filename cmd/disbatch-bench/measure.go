@@ -101,6 +101,11 @@ func measure(ctx context.Context, cfg config, log *slog.Logger) (*Report, error)
 			return rep, err
 		}
 	}
+	if cfg.runs(groupScaleout) {
+		if err := phase(groupScaleout, func() (err error) { rep.Scaleout, err = e.scaleout(ctx); return err }); err != nil {
+			return rep, err
+		}
+	}
 	return rep, nil
 }
 
@@ -138,6 +143,10 @@ func counts(cfg config) []Count {
 	add(groupScale, fmt.Sprintf("TaskClaimMany(%d) calls per backlog", scaleBatch), manyCalls(cfg.Claims))
 	add(groupScale, "tasks drained by the node per backlog", cfg.ScaleDrain)
 	add(groupScale, "node process RSS sampled for", cfg.RSSDuration.String())
+	add(groupScaleout, "node processes per row", joinInts(cfg.ScaleoutNodes))
+	add(groupScaleout, "each", fmt.Sprintf("this program's node subcommand, maxthreads %d, its own client and Go runtime; the queue paused until every one is ready", cfg.ScaleoutThreads))
+	add(groupScaleout, "tasks drained per row", cfg.ScaleoutTasks)
+	add(groupScaleout, "pickups per row", fmt.Sprintf("%d, one every %s, every process idle", cfg.ScaleoutPickups, scaleoutPickupGap))
 	add(groupWebQueues, "queues, tasks", fmt.Sprintf("%d queues, %d tasks spread evenly, inserted raw (InsertMany of %d, %d at once, majority)", cfg.WebQueues, cfg.WebTasks, webQueuesInsertBatch, webQueuesInsertParallel))
 	add(groupWebQueues, "counters", "count_todo and count_total set directly to the exact counts, as the projector keeps them; no node runs")
 	add(groupWebQueues, "projected load", fmt.Sprintf("GET /queues %d/s open-loop for %s (a goroutine per request on one keep-alive pool; latency from the scheduled start)", cfg.WebRate, cfg.WebDuration))

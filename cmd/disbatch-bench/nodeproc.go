@@ -17,12 +17,15 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -43,9 +46,11 @@ type nodeMessage struct {
 	Seconds  float64 `json:"seconds,omitempty"`
 	// FirstClaim and LastFinish: Unix nanoseconds (0: none), so that the
 	// drains of processes on one host can be put together.
-	FirstClaim int64  `json:"first_claim,omitempty"`
-	LastFinish int64  `json:"last_finish,omitempty"`
-	Error      string `json:"error,omitempty"`
+	FirstClaim int64 `json:"first_claim,omitempty"`
+	LastFinish int64 `json:"last_finish,omitempty"`
+	// Claimer is the node's claim counters when it stopped.
+	Claimer *claimer.Stats `json:"claimer,omitempty"`
+	Error   string         `json:"error,omitempty"`
 }
 
 // runNodeProcess is `disbatch-bench node --db DB [--maxthreads N] [--name
@@ -59,6 +64,8 @@ func runNodeProcess(args []string) int {
 	name := fs.String("name", "bench-rss", "node name")
 	claimRunning := fs.Bool("claim-running", defaults.ClaimRunning, "claim straight into running")
 	memProfile := fs.String("memprofile", "", "write a heap profile to `FILE` when asked to stop, before stopping")
+	runsFile := fs.String("runs", "", "write the id of every task the plugin ran to `FILE`, one per line, once stopped")
+	pollOnly := fs.Bool("poll-only", false, "no wake-up change streams: the tick and finishes alone find work")
 	verbose := fs.Bool("verbose", false, "info logs")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -93,9 +100,16 @@ func runNodeProcess(args []string) int {
 	}
 	defer disconnect(client)
 	obs := newDrainObserver(math.MaxInt32)
+	var runsMu sync.Mutex
+	var runs []bson.ObjectID
 	n, err := node.New(node.Config{
-		Name: *name, Store: store.New(client.Database(*dbName), store.Options{}), Plugins: noopRegistry(nil),
-		MaxThreads: maxThreads, Observer: obs, Logger: log, ClaimRunning: *claimRunning,
+		Name: *name, Store: store.New(client.Database(*dbName), store.Options{}),
+		Plugins: noopRegistry(func(id bson.ObjectID) {
+			runsMu.Lock()
+			runs = append(runs, id)
+			runsMu.Unlock()
+		}),
+		MaxThreads: maxThreads, Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly,
 	})
 	if err != nil {
 		return fail(err)
@@ -114,9 +128,21 @@ func runNodeProcess(args []string) int {
 		}
 	}
 	n.Stop()
+	if *runsFile != "" {
+		var b strings.Builder
+		runsMu.Lock()
+		for _, id := range runs {
+			b.WriteString(id.Hex() + "\n")
+		}
+		runsMu.Unlock()
+		if err := os.WriteFile(*runsFile, []byte(b.String()), 0o600); err != nil {
+			return fail(err)
+		}
+	}
 	finished, span := obs.result()
 	first, last := obs.times()
-	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds(), FirstClaim: first, LastFinish: last})
+	cs := n.ClaimerStats()
+	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds(), FirstClaim: first, LastFinish: last, Claimer: &cs})
 	return 0
 }
 
@@ -243,17 +269,17 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 		}
 		procs = append(procs, p)
 	}
-	deadline := time.Now().Add(e.cfg.DrainTimeout)
-	complete := false
-	for !complete && time.Now().Before(deadline) {
-		n, err := countStatus(ctx, db, q, schema.StatusSucceeded)
-		if err != nil {
+	complete := true
+	if err := waitDrained(ctx, db, q, time.Now().Add(e.cfg.DrainTimeout)); err != nil {
+		if ctx.Err() != nil {
 			return DrainRow{}, err
 		}
-		complete = n == int64(e.cfg.Tasks)
-		if !complete {
-			time.Sleep(100 * time.Millisecond)
-		}
+		complete = false
+	}
+	if n, err := countStatus(ctx, db, q, schema.StatusSucceeded); err != nil {
+		return DrainRow{}, err
+	} else if n != int64(e.cfg.Tasks) {
+		complete = false
 	}
 	var finished int
 	var first, last int64

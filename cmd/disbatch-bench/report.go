@@ -24,6 +24,7 @@ type Report struct {
 	Scheduling *SchedulingReport `json:"scheduling,omitempty"`
 	Dashboard  *DashboardReport  `json:"dashboard,omitempty"`
 	Supervise  *SuperviseReport  `json:"supervise,omitempty"`
+	Scaleout   *ScaleoutReport   `json:"scaleout,omitempty"`
 	// Problems are the sanity check's findings (none on a good run).
 	Problems []string `json:"problems"`
 }
@@ -150,13 +151,20 @@ func renderTable(r *Report) string {
 
 	if s := r.Scale; s != nil {
 		t := table{title: fmt.Sprintf("SCALE: claim latency, ms, one call at a time with the backlog kept, and one node's drain (backlog inserted at %s tasks/s)", frate(s.InsertRate)),
-			header: []string{"backlog", "TaskClaim n", "p50", "p95", "p99", "max", fmt.Sprintf("TaskClaimMany(%d) n", scaleBatch), "p50", "p99", "node drained", "seconds", "tasks/s"}}
+			header: []string{"backlog", "TaskClaim n", "p50", "p95", "p99", "max", fmt.Sprintf("TaskClaimMany(%d) n", scaleBatch), "p50", "p99",
+				"projector catch-up, s", "node drained", "seconds", "tasks/s", "raw loop tasks/s", "node / raw"}}
 		for _, row := range s.Rows {
 			t.add(strconv.Itoa(row.Backlog), strconv.Itoa(row.Claim.N), fms(row.Claim.P50), fms(row.Claim.P95), fms(row.Claim.P99), fms(row.Claim.Max),
 				strconv.Itoa(row.ClaimMany.N), fms(row.ClaimMany.P50), fms(row.ClaimMany.P99),
-				strconv.Itoa(row.DrainTasks), fmt.Sprintf("%.1f", row.DrainSeconds), frate(row.DrainRate))
+				fmt.Sprintf("%.1f", row.CatchUp), strconv.Itoa(row.DrainTasks), fmt.Sprintf("%.1f", row.DrainSeconds), frate(row.DrainRate),
+				frate(row.RawRate), fx(row.DrainRate/row.RawRate))
 		}
 		t.render(&b)
+		if n := len(s.Rows); n > 1 {
+			first, last := s.Rows[0], s.Rows[n-1]
+			fmt.Fprintf(&b, "drain rate at %d queued / at %d: node %s, raw loop %s (goal for the node: within 20%%, 0.80x or more)\n\n",
+				last.Backlog, first.Backlog, fx(last.DrainRate/first.DrainRate), fx(last.RawRate/first.RawRate))
+		}
 		if x := s.RSS; x != nil {
 			t = table{title: "NODE PROCESS MEMORY (a separate process, maxthreads as above)",
 				header: []string{"backlog", "seconds", "samples", "RSS when ready, MiB", "max RSS, MiB", "tasks finished"}}
@@ -170,6 +178,7 @@ func renderTable(r *Report) string {
 	renderScheduling(&b, r)
 	renderDashboard(&b, r)
 	renderSupervise(&b, r)
+	renderScaleout(&b, r)
 
 	if len(r.Problems) == 0 {
 		b.WriteString("SANITY: every figure present, finite and consistent\n")

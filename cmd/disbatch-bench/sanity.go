@@ -45,6 +45,9 @@ func sanity(r *Report, cfg config) []string {
 	if cfg.runs(groupSupervise) {
 		k.supervise(r.Supervise, cfg)
 	}
+	if cfg.runs(groupScaleout) {
+		k.scaleout(r.Scaleout, cfg.ScaleoutNodes)
+	}
 	return k.problems
 }
 
@@ -180,6 +183,8 @@ func (k *checker) scale(s *ScaleReport, backlogs []int) {
 			k.bad("%s: the node drained nothing", what)
 		}
 		k.positive(what+", node drain tasks/s", row.DrainRate)
+		k.positive(what+", raw loop tasks/s", row.RawRate)
+		k.positive(what+", projector catch-up seconds", row.CatchUp)
 	}
 	k.positive("scale: backlog insert rate", s.InsertRate)
 	if s.RSS == nil {

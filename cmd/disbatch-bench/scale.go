@@ -7,6 +7,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -18,10 +20,17 @@ type ScaleRow struct {
 	Backlog int     `json:"backlog"`
 	Claim   Latency `json:"claim"` // store.TaskClaim, one at a time
 	// ClaimMany is store.TaskClaimMany of scaleBatch tasks, one at a time.
-	ClaimMany    Latency `json:"claim_many"`
+	ClaimMany Latency `json:"claim_many"`
+	// CatchUp is how long the node's projector took, the queue paused, to
+	// apply the inserts made since it last ran (a leader resuming after
+	// the backlog was queued), before the timed drain.
+	CatchUp      float64 `json:"catch_up_seconds"`
 	DrainTasks   int     `json:"drain_tasks"`
 	DrainSeconds float64 `json:"drain_seconds"`
 	DrainRate    float64 `json:"drain_tasks_per_s"`
+	// RawRate is the batched raw loop's rate (one claimer) draining as
+	// many tasks of the same queue at the same backlog: the floor's fall.
+	RawRate float64 `json:"raw_tasks_per_s"`
 }
 
 // RSSRow is the memory of a node run as a separate process.
@@ -98,20 +107,17 @@ func (e *env) scale(ctx context.Context) (*ScaleReport, error) {
 		if err := topUp(backlog); err != nil {
 			return rep, err
 		}
-		e.log.Info("scale: node drain", "backlog", backlog, "tasks", e.cfg.ScaleDrain)
-		obs := newDrainObserver(e.cfg.ScaleDrain)
-		ns, err := e.startNodes(ctx, nodeSpec{DB: db.Name(), Count: 1, Name: fmt.Sprintf("bench-scale-%d", backlog), MaxThreads: e.cfg.MaxThreads, Plugins: noopRegistry(nil), Observer: obs})
-		if err != nil {
+		row := ScaleRow{Backlog: backlog, Claim: claim, ClaimMany: many}
+		if err := e.scaleDrain(ctx, db, s, q, &row); err != nil {
 			return rep, err
 		}
-		_, err = obs.wait(ctx, e.cfg.DrainTimeout)
-		finished, span := obs.result()
-		ns.stop()
-		if err != nil {
+		if err := topUp(backlog); err != nil {
 			return rep, err
 		}
-		e.leftover(ctx, db, fmt.Sprintf("scale drain at backlog %d", backlog))
-		rep.Rows = append(rep.Rows, ScaleRow{Backlog: backlog, Claim: claim, ClaimMany: many, DrainTasks: finished, DrainSeconds: span.Seconds(), DrainRate: rate(finished, span)})
+		if err := e.scaleRawDrain(ctx, db, q.ID, &row); err != nil {
+			return rep, err
+		}
+		rep.Rows = append(rep.Rows, row)
 	}
 	rep.InsertRate = rate(inserted, insertTime)
 	largest := e.cfg.Backlogs[len(e.cfg.Backlogs)-1]
@@ -164,4 +170,94 @@ func (e *env) timeClaims(ctx context.Context, db *mongo.Database, s *store.Store
 		return Latency{}, fmt.Errorf("finish claimed tasks: %w", err)
 	}
 	return summarize(lat), nil
+}
+
+// scaleDrain has one in-process node drain --scale-drain tasks of q. The
+// queue is paused (threads 0) while the node's projector catches up with
+// the backlog's inserts, so that the timed drain is the steady state of a
+// node that was up while the tasks were queued; the catch-up is timed on
+// its own.
+func (e *env) scaleDrain(ctx context.Context, db *mongo.Database, s *store.Store, q schema.Queue, row *ScaleRow) error {
+	threads := func(n int) error {
+		return s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, SetMaxThreads: true, MaxThreads: &n})
+	}
+	if err := threads(0); err != nil {
+		return err
+	}
+	total, err := db.Collection(schema.CollTasks).CountDocuments(ctx, bson.D{{Key: schema.TaskQueue, Value: q.ID}})
+	if err != nil {
+		return err
+	}
+	obs := newDrainObserver(scaleDrainTasks(e.cfg.ScaleDrain, row.Backlog))
+	start := time.Now()
+	ns, err := e.startNodes(ctx, nodeSpec{DB: db.Name(), Count: 1, Name: fmt.Sprintf("bench-scale-%d", row.Backlog), MaxThreads: e.cfg.MaxThreads, Plugins: noopRegistry(nil), Observer: obs})
+	if err != nil {
+		return err
+	}
+	defer ns.stop()
+	for {
+		c, err := s.QueueCounters(ctx)
+		if err != nil {
+			return err
+		}
+		if t := c[q.ID].Total; t != nil && *t == total {
+			break
+		}
+		if time.Since(start) > e.cfg.DrainTimeout {
+			return fmt.Errorf("scale: the projector did not catch up with %d tasks within %s", total, e.cfg.DrainTimeout)
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	row.CatchUp = time.Since(start).Seconds()
+	e.log.Info("scale: node drain", "backlog", row.Backlog, "tasks", scaleDrainTasks(e.cfg.ScaleDrain, row.Backlog), "projector_catch_up_s", round(row.CatchUp))
+	if err := threads(e.cfg.MaxThreads); err != nil {
+		return err
+	}
+	reached, err := obs.wait(ctx, e.cfg.DrainTimeout)
+	if err == nil && !reached {
+		err = fmt.Errorf("scale drain at backlog %d: not done within %s", row.Backlog, e.cfg.DrainTimeout)
+	}
+	finished, span := obs.result()
+	row.DrainTasks, row.DrainSeconds, row.DrainRate = finished, span.Seconds(), rate(finished, span)
+	ns.stop()
+	if err != nil {
+		return err
+	}
+	e.leftover(ctx, db, fmt.Sprintf("scale drain at backlog %d", row.Backlog))
+	return nil
+}
+
+// scaleDrainTasks is how many tasks the drains take at a backlog: drain,
+// or the whole backlog when it is smaller.
+func scaleDrainTasks(drain, backlog int) int { return min(drain, backlog) }
+
+// scaleRawDrain has the batched raw loop (one claimer) drain as many tasks
+// of the same queue: what MongoDB allows at this backlog.
+func (e *env) scaleRawDrain(ctx context.Context, db *mongo.Database, queue bson.ObjectID, row *ScaleRow) error {
+	n := scaleDrainTasks(e.cfg.ScaleDrain, row.Backlog)
+	obs := newDrainObserver(n)
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-obs.Done():
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	tasks := db.Collection(schema.CollTasks, options.Collection().SetWriteConcern(writeconcern.Majority()))
+	if err := e.batchedLoop(rctx, tasks, queue, 1, obs); err != nil && rctx.Err() == nil {
+		return fmt.Errorf("raw loop at backlog %d: %w", row.Backlog, err)
+	}
+	finished, span := obs.result()
+	if finished < n {
+		return fmt.Errorf("raw loop at backlog %d: %d of %d tasks in %s", row.Backlog, finished, n, e.cfg.DrainTimeout)
+	}
+	row.RawRate = rate(finished, span)
+	e.log.Info("scale: raw loop", "backlog", row.Backlog, "tasks_per_s", round(row.RawRate))
+	return nil
 }
