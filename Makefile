@@ -9,7 +9,7 @@ WEB       ?= 127.0.0.1:8080
 MONGOD_SH := scripts/fetch-mongod.sh
 JAEGER_SH := scripts/fetch-jaeger.sh
 
-.PHONY: all build test lint run mongod jaeger bench compat-4103 compat-4103-nodes fuzz-api screenshots clean
+.PHONY: all build test lint run mongod jaeger bench bench-river compat-4103 compat-4103-nodes fuzz-api screenshots clean
 
 all: build
 
@@ -28,6 +28,7 @@ test: mongod jaeger
 
 lint:
 	$(GO) vet ./...
+	cd cmd/disbatch-bench-river && $(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
@@ -51,6 +52,14 @@ jaeger:
 bench: mongod
 	$(SUPERVISOR_BUILD)
 	DISBATCH_SUPERVISOR=$(abspath $(BIN))/disbatch-supervisor $(GO) run ./cmd/disbatch-bench $(ARGS)
+
+# Issue 20's peer group: our pickup and drains, then River (a Go job queue
+# on PostgreSQL, from the Go module proxy, its own module in
+# cmd/disbatch-bench-river) on a throwaway PostgreSQL (Debian's postgresql
+# package: apt-get install postgresql) on the same machine, compared.
+# Not in CI: it needs PostgreSQL's server, which CI does not install.
+bench-river: mongod
+	$(GO) run ./cmd/disbatch-bench --only pickup,throughput --river $(ARGS)
 
 # Refreshes the dashboard's screenshots in docs/screenshots (the README
 # shows them) from a run of its browser test (integration, TestDashboard:

@@ -79,7 +79,7 @@ func TestParseFlags(t *testing.T) {
 	for _, bad := range [][]string{
 		{"--only", "pickup,speed"}, {"--tasks", "0"}, {"--backlogs", "10,x"}, {"--nope"}, {"extra"}, {"--pickup-rate", "5000"},
 		{"--submit-tasks", "10001"}, {"--kill-samples", "0"}, {"--dag-edges", "0"}, {"--sched-queues", "1"}, {"--sched-tasks", "10", "--sched-queues", "20"}, {"--delay-probes", "-1"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
-		{"--members", "2"}, {"--members", "3", "--mongo-uri", "mongodb://x"},
+		{"--members", "2"}, {"--members", "3", "--mongo-uri", "mongodb://x"}, {"--river", "--only", "throughput"},
 	} {
 		_, _, err := parseFlags(bad)
 		require.Error(t, err, "%v", bad)
@@ -88,7 +88,7 @@ func TestParseFlags(t *testing.T) {
 	_, help, err := parseFlags([]string{"--help"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
-		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "members", "scaleout-nodes", "scaleout-maxthreads", "scaleout-tasks", "scaleout-pickups", "verbose", "cpuprofile",
+		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "members", "river", "river-dir", "scaleout-nodes", "scaleout-maxthreads", "scaleout-tasks", "scaleout-pickups", "verbose", "cpuprofile",
 		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats",
 		"kill-samples", "delay-held", "delay-probes", "wait-rounds", "dag-edges", "sched-queues", "sched-tasks"} {
 		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)
@@ -527,4 +527,27 @@ func TestRunLog(t *testing.T) {
 	r.record(a)
 	require.Len(t, r.runs(a), 2)
 	require.False(t, r.runs(a)[1].Before(r.runs(a)[0]))
+}
+
+func TestRiverPeerIsRenderedAndChecked(t *testing.T) {
+	t.Parallel()
+	c, _, err := parseFlags([]string{"--quick", "--only", "pickup", "--river"})
+	require.NoError(t, err)
+	require.True(t, c.River)
+	require.Equal(t, riverDir, c.RiverDir)
+	r := goodReport()
+	r.Throughput, r.Scale, r.Lag, r.WebQueues, r.WebEvents, r.WebSubmit, r.Control, r.Scheduling = nil, nil, nil, nil, nil, nil, nil, nil
+	require.Equal(t, []string{"river: missing"}, sanity(r, c))
+	r.River = &RiverReport{River: "v0.51.1", Postgres: "postgres 15", FetchCooldown: "1ms", MaxWorkers: 64, Rate: 50, Pickups: 100,
+		PickupP50: 1.6, PickupP95: 2, PickupP99: 2.8, PickupMax: 3, DrainJobs: 1000, DrainSeconds: 0.1, DrainRate: 10_000,
+		Ours: Latency{N: 100, P50: 3.2, P95: 4, P99: 5.6, Max: 6}, Ratio: Ratio{What: "node / River", P50: 2, P99: 2},
+		Goal: Goal{Goal: "at or below River's pickup at p50 and p99 (issue 20)"}}
+	require.Empty(t, sanity(r, c))
+	out := renderTable(r)
+	for _, want := range []string{"PEER: RIVER v0.51.1 on postgres 15", "River pickup, ms", "node / River: p50 2.00x, p99 2.00x; NOT MET: at or below River's",
+		"River drained 1000 no-op jobs in 0.10 s: 10000 jobs/s"} {
+		require.Contains(t, out, want)
+	}
+	r.River.PickupP99 = 0
+	require.Equal(t, []string{"river: pickup p99 is 0, want a positive finite number"}, sanity(r, c))
 }

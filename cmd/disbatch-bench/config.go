@@ -111,6 +111,10 @@ type config struct {
 
 	CacheGB  float64
 	OplogMiB int
+	// River runs the River peer (disbatch-bench-river, at RiverDir) after
+	// the pickup group.
+	River    bool
+	RiverDir string
 	// Members is the size of the replica set the bench starts (1, or 3
 	// for production's shape); every write is majority either way.
 	Members int
@@ -352,6 +356,8 @@ func parseFlags(args []string) (config, string, error) {
 	fs.IntVar(&c.ScaleoutPickups, "scaleout-pickups", defaults.ScaleoutPickups, "scaleout: tasks inserted one at a time after each drain, with every node process idle, for the pickup (quick: "+strconv.Itoa(quickDefaults.ScaleoutPickups)+")")
 	fs.BoolVar(&c.ScaleoutPollOnly, "scaleout-poll-only", false, "scaleout: the node processes open no wake-up change streams (the 1 s tick and their own finishes find work), to compare")
 	fs.IntVar(&c.OplogMiB, "oplog-mib", defaults.OplogMiB, "the started mongod's --oplogSize in MiB")
+	fs.BoolVar(&c.River, "river", false, "also measure River on PostgreSQL (the peer group: go run in --river-dir, which needs Debian's postgresql package and the Go module proxy) right after the pickup group, and compare pickups")
+	fs.StringVar(&c.RiverDir, "river-dir", riverDir, "where the River peer's module is (`DIR`)")
 	fs.IntVar(&c.Members, "members", defaults.Members, "members of the started replica set, all on this machine: 1, or 3 for production's shape (majority writes then wait for a secondary)")
 	fs.Usage = func() {}
 	fs.SetOutput(discard{})
@@ -485,6 +491,9 @@ func (c *config) validate() error {
 	}
 	if c.SchedTasks < c.SchedQueues {
 		errs = append(errs, fmt.Errorf("--sched-tasks %d is fewer than --sched-queues %d", c.SchedTasks, c.SchedQueues))
+	}
+	if c.River && !c.runs(groupPickup) {
+		errs = append(errs, errors.New("--river compares with the pickup group: add pickup to --only"))
 	}
 	if c.Members != 1 && c.Members != 3 && c.Members != 5 {
 		errs = append(errs, fmt.Errorf("--members must be 1, 3 or 5, got %d", c.Members))

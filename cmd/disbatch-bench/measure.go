@@ -46,6 +46,11 @@ func measure(ctx context.Context, cfg config, log *slog.Logger) (*Report, error)
 			return rep, err
 		}
 	}
+	if cfg.River {
+		if err := phase("river", func() (err error) { rep.River, err = e.river(ctx, rep.Pickup); return err }); err != nil {
+			return rep, err
+		}
+	}
 	if cfg.runs(groupThroughput) || cfg.runs(groupLag) {
 		err := phase(groupThroughput, func() error {
 			tp, lag, err := e.throughput(ctx, cfg.runs(groupThroughput))

@@ -25,6 +25,7 @@ type Report struct {
 	Dashboard  *DashboardReport  `json:"dashboard,omitempty"`
 	Supervise  *SuperviseReport  `json:"supervise,omitempty"`
 	Scaleout   *ScaleoutReport   `json:"scaleout,omitempty"`
+	River      *RiverReport      `json:"river,omitempty"`
 	// Problems are the sanity check's findings (none on a good run).
 	Problems []string `json:"problems"`
 }
@@ -179,6 +180,7 @@ func renderTable(r *Report) string {
 	renderDashboard(&b, r)
 	renderSupervise(&b, r)
 	renderScaleout(&b, r)
+	renderRiver(&b, r)
 
 	if len(r.Problems) == 0 {
 		b.WriteString("SANITY: every figure present, finite and consistent\n")

@@ -45,6 +45,9 @@ func sanity(r *Report, cfg config) []string {
 	if cfg.runs(groupSupervise) {
 		k.supervise(r.Supervise, cfg)
 	}
+	if cfg.River {
+		k.river(r.River)
+	}
 	if cfg.runs(groupScaleout) {
 		k.scaleout(r.Scaleout, cfg.ScaleoutNodes)
 	}
