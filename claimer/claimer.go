@@ -141,6 +141,11 @@ type Claimer struct {
 	queues map[bson.ObjectID]Queue
 	order  []bson.ObjectID
 	empty  map[bson.ObjectID]bool // last claim found nothing
+	// spread: the queue's batched claims pick at random among this many
+	// times as many candidates (store.TaskClaimManyParams.Spread), doubled
+	// (up to maxSpread) after a claim other nodes contended, halved after
+	// one they did not; 1 (no entry) claims in order.
+	spread map[bson.ObjectID]int
 	// readRunning is this node's running count per queue when the queues
 	// were last read: claims since count on top of count_running.
 	readRunning map[bson.ObjectID]int
@@ -167,6 +172,7 @@ func New(cfg Config) *Claimer {
 		wake:   make(chan struct{}, 1),
 		queues: map[bson.ObjectID]Queue{},
 		empty:  map[bson.ObjectID]bool{},
+		spread: map[bson.ObjectID]int{},
 	}
 }
 
@@ -632,6 +638,10 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 	}
 }
 
+// maxSpread bounds the spread of a contended queue's claims: a batch
+// picks among at most 8 times as many candidates (and MaxClaimBatch).
+const maxSpread = 8
+
 // ClaimTimeout bounds one claim. A claim is not cancelled by Stop: one the
 // server applied must reach Dispatch, or its tasks would stay claimed by a
 // node that never runs them.
@@ -684,10 +694,17 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (won int, l
 			return 0, false, nil
 		}
 	} else {
-		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q)})
+		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q),
+			Spread: c.spread[q.ID]})
 	}
 	if err != nil {
 		return 0, false, err
+	}
+	switch sp := c.spread[q.ID]; {
+	case res.Contended > 0:
+		c.spread[q.ID] = min(maxSpread, max(2, 2*sp))
+	case sp > 1:
+		c.spread[q.ID] = sp / 2
 	}
 	timing := Timing{Start: start, End: c.clock.Now()}
 	c.mu.Lock()

@@ -691,6 +691,10 @@ type batchStore struct {
 	// lost: this many batch claims come back empty though tasks are left
 	// (other nodes won every task they read).
 	lost int
+	// contended: the conflicts each batch claim reports, in turn (then 0);
+	// spreads records the Spread each asked.
+	contended []int
+	spreads   []int
 }
 
 func (b *batchStore) TaskClaimCapped(_ context.Context, p store.TaskClaimCappedParams) (store.TaskClaimManyResult, error) {
@@ -723,7 +727,11 @@ func (b *batchStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParam
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.limits = append(b.limits, p.Limit)
+	b.spreads = append(b.spreads, p.Spread)
 	var res store.TaskClaimManyResult
+	if len(b.contended) > 0 {
+		res.Contended, b.contended = b.contended[0], b.contended[1:]
+	}
 	if b.lost > 0 {
 		b.lost--
 		return store.TaskClaimManyResult{Lost: true, Contended: 3 * p.Limit}, nil
@@ -818,4 +826,20 @@ func TestFinishedAndHasWorkBeforeStartDoNotPanic(t *testing.T) {
 	c.Finished(q)
 	c.HasWork(q)
 	require.Equal(t, 0, c.Running(q))
+}
+
+// TestContendedClaimsSpread: after a batch other nodes contended, the
+// queue's next batches pick among 2, then 4, up to 8 times as many
+// candidates; an uncontended batch halves it back.
+func TestContendedClaimsSpread(t *testing.T) {
+	t.Parallel()
+	bs := &batchStore{left: 1000, contended: []int{5, 3, 1, 9, 0, 0, 0}}
+	q := queue("q", 100)
+	h := newHarness(t, func(c *claimer.Config) { c.Store = bs; c.Batch = 4 }, q)
+	h.start()
+	h.pass() // one single claim, then batches of 4 until the 100 slots are full
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	require.GreaterOrEqual(t, len(bs.spreads), 8)
+	require.Equal(t, []int{0, 2, 4, 8, 8, 4, 2, 1}, bs.spreads[:8])
 }

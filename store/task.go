@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -352,6 +353,12 @@ type TaskClaimManyParams struct {
 	Limit int // 1..MaxClaimBatch
 	// Start claims straight into running, as TaskClaimParams.Start.
 	Start bool
+	// Spread, above 1, reads up to Limit x Spread candidates (at most
+	// MaxClaimBatch) and claims Limit of them picked at random, in claim
+	// order: nodes that contend for one queue then mostly take different
+	// tasks, for an order loosened within that window. 0 or 1: the first
+	// Limit, in order.
+	Spread int
 }
 
 // MaxClaimBatch bounds one batched claim.
@@ -398,15 +405,20 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		if attempt == 3 {
 			return TaskClaimManyResult{Lost: true, Contended: contended}, nil
 		}
+		window := p.Limit
+		if p.Spread > 1 {
+			window = min(p.Limit*p.Spread, MaxClaimBatch)
+		}
 		cands, err := claimCandidates[struct {
 			ID any `bson:"_id"`
-		}](ctx, s.tasks, filter, p.Sort, p.Limit, bson.D{{Key: "_id", Value: 1}})
+		}](ctx, s.tasks, filter, p.Sort, window, bson.D{{Key: "_id", Value: 1}})
 		if err != nil {
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
 		}
 		if len(cands) == 0 {
 			return TaskClaimManyResult{}, nil
 		}
+		cands = pickInOrder(cands, p.Limit)
 		ids = make(bson.A, len(cands))
 		for i, c := range cands {
 			ids[i] = c.ID
@@ -428,6 +440,21 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	out, err := s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort, claimTo(p.Start))
 	out.Contended = contended
 	return out, err
+}
+
+// pickInOrder returns n of cands picked at random, in their order (all
+// of them when there are no more than n).
+func pickInOrder[T any](cands []T, n int) []T {
+	if len(cands) <= n {
+		return cands
+	}
+	keep := rand.Perm(len(cands))[:n]
+	slices.Sort(keep)
+	out := make([]T, n)
+	for i, j := range keep {
+		out[i] = cands[j]
+	}
+	return out
 }
 
 // readBackClaimed reads the tasks a claim with token won among ids, into

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -50,6 +51,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimConcurrentOnce", testTaskClaimConcurrent},
 		{"TaskClaimManyOrderAndGuard", testTaskClaimMany},
 		{"TaskClaimManyConcurrentOnce", testTaskClaimManyConcurrent},
+		{"TaskClaimManySpread", testTaskClaimManySpread},
+		{"TaskClaimManySpreadConcurrentOnce", testTaskClaimManySpreadConcurrent},
 		{"TaskClaimCapped", testTaskClaimCapped},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
 		{"AdmissionsSweep", testAdmissionsSweep},
@@ -1060,6 +1063,74 @@ func testTaskClaimManyConcurrent(t *testing.T, newStore Factory) {
 		}
 		if len(res.Tasks) == 0 {
 			// Empty, or others won every candidate three times.
+			n, err := db.Collection("tasks").CountDocuments(ctx, bson.D{{Key: "status", Value: -2}})
+			return nil, n == 0, err
+		}
+		ids := make([]bson.ObjectID, len(res.Tasks))
+		for i, task := range res.Tasks {
+			ids[i] = task.ID
+		}
+		return ids, false, nil
+	})
+}
+
+// A spread claim takes Limit tasks from the first Limit x Spread, in claim
+// order, not always the first Limit; with fewer queued it takes them all.
+func testTaskClaimManySpread(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 100)
+	rank := map[bson.ObjectID]int{}
+	for i, id := range ids {
+		rank[id] = i
+	}
+	queued := slices.Clone(ids) // still queued, oldest first
+	notFirst := false
+	for range 5 {
+		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Spread: 3})
+		require.NoError(t, err)
+		require.Len(t, res.Tasks, 4)
+		window := queued[:12]
+		last := -1
+		for i, task := range res.Tasks {
+			require.Contains(t, window, task.ID, "within the 12 oldest still queued")
+			r := rank[task.ID]
+			require.Greater(t, r, last, "in claim order")
+			last = r
+			if task.ID != queued[i] {
+				notFirst = true
+			}
+		}
+		for _, task := range res.Tasks {
+			queued = slices.DeleteFunc(queued, func(id bson.ObjectID) bool { return id == task.ID })
+		}
+	}
+	require.True(t, notFirst, "five spread claims all took exactly the oldest tasks")
+
+	q2 := newQueue(t, s, "few", schema.SortFIFO)
+	few := insertTasks(t, s, q2.ID, 3)
+	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q2.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Spread: 8})
+	require.NoError(t, err)
+	got := make([]bson.ObjectID, len(res.Tasks))
+	for i, task := range res.Tasks {
+		got[i] = task.ID
+	}
+	require.Equal(t, few, got, "all three, in order")
+}
+
+// Spread claims by concurrent nodes still claim each task once.
+func testTaskClaimManySpreadConcurrent(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1000)
+	claimConcurrently(t, 4, 1000, func(node string) ([]bson.ObjectID, bool, error) {
+		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO, Limit: 16, Spread: 4})
+		if err != nil {
+			return nil, false, err
+		}
+		if len(res.Tasks) == 0 {
 			n, err := db.Collection("tasks").CountDocuments(ctx, bson.D{{Key: "status", Value: -2}})
 			return nil, n == 0, err
 		}
