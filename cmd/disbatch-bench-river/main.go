@@ -143,18 +143,23 @@ func (w *noopWorker) Work(_ context.Context, job *river.Job[noopArgs]) error {
 	return nil
 }
 
-// withClient runs fn with a started River client of one queue.
-func withClient(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, workers int, cooldown time.Duration, fn func(*river.Client[pgx.Tx], *noopWorker) error) error {
-	w := &noopWorker{started: map[int64]time.Time{}}
+// newClient is a River client of one queue worked by w.
+func newClient(log *slog.Logger, pool *pgxpool.Pool, workers int, cooldown time.Duration, w *noopWorker) (*river.Client[pgx.Tx], error) {
 	ws := river.NewWorkers()
 	river.AddWorker(ws, w)
-	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	return river.NewClient(riverpgxv5.New(pool), &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workers}},
 		Workers:           ws,
 		FetchCooldown:     cooldown,
 		FetchPollInterval: max(cooldown, 50*time.Millisecond),
 		Logger:            log,
 	})
+}
+
+// withClient runs fn with a started River client of one queue.
+func withClient(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, workers int, cooldown time.Duration, fn func(*river.Client[pgx.Tx], *noopWorker) error) error {
+	w := &noopWorker{started: map[int64]time.Time{}}
+	c, err := newClient(log, pool, workers, cooldown, w)
 	if err != nil {
 		return err
 	}
@@ -237,15 +242,7 @@ func drain(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, workers in
 
 func withDrainClient(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, workers int, cooldown time.Duration, jobs int, rep *Report) error {
 	w := &noopWorker{}
-	ws := river.NewWorkers()
-	river.AddWorker(ws, w)
-	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workers}},
-		Workers:           ws,
-		FetchCooldown:     cooldown,
-		FetchPollInterval: max(cooldown, 50*time.Millisecond),
-		Logger:            log,
-	})
+	c, err := newClient(log, pool, workers, cooldown, w)
 	if err != nil {
 		return err
 	}

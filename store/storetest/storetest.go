@@ -1052,12 +1052,18 @@ func testTaskClaimMany(t *testing.T, newStore Factory) {
 }
 
 func testTaskClaimManyConcurrent(t *testing.T, newStore Factory) {
+	claimManyConcurrently(t, newStore, 32, 0)
+}
+
+// claimManyConcurrently has 4 claimers take 1000 tasks with batched claims
+// of limit (spread) and checks each is claimed once.
+func claimManyConcurrently(t *testing.T, newStore Factory, limit, spread int) {
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "q", schema.SortFIFO)
 	insertTasks(t, s, q.ID, 1000)
 	claimConcurrently(t, 4, 1000, func(node string) ([]bson.ObjectID, bool, error) {
-		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO, Limit: 32})
+		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO, Limit: limit, Spread: spread})
 		if err != nil {
 			return nil, false, err
 		}
@@ -1121,25 +1127,7 @@ func testTaskClaimManySpread(t *testing.T, newStore Factory) {
 
 // Spread claims by concurrent nodes still claim each task once.
 func testTaskClaimManySpreadConcurrent(t *testing.T, newStore Factory) {
-	s, db := newStore(t, store.Options{})
-	ctx := ctxT(t)
-	q := newQueue(t, s, "q", schema.SortFIFO)
-	insertTasks(t, s, q.ID, 1000)
-	claimConcurrently(t, 4, 1000, func(node string) ([]bson.ObjectID, bool, error) {
-		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: node, Sort: schema.SortFIFO, Limit: 16, Spread: 4})
-		if err != nil {
-			return nil, false, err
-		}
-		if len(res.Tasks) == 0 {
-			n, err := db.Collection("tasks").CountDocuments(ctx, bson.D{{Key: "status", Value: -2}})
-			return nil, n == 0, err
-		}
-		ids := make([]bson.ObjectID, len(res.Tasks))
-		for i, task := range res.Tasks {
-			ids[i] = task.ID
-		}
-		return ids, false, nil
-	})
+	claimManyConcurrently(t, newStore, 16, 4)
 }
 
 func testTaskStartFinishMany(t *testing.T, newStore Factory) {
