@@ -156,6 +156,13 @@ func newClient(log *slog.Logger, pool *pgxpool.Pool, workers int, cooldown time.
 	})
 }
 
+// stopClient stops c, waiting up to 30 s for its jobs.
+func stopClient(ctx context.Context, c *river.Client[pgx.Tx]) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_ = c.Stop(sctx)
+}
+
 // withClient runs fn with a started River client of one queue.
 func withClient(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, workers int, cooldown time.Duration, fn func(*river.Client[pgx.Tx], *noopWorker) error) error {
 	w := &noopWorker{started: map[int64]time.Time{}}
@@ -166,11 +173,7 @@ func withClient(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, worke
 	if err := c.Start(ctx); err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		_ = c.Stop(sctx)
-	}()
+	defer stopClient(ctx, c)
 	time.Sleep(time.Second) // its producer listens and a leader stands
 	return fn(c, w)
 }
@@ -253,11 +256,7 @@ func withDrainClient(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, 
 	if err := c.Start(ctx); err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		_ = c.Stop(sctx)
-	}()
+	defer stopClient(ctx, c)
 	done, timeout := 0, time.After(5*time.Minute)
 	var last time.Time
 	for done < jobs {
