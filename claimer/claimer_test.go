@@ -843,3 +843,70 @@ func TestContendedClaimsSpread(t *testing.T) {
 	require.GreaterOrEqual(t, len(bs.spreads), 8)
 	require.Equal(t, []int{0, 2, 4, 8, 8, 4, 2, 1}, bs.spreads[:8])
 }
+
+// TestStaggerRanksArePermutations: for every task the nodes rank
+// themselves alike (a permutation of 0..n-1, whoever computes it), and
+// each comes first for its share of the tasks.
+func TestStaggerRanksArePermutations(t *testing.T) {
+	t.Parallel()
+	names := []string{"a", "b", "c", "d", "e"}
+	first := map[string]int{}
+	for range 2000 {
+		task := bson.NewObjectID()
+		seen := map[int]bool{}
+		for _, n := range names {
+			peers := slices.DeleteFunc(slices.Clone(names), func(p string) bool { return p == n })
+			r := claimer.Rank(task, n, peers)
+			require.False(t, seen[r], "rank %d twice", r)
+			seen[r] = true
+			if r == 0 {
+				first[n]++
+			}
+		}
+		require.Len(t, seen, len(names))
+	}
+	for _, n := range names {
+		require.InDelta(t, 400, first[n], 100, "%s first for %d of 2000 tasks", n, first[n])
+	}
+}
+
+// TestNewTaskWakeUpsAreStaggered: a wake-up for one new task tries the
+// queue at once on the node ranked first for it, and rank x Stagger later
+// on the others; without peers, at once.
+func TestNewTaskWakeUpsAreStaggered(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	q := queue("a", 1)
+	q.Peers = []string{"n0", "n2", "n3"}
+	lone := queue("b", 1)
+	h := newHarness(t, func(c *claimer.Config) { c.Events = bus; c.Clock = fake; c.Stagger = 5 * time.Millisecond }, q, lone)
+	h.start()
+	h.pass()
+	require.Equal(t, ids(q, lone), h.st.take())
+	queued := schema.StatusQueued
+	taskRanked := func(want int) bson.ObjectID {
+		for {
+			if id := bson.NewObjectID(); claimer.Rank(id, "n1", q.Peers) == want {
+				return id
+			}
+		}
+	}
+
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: taskRanked(0), Queue: q.ID, Status: &queued})
+	h.pass()
+	require.Equal(t, ids(q), h.st.take(), "first for it: at once")
+
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: taskRanked(2), Queue: q.ID, Status: &queued})
+	h.pass() // the wake-up's own pass: nothing due yet
+	require.Empty(t, h.st.take())
+	fake.Advance(9 * time.Millisecond)
+	h.noPass()
+	fake.Advance(time.Millisecond)
+	h.pass()
+	require.Equal(t, ids(q), h.st.take(), "third for it: 2 x 5 ms later")
+
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: lone.ID, Status: &queued})
+	h.pass()
+	require.Equal(t, ids(lone), h.st.take(), "no other node serves it: at once")
+}

@@ -12,4 +12,11 @@
 // A wake-up for queue Q claims in Q only. A queue whose last claim found
 // nothing is not asked again because a slot freed up; only an event that
 // says it has work, or the tick, does that.
+//
+// Every node serving a queue hears of each new task. So that they do not
+// all race for it, each ranks itself among the queue's live peers for that
+// task (rendezvous hashing on the task's id and the nodes' names) and tries
+// rank x Config.Stagger later, 2 ms a rank and at most 20 ms: the first
+// with a free slot takes it alone. And nodes whose batched claims were
+// contended spread the next ones over more candidates (Spread).
 package claimer

@@ -87,8 +87,9 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 			continue
 		}
 		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
+		peers := serving(q, others)
 		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads,
-			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning, Nodes: 1 + serving(q, others)})
+			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning, Nodes: 1 + len(peers), Peers: peers})
 	}
 	qs.mu.Lock()
 	qs.all = res.Queues
@@ -133,20 +134,21 @@ func (qs *queueSet) liveOthers(ctx context.Context) map[string]map[string]bool {
 	return out
 }
 
-// serving is how many of the live other nodes may serve q: its heartbeat
-// lists it and the queue's nodes_pin and nodes_ignore let it.
-func serving(q schema.Queue, others map[string]map[string]bool) int {
-	n := 0
+// serving names the live other nodes that may serve q, sorted: their
+// heartbeat lists it and the queue's nodes_pin and nodes_ignore let them.
+func serving(q schema.Queue, others map[string]map[string]bool) []string {
+	var names []string
 	for name, listed := range others {
 		switch {
 		case !listed[q.ID.Hex()]:
 		case len(q.NodesPin) > 0 && !slices.Contains(q.NodesPin, name):
 		case len(q.NodesPin) == 0 && slices.Contains(q.NodesIgnore, name):
 		default:
-			n++
+			names = append(names, name)
 		}
 	}
-	return n
+	slices.Sort(names)
+	return names
 }
 
 // sayOnce logs msg for key when reason differs from what was last logged.

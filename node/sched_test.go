@@ -225,17 +225,17 @@ func TestAStartKillsTheTransactionItsPreviousRunLeftOpen(t *testing.T) {
 	require.Zero(t, n, "the old record is gone")
 }
 
-// TestServingCountsTheNodesAQueueLets: a queue pinned to some nodes, or
-// ignoring some, counts only the live nodes it lets serve it, and only
-// those whose heartbeat lists it.
-func TestServingCountsTheNodesAQueueLets(t *testing.T) {
+// TestServingNamesTheNodesAQueueLets: a queue pinned to some nodes, or
+// ignoring some, names only the live nodes it lets serve it, and only
+// those whose heartbeat lists it, in order (the claimer's peers).
+func TestServingNamesTheNodesAQueueLets(t *testing.T) {
 	q := schema.Queue{ID: bson.NewObjectID()}
 	lists := map[string]bool{q.ID.Hex(): true}
-	others := map[string]map[string]bool{"n2": lists, "n3": lists, "n4": {}}
-	require.Equal(t, 2, serving(q, others), "n4 does not list it")
+	others := map[string]map[string]bool{"n3": lists, "n2": lists, "n4": {}}
+	require.Equal(t, []string{"n2", "n3"}, serving(q, others), "n4 does not list it")
 	q.NodesIgnore = []string{"n3"}
-	require.Equal(t, 1, serving(q, others))
+	require.Equal(t, []string{"n2"}, serving(q, others))
 	q.NodesPin = []string{"n1"}
-	require.Equal(t, 0, serving(q, others), "pinned to this node alone")
-	require.Equal(t, 0, serving(q, nil), "no node read")
+	require.Empty(t, serving(q, others), "pinned to this node alone")
+	require.Empty(t, serving(q, nil), "no node read")
 }

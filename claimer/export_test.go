@@ -1,0 +1,4 @@
+package claimer
+
+// Rank is rank, for the tests.
+var Rank = rank
