@@ -234,9 +234,12 @@ Figure groups (--only):
               last finish.
   scale       claim latency (store TaskClaim --claims times, TaskClaimMany of
               64 a tenth as often, the backlog kept constant) and an
-              in-process node's drain rate (--scale-drain tasks) at each of
-              --backlogs queued tasks; and the RSS of a node run as a separate
-              process for --rss-duration against the largest backlog.
+              in-process node's drain rate (--scale-drain tasks, timed once
+              its projector caught up with the backlog's inserts, the
+              catch-up timed apart) beside the batched raw loop's on the same
+              queue, at each of --backlogs queued tasks; and the RSS of a
+              node run as a separate process for --rss-duration against the
+              largest backlog.
   lag         the counter projector's lag p50/p99 during throughput's node
               runs (--only lag runs those without the ceilings).
   web-queues  disbatch-web's GET /queues (4.103's route) served in-process on
@@ -290,6 +293,17 @@ Figure groups (--only):
               $EPOCHREALTIME); goal supervised p50 <= 1.3x in-process; and
               --supervise-sleeping supervised 'exec sleep 600' tasks at once:
               each supervisor's VmRSS and PSS; goal RSS <= 5 MiB.
+  scaleout    issue 20's scale-out: for each of --scaleout-nodes, that many
+              node processes (maxthreads --scaleout-maxthreads) drain
+              --scaleout-tasks tasks of one queue (paused until all are
+              ready), then --scaleout-pickups tasks are inserted one every
+              20 ms with all idle: tasks/s, claim conflicts, heartbeats/s, CPU
+              of the leader, the nodes, the mongods and the machine,
+              serverStatus per task, pickup p50/p99, tasks run twice or not
+              at all (from the ids each process's plugin ran).
+
+With --river, River (cmd/disbatch-bench-river: River on a throwaway
+PostgreSQL) is measured right after the pickup group and compared.
 
 The run exits non-zero when a figure is missing, zero, NaN or nonsensical
 (p50 > p99, throughput 0), or when an answer is wrong (GET /queues counts
