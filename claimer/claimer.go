@@ -398,6 +398,9 @@ func (c *Claimer) stagger() (next time.Duration, ok bool) {
 	c.mu.Unlock()
 	now := c.clock.Now()
 	for _, w := range wakes {
+		if at, ok := c.due[w.queue]; ok && !at.After(now) {
+			continue // already due now: no rank comes sooner (a bulk insert's events stop ranking at the first 0)
+		}
 		at := now.Add(time.Duration(min(rank(w.task, c.cfg.Node, c.queues[w.queue].Peers), maxStaggerRank)) * c.cfg.Stagger)
 		if cur, ok := c.due[w.queue]; !ok || at.Before(cur) {
 			c.due[w.queue] = at
