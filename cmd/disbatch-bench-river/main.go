@@ -21,7 +21,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,21 +33,18 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 )
 
-// Report is what one run measured, in ms where it says so.
+// Report is what one run measured: every pickup (insert start -> Work) in
+// ms, in insert order, and the drain (disbatch-bench summarizes).
 type Report struct {
-	River         string  `json:"river"`
-	Postgres      string  `json:"postgres"`
-	FetchCooldown string  `json:"fetch_cooldown"`
-	MaxWorkers    int     `json:"max_workers"`
-	Rate          int     `json:"rate_per_s"`
-	Pickups       int     `json:"pickups"`
-	PickupP50     float64 `json:"pickup_p50_ms"`
-	PickupP95     float64 `json:"pickup_p95_ms"`
-	PickupP99     float64 `json:"pickup_p99_ms"`
-	PickupMax     float64 `json:"pickup_max_ms"`
-	DrainJobs     int     `json:"drain_jobs"`
-	DrainSeconds  float64 `json:"drain_seconds"`
-	DrainRate     float64 `json:"drain_jobs_per_s"`
+	River         string    `json:"river"`
+	Postgres      string    `json:"postgres"`
+	FetchCooldown string    `json:"fetch_cooldown"`
+	MaxWorkers    int       `json:"max_workers"`
+	Rate          int       `json:"rate_per_s"`
+	PickupMS      []float64 `json:"pickup_ms"`
+	DrainJobs     int       `json:"drain_jobs"`
+	DrainSeconds  float64   `json:"drain_seconds"`
+	DrainRate     float64   `json:"drain_jobs_per_s"`
 }
 
 // riverVersion is the River this module requires (go.mod).
@@ -108,8 +104,9 @@ func run(ctx context.Context, log *slog.Logger, rate int, duration time.Duration
 	}); err != nil {
 		return nil, fmt.Errorf("pickup: %w", err)
 	}
-	rep.Pickups = len(pickups)
-	rep.PickupP50, rep.PickupP95, rep.PickupP99, rep.PickupMax = pct(pickups, 0.50), pct(pickups, 0.95), pct(pickups, 0.99), pct(pickups, 1)
+	for _, d := range pickups {
+		rep.PickupMS = append(rep.PickupMS, float64(d)/float64(time.Millisecond))
+	}
 
 	if err := drain(ctx, log, pool, workers, cooldown, jobs, rep); err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
@@ -276,16 +273,4 @@ func withDrainClient(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, 
 	span := last.Sub(time.Unix(0, w.first.Load()))
 	rep.DrainJobs, rep.DrainSeconds, rep.DrainRate = jobs, span.Seconds(), float64(jobs)/span.Seconds()
 	return nil
-}
-
-// pct is the q quantile of d, in ms (nearest rank).
-func pct(d []time.Duration, q float64) float64 {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.5) - 1
-	i = min(max(i, 0), len(s)-1)
-	return float64(s[i]) / float64(time.Millisecond)
 }

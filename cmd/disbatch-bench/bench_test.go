@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -278,7 +279,7 @@ func TestRenderTable(t *testing.T) {
 		"MAX_RUNNING: 2 nodes", "max_running 16 (binds: 2 nodes x maxthreads 64)",
 		"SUPERVISED TASKS, ms", "NOT MET: RSS per supervisor <= 5 MiB (mean 8.8 MiB)", "supervised / in-process: insert -> shell process running   1.17x",
 		"supervised pickup (insert -> running seen) / pickup floor  0.80x", "pickup, supervised: the same",
-		"SCALE-OUT: node processes (maxthreads 8 each)", "lost batches", "2.00x",
+		"SCALE-OUT: node processes (maxthreads 8 each)", "lost batches", "  3          0.60     2000     2.00x        300             2       50           3.0",
 		"SANITY: every figure present",
 	} {
 		require.Contains(t, out, want)
@@ -528,8 +529,7 @@ func TestRunLog(t *testing.T) {
 	require.Len(t, r.runs(a), 2)
 	require.False(t, r.runs(a)[1].Before(r.runs(a)[0]))
 }
-
-func TestRiverPeerIsRenderedAndChecked(t *testing.T) {
+func TestRiverPeerIsComparedRenderedAndChecked(t *testing.T) {
 	t.Parallel()
 	c, _, err := parseFlags([]string{"--quick", "--only", "pickup", "--river"})
 	require.NoError(t, err)
@@ -538,16 +538,39 @@ func TestRiverPeerIsRenderedAndChecked(t *testing.T) {
 	r := goodReport()
 	r.Throughput, r.Scale, r.Lag, r.WebQueues, r.WebEvents, r.WebSubmit, r.Control, r.Scheduling = nil, nil, nil, nil, nil, nil, nil, nil
 	require.Equal(t, []string{"river: missing"}, sanity(r, c))
-	r.River = &RiverReport{River: "v0.51.1", Postgres: "postgres 15", FetchCooldown: "1ms", MaxWorkers: 64, Rate: 50, Pickups: 100,
-		PickupP50: 1.6, PickupP95: 2, PickupP99: 2.8, PickupMax: 3, DrainJobs: 1000, DrainSeconds: 0.1, DrainRate: 10_000,
-		Ours: Latency{N: 100, P50: 3.2, P95: 4, P99: 5.6, Max: 6}, Ratio: Ratio{What: "node / River", P50: 2, P99: 2},
-		Goal: Goal{Goal: "at or below River's pickup at p50 and p99 (issue 20)"}}
+
+	// A line as disbatch-bench-river writes it: pickups 1..100 ms.
+	line := `{"river":"v0.51.1","postgres":"postgres 15","fetch_cooldown":"1ms","max_workers":64,"rate_per_s":50,"pickup_ms":[`
+	for i := 1; i <= 100; i++ {
+		line += strconv.Itoa(i)
+		if i < 100 {
+			line += ","
+		}
+	}
+	line += `],"drain_jobs":1000,"drain_seconds":0.1,"drain_jobs_per_s":10000}`
+	var run riverRun
+	require.NoError(t, json.Unmarshal([]byte(line), &run))
+	ours := Latency{N: 100, P50: 100, P95: 120, P99: 198, Max: 200}
+	pickup := &PickupReport{Rows: []PickupRow{{Mode: modeFloor, SubmitWC: wcMajority, Pickup: lat1()},
+		{Mode: modeChangeStream, SubmitWC: wcW1, Pickup: lat1()}, {Mode: modeChangeStream, SubmitWC: wcMajority, Pickup: ours}}}
+	r.River = compareRiver(run, pickup)
+	require.Equal(t, Latency{N: 100, P50: 50, P95: 95, P99: 99, Max: 100}, r.River.Pickup, "River's pickups, nearest rank")
+	require.Equal(t, ours, r.River.Ours, "our node's row with change streams and a majority submitter")
+	require.Equal(t, 2.0, r.River.Ratio.P50)
+	require.Equal(t, 2.0, r.River.Ratio.P99)
+	require.False(t, r.River.Goal.Met)
 	require.Empty(t, sanity(r, c))
 	out := renderTable(r)
-	for _, want := range []string{"PEER: RIVER v0.51.1 on postgres 15", "River pickup, ms", "node / River: p50 2.00x, p99 2.00x; NOT MET: at or below River's",
-		"River drained 1000 no-op jobs in 0.10 s: 10000 jobs/s"} {
+	for _, want := range []string{"PEER: RIVER v0.51.1 on postgres 15", "River pickup, ms                                 100   50.0   95.0   99.0  100.0",
+		"p50 2.00x, p99 2.00x; NOT MET: at or below River's", "River drained 1000 no-op jobs in 0.10 s: 10000 jobs/s"} {
 		require.Contains(t, out, want)
 	}
-	r.River.PickupP99 = 0
-	require.Equal(t, []string{"river: pickup p99 is 0, want a positive finite number"}, sanity(r, c))
+	require.True(t, compareRiver(run, &PickupReport{Rows: []PickupRow{{Mode: modeChangeStream, SubmitWC: wcMajority, Pickup: Latency{N: 100, P50: 40, P95: 60, P99: 90, Max: 95}}}}).Goal.Met)
+	require.False(t, compareRiver(run, &PickupReport{}).Goal.Met, "not met without our figure")
+	run.PickupMS = nil
+	r.River = compareRiver(run, pickup)
+	require.False(t, r.River.Goal.Met, "not met without River's")
+	require.Equal(t, []string{"river: pickup: no samples"}, sanity(r, c))
 }
+
+func lat1() Latency { return Latency{N: 1, P50: 1, P95: 1, P99: 1, Max: 1} }

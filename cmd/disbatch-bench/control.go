@@ -547,6 +547,16 @@ func (w *statusWatch) expect(id bson.ObjectID) *statusSlot {
 	return s
 }
 
+// arrived waits (until expired) for task id's status change and says when
+// it arrived; read only after it is recorded, without a race.
+func (w *statusWatch) arrived(ctx context.Context, id bson.ObjectID, expired <-chan time.Time) (time.Time, bool) {
+	s := w.expect(id)
+	if !waitSlot(ctx, s, expired) {
+		return time.Time{}, false
+	}
+	return s.at, true
+}
+
 func (w *statusWatch) record(id bson.ObjectID, at time.Time, status int32, reason string) {
 	s := w.expect(id)
 	select {

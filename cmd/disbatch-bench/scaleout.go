@@ -230,9 +230,10 @@ func (e *env) scaleoutRow(ctx context.Context, k int) (ScaleoutRow, error) {
 		return row, fmt.Errorf("%d of %d pickups did not finish within a minute", left, len(ids))
 	}
 	var lat []time.Duration
+	expired := time.After(10 * time.Second) // the changes of finished tasks
 	for _, id := range ids {
-		if slot := w.expect(id); !slot.at.IsZero() {
-			lat = append(lat, slot.at.Sub(inserted[id]))
+		if at, ok := w.arrived(ctx, id, expired); ok {
+			lat = append(lat, at.Sub(inserted[id]))
 		}
 	}
 	row.Pickup = summarize(lat)

@@ -219,9 +219,10 @@ func (e *env) superviseStarts(ctx context.Context, rep *SuperviseReport) (inProc
 			return Latency{}, Latency{}, fmt.Errorf("%d of %d tasks did not finish within a minute", left, len(sd.ids))
 		}
 		var lat, pickup []time.Duration
+		expired := time.After(10 * time.Second) // the changes of finished tasks
 		for _, id := range sd.ids {
-			if slot := sd.running.expect(id); !slot.at.IsZero() {
-				pickup = append(pickup, slot.at.Sub(sd.inserted[id]))
+			if at, ok := sd.running.arrived(ctx, id, expired); ok {
+				pickup = append(pickup, at.Sub(sd.inserted[id]))
 			}
 			b, err := os.ReadFile(filepath.Join(dir, id.Hex()))
 			if err != nil {
