@@ -232,6 +232,10 @@ func (n *Node) Start(ctx context.Context) error {
 		run.Cleanup(func() {
 			stopping = n.clock.Now()
 			n.claimer.Stop()
+			// No stray sweep from here on: draining, a supervised task is
+			// detached (no longer held) while its supervisor runs it, and
+			// a sweep would hand it back to the queue, to run twice.
+			n.strays.Stop()
 			n.runner.drain(n.cfg.Grace)
 		})
 		mode := "change streams"

@@ -885,6 +885,30 @@ func TestStrayClaimIsHandedBackAndRun(t *testing.T) {
 	require.Contains(t, b.logs.String(), "handed back a task this node had claimed without knowing")
 }
 
+// TestStopEndsTheStraySweepBeforeDraining: while a stopping node drains,
+// its detached supervised tasks are no longer held, so the stray sweep
+// must already be over (it would hand them back to run twice).
+func TestStopEndsTheStraySweepBeforeDraining(t *testing.T) {
+	b := setup(t)
+	blk := &blocker{started: make(chan bson.ObjectID, 1), release: make(chan struct{})}
+	b.reg.Register("block", blk)
+	q := b.queue("q", "block", 1, schema.SortFIFO)
+	b.tasks(q, 1, nil)
+	n := b.start(b.config("n1"))
+	recv(t, blk.started)
+	require.True(t, n.strays.Running())
+	stopped := make(chan struct{})
+	go func() { n.Stop(); close(stopped) }()
+	require.Eventually(t, func() bool { return !n.strays.Running() }, 3*time.Second, 5*time.Millisecond, "the sweep still runs while the node drains")
+	select {
+	case <-stopped:
+		t.Fatal("the node stopped without draining its running task")
+	default:
+	}
+	close(blk.release)
+	<-stopped
+}
+
 func TestStopLeavesNoChangeStreamCursorOnTheServer(t *testing.T) {
 	b := setup(t)
 	q := b.queue("q", "test", 2, schema.SortFIFO)
