@@ -114,8 +114,17 @@ const refillAfter = 5 * time.Millisecond
 // ID argument) until it is given a task.
 const poolPrefix = "pool-"
 
-// Warm fills the pool (when Pool > 0) in the background.
+// Warm (re)opens the pool and fills it (when Pool > 0) in the background:
+// a node calls it at each start, Close at each stop.
 func (l *Launcher) Warm() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = false
+	l.refillLocked()
+}
+
+// refill tops the pool up, unless it is closed.
+func (l *Launcher) refill() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.refillLocked()
@@ -168,6 +177,12 @@ func (l *Launcher) refillLocked() {
 func (l *Launcher) takeIdle(id string) *Pending {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if len(l.idle) > 0 {
+		// Refilled a moment later, so that the fork and the new
+		// supervisor's start do not compete with the task's own start;
+		// whatever becomes of the one taken (run, or cancelled unrun).
+		time.AfterFunc(refillAfter, l.refill)
+	}
 	for len(l.idle) > 0 {
 		p := l.idle[0]
 		l.idle = l.idle[1:]
@@ -265,9 +280,6 @@ func (l *Launcher) fork(name string, pooled bool) (*Pending, error) {
 func (p *Pending) Run(spec Spec) (*Handle, error) {
 	spec.TaskID, spec.FinishCommand = p.id, p.l.FinishCommand
 	h, err := attach(p.l.Dir, p.id, startWait, &message{Op: opTask, Spec: &spec})
-	// The pool is refilled once the task has started (its hello comes
-	// after), so that the fork does not compete with the start.
-	time.AfterFunc(refillAfter, p.l.Warm)
 	if err != nil {
 		p.Cancel()
 		b, _ := os.ReadFile(logPath(p.l.Dir, p.id))

@@ -102,3 +102,25 @@ func TestAnIdleSupervisorExitsWhenItsNodeGoes(t *testing.T) {
 		require.Zero(t, p.cmd.ProcessState.ExitCode(), "it exits, it is not killed")
 	}
 }
+
+// A node started again after a stop warms its pool again; a take that is
+// cancelled unrun still has the pool topped up.
+func TestThePoolReopensAndRefillsAfterACancelledTake(t *testing.T) {
+	l := poolLauncher(t, 1)
+	l.Warm()
+	first := idle(t, l, 1)[0]
+	l.Close()
+	require.Eventually(t, func() bool { return gone(first.cmd.Process.Pid) }, 10*time.Second, 5*time.Millisecond)
+	l.Warm()
+	p, err := l.Launch(bson.NewObjectID().Hex())
+	require.NoError(t, err)
+	if !p.pooled { // the refill had not finished: wait for it
+		p.Cancel()
+		idle(t, l, 1)
+		p, err = l.Launch(bson.NewObjectID().Hex())
+		require.NoError(t, err)
+	}
+	require.True(t, p.pooled, "reopened by Warm")
+	p.Cancel()
+	idle(t, l, 1) // refilled though the one taken never ran
+}
