@@ -63,6 +63,7 @@ func runNodeProcess(args []string) int {
 	maxThreads := fs.Int("maxthreads", 64, "node maxthreads")
 	name := fs.String("name", "bench-rss", "node name")
 	claimRunning := fs.Bool("claim-running", defaults.ClaimRunning, "claim straight into running")
+	claimBatch := fs.Int("claim-batch", defaults.ClaimBatch, "the node's batched-claim size")
 	memProfile := fs.String("memprofile", "", "write a heap profile to `FILE` when asked to stop, before stopping")
 	runsFile := fs.String("runs", "", "write the id of every task the plugin ran to `FILE`, one per line, once stopped")
 	pollOnly := fs.Bool("poll-only", false, "no wake-up change streams: the tick and finishes alone find work")
@@ -109,7 +110,7 @@ func runNodeProcess(args []string) int {
 			runs = append(runs, id)
 			runsMu.Unlock()
 		}),
-		MaxThreads: maxThreads, Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly,
+		MaxThreads: maxThreads, ClaimBatch: *claimBatch, Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly,
 	})
 	if err != nil {
 		return fail(err)
@@ -153,12 +154,12 @@ func (e *env) nodeRSS(ctx context.Context, db string, backlog int) (RSSRow, erro
 	if e.cfg.NodeMemProf != "" {
 		extra = append(extra, "--memprofile", e.cfg.NodeMemProf)
 	}
-	p, err := e.startNodeProc(ctx, db, "bench-rss", extra...)
+	p, err := e.startNodeProc(ctx, db, "bench-rss", e.cfg.MaxThreads, extra...)
 	if err != nil {
 		return RSSRow{}, err
 	}
 	defer p.stop()
-	msgs, stdin := p.msgs, p.stdin
+	msgs := p.msgs
 	pid := p.cmd.Process.Pid
 	row := RSSRow{Backlog: backlog}
 	sample := func() {
@@ -202,24 +203,12 @@ sampling:
 		return row, fmt.Errorf("read the node process's memory: %w", err)
 	}
 	row.Seconds = time.Since(readyAt).Seconds()
-	_ = stdin.Close() // asks the node to stop
-	timeout := time.After(time.Minute)
-	for {
-		select {
-		case m, ok := <-msgs:
-			if !ok {
-				return row, nil
-			}
-			if m.Error != "" {
-				return row, fmt.Errorf("node process: %s", m.Error)
-			}
-			row.Finished = m.Finished
-		case <-timeout:
-			return row, errors.New("the node process did not stop within a minute")
-		case <-ctx.Done():
-			return row, ctx.Err()
-		}
+	last, err := (&procGroup{procs: []*nodeProc{p}}).finish(ctx)
+	if err != nil {
+		return row, err
 	}
+	row.Finished = last[0].Finished
+	return row, nil
 }
 
 // procStatusKB reads a "Name:   123 kB" field of /proc/PID/status.
@@ -248,26 +237,22 @@ func parseStatusKB(status, field string) (int64, error) {
 
 // nodeProcDrain drains --tasks queued no-op tasks with k node processes
 // (this program's node subcommand, each its own client and Go runtime, as
-// k disbatchd processes on one host would be), first claim to last finish
-// by the processes' own clocks (one host's).
+// k disbatchd processes on one host would be), the queue paused until all
+// are ready; first claim to last finish by the processes' own clocks (one
+// host's).
 func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	db, q, drop, err := e.backlog(ctx, "pdrain", e.cfg.Tasks)
 	defer drop()
 	if err != nil {
 		return DrainRow{}, err
 	}
-	procs := make([]*nodeProc, 0, k)
-	defer func() {
-		for _, p := range procs {
-			p.stop()
-		}
-	}()
-	for i := range k {
-		p, err := e.startNodeProc(ctx, db.Name(), fmt.Sprintf("bench-proc-%d", i+1))
-		if err != nil {
-			return DrainRow{}, err
-		}
-		procs = append(procs, p)
+	g, err := e.startProcs(ctx, db, q, k, "bench-proc", e.cfg.MaxThreads, nil)
+	defer g.stop()
+	if err != nil {
+		return DrainRow{}, err
+	}
+	if err := g.resume(); err != nil {
+		return DrainRow{}, err
 	}
 	complete := true
 	if err := waitDrained(ctx, db, q, time.Now().Add(e.cfg.DrainTimeout)); err != nil {
@@ -281,28 +266,116 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	} else if n != int64(e.cfg.Tasks) {
 		complete = false
 	}
+	last, err := g.finish(ctx)
+	if err != nil {
+		return DrainRow{}, err
+	}
 	var finished int
-	var first, last int64
-	for _, p := range procs {
-		_ = p.stdin.Close() // asks the node to stop; it says what it did
-		for m := range p.msgs {
-			if m.Error != "" {
-				return DrainRow{}, fmt.Errorf("node process: %s", m.Error)
+	var first, end int64
+	for _, m := range last {
+		finished += m.Finished
+		if m.FirstClaim != 0 && (first == 0 || m.FirstClaim < first) {
+			first = m.FirstClaim
+		}
+		end = max(end, m.LastFinish)
+	}
+	conc := procsConcurrency(k)
+	e.leftover(ctx, db, "drain, "+conc)
+	span := time.Duration(end - first)
+	return DrainRow{What: whatNodeProcs, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete && finished == e.cfg.Tasks}, nil
+}
+
+// procsConcurrency names a drain by k node processes.
+func procsConcurrency(k int) string { return fmt.Sprintf("%d processes", k) }
+
+// procGroup is node processes on one queue.
+type procGroup struct {
+	procs  []*nodeProc
+	resume func() error // unpause the queue
+}
+
+// startProcs pauses queue (threads 0), starts k node processes named
+// prefix-1 .. prefix-k with maxThreads (and extra(i)'s flags), and returns
+// once every one is ready. Call stop in any case.
+func (e *env) startProcs(ctx context.Context, db *mongo.Database, queue bson.ObjectID, k int, prefix string, maxThreads int, extra func(i int) []string) (*procGroup, error) {
+	s := store.New(db, store.Options{})
+	threads := func(n int) error {
+		return s.QueueUpdate(ctx, store.QueueUpdateParams{ID: queue, SetMaxThreads: true, MaxThreads: &n})
+	}
+	g := &procGroup{resume: func() error { return threads(maxThreads) }}
+	if err := threads(0); err != nil {
+		return g, err
+	}
+	for i := range k {
+		var more []string
+		if extra != nil {
+			more = extra(i)
+		}
+		p, err := e.startNodeProc(ctx, db.Name(), fmt.Sprintf("%s-%d", prefix, i+1), maxThreads, more...)
+		if err != nil {
+			return g, err
+		}
+		g.procs = append(g.procs, p)
+	}
+	ready := time.After(2 * time.Minute)
+	for _, p := range g.procs {
+		select {
+		case m, ok := <-p.msgs:
+			switch {
+			case !ok:
+				return g, errors.New("a node process ended before it was ready")
+			case m.Error != "":
+				return g, fmt.Errorf("node process: %s", m.Error)
 			}
-			if m.Ready {
-				continue
-			}
-			finished += m.Finished
-			if m.FirstClaim != 0 && (first == 0 || m.FirstClaim < first) {
-				first = m.FirstClaim
-			}
-			last = max(last, m.LastFinish)
+		case <-ready:
+			return g, errors.New("a node process was not ready within 2 minutes")
+		case <-ctx.Done():
+			return g, ctx.Err()
 		}
 	}
-	conc := fmt.Sprintf("%d processes", k)
-	e.leftover(ctx, db, "drain, "+conc)
-	span := time.Duration(last - first)
-	return DrainRow{What: whatNodeProcs, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete && finished == e.cfg.Tasks}, nil
+	return g, nil
+}
+
+// finish asks every process to stop and returns what each said last (in
+// order), failing on a reported error or a process that does not stop
+// within a minute.
+func (g *procGroup) finish(ctx context.Context) ([]nodeMessage, error) {
+	for _, p := range g.procs {
+		_ = p.stdin.Close() // asks the node to stop; it says what it did
+	}
+	timeout := time.After(time.Minute)
+	out := make([]nodeMessage, len(g.procs))
+	for i, p := range g.procs {
+	reading:
+		for {
+			select {
+			case m, ok := <-p.msgs:
+				switch {
+				case !ok:
+					break reading
+				case m.Error != "":
+					return nil, fmt.Errorf("node process %s: %s", p.name, m.Error)
+				case !m.Ready:
+					out[i] = m
+				}
+			case <-timeout:
+				return nil, fmt.Errorf("node process %s did not stop within a minute", p.name)
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	return out, nil
+}
+
+// stop stops every process (those finish already stopped return at once).
+func (g *procGroup) stop() {
+	if g == nil {
+		return
+	}
+	for _, p := range g.procs {
+		p.stop()
+	}
 }
 
 // writeHeapProfile writes the heap's live objects (after a collection)
@@ -322,6 +395,7 @@ func writeHeapProfile(path string) error {
 
 // nodeProc is one node subcommand process and its messages.
 type nodeProc struct {
+	name   string
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	msgs   chan nodeMessage // closed when its stdout ends
@@ -329,14 +403,14 @@ type nodeProc struct {
 }
 
 // startNodeProc starts this program's node subcommand on db, named name,
-// with the run's maxthreads and claim mode.
-func (e *env) startNodeProc(ctx context.Context, db, name string, extra ...string) (*nodeProc, error) {
+// with maxThreads and the run's claim mode and batch.
+func (e *env) startNodeProc(ctx context.Context, db, name string, maxThreads int, extra ...string) (*nodeProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{nodeCommand, "--db", db, "--name", name, "--maxthreads", strconv.Itoa(e.cfg.MaxThreads),
-		"--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning)}, extra...)
+	args := append([]string{nodeCommand, "--db", db, "--name", name, "--maxthreads", strconv.Itoa(maxThreads),
+		"--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning), "--claim-batch", strconv.Itoa(e.cfg.ClaimBatch)}, extra...)
 	if e.cfg.Verbose {
 		args = append(args, "--verbose")
 	}
@@ -355,7 +429,7 @@ func (e *env) startNodeProc(ctx context.Context, db, name string, extra ...strin
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", exe, err)
 	}
-	p := &nodeProc{cmd: cmd, stdin: stdin, msgs: make(chan nodeMessage, 4), exited: make(chan error, 1)}
+	p := &nodeProc{name: name, cmd: cmd, stdin: stdin, msgs: make(chan nodeMessage, 4), exited: make(chan error, 1)}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {

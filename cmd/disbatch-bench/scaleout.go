@@ -43,7 +43,6 @@ type ScaleoutRow struct {
 	Batches     int64 `json:"batches"`
 	Contended   int64 `json:"contended"`    // tasks read that another node took first
 	LostBatches int64 `json:"lost_batches"` // batched claims that won none, round after round
-	EmptyClaims int64 `json:"empty_claims"`
 	// Heartbeats is the writes to the nodes collection per second (the
 	// oplog's entries for it) from every process ready until the pickups
 	// are done: 2 s idle, the drain, the pickups.
@@ -67,9 +66,13 @@ type ScaleoutRow struct {
 
 // ServerPerTask is serverStatus counters' growth over a drain, per task.
 type ServerPerTask struct {
-	Queries, GetMores, Updates, Commands float64
-	WriteConflicts                       float64 // metrics.operation.writeConflicts
-	KeysExamined, DocsExamined           float64 // metrics.queryExecutor.scanned, scannedObjects
+	Queries        float64 `json:"queries"`
+	GetMores       float64 `json:"getmores"`
+	Updates        float64 `json:"updates"`
+	Commands       float64 `json:"commands"`
+	WriteConflicts float64 `json:"write_conflicts"` // metrics.operation.writeConflicts
+	KeysExamined   float64 `json:"keys_examined"`   // metrics.queryExecutor.scanned
+	DocsExamined   float64 `json:"docs_examined"`   // metrics.queryExecutor.scannedObjects
 }
 
 // ScaleoutReport is the scaleout group.
@@ -104,49 +107,20 @@ func (e *env) scaleoutRow(ctx context.Context, k int) (ScaleoutRow, error) {
 		return row, err
 	}
 	s := store.New(db, store.Options{})
-	threads := func(n int) error {
-		return s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q, SetMaxThreads: true, MaxThreads: &n})
-	}
-	if err := threads(0); err != nil { // paused while the processes start
-		return row, err
-	}
 	dir, err := os.MkdirTemp("", "dsb-scaleout-")
 	if err != nil {
 		return row, err
 	}
 	defer os.RemoveAll(dir)
-
-	procs := make([]*nodeProc, 0, k)
-	defer func() {
-		for _, p := range procs {
-			p.stop()
-		}
-	}()
 	started := time.Now()
-	for i := range k {
-		p, err := e.startNodeProc(ctx, db.Name(), fmt.Sprintf("bench-out-%d", i+1),
-			"--maxthreads", strconv.Itoa(e.cfg.ScaleoutThreads), "--runs", filepath.Join(dir, strconv.Itoa(i)),
-			"--poll-only="+strconv.FormatBool(e.cfg.ScaleoutPollOnly))
-		if err != nil {
-			return row, err
-		}
-		procs = append(procs, p)
+	g, err := e.startProcs(ctx, db, q, k, "bench-out", e.cfg.ScaleoutThreads, func(i int) []string {
+		return []string{"--runs", filepath.Join(dir, strconv.Itoa(i)), "--poll-only=" + strconv.FormatBool(e.cfg.ScaleoutPollOnly)}
+	})
+	defer g.stop()
+	if err != nil {
+		return row, err
 	}
-	for _, p := range procs {
-		select {
-		case m, ok := <-p.msgs:
-			switch {
-			case !ok:
-				return row, errors.New("a node process ended before it was ready")
-			case m.Error != "":
-				return row, fmt.Errorf("node process: %s", m.Error)
-			}
-		case <-time.After(2 * time.Minute):
-			return row, errors.New("a node process was not ready within 2 minutes")
-		case <-ctx.Done():
-			return row, ctx.Err()
-		}
-	}
+	procs := g.procs
 	row.StartSeconds = time.Since(started).Seconds()
 	oplogFrom, err := clusterTime(ctx, e.client)
 	if err != nil {
@@ -162,7 +136,7 @@ func (e *env) scaleoutRow(ctx context.Context, k int) (ScaleoutRow, error) {
 		return row, err
 	}
 	t0 := time.Now()
-	if err := threads(e.cfg.ScaleoutThreads); err != nil {
+	if err := g.resume(); err != nil {
 		return row, err
 	}
 	deadline := t0.Add(e.cfg.DrainTimeout)
@@ -192,7 +166,7 @@ func (e *env) scaleoutRow(ctx context.Context, k int) (ScaleoutRow, error) {
 	for i := range procs {
 		c := cores(cpu0.procs[i], cpu1.procs[i])
 		row.NodesCPU += c
-		if fmt.Sprintf("bench-out-%d", i+1) == row.Leader {
+		if procs[i].name == row.Leader {
 			row.LeaderCPU = c
 		} else {
 			others = append(others, c)
@@ -237,31 +211,26 @@ func (e *env) scaleoutRow(ctx context.Context, k int) (ScaleoutRow, error) {
 		}
 	}
 	row.Pickup = summarize(lat)
+	beatsFor := time.Since(beatsFrom) // before counting: the count scans the oplog
 	beats, err := oplogCount(ctx, e.client, db.Name()+"."+schema.CollNodes, oplogFrom)
 	if err != nil {
 		return row, err
 	}
-	row.Heartbeats = float64(beats) / time.Since(beatsFrom).Seconds()
+	row.Heartbeats = float64(beats) / beatsFor.Seconds()
 
 	// Stop every process; count what each ran.
-	for _, p := range procs {
-		_ = p.stdin.Close()
+	last, err := g.finish(ctx)
+	if err != nil {
+		return row, err
 	}
-	for _, p := range procs {
-		for m := range p.msgs {
-			if m.Error != "" {
-				return row, fmt.Errorf("node process: %s", m.Error)
-			}
-			if c := m.Claimer; c != nil {
-				row.Claims += c.Claims
-				row.Batches += c.Batches
-				row.Contended += c.Contended
-				row.LostBatches += c.LostBatches
-				row.EmptyClaims += c.EmptyClaims
-			}
+	for _, m := range last {
+		if c := m.Claimer; c != nil {
+			row.Claims += c.Claims
+			row.Batches += c.Batches
+			row.Contended += c.Contended
+			row.LostBatches += c.LostBatches
 		}
 	}
-	procs = nil
 	runs := map[string]int{}
 	for i := range k {
 		b, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(i)))
