@@ -69,9 +69,9 @@ func (l *Launcher) Check() error {
 // startWait bounds how long Start waits for a new supervisor's socket.
 const startWait = 10 * time.Second
 
-// Start writes the spec, starts a supervisor in a session of its own (a
-// signal to the node's process group does not reach it) and connects:
-// Launch, then Pending.Run.
+// Start starts (or takes from the pool) a supervisor in a session of its
+// own (a signal to the node's process group does not reach it), connects
+// and sends it the spec: Launch, then Pending.Run.
 func (l *Launcher) Start(spec Spec) (*Handle, error) {
 	p, err := l.Launch(spec.TaskID)
 	if err != nil {

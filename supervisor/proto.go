@@ -13,7 +13,7 @@ type message struct {
 	// another's supervisor found in its directory.
 	Node     string `json:"node,omitempty"`
 	Database string `json:"database,omitempty"`
-	// task (node → supervisor, first): the task (Task) and its spec.
+	// task (node → supervisor, first): the task's spec (its id in it).
 	Spec *Spec `json:"spec,omitempty"`
 	// alive (node → supervisor): the send time of an acknowledged
 	// heartbeat, Unix nanoseconds.

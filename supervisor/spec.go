@@ -11,8 +11,9 @@ import (
 )
 
 // Spec is everything a supervisor needs to run a task and, without its
-// node, to finish it: written by the node to <dir>/<id>.spec (mode 0600:
-// it holds the connection string).
+// node, to finish it: sent by the node in the task message, and kept by
+// the supervisor in <dir>/<id>.spec (mode 0600: it holds the connection
+// string) for a restarted node and the finish command.
 type Spec struct {
 	Node   string
 	TaskID string

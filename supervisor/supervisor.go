@@ -21,8 +21,9 @@ import (
 	"github.com/disbatch-go/disbatch/plugin/proc"
 )
 
-// Main is `disbatchd supervise DIR ID`: it runs the task whose spec is
-// <DIR>/<ID>.spec and returns the exit code. Its log goes to stderr (the
+// Main is `disbatchd supervise DIR ID`: it runs the task whose spec its
+// node sends on the first connection (kept in <DIR>/<ID>.spec) and returns
+// the exit code. Its log goes to stderr (the
 // node points it at <DIR>/<ID>.log).
 func Main(args []string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -143,8 +144,8 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 	}
 	defer s.cleanup(ln)
 	// The node may start the supervisor before the task is marked running
-	// (Launcher.Launch): its first connection says go, with the spec
-	// written. Without it, nothing runs: the node gave the task up. An
+	// (Launcher.Launch): its first connection says go, and carries the
+	// spec. Without it, nothing runs: the node gave the task up. An
 	// idle one (Launcher.Pool) waits for as long as its node lives.
 	pooled := strings.HasPrefix(id, poolPrefix)
 	if pooled {
