@@ -36,7 +36,10 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 	obs := newDrainObserver(e.cfg.CeilingTasks)
 	dctx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)
 	defer cancel()
-	if err := loop(dctx, tasks, q, conc, obs); err != nil && (dctx.Err() == nil || ctx.Err() != nil) {
+	cpu := e.meterCPU(nil)
+	err = loop(dctx, tasks, q, conc, obs)
+	cpu.stop()
+	if err != nil && (dctx.Err() == nil || ctx.Err() != nil) {
 		return DrainRow{}, err
 	}
 	finished, span := obs.result()
@@ -45,6 +48,7 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 		concurrency = batchedConcurrency(conc)
 	}
 	row := DrainRow{What: what, Concurrency: concurrency, Queued: e.cfg.CeilingTasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: finished == e.cfg.CeilingTasks}
+	cpu.fill(&row)
 	e.log.Info("throughput: ceiling done", "what", what, "concurrency", concurrency, "finished", finished, "tasks_per_s", round(row.Rate))
 	return row, nil
 }

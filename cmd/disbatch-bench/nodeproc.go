@@ -251,11 +251,14 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	if err != nil {
 		return DrainRow{}, err
 	}
+	cpu := e.meterCPU(g.pids)
 	if err := g.resume(); err != nil {
 		return DrainRow{}, err
 	}
 	complete := true
-	if err := waitDrained(ctx, db, q, time.Now().Add(e.cfg.DrainTimeout)); err != nil {
+	err = waitDrained(ctx, db, q, time.Now().Add(e.cfg.DrainTimeout))
+	cpu.stop()
+	if err != nil {
 		if ctx.Err() != nil {
 			return DrainRow{}, err
 		}
@@ -282,7 +285,18 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	conc := procsConcurrency(k)
 	e.leftover(ctx, db, "drain, "+conc)
 	span := time.Duration(end - first)
-	return DrainRow{What: whatNodeProcs, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete && finished == e.cfg.Tasks}, nil
+	row := DrainRow{What: whatNodeProcs, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete && finished == e.cfg.Tasks}
+	cpu.fill(&row)
+	return row, nil
+}
+
+// pids are the group's processes.
+func (g *procGroup) pids() []int {
+	var out []int
+	for _, p := range g.procs {
+		out = append(out, p.cmd.Process.Pid)
+	}
+	return out
 }
 
 // procsConcurrency names a drain by k node processes.

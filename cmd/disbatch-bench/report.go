@@ -125,13 +125,14 @@ func renderTable(r *Report) string {
 
 	if tp := r.Throughput; tp != nil {
 		t := table{title: "THROUGHPUT, no-op tasks, first claim to last finish (ceilings: bare collection, no pre-images, no projector; fewer tasks: rates compare)",
-			header: []string{"what", "concurrency", "queued", "finished", "seconds", "tasks/s", "all drained"}}
+			header: []string{"what", "concurrency", "queued", "finished", "seconds", "tasks/s", "all drained", "mongod CPU µs/task", "client CPU µs/task"}}
 		for _, row := range tp.Rows {
 			all := "yes"
 			if !row.Complete {
 				all = "no: drain timeout"
 			}
-			t.add(row.What, row.Concurrency, strconv.Itoa(row.Queued), strconv.Itoa(row.Finished), fmt.Sprintf("%.1f", row.Seconds), frate(row.Rate), all)
+			t.add(row.What, row.Concurrency, strconv.Itoa(row.Queued), strconv.Itoa(row.Finished), fmt.Sprintf("%.1f", row.Seconds), frate(row.Rate), all,
+				fcpu(row.MongodCPU), fcpu(row.ClientCPU))
 		}
 		t.render(&b)
 		t = table{title: "THROUGHPUT RATIOS", header: []string{"ratio", "value", "goal"}}
@@ -273,4 +274,12 @@ func claimsInto(running bool) string {
 		return ", claims straight into running (--claim-running)"
 	}
 	return ""
+}
+
+// fcpu renders a CPU time per task (0: not measured).
+func fcpu(us float64) string {
+	if us == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(us, 'f', 0, 64)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 )
 
@@ -16,6 +17,62 @@ type DrainRow struct {
 	Rate        float64 `json:"tasks_per_s"`
 	// Complete: every queued task finished before the drain timeout.
 	Complete bool `json:"complete"`
+	// MongodCPU and ClientCPU are the CPU time per task finished, in
+	// microseconds, that the replica set's mongods and the drain's client
+	// (the bench process, or the node processes) used from the start of
+	// the drain to its end (0: not measured, as with --mongo-uri).
+	MongodCPU float64 `json:"mongod_cpu_us_per_task,omitempty"`
+	ClientCPU float64 `json:"client_cpu_us_per_task,omitempty"`
+}
+
+// cpuMeter measures the CPU time a drain costs the mongods and its client.
+type cpuMeter struct {
+	e      *env
+	pids   func() []int // the client's processes; nil: this one
+	mongod float64
+	client float64
+}
+
+func (e *env) meterCPU(pids func() []int) *cpuMeter {
+	m := &cpuMeter{e: e, pids: pids}
+	m.mongod, m.client = m.read()
+	return m
+}
+
+func (m *cpuMeter) read() (mongod, client float64) {
+	if m.e.rs != nil {
+		for _, mb := range m.e.rs.Members() {
+			s, _ := procCPUSeconds(mb.PID())
+			mongod += s
+		}
+	}
+	pids := []int{os.Getpid()}
+	if m.pids != nil {
+		pids = m.pids()
+	}
+	for _, pid := range pids {
+		s, _ := procCPUSeconds(pid)
+		client += s
+	}
+	return mongod, client
+}
+
+// stop ends the measurement; fill then puts it in a row.
+func (m *cpuMeter) stop() {
+	mongod, client := m.read()
+	m.mongod, m.client = mongod-m.mongod, client-m.client
+}
+
+// fill sets row's CPU figures per task finished (after stop).
+func (m *cpuMeter) fill(row *DrainRow) {
+	if row.Finished == 0 {
+		return
+	}
+	per := func(s float64) float64 { return round(s * 1e6 / float64(row.Finished)) }
+	if m.e.rs != nil {
+		row.MongodCPU = per(m.mongod)
+	}
+	row.ClientCPU = per(m.client)
 }
 
 // RateRatio compares two rates.
@@ -149,11 +206,13 @@ func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	}
 	e.log.Info("throughput: queued", "tasks", e.cfg.Tasks, "took", time.Since(start).Round(time.Millisecond))
 	obs := newDrainObserver(e.cfg.Tasks)
+	cpu := e.meterCPU(nil)
 	ns, err := e.startNodes(ctx, nodeSpec{DB: db.Name(), Count: k, Name: "bench-drain", MaxThreads: e.cfg.MaxThreads, Plugins: noopRegistry(nil), Observer: obs})
 	if err != nil {
 		return DrainRow{}, LagRow{}, err
 	}
 	complete, err := obs.wait(ctx, e.cfg.DrainTimeout)
+	cpu.stop()
 	finished, span := obs.result()
 	proj, leader := ns.projector()
 	ns.stop()
@@ -163,6 +222,7 @@ func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	conc := nodesConcurrency(k)
 	e.leftover(ctx, db, "drain, "+conc)
 	row := DrainRow{What: whatNode, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete}
+	cpu.fill(&row)
 	lag := LagRow{Run: "drain, " + conc, Leader: leader, Events: proj.Events, Batches: proj.Batches, P50: ms(proj.LagP50), P99: ms(proj.LagP99)}
 	return row, lag, nil
 }
