@@ -93,9 +93,12 @@ func Encode(ev any) (*message.Message, error) {
 var msgSeq atomic.Uint64
 
 // Consume reads the messages of a subscription to topic until ctx ends or
-// the bus closes: it acknowledges each at once (the bus holds its
-// publisher until every subscriber has) and hands handle the decoded
-// event, or an error for a message that does not decode.
+// the bus closes: it hands handle the decoded event, or an error for a
+// message that does not decode, and acknowledges it once handled. The bus
+// holds its publisher until every subscriber has acknowledged, so events
+// are handled in the stream's order across topics too: a queue's change
+// before the insert that followed it (which, handled first, would be
+// claimed under the queue's old settings). handle must be quick.
 func Consume(ctx context.Context, topic string, ch <-chan *message.Message, handle func(ev any, err error)) {
 	for {
 		var msg *message.Message
@@ -108,8 +111,8 @@ func Consume(ctx context.Context, topic string, ch <-chan *message.Message, hand
 			return // the bus closed
 		}
 		ev, err := Decode(topic, msg)
-		msg.Ack()
 		handle(ev, err)
+		msg.Ack()
 	}
 }
 
