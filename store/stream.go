@@ -61,8 +61,22 @@ type StreamParams struct {
 	// adding the server's next replies to a batch until BatchWait has
 	// passed since its first event (fewer, larger batches).
 	BatchWait time.Duration
-	Clock     clock.Clock
-	Logger    *slog.Logger
+	// Pace, when set, is asked before each getMore how long to wait
+	// since the last one (0: ask again at once, and let the server hold
+	// the ask for MaxAwait). A getMore the server holds is woken by the
+	// writes to the database, matching or not: one held stream, even one
+	// that matched nothing, cost a drain 30-80 µs of mongod CPU per task
+	// (2-3 writes), as much as the raw loop's own writes cost. A paced
+	// reader holds none: it asks at most every Pace, with the server's
+	// shortest hold, so events come up to Pace later; after a full reply
+	// it asks again at once. An idle paced reader still delivers its
+	// advance only every MaxAwait. Changing between 0 and more reopens
+	// the stream where it was. For readers that can wait (projections,
+	// the leader's duties), or only while they can (the node's wake-ups
+	// while it has work in hand).
+	Pace   func() time.Duration
+	Clock  clock.Clock
+	Logger *slog.Logger
 }
 
 // ChangeEvent is one change, as far as the profile keeps it.
@@ -129,6 +143,11 @@ type StreamReader struct {
 	saved   bson.Raw
 	savedAt time.Time
 
+	paced     bool      // the stream was opened for paced asks
+	asked     time.Time // the last getMore
+	replied   int       // events of the last getMore's reply
+	delivered time.Time // the last batch delivered
+
 	resumes, losts atomic.Int64
 }
 
@@ -193,7 +212,8 @@ func (r *StreamReader) positionLost(cause error) {
 
 // open opens the stream at from; a lost position opens it at the present.
 func (r *StreamReader) open(ctx context.Context, from Position) error {
-	o := r.shape.options(r.p.MaxAwait, r.p.MaxBatch)
+	r.paced = r.pace() > 0
+	o := r.shape.options(r.maxAwait(), r.p.MaxBatch)
 	switch {
 	case from.Token != nil:
 		o.SetStartAfter(from.Token)
@@ -205,7 +225,7 @@ func (r *StreamReader) open(ctx context.Context, from Position) error {
 	if err != nil && !from.IsZero() && StreamPositionLost(err) {
 		r.positionLost(err)
 		from = Position{}
-		cs, err = r.s.db.Watch(ctx, r.shape.pipeline, r.shape.options(r.p.MaxAwait, r.p.MaxBatch))
+		cs, err = r.s.db.Watch(ctx, r.shape.pipeline, r.shape.options(r.maxAwait(), r.p.MaxBatch))
 	}
 	if err != nil {
 		return fmt.Errorf("open change stream (%s) on %s: %w", r.p.Profile, r.s.db.Name(), err)
@@ -217,6 +237,61 @@ func (r *StreamReader) open(ctx context.Context, from Position) error {
 		r.pos = Position{Token: t}
 	}
 	return nil
+}
+
+// Steady is a Pace that does not change.
+func Steady(d time.Duration) func() time.Duration { return func() time.Duration { return d } }
+
+// Patient is the pace of readers that can wait that long for what they
+// hear: the leader's duties, the counter projector. Paced, they cost the
+// server a fraction of what held getMores cost while tasks are drained
+// (see StreamParams.Pace).
+const Patient = 20 * time.Millisecond
+
+// pacedAwait is how long the server holds a paced reader's getMore: as
+// short as it allows, so that no write wakes it.
+const pacedAwait = time.Millisecond
+
+func (r *StreamReader) pace() time.Duration {
+	if r.p.Pace == nil {
+		return 0
+	}
+	return r.p.Pace()
+}
+
+// maxAwait is the server's hold of a getMore for the stream's mode.
+func (r *StreamReader) maxAwait() time.Duration {
+	if r.paced {
+		return pacedAwait
+	}
+	return r.p.MaxAwait
+}
+
+// wait waits until the next getMore is due (paced readers). It returns
+// false, without waiting, when what was collected so far (maybe nothing)
+// should be delivered first: its BatchWait passes before the next ask, or
+// the pace was turned on or off (the next Next reopens the stream, which a
+// batch must not straddle).
+func (r *StreamReader) wait(ctx context.Context, collected int, first time.Time) (bool, error) {
+	pace := r.pace()
+	if (pace > 0) != r.paced {
+		return false, nil
+	}
+	if pace <= 0 || r.replied >= r.p.MaxBatch {
+		return true, nil // unpaced, or a full reply: more is waiting
+	}
+	due := r.asked.Add(pace)
+	if collected > 0 && !first.Add(r.p.BatchWait).After(due) {
+		return false, nil
+	}
+	if d := due.Sub(r.clock.Now()); d > 0 {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-r.clock.After(d):
+		}
+	}
+	return true, nil
 }
 
 // track notes the server cursor in use, so that Close can kill it even when
@@ -251,9 +326,25 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 	if r.lost != "" {
 		return r.lostBatch(), nil
 	}
+	if (r.pace() > 0) != r.paced {
+		if err := r.repace(ctx); err != nil {
+			return StreamBatch{}, err
+		}
+	}
 	var batch []ChangeEvent
 	var first time.Time
 	for {
+		if r.cs.RemainingBatchLength() == 0 {
+			// The next TryNext asks the server.
+			ask, err := r.wait(ctx, len(batch), first)
+			if err != nil {
+				return StreamBatch{}, err
+			}
+			if !ask {
+				return r.advance(batch), nil
+			}
+			r.asked, r.replied = r.clock.Now(), 0
+		}
 		next := r.cs.TryNext(ctx)
 		// Even a failed or cancelled getMore may leave the driver on a new
 		// server cursor (it resumes), which Close must kill too.
@@ -261,6 +352,7 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 		if next {
 			ev := decodeEvent(r.cs.Current, r.cs.ResumeToken())
 			batch = append(batch, ev)
+			r.replied++
 			if first.IsZero() {
 				first = r.clock.Now()
 			}
@@ -268,7 +360,10 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 				return r.deliver(batch, ev.Token), nil
 			}
 			if r.cs.RemainingBatchLength() == 0 && (r.p.BatchWait <= 0 || r.clock.Since(first) >= r.p.BatchWait) {
-				return r.deliver(batch, ev.Token), nil
+				b := r.deliver(batch, ev.Token)
+				// A paced reply short of a full one was all there was.
+				b.CaughtUp = r.paced && r.replied < r.p.MaxBatch
+				return b, nil
 			}
 			continue
 		}
@@ -288,15 +383,42 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 			}
 			continue
 		}
-		// An empty getMore: the server's post-batch token moved on.
-		tok := r.cs.ResumeToken()
-		if tok == nil {
-			tok = r.pos.Token
+		if len(batch) == 0 && r.paced && r.clock.Since(r.delivered) < r.p.MaxAwait {
+			continue // an idle paced reader advances every MaxAwait, as an unpaced one
 		}
-		b := r.deliver(batch, tok)
+		// An empty getMore: the server's post-batch token moved on.
+		b := r.advance(batch)
 		b.CaughtUp = true
 		return b, nil
 	}
+}
+
+// advance delivers batch, or the server's post-batch position when it is
+// empty.
+func (r *StreamReader) advance(batch []ChangeEvent) StreamBatch {
+	if len(batch) > 0 {
+		return r.deliver(batch, batch[len(batch)-1].Token)
+	}
+	tok := r.cs.ResumeToken()
+	if tok == nil {
+		tok = r.pos.Token
+	}
+	return r.deliver(nil, tok)
+}
+
+// repace reopens the stream where the last batch ended, for the pace
+// asked now: paced asks want the server's shortest hold, unpaced ones
+// MaxAwait.
+func (r *StreamReader) repace(ctx context.Context) error {
+	r.closeStream()
+	if err := r.open(ctx, r.pos); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return r.reopen(ctx, err)
+	}
+	r.log.Debug("change stream pace changed", "paced", r.paced)
+	return nil
 }
 
 // lostBatch delivers the pending Lost.
@@ -305,6 +427,7 @@ func (r *StreamReader) lostBatch() StreamBatch {
 }
 
 func (r *StreamReader) deliver(events []ChangeEvent, tok bson.Raw) StreamBatch {
+	r.delivered = r.clock.Now()
 	if tok != nil {
 		r.pos = Position{Token: tok}
 	}

@@ -97,6 +97,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"StreamCheckpointAndPositions", testStreamCheckpointAndPositions},
 		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},
 		{"StreamBatches", testStreamBatches},
+		{"StreamPaced", testStreamPaced},
+		{"StreamPaceToggled", testStreamPaceToggled},
 		{"StreamDropDatabaseThenGoesOn", testStreamDropDatabaseThenGoesOn},
 		{"StreamCloseKillsTheCursor", testStreamCloseKillsTheCursor},
 		{"TaskSearch", testTaskSearch},

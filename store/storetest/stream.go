@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
+	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -372,5 +374,113 @@ func testStreamCloseKillsTheCursor(t *testing.T, newStore Factory) {
 		// ...and no cursor is left idle once it would have ended by itself.
 		time.Sleep(time.Until(closed.Add(maxAwait + 500*time.Millisecond)))
 		require.Empty(t, mongotest.ChangeStreamCursors(t, db), "%s: a change stream cursor is left open after Close", profile)
+	}
+}
+
+// pacedNext runs one Next of a reader on the fake clock clk, advancing clk
+// by pace whenever the reader waits on it, and says how many advances the
+// batch took.
+func pacedNext(t *testing.T, r *store.StreamReader, clk *clock.Fake, pace time.Duration) (store.StreamBatch, int) {
+	t.Helper()
+	type result struct {
+		b   store.StreamBatch
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		b, err := r.Next(ctxT(t))
+		ch <- result{b, err}
+	}()
+	advances := 0
+	deadline := time.After(streamWait)
+	for {
+		select {
+		case res := <-ch:
+			require.NoError(t, res.err)
+			return res.b, advances
+		case <-deadline:
+			require.FailNow(t, "Next did not return", "within %v, after %d advances of the clock", streamWait, advances)
+		case <-time.After(5 * time.Millisecond):
+			if clk.Waiters() > 0 {
+				clk.Advance(pace)
+				advances++
+			}
+		}
+	}
+}
+
+func testStreamPaced(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1) // the collection exists
+	clk := clock.NewFake(time.Now())
+	const pace = time.Hour
+	r, err := s.StreamOpen(ctxT(t), store.StreamParams{Profile: store.StreamWakeups, MaxBatch: 3, MaxAwait: 3 * pace, Clock: clk,
+		Pace: func() time.Duration { return pace }})
+	require.NoError(t, err)
+	t.Cleanup(r.Close)
+
+	ids := insertTasks(t, s, q.ID, 5)
+	var got []bson.ObjectID
+	full := false // the last batch came from a full reply
+	for len(got) < len(ids) {
+		b, advances := pacedNext(t, r, clk, pace)
+		require.Empty(t, b.Lost)
+		if full {
+			require.Zero(t, advances, "after a full reply the reader asks again at once")
+		}
+		require.LessOrEqual(t, len(b.Events), 3)
+		for _, ev := range b.Events {
+			got = append(got, ev.ID.ObjectID())
+		}
+		full = len(b.Events) == 3
+		if len(b.Events) > 0 && !full {
+			require.True(t, b.CaughtUp, "a short paced reply is all there was")
+		}
+	}
+	require.Equal(t, ids, got)
+
+	// With nothing left, the next ask waits for the pace: a task inserted
+	// meanwhile comes when the clock moves on, not before.
+	more := insertTasks(t, s, q.ID, 1)
+	time.Sleep(50 * time.Millisecond) // a reader that did not wait would ask now
+	b, advances := pacedNext(t, r, clk, pace)
+	for len(b.Events) == 0 {
+		var n int
+		b, n = pacedNext(t, r, clk, pace)
+		advances += n
+	}
+	require.Positive(t, advances, "the ask waited for the pace")
+	require.Len(t, b.Events, 1)
+	require.Equal(t, more[0], b.Events[0].ID.ObjectID())
+}
+
+// A reader whose pace is turned on and off goes on from where it was:
+// every event once, in order.
+func testStreamPaceToggled(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1) // the collection exists
+	var paced atomic.Bool
+	f := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups, MaxBatch: 2, Pace: func() time.Duration {
+		if paced.Load() {
+			return 5 * time.Millisecond
+		}
+		return 0
+	}})
+	var want []bson.ObjectID
+	for i := range 6 {
+		paced.Store(i%2 == 0)
+		want = append(want, insertTasks(t, s, q.ID, 3)...)
+		for len(f.buf) > 0 || len(want) > 0 {
+			if len(want) == 0 {
+				break
+			}
+			ev, before := f.until(func(store.ChangeEvent) bool { return true })
+			require.Empty(t, before)
+			require.Equal(t, "insert", ev.Op)
+			require.Equal(t, want[0], ev.ID.ObjectID(), "round %d", i)
+			want = want[1:]
+		}
 	}
 }
