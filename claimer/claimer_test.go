@@ -910,3 +910,48 @@ func TestNewTaskWakeUpsAreStaggered(t *testing.T) {
 	h.pass()
 	require.Equal(t, ids(lone), h.st.take(), "no other node serves it: at once")
 }
+
+func TestBusySinceSaysWhenWakeUpsCanWait(t *testing.T) {
+	t.Parallel()
+	q, other := queue("q", 2), queue("other", 2)
+	h := newHarness(t, nil, q)
+	h.st.set(alwaysTask)
+	require.True(t, h.c.BusySince().IsZero(), "busy before any pass")
+	before := time.Now()
+	h.start()
+	h.pass()
+	// q filled its slots and was not found empty: work in hand.
+	since := h.c.BusySince()
+	require.False(t, since.IsZero(), "a queue with work left and its slots full")
+	require.False(t, since.Before(before))
+
+	// Busy stays busy from the same moment across passes.
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Equal(t, since, h.c.BusySince())
+
+	// Found empty: a wake-up for it would be acted on at once.
+	h.st.set(nil)
+	h.c.Finished(q.ID)
+	h.pass()
+	require.True(t, h.c.BusySince().IsZero(), "the only queue found empty")
+
+	// One empty queue beside one with work: not busy.
+	h.setQueues(q, other)
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		if p.Queue == q.ID {
+			return alwaysTask(ctx, p)
+		}
+		return schema.Task{}, store.ErrNoTask
+	})
+	h.c.WakeAll()
+	h.pass()
+	require.True(t, h.c.BusySince().IsZero(), "a queue known empty beside one with work")
+
+	// Every slot of the node taken: busy, empty queues or not.
+	one := 1
+	h.c.SetNodeMax(&one)
+	h.c.WakeAll()
+	h.pass()
+	require.False(t, h.c.BusySince().IsZero(), "the node is full")
+}

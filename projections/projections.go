@@ -44,6 +44,8 @@ type Config struct {
 	ReconcileEvery time.Duration
 	// MaxBatch and MaxBatchWait bound a batch (default 1000 events, 20 ms:
 	// the window is most of the lag, and 50 ms did not raise throughput).
+	// MaxBatchWait also paces the stream: the server is asked for events
+	// at most that often (at once after a full reply).
 	MaxBatch     int
 	MaxBatchWait time.Duration
 	Clock        clock.Clock
@@ -298,7 +300,7 @@ func (p *projector) open(ctx context.Context) (*store.StreamReader, error) {
 func (p *projector) reader(ctx context.Context, from store.Position) (*store.StreamReader, error) {
 	return p.s.cfg.Store.StreamOpen(ctx, store.StreamParams{
 		Profile: store.StreamCounters, Name: "projector", From: from,
-		MaxAwait: 500 * time.Millisecond, MaxBatch: p.s.cfg.MaxBatch, BatchWait: p.s.cfg.MaxBatchWait,
+		MaxAwait: 500 * time.Millisecond, MaxBatch: p.s.cfg.MaxBatch, BatchWait: p.s.cfg.MaxBatchWait, Pace: store.Steady(p.s.cfg.MaxBatchWait),
 		Clock: p.s.clock, Logger: p.s.log,
 	})
 }
