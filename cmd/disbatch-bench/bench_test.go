@@ -113,7 +113,8 @@ func goodReport() *Report {
 		steps[i] = FloorStep{Step: "step", P50: 1, P99: 2}
 	}
 	drains := []DrainRow{
-		{What: whatNode, Concurrency: nodesConcurrency(1), Queued: 1000, Finished: 1000, Seconds: 2, Rate: 500, Complete: true},
+		{What: whatNode, Concurrency: nodesConcurrency(1), Queued: 1000, Finished: 1000, Seconds: 2, Rate: 500, Complete: true,
+			MongodCPU: 391, ClientCPU: 119, Server: &ServerPerTask{Queries: 0.07, GetMores: 0.06, Updates: 1.04, Commands: 0.04, KeysExamined: 4.01, DocsExamined: 13.98}},
 		{What: whatNode, Concurrency: nodesConcurrency(3), Queued: 1000, Finished: 900, Seconds: 1, Rate: 900},
 		{What: whatPerTask, Concurrency: "64 goroutines", Queued: 500, Finished: 500, Seconds: 1, Rate: 500, Complete: true},
 		{What: whatBatched, Concurrency: batchedConcurrency(1), Queued: 500, Finished: 500, Seconds: 0.2, Rate: 2500, Complete: true},
@@ -281,6 +282,8 @@ func TestRenderTable(t *testing.T) {
 		"supervised pickup (insert -> running seen) / pickup floor  0.80x", "pickup, supervised: the same",
 		"SCALE-OUT: node processes (maxthreads 8 each)", "lost batches", "  3          0.60     2000     2.00x        300             2       50           3.0",
 		"SANITY: every figure present",
+		"mongod CPU µs/task  client CPU µs/task", "yes                391                 119",
+		"THROUGHPUT: what the primary did per task finished", "node  1 node          0.07      0.06     1.04      0.04             0.00           4.01          13.98",
 	} {
 		require.Contains(t, out, want)
 	}

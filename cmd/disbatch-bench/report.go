@@ -135,6 +135,15 @@ func renderTable(r *Report) string {
 				fcpu(row.MongodCPU), fcpu(row.ClientCPU))
 		}
 		t.render(&b)
+		t = table{title: "THROUGHPUT: what the primary did per task finished (serverStatus deltas over each drain)",
+			header: []string{"what", "concurrency", "queries", "getMores", "updates", "commands", "write conflicts", "keys examined", "docs examined"}}
+		for _, row := range tp.Rows {
+			if x := row.Server; x != nil {
+				f := func(v float64) string { return fmt.Sprintf("%.2f", v) }
+				t.add(row.What, row.Concurrency, f(x.Queries), f(x.GetMores), f(x.Updates), f(x.Commands), f(x.WriteConflicts), f(x.KeysExamined), f(x.DocsExamined))
+			}
+		}
+		t.render(&b)
 		t = table{title: "THROUGHPUT RATIOS", header: []string{"ratio", "value", "goal"}}
 		for _, x := range tp.Ratios {
 			t.add(x.What, fx(x.Value), x.Goal)

@@ -149,9 +149,7 @@ func (e *env) scaleoutRow(ctx context.Context, k int) (ScaleoutRow, error) {
 	if err != nil {
 		return row, err
 	}
-	per := func(k string) float64 { return float64(ss1[k]-ss0[k]) / float64(e.cfg.ScaleoutTasks) }
-	row.Server = ServerPerTask{Queries: per("query"), GetMores: per("getmore"), Updates: per("update"), Commands: per("command"),
-		WriteConflicts: per("writeConflicts"), KeysExamined: per("scanned"), DocsExamined: per("scannedObjects")}
+	row.Server = serverPerTask(ss0, ss1, e.cfg.ScaleoutTasks)
 	row.Seconds, row.Rate = span.Seconds(), rate(e.cfg.ScaleoutTasks, span)
 	if n, err := countStatus(ctx, db, q, schema.StatusSucceeded); err != nil {
 		return row, err
@@ -418,8 +416,16 @@ func (k *checker) scaleout(v *ScaleoutReport, nodes []int) {
 	}
 }
 
+// serverPerTask is the growth of serverCounters from ss0 to ss1, per task.
+func serverPerTask(ss0, ss1 map[string]int64, tasks int) ServerPerTask {
+	per := func(k string) float64 { return float64(ss1[k]-ss0[k]) / float64(max(tasks, 1)) }
+	return ServerPerTask{Queries: per("query"), GetMores: per("getmore"), Updates: per("update"), Commands: per("command"),
+		WriteConflicts: per("writeConflicts"), KeysExamined: per("scanned"), DocsExamined: per("scannedObjects")}
+}
+
 // serverCounters reads the primary's serverStatus counters the scale-out
-// rows report: opcounters, write conflicts, keys and documents examined.
+// and throughput rows report: opcounters, write conflicts, keys and
+// documents examined.
 func serverCounters(ctx context.Context, c *mongo.Client) (map[string]int64, error) {
 	raw, err := c.Database("admin").RunCommand(ctx, bson.D{{Key: "serverStatus", Value: 1}}).Raw()
 	if err != nil {

@@ -23,20 +23,37 @@ type DrainRow struct {
 	// the drain to its end (0: not measured, as with --mongo-uri).
 	MongodCPU float64 `json:"mongod_cpu_us_per_task,omitempty"`
 	ClientCPU float64 `json:"client_cpu_us_per_task,omitempty"`
+	// Server is what the primary did per task finished over the same
+	// span (serverStatus deltas; nil when they could not be read).
+	Server *ServerPerTask `json:"server_per_task,omitempty"`
 }
 
-// cpuMeter measures the CPU time a drain costs the mongods and its client.
+// cpuMeter measures what a drain costs the server: the mongods' and its
+// client's CPU time, and the primary's serverStatus counters.
 type cpuMeter struct {
-	e      *env
-	pids   func() []int // the client's processes; nil: this one
-	mongod float64
-	client float64
+	e        *env
+	pids     func() []int // the client's processes; nil: this one
+	mongod   float64
+	client   float64
+	ss0, ss1 map[string]int64 // nil: not read
 }
 
 func (e *env) meterCPU(pids func() []int) *cpuMeter {
 	m := &cpuMeter{e: e, pids: pids}
+	m.ss0 = m.counters()
 	m.mongod, m.client = m.read()
 	return m
+}
+
+func (m *cpuMeter) counters() map[string]int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ss, err := serverCounters(ctx, m.e.client)
+	if err != nil {
+		m.e.log.Warn("serverStatus: the drain's counters per task are left out", "error", err)
+		return nil
+	}
+	return ss
 }
 
 func (m *cpuMeter) read() (mongod, client float64) {
@@ -61,6 +78,9 @@ func (m *cpuMeter) read() (mongod, client float64) {
 func (m *cpuMeter) stop() {
 	mongod, client := m.read()
 	m.mongod, m.client = mongod-m.mongod, client-m.client
+	if m.ss0 != nil {
+		m.ss1 = m.counters()
+	}
 }
 
 // fill sets row's CPU figures per task finished (after stop).
@@ -73,6 +93,10 @@ func (m *cpuMeter) fill(row *DrainRow) {
 		row.MongodCPU = per(m.mongod)
 	}
 	row.ClientCPU = per(m.client)
+	if m.ss0 != nil && m.ss1 != nil {
+		sp := serverPerTask(m.ss0, m.ss1, row.Finished)
+		row.Server = &sp
+	}
 }
 
 // RateRatio compares two rates.
