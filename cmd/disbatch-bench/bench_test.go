@@ -114,7 +114,8 @@ func goodReport() *Report {
 	}
 	drains := []DrainRow{
 		{What: whatNode, Concurrency: nodesConcurrency(1), Queued: 1000, Finished: 1000, Seconds: 2, Rate: 500, Complete: true,
-			MongodCPU: 391, ClientCPU: 119, Server: &ServerPerTask{Queries: 0.07, GetMores: 0.06, Updates: 1.04, Commands: 0.04, KeysExamined: 4.01, DocsExamined: 13.98}},
+			MongodCPU: 391, ClientCPU: 119, Server: &ServerPerTask{Queries: 0.07, GetMores: 0.06, Updates: 1.04, Commands: 0.04, KeysExamined: 4.01, DocsExamined: 13.98,
+				ReadMicros: 219, WriteMicros: 403, CommandMicros: 15}},
 		{What: whatNode, Concurrency: nodesConcurrency(3), Queued: 1000, Finished: 900, Seconds: 1, Rate: 900},
 		{What: whatPerTask, Concurrency: "64 goroutines", Queued: 500, Finished: 500, Seconds: 1, Rate: 500, Complete: true},
 		{What: whatBatched, Concurrency: batchedConcurrency(1), Queued: 500, Finished: 500, Seconds: 0.2, Rate: 2500, Complete: true},
@@ -283,7 +284,7 @@ func TestRenderTable(t *testing.T) {
 		"SCALE-OUT: node processes (maxthreads 8 each)", "lost batches", "  3          0.60     2000     2.00x        300             2       50           3.0",
 		"SANITY: every figure present",
 		"mongod CPU µs/task  client CPU µs/task", "yes                391                 119",
-		"THROUGHPUT: what the primary did per task finished", "node  1 node          0.07      0.06     1.04      0.04             0.00           4.01          13.98",
+		"THROUGHPUT: what the primary did per task finished", "node  1 node          0.07      0.06     1.04      0.04             0.00           4.01          13.98       219        403           15",
 	} {
 		require.Contains(t, out, want)
 	}

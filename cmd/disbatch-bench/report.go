@@ -136,11 +136,14 @@ func renderTable(r *Report) string {
 		}
 		t.render(&b)
 		t = table{title: "THROUGHPUT: what the primary did per task finished (serverStatus deltas over each drain)",
-			header: []string{"what", "concurrency", "queries", "getMores", "updates", "commands", "write conflicts", "keys examined", "docs examined"}}
+			header: []string{"what", "concurrency", "queries", "getMores", "updates", "commands", "write conflicts", "keys examined", "docs examined",
+				"reads µs", "writes µs", "commands µs"}}
 		for _, row := range tp.Rows {
 			if x := row.Server; x != nil {
 				f := func(v float64) string { return fmt.Sprintf("%.2f", v) }
-				t.add(row.What, row.Concurrency, f(x.Queries), f(x.GetMores), f(x.Updates), f(x.Commands), f(x.WriteConflicts), f(x.KeysExamined), f(x.DocsExamined))
+				g := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+				t.add(row.What, row.Concurrency, f(x.Queries), f(x.GetMores), f(x.Updates), f(x.Commands), f(x.WriteConflicts), f(x.KeysExamined), f(x.DocsExamined),
+					g(x.ReadMicros), g(x.WriteMicros), g(x.CommandMicros))
 			}
 		}
 		t.render(&b)

@@ -73,6 +73,12 @@ type ServerPerTask struct {
 	WriteConflicts float64 `json:"write_conflicts"` // metrics.operation.writeConflicts
 	KeysExamined   float64 `json:"keys_examined"`   // metrics.queryExecutor.scanned
 	DocsExamined   float64 `json:"docs_examined"`   // metrics.queryExecutor.scannedObjects
+	// ReadMicros, WriteMicros and CommandMicros are the time the server
+	// spent in reads (finds, getMores: a held getMore's wait included),
+	// writes and other commands (opLatencies), µs per task.
+	ReadMicros    float64 `json:"read_us"`
+	WriteMicros   float64 `json:"write_us"`
+	CommandMicros float64 `json:"command_us"`
 }
 
 // ScaleoutReport is the scaleout group.
@@ -420,7 +426,8 @@ func (k *checker) scaleout(v *ScaleoutReport, nodes []int) {
 func serverPerTask(ss0, ss1 map[string]int64, tasks int) ServerPerTask {
 	per := func(k string) float64 { return float64(ss1[k]-ss0[k]) / float64(max(tasks, 1)) }
 	return ServerPerTask{Queries: per("query"), GetMores: per("getmore"), Updates: per("update"), Commands: per("command"),
-		WriteConflicts: per("writeConflicts"), KeysExamined: per("scanned"), DocsExamined: per("scannedObjects")}
+		WriteConflicts: per("writeConflicts"), KeysExamined: per("scanned"), DocsExamined: per("scannedObjects"),
+		ReadMicros: per("readLatency"), WriteMicros: per("writeLatency"), CommandMicros: per("commandLatency")}
 }
 
 // serverCounters reads the primary's serverStatus counters the scale-out
@@ -436,6 +443,8 @@ func serverCounters(ctx context.Context, c *mongo.Client) (map[string]int64, err
 		"query": {"opcounters", "query"}, "getmore": {"opcounters", "getmore"}, "update": {"opcounters", "update"}, "command": {"opcounters", "command"},
 		"writeConflicts": {"metrics", "operation", "writeConflicts"},
 		"scanned":        {"metrics", "queryExecutor", "scanned"}, "scannedObjects": {"metrics", "queryExecutor", "scannedObjects"},
+		"readLatency": {"opLatencies", "reads", "latency"}, "writeLatency": {"opLatencies", "writes", "latency"},
+		"commandLatency": {"opLatencies", "commands", "latency"},
 	} {
 		v, err := raw.LookupErr(path...)
 		if err != nil {
