@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -151,10 +150,6 @@ type Claimer struct {
 	slots *slots
 
 	wake chan struct{}
-
-	// busySince is when the claimer came to have work in hand (UnixNano;
-	// 0: it has not), as of its last pass: see BusySince.
-	busySince atomic.Int64
 
 	mu      sync.Mutex
 	dirty   map[bson.ObjectID]bool // queues to try on the next pass
@@ -373,7 +368,6 @@ func (c *Claimer) loop(ctx context.Context) {
 		}
 		start := c.clock.Now()
 		claimed := c.pass(ctx)
-		c.noteBusy()
 		took := c.clock.Since(start)
 		c.mu.Lock()
 		c.stats.Passes++
@@ -388,32 +382,6 @@ func (c *Claimer) loop(ctx context.Context) {
 		if c.cfg.Passed != nil {
 			c.cfg.Passed()
 		}
-	}
-}
-
-// BusySince says since when the claimer has had work in hand, as of its
-// last pass (zero: it has not): every slot taken, or no queue it serves
-// known to be empty, so that each freed slot's pass finds a task without
-// being told of one. A wake-up for a new task then tells it nothing it
-// would act on at once, so the node may read its wake-ups paced.
-func (c *Claimer) BusySince() time.Time {
-	if ns := c.busySince.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
-
-// noteBusy updates BusySince after a pass (the loop goroutine).
-func (c *Claimer) noteBusy() {
-	busy := c.slots.nodeFull()
-	if !busy && len(c.order) > 0 {
-		busy = !slices.ContainsFunc(c.order, func(id bson.ObjectID) bool { return c.empty[id] })
-	}
-	switch {
-	case !busy:
-		c.busySince.Store(0)
-	case c.busySince.Load() == 0:
-		c.busySince.Store(c.clock.Now().UnixNano())
 	}
 }
 

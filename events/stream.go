@@ -34,11 +34,7 @@ type Config struct {
 	// MaxAwait is how long the server holds an empty getMore (default 1 s);
 	// it bounds how stale the saved post-batch position may be.
 	MaxAwait time.Duration
-	// Pace, when set, is asked before each read how long to wait since
-	// the last (store.StreamParams.Pace): 0 while a wake-up may be acted
-	// on at once, more while the node has work in hand.
-	Pace  func() time.Duration
-	Clock clock.Clock
+	Clock    clock.Clock
 }
 
 // Stats are counters for metrics.
@@ -89,7 +85,7 @@ func (s *Stream) Start(ctx context.Context) error {
 	return s.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
 		r, err := s.cfg.Store.StreamOpen(ctx, store.StreamParams{
 			Profile: store.StreamWakeups, Name: s.cfg.Name, Checkpoint: true, SaveEvery: s.cfg.SaveEvery,
-			MaxAwait: s.cfg.MaxAwait, Pace: s.cfg.Pace, Clock: s.cfg.Clock, Logger: s.log,
+			MaxAwait: s.cfg.MaxAwait, Clock: s.cfg.Clock, Logger: s.log,
 		})
 		if err != nil {
 			return err

@@ -69,7 +69,7 @@ func New(cfg Config) *Graph {
 // parent that ends after the sweep read its children is heard. Settles
 // and sweeps may overlap: every write of the store's is guarded.
 func (g *Graph) Lead(ctx context.Context, term leadership.Term) error {
-	r, err := g.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamGraph, Name: "graph", Pace: store.Steady(store.Patient), Logger: g.log}) // paced in real time
+	r, err := g.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamGraph, Name: "graph", Pace: store.Patient, Logger: g.log}) // paced in real time
 	if err != nil {
 		return err
 	}

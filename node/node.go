@@ -84,7 +84,7 @@ func New(cfg Config) (*Node, error) {
 	if !cfg.PollOnly {
 		n.bus = newBus(log)
 		ccfg.Events = n.bus
-		n.stream = events.New(events.Config{Store: cfg.Store, Publisher: n.bus, Name: "node:" + cfg.Name, Pace: n.wakePace, Clock: cfg.Clock, Logger: log})
+		n.stream = events.New(events.Config{Store: cfg.Store, Publisher: n.bus, Name: "node:" + cfg.Name, Clock: cfg.Clock, Logger: log})
 	}
 	// The runner gives its tasks' slots back to the claimer that took them.
 	n.runner = newRunner(runnerConfig{
@@ -138,23 +138,6 @@ func New(cfg Config) (*Node, error) {
 		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, Clock: cfg.Clock, Logger: log})
 	}
 	return n, nil
-}
-
-// While the claimer has had work in hand for BusyPaceAfter, the node reads
-// its wake-ups at most every BusyPace: they tell it nothing it would act
-// on at once, and a read the server holds open is woken by every write of
-// the drain (store.StreamParams.Pace). Idle, it reads them as they come.
-const (
-	BusyPace      = store.Patient
-	BusyPaceAfter = 100 * time.Millisecond
-)
-
-// wakePace is the wake-up stream's pace.
-func (n *Node) wakePace() time.Duration {
-	if since := n.claimer.BusySince(); !since.IsZero() && n.clock.Since(since) >= BusyPaceAfter {
-		return BusyPace
-	}
-	return 0
 }
 
 // Start brings the node up (see the package doc for the order) and returns

@@ -1121,26 +1121,3 @@ func TestClaimRunningStartsWithoutAStartWrite(t *testing.T) {
 	b.waitStatus(res.InsertedID.(bson.ObjectID), schema.StatusSucceeded, 20*time.Second)
 	require.Contains(t, b.logs.String(), "claimed_into_running=true")
 }
-
-func TestWakeUpsArePacedWhileTheNodeHasWorkInHand(t *testing.T) {
-	b := setup(t)
-	p := &blocker{started: make(chan bson.ObjectID, 10), release: make(chan struct{})}
-	b.reg.Register("block", p)
-	q := b.queue("q", "block", 2, schema.SortFIFO)
-	n := b.start(b.config("n1"))
-	require.Zero(t, n.wakePace(), "idle: wake-ups as they come")
-
-	b.tasks(q, 4, nil)
-	recv(t, p.started)
-	recv(t, p.started)
-	// Both slots taken and two tasks left: a wake-up tells the node nothing
-	// it would act on at once.
-	require.Eventually(t, func() bool { return n.wakePace() == BusyPace }, 5*time.Second, 5*time.Millisecond)
-
-	close(p.release)
-	b.waitDone(bson.D{{Key: "queue", Value: q}}, 4, 10*time.Second)
-	require.Eventually(t, func() bool { return n.wakePace() == 0 }, 5*time.Second, 5*time.Millisecond, "drained: wake-ups as they come again")
-	// And a new task is picked up through them.
-	more := b.tasks(q, 1, nil)[0]
-	b.waitStatus(more, schema.StatusSucceeded, 5*time.Second)
-}

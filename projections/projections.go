@@ -300,7 +300,7 @@ func (p *projector) open(ctx context.Context) (*store.StreamReader, error) {
 func (p *projector) reader(ctx context.Context, from store.Position) (*store.StreamReader, error) {
 	return p.s.cfg.Store.StreamOpen(ctx, store.StreamParams{
 		Profile: store.StreamCounters, Name: "projector", From: from,
-		MaxAwait: 500 * time.Millisecond, MaxBatch: p.s.cfg.MaxBatch, BatchWait: p.s.cfg.MaxBatchWait, Pace: store.Steady(p.s.cfg.MaxBatchWait),
+		MaxAwait: 500 * time.Millisecond, MaxBatch: p.s.cfg.MaxBatch, BatchWait: p.s.cfg.MaxBatchWait, Pace: p.s.cfg.MaxBatchWait,
 		Clock: p.s.clock, Logger: p.s.log,
 	})
 }

@@ -61,20 +61,19 @@ type StreamParams struct {
 	// adding the server's next replies to a batch until BatchWait has
 	// passed since its first event (fewer, larger batches).
 	BatchWait time.Duration
-	// Pace, when set, is asked before each getMore how long to wait
-	// since the last one (0: ask again at once, and let the server hold
-	// the ask for MaxAwait). A getMore the server holds is woken by the
-	// writes to the database, matching or not: one held stream, even one
-	// that matched nothing, cost a drain 30-80 µs of mongod CPU per task
-	// (2-3 writes), as much as the raw loop's own writes cost. A paced
-	// reader holds none: it asks at most every Pace, with the server's
-	// shortest hold, so events come up to Pace later; after a full reply
-	// it asks again at once. An idle paced reader still delivers its
-	// advance only every MaxAwait. Changing between 0 and more reopens
-	// the stream where it was. For readers that can wait (projections,
-	// the leader's duties), or only while they can (the node's wake-ups
-	// while it has work in hand).
-	Pace   func() time.Duration
+	// Pace, when set, is the least time between two getMores. A getMore
+	// the server holds (0: ask again at once, the server holding the ask
+	// for MaxAwait) is woken by the database's writes, matching or not:
+	// one held stream, even one that matched nothing, cost a one-node
+	// drain 30-80 µs of mongod CPU per task, as much as the raw loop's
+	// own writes. A paced reader holds none: it asks at most every Pace,
+	// with the server's shortest hold, so events come up to Pace later;
+	// after a full reply it asks again at once. An idle paced reader
+	// still delivers its advance only every MaxAwait. For readers that
+	// can wait (projections, the leader's duties). Not for many readers
+	// of a modest write rate: fifty paced node wake-up streams drained
+	// 10-20% slower than held ones, whose wakes coalesce under load.
+	Pace   time.Duration
 	Clock  clock.Clock
 	Logger *slog.Logger
 }
@@ -143,8 +142,7 @@ type StreamReader struct {
 	saved   bson.Raw
 	savedAt time.Time
 
-	paced     bool      // the stream was opened for paced asks
-	asked     time.Time // the last getMore
+	asked     time.Time // the last getMore (paced readers)
 	replied   int       // events of the last getMore's reply
 	delivered time.Time // the last batch delivered
 
@@ -212,7 +210,6 @@ func (r *StreamReader) positionLost(cause error) {
 
 // open opens the stream at from; a lost position opens it at the present.
 func (r *StreamReader) open(ctx context.Context, from Position) error {
-	r.paced = r.pace() > 0
 	o := r.shape.options(r.maxAwait(), r.p.MaxBatch)
 	switch {
 	case from.Token != nil:
@@ -239,48 +236,32 @@ func (r *StreamReader) open(ctx context.Context, from Position) error {
 	return nil
 }
 
-// Steady is a Pace that does not change.
-func Steady(d time.Duration) func() time.Duration { return func() time.Duration { return d } }
-
 // Patient is the pace of readers that can wait that long for what they
-// hear: the leader's duties, the counter projector. Paced, they cost the
-// server a fraction of what held getMores cost while tasks are drained
-// (see StreamParams.Pace).
+// hear: the leader's duties (the counter projector paces at its batch
+// window). Paced, they cost the server a fraction of what held getMores
+// cost while tasks are drained (see StreamParams.Pace).
 const Patient = 20 * time.Millisecond
 
 // pacedAwait is how long the server holds a paced reader's getMore: as
 // short as it allows, so that no write wakes it.
 const pacedAwait = time.Millisecond
 
-func (r *StreamReader) pace() time.Duration {
-	if r.p.Pace == nil {
-		return 0
-	}
-	return r.p.Pace()
-}
-
-// maxAwait is the server's hold of a getMore for the stream's mode.
+// maxAwait is the server's hold of a getMore.
 func (r *StreamReader) maxAwait() time.Duration {
-	if r.paced {
+	if r.p.Pace > 0 {
 		return pacedAwait
 	}
 	return r.p.MaxAwait
 }
 
 // wait waits until the next getMore is due (paced readers). It returns
-// false, without waiting, when what was collected so far (maybe nothing)
-// should be delivered first: its BatchWait passes before the next ask, or
-// the pace was turned on or off (the next Next reopens the stream, which a
-// batch must not straddle).
+// false, without waiting, when what was collected so far should be
+// delivered first: its BatchWait passes before the next ask.
 func (r *StreamReader) wait(ctx context.Context, collected int, first time.Time) (bool, error) {
-	pace := r.pace()
-	if (pace > 0) != r.paced {
-		return false, nil
-	}
-	if pace <= 0 || r.replied >= r.p.MaxBatch {
+	if r.p.Pace <= 0 || r.replied >= r.p.MaxBatch {
 		return true, nil // unpaced, or a full reply: more is waiting
 	}
-	due := r.asked.Add(pace)
+	due := r.asked.Add(r.p.Pace)
 	if collected > 0 && !first.Add(r.p.BatchWait).After(due) {
 		return false, nil
 	}
@@ -326,11 +307,6 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 	if r.lost != "" {
 		return r.lostBatch(), nil
 	}
-	if (r.pace() > 0) != r.paced {
-		if err := r.repace(ctx); err != nil {
-			return StreamBatch{}, err
-		}
-	}
 	var batch []ChangeEvent
 	var first time.Time
 	for {
@@ -362,7 +338,7 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 			if r.cs.RemainingBatchLength() == 0 && (r.p.BatchWait <= 0 || r.clock.Since(first) >= r.p.BatchWait) {
 				b := r.deliver(batch, ev.Token)
 				// A paced reply short of a full one was all there was.
-				b.CaughtUp = r.paced && r.replied < r.p.MaxBatch
+				b.CaughtUp = r.p.Pace > 0 && r.replied < r.p.MaxBatch
 				return b, nil
 			}
 			continue
@@ -383,7 +359,7 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 			}
 			continue
 		}
-		if len(batch) == 0 && r.paced && r.clock.Since(r.delivered) < r.p.MaxAwait {
+		if len(batch) == 0 && r.p.Pace > 0 && r.clock.Since(r.delivered) < r.p.MaxAwait {
 			continue // an idle paced reader advances every MaxAwait, as an unpaced one
 		}
 		// An empty getMore: the server's post-batch token moved on.
@@ -393,8 +369,8 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 	}
 }
 
-// advance delivers batch, or the server's post-batch position when it is
-// empty.
+// advance delivers batch (collected until the BatchWait), or the
+// server's post-batch position when it is empty.
 func (r *StreamReader) advance(batch []ChangeEvent) StreamBatch {
 	if len(batch) > 0 {
 		return r.deliver(batch, batch[len(batch)-1].Token)
@@ -404,21 +380,6 @@ func (r *StreamReader) advance(batch []ChangeEvent) StreamBatch {
 		tok = r.pos.Token
 	}
 	return r.deliver(nil, tok)
-}
-
-// repace reopens the stream where the last batch ended, for the pace
-// asked now: paced asks want the server's shortest hold, unpaced ones
-// MaxAwait.
-func (r *StreamReader) repace(ctx context.Context) error {
-	r.closeStream()
-	if err := r.open(ctx, r.pos); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return r.reopen(ctx, err)
-	}
-	r.log.Debug("change stream pace changed", "paced", r.paced)
-	return nil
 }
 
 // lostBatch delivers the pending Lost.

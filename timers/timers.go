@@ -60,7 +60,7 @@ func New(cfg Config) *Timers {
 
 // Lead keeps task time until the term ends.
 func (t *Timers) Lead(ctx context.Context, _ leadership.Term) error {
-	r, err := t.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamTimers, Name: "timers", Pace: store.Steady(store.Patient), Logger: t.log}) // paced in real time
+	r, err := t.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamTimers, Name: "timers", Pace: store.Patient, Logger: t.log}) // paced in real time
 	if err != nil {
 		return err
 	}

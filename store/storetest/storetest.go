@@ -98,7 +98,6 @@ func Run(t *testing.T, newStore Factory) {
 		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},
 		{"StreamBatches", testStreamBatches},
 		{"StreamPaced", testStreamPaced},
-		{"StreamPaceToggled", testStreamPaceToggled},
 		{"StreamDropDatabaseThenGoesOn", testStreamDropDatabaseThenGoesOn},
 		{"StreamCloseKillsTheCursor", testStreamCloseKillsTheCursor},
 		{"TaskSearch", testTaskSearch},

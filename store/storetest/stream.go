@@ -3,7 +3,6 @@ package storetest
 import (
 	"context"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -415,8 +414,7 @@ func testStreamPaced(t *testing.T, newStore Factory) {
 	insertTasks(t, s, q.ID, 1) // the collection exists
 	clk := clock.NewFake(time.Now())
 	const pace = time.Hour
-	r, err := s.StreamOpen(ctxT(t), store.StreamParams{Profile: store.StreamWakeups, MaxBatch: 3, MaxAwait: 3 * pace, Clock: clk,
-		Pace: func() time.Duration { return pace }})
+	r, err := s.StreamOpen(ctxT(t), store.StreamParams{Profile: store.StreamWakeups, MaxBatch: 3, MaxAwait: 3 * pace, Clock: clk, Pace: pace})
 	require.NoError(t, err)
 	t.Cleanup(r.Close)
 
@@ -453,34 +451,4 @@ func testStreamPaced(t *testing.T, newStore Factory) {
 	require.Positive(t, advances, "the ask waited for the pace")
 	require.Len(t, b.Events, 1)
 	require.Equal(t, more[0], b.Events[0].ID.ObjectID())
-}
-
-// A reader whose pace is turned on and off goes on from where it was:
-// every event once, in order.
-func testStreamPaceToggled(t *testing.T, newStore Factory) {
-	s, _ := newStore(t, store.Options{})
-	q := newQueue(t, s, "q", schema.SortFIFO)
-	insertTasks(t, s, q.ID, 1) // the collection exists
-	var paced atomic.Bool
-	f := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups, MaxBatch: 2, Pace: func() time.Duration {
-		if paced.Load() {
-			return 5 * time.Millisecond
-		}
-		return 0
-	}})
-	var want []bson.ObjectID
-	for i := range 6 {
-		paced.Store(i%2 == 0)
-		want = append(want, insertTasks(t, s, q.ID, 3)...)
-		for len(f.buf) > 0 || len(want) > 0 {
-			if len(want) == 0 {
-				break
-			}
-			ev, before := f.until(func(store.ChangeEvent) bool { return true })
-			require.Empty(t, before)
-			require.Equal(t, "insert", ev.Op)
-			require.Equal(t, want[0], ev.ID.ObjectID(), "round %d", i)
-			want = want[1:]
-		}
-	}
 }
