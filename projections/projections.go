@@ -301,7 +301,7 @@ func (p *projector) reader(ctx context.Context, from store.Position) (*store.Str
 	return p.s.cfg.Store.StreamOpen(ctx, store.StreamParams{
 		Profile: store.StreamCounters, Name: "projector", From: from,
 		MaxAwait: 500 * time.Millisecond, MaxBatch: p.s.cfg.MaxBatch, BatchWait: p.s.cfg.MaxBatchWait, Pace: p.s.cfg.MaxBatchWait,
-		Clock: p.s.clock, Logger: p.s.log,
+		Logger: p.s.log, // paced in real time
 	})
 }
 

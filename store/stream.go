@@ -266,10 +266,12 @@ func (r *StreamReader) wait(ctx context.Context, collected int, first time.Time)
 		return false, nil
 	}
 	if d := due.Sub(r.clock.Now()); d > 0 {
+		t := r.clock.NewTimer(d)
+		defer t.Stop()
 		select {
 		case <-ctx.Done():
 			return false, ctx.Err()
-		case <-r.clock.After(d):
+		case <-t.C():
 		}
 	}
 	return true, nil
@@ -317,7 +319,9 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 				return StreamBatch{}, err
 			}
 			if !ask {
-				return r.advance(batch), nil
+				b := r.advance(batch)
+				b.CaughtUp = true // the last reply was short: all there was
+				return b, nil
 			}
 			r.asked, r.replied = r.clock.Now(), 0
 		}
@@ -331,6 +335,9 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 			r.replied++
 			if first.IsZero() {
 				first = r.clock.Now()
+				if r.p.Pace > 0 {
+					first = r.asked // it was there when asked for
+				}
 			}
 			if ev.Op == "invalidate" || len(batch) >= r.p.MaxBatch {
 				return r.deliver(batch, ev.Token), nil

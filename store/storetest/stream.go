@@ -438,11 +438,19 @@ func testStreamPaced(t *testing.T, newStore Factory) {
 	}
 	require.Equal(t, ids, got)
 
-	// With nothing left, the next ask waits for the pace: a task inserted
-	// meanwhile comes when the clock moves on, not before.
-	more := insertTasks(t, s, q.ID, 1)
-	time.Sleep(50 * time.Millisecond) // a reader that did not wait would ask now
+	// Idle, it asks every pace, the server answering at once (a getMore
+	// held for MaxAwait, 3 h, would not return within the test), and
+	// delivers its advance every MaxAwait, caught up.
 	b, advances := pacedNext(t, r, clk, pace)
+	require.Empty(t, b.Events)
+	require.True(t, b.CaughtUp)
+	require.NotEmpty(t, b.Token)
+	require.GreaterOrEqual(t, advances, 2, "an idle advance every MaxAwait (3 paces), not every pace")
+
+	// A task inserted now comes with the next ask, when the clock moves
+	// on, not before.
+	more := insertTasks(t, s, q.ID, 1)
+	b, advances = pacedNext(t, r, clk, pace)
 	for len(b.Events) == 0 {
 		var n int
 		b, n = pacedNext(t, r, clk, pace)
