@@ -134,6 +134,9 @@ type Stats struct {
 	// because of them, round after round.
 	Contended   int64
 	LostBatches int64
+	// Rereads: queues read again before dispatching tasks claimed in a
+	// queue whose change was heard during the pass (current).
+	Rereads int64
 	// Passes and PassTime: passes run, and their time in all (on the
 	// clock), queue reads and claims included.
 	Passes   int64
@@ -155,6 +158,10 @@ type Claimer struct {
 	dirty   map[bson.ObjectID]bool // queues to try on the next pass
 	all     bool                   // try every queue
 	refresh bool                   // re-read the queues first
+	// changed are the queues whose change was heard since the queues
+	// were last read: a task claimed in them is dispatched with the queue
+	// read again (see current).
+	changed map[bson.ObjectID]bool
 	// capped: the node-wide cap stopped a pass, so any freed slot may
 	// serve any queue that had work.
 	capped       bool
@@ -214,7 +221,7 @@ func New(cfg Config) *Claimer {
 func (c *Claimer) Start(ctx context.Context) error {
 	return c.Base.Start(ctx, func(_ context.Context, run *lifecycle.Run) error {
 		c.mu.Lock()
-		c.dirty, c.all, c.refresh = map[bson.ObjectID]bool{}, true, true
+		c.dirty, c.all, c.refresh, c.changed = map[bson.ObjectID]bool{}, true, true, map[bson.ObjectID]bool{}
 		c.mu.Unlock()
 		if c.cfg.Events != nil {
 			// Each topic gets its listener as soon as it is subscribed: the
@@ -333,7 +340,7 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 			}
 		case events.QueueChanged:
 			c.mu.Lock()
-			c.dirty[ev.ID], c.refresh = true, true
+			c.dirty[ev.ID], c.refresh, c.changed[ev.ID] = true, true, true
 			c.mu.Unlock()
 			c.signal()
 		case events.Rescan:
@@ -463,21 +470,7 @@ func (c *Claimer) pass(ctx context.Context) int {
 	c.mu.Unlock()
 
 	if refresh {
-		qs, err := c.cfg.Refresh(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				c.log.Warn("read queues", "error", err)
-			}
-		} else {
-			c.queues = make(map[bson.ObjectID]Queue, len(qs))
-			c.order = c.order[:0]
-			c.readRunning = make(map[bson.ObjectID]int, len(qs))
-			for _, q := range qs {
-				c.queues[q.ID] = q
-				c.order = append(c.order, q.ID)
-				c.readRunning[q.ID] = c.slots.running(q.ID)
-			}
-		}
+		c.readQueues(ctx)
 	}
 	var open []Queue // the queues this pass tries
 	for _, id := range c.order {
@@ -510,6 +503,51 @@ func (c *Claimer) pass(ctx context.Context) int {
 		}
 	}
 	return claimed
+}
+
+// readQueues re-reads the queues (the loop goroutine). The changes heard
+// until now are in what it reads.
+func (c *Claimer) readQueues(ctx context.Context) bool {
+	c.mu.Lock()
+	c.changed = map[bson.ObjectID]bool{}
+	c.mu.Unlock()
+	qs, err := c.cfg.Refresh(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("read queues", "error", err)
+		}
+		return false
+	}
+	c.queues = make(map[bson.ObjectID]Queue, len(qs))
+	c.order = c.order[:0]
+	c.readRunning = make(map[bson.ObjectID]int, len(qs))
+	for _, q := range qs {
+		c.queues[q.ID] = q
+		c.order = append(c.order, q.ID)
+		c.readRunning[q.ID] = c.slots.running(q.ID)
+	}
+	return true
+}
+
+// current is q as tasks claimed in it are to be dispatched with: read
+// again when its change was heard after the queues were read. A pass
+// reads the queues, then claims; a queue changed and a task inserted in
+// between would otherwise run under the queue's old settings, though the
+// stream delivered the change before the insert.
+func (c *Claimer) current(ctx context.Context, q Queue) Queue {
+	c.mu.Lock()
+	changed := c.changed[q.ID]
+	c.mu.Unlock()
+	if !changed || !c.readQueues(ctx) {
+		return q
+	}
+	c.mu.Lock()
+	c.stats.Rereads++
+	c.mu.Unlock()
+	if now, ok := c.queues[q.ID]; ok {
+		return now
+	}
+	return q // no longer served: its claimed tasks run as it was
 }
 
 // withHigherPriorities adds to open every queue not known to be empty whose
@@ -768,7 +806,8 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 		c.mu.Lock()
 		c.stats.Claims++
 		c.mu.Unlock()
-		c.cfg.Dispatch(q, t, Timing{Start: start, End: c.clock.Now()})
+		end := c.clock.Now()
+		c.cfg.Dispatch(c.current(ctx, q), t, Timing{Start: start, End: end})
 		return 1, nil
 	case errors.As(err, &de):
 		c.cfg.Malformed(q, t, err)
@@ -826,6 +865,9 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (won int, l
 		c.stats.LostBatches++
 	}
 	c.mu.Unlock()
+	if len(res.Tasks) > 0 {
+		q = c.current(ctx, q)
+	}
 	for _, t := range res.Tasks {
 		c.cfg.Dispatch(q, t, timing)
 	}

@@ -910,3 +910,56 @@ func TestNewTaskWakeUpsAreStaggered(t *testing.T) {
 	h.pass()
 	require.Equal(t, ids(lone), h.st.take(), "no other node serves it: at once")
 }
+
+// TestAQueueChangedDuringAPassIsReadAgainBeforeDispatch: a pass read the
+// queues, then a queue's change is heard while its claim is under way (a
+// task inserted after the change): the task is dispatched with the queue
+// as changed, not as the pass read it.
+func TestAQueueChangedDuringAPassIsReadAgainBeforeDispatch(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	q := queue("q", 1)
+	q.Constructor = "before"
+	var mu sync.Mutex
+	var dispatchedWith []string
+	h := newHarness(t, func(c *claimer.Config) {
+		c.Events = bus
+		c.Dispatch = func(q claimer.Queue, _ schema.Task, _ claimer.Timing) {
+			mu.Lock()
+			defer mu.Unlock()
+			dispatchedWith = append(dispatchedWith, q.Constructor)
+		}
+	}, q)
+	h.start()
+	h.pass() // read the queues; nothing to claim
+	require.Equal(t, int64(1), h.refreshes.Load())
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		close(entered)
+		<-release
+		h.st.set(nil)
+		return alwaysTask(ctx, p)
+	})
+	h.c.HasWork(q.ID)
+	recv(t, entered)
+	changed := q
+	changed.Constructor = "after"
+	h.setQueues(changed)
+	// The bus returns once the claimer handled the change.
+	publish(t, bus, events.TopicQueues, events.QueueChanged{Op: events.OpUpdate, ID: q.ID})
+	close(release)
+	h.pass()
+	mu.Lock()
+	require.Equal(t, []string{"after"}, dispatchedWith)
+	mu.Unlock()
+	require.Equal(t, int64(1), h.c.Stats().Rereads)
+
+	// A pass that read the queues after the change does not read them again.
+	h.st.set(alwaysTask)
+	h.c.Finished(q.ID)
+	h.pass() // the change's own pass: it reads the queues first
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Equal(t, int64(1), h.c.Stats().Rereads)
+}
