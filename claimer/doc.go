@@ -13,6 +13,11 @@
 // nothing is not asked again because a slot freed up; only an event that
 // says it has work, or the tick, does that.
 //
+// A pass reads the queues (when one changed, and on the tick), then
+// claims. Tasks claimed in a queue whose change was heard after that read
+// are dispatched with the queues read again, so a task inserted after a
+// queue's change does not run under its old settings.
+//
 // Every node serving a queue hears of each new task. So that they do not
 // all race for it, each ranks itself among the queue's live peers for that
 // task (rendezvous hashing on the task's id and the nodes' names) and tries
