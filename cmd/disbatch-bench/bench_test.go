@@ -578,3 +578,31 @@ func TestRiverPeerIsComparedRenderedAndChecked(t *testing.T) {
 }
 
 func lat1() Latency { return Latency{N: 1, P50: 1, P95: 1, P99: 1, Max: 1} }
+
+// TestCPUMeterFillsPerTask: a drain's CPU seconds and serverStatus
+// deltas become figures per task finished.
+func TestCPUMeterFillsPerTask(t *testing.T) {
+	t.Parallel()
+	ss0 := map[string]int64{"query": 10, "getmore": 0, "update": 100, "command": 5, "writeConflicts": 0, "scanned": 0, "scannedObjects": 0,
+		"readLatency": 1000, "writeLatency": 0, "commandLatency": 0}
+	ss1 := map[string]int64{"query": 30, "getmore": 40, "update": 2180, "command": 5, "writeConflicts": 2, "scanned": 8000, "scannedObjects": 28000,
+		"readLatency": 439000, "writeLatency": 806000, "commandLatency": 30000}
+	m := &cpuMeter{mongod: 0.78, client: 0.24, ss0: ss0, ss1: ss1}
+	row := DrainRow{Finished: 2000}
+	m.fill(&row)
+	require.Equal(t, 390.0, row.MongodCPU)
+	require.Equal(t, 120.0, row.ClientCPU)
+	require.Equal(t, &ServerPerTask{Queries: 0.01, GetMores: 0.02, Updates: 1.04, WriteConflicts: 0.001, KeysExamined: 4, DocsExamined: 14,
+		ReadMicros: 219, WriteMicros: 403, CommandMicros: 15}, row.Server)
+
+	// Nothing finished: nothing per task.
+	none := DrainRow{}
+	m.fill(&none)
+	require.Zero(t, none.MongodCPU)
+	require.Nil(t, none.Server)
+	// serverStatus not read: no table row.
+	m.ss1 = nil
+	row = DrainRow{Finished: 2000}
+	m.fill(&row)
+	require.Nil(t, row.Server)
+}

@@ -251,7 +251,7 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	if err != nil {
 		return DrainRow{}, err
 	}
-	cpu := e.meterCPU(g.pids)
+	cpu := e.meterCPU(g.pids())
 	if err := g.resume(); err != nil {
 		return DrainRow{}, err
 	}
@@ -384,9 +384,6 @@ func (g *procGroup) finish(ctx context.Context) ([]nodeMessage, error) {
 
 // stop stops every process (those finish already stopped return at once).
 func (g *procGroup) stop() {
-	if g == nil {
-		return
-	}
 	for _, p := range g.procs {
 		p.stop()
 	}

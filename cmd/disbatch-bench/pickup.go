@@ -110,17 +110,21 @@ func (e *env) pickup(ctx context.Context) (*PickupReport, error) {
 	return rep, nil
 }
 
+// pickupRow is the row of rows with mode and submit write concern wc
+// (nil: none).
+func pickupRow(rows []PickupRow, mode, wc string) *PickupRow {
+	for i := range rows {
+		if rows[i].Mode == mode && rows[i].SubmitWC == wc {
+			return &rows[i]
+		}
+	}
+	return nil
+}
+
 // pickupRatios compares poll-only with change streams and the node with
 // the floor.
 func pickupRatios(rows []PickupRow) []Ratio {
-	find := func(mode, wc string) *PickupRow {
-		for i := range rows {
-			if rows[i].Mode == mode && rows[i].SubmitWC == wc {
-				return &rows[i]
-			}
-		}
-		return nil
-	}
+	find := func(mode, wc string) *PickupRow { return pickupRow(rows, mode, wc) }
 	var out []Ratio
 	add := func(what string, a, b *PickupRow, goal string) {
 		if a != nil && b != nil {

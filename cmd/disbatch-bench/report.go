@@ -146,7 +146,9 @@ func renderTable(r *Report) string {
 					g(x.ReadMicros), g(x.WriteMicros), g(x.CommandMicros))
 			}
 		}
-		t.render(&b)
+		if len(t.rows) > 0 { // serverStatus could not be read
+			t.render(&b)
+		}
 		t = table{title: "THROUGHPUT RATIOS", header: []string{"ratio", "value", "goal"}}
 		for _, x := range tp.Ratios {
 			t.add(x.What, fx(x.Value), x.Goal)

@@ -14,33 +14,37 @@ import (
 	"time"
 )
 
+// riverConditions are the River peer's: versions and settings.
+type riverConditions struct {
+	River         string `json:"river"`
+	Postgres      string `json:"postgres"`
+	FetchCooldown string `json:"fetch_cooldown"`
+	MaxWorkers    int    `json:"max_workers"`
+	Rate          int    `json:"rate_per_s"`
+}
+
+// riverDrain is the River peer's drain of a backlog.
+type riverDrain struct {
+	DrainJobs    int     `json:"drain_jobs"`
+	DrainSeconds float64 `json:"drain_seconds"`
+	DrainRate    float64 `json:"drain_jobs_per_s"`
+}
+
 // riverRun is what disbatch-bench-river writes: its conditions, every
 // pickup (insert start -> Work) in ms, and its drain.
 type riverRun struct {
-	River         string    `json:"river"`
-	Postgres      string    `json:"postgres"`
-	FetchCooldown string    `json:"fetch_cooldown"`
-	MaxWorkers    int       `json:"max_workers"`
-	Rate          int       `json:"rate_per_s"`
-	PickupMS      []float64 `json:"pickup_ms"`
-	DrainJobs     int       `json:"drain_jobs"`
-	DrainSeconds  float64   `json:"drain_seconds"`
-	DrainRate     float64   `json:"drain_jobs_per_s"`
+	riverConditions
+	PickupMS []float64 `json:"pickup_ms"`
+	riverDrain
 }
 
 // RiverReport is the River peer group: disbatch-bench-river's figures
 // (River on a throwaway PostgreSQL, on this machine, right after our
 // pickup group) beside ours.
 type RiverReport struct {
-	River         string  `json:"river"`
-	Postgres      string  `json:"postgres"`
-	FetchCooldown string  `json:"fetch_cooldown"`
-	MaxWorkers    int     `json:"max_workers"`
-	Rate          int     `json:"rate_per_s"`
-	Pickup        Latency `json:"pickup"`
-	DrainJobs     int     `json:"drain_jobs"`
-	DrainSeconds  float64 `json:"drain_seconds"`
-	DrainRate     float64 `json:"drain_jobs_per_s"`
+	riverConditions
+	Pickup Latency `json:"pickup"`
+	riverDrain
 	// Ours: the node's pickup (change streams, majority) of this run, and
 	// its ratio to River's, with the goal.
 	Ours  Latency `json:"ours"`
@@ -96,12 +100,9 @@ func compareRiver(run riverRun, pickup *PickupReport) *RiverReport {
 	for i, v := range run.PickupMS {
 		d[i] = time.Duration(v * float64(time.Millisecond))
 	}
-	rep := &RiverReport{River: run.River, Postgres: run.Postgres, FetchCooldown: run.FetchCooldown, MaxWorkers: run.MaxWorkers, Rate: run.Rate,
-		Pickup: summarize(d), DrainJobs: run.DrainJobs, DrainSeconds: run.DrainSeconds, DrainRate: run.DrainRate}
-	for _, r := range pickup.Rows {
-		if r.Mode == modeChangeStream && r.SubmitWC == wcMajority {
-			rep.Ours = r.Pickup
-		}
+	rep := &RiverReport{riverConditions: run.riverConditions, Pickup: summarize(d), riverDrain: run.riverDrain}
+	if r := pickupRow(pickup.Rows, modeChangeStream, wcMajority); r != nil {
+		rep.Ours = r.Pickup
 	}
 	rep.Ratio = Ratio{What: "node pickup (change streams, majority) / River's (FetchCooldown " + rep.FetchCooldown + ")",
 		P50: ratio(rep.Ours.P50, rep.Pickup.P50), P99: ratio(rep.Ours.P99, rep.Pickup.P99)}

@@ -126,7 +126,7 @@ func (k *checker) throughput(t *ThroughputReport) {
 		k.bad("throughput: missing")
 		return
 	}
-	want := []string{whatNode + ", " + nodesConcurrency(1), whatNode + ", " + nodesConcurrency(3), whatNodeProcs + ", 3 processes", whatPerTask,
+	want := []string{whatNode + ", " + nodesConcurrency(1), whatNode + ", " + nodesConcurrency(3), whatNodeProcs + ", " + procsConcurrency(3), whatPerTask,
 		whatBatched + ", " + batchedConcurrency(1), whatBatched + ", " + batchedConcurrency(3)}
 	seen := map[string]bool{}
 	for _, row := range t.Rows {

@@ -277,14 +277,33 @@ func (e *env) cpuSnapshot(procs []*nodeProc) cpuSnap {
 		s, _ := procCPUSeconds(p.cmd.Process.Pid)
 		c.procs = append(c.procs, s)
 	}
-	if e.rs != nil {
-		for _, m := range e.rs.Members() {
-			s, _ := procCPUSeconds(m.PID())
-			c.mongod += s
-		}
-	}
+	c.mongod = e.mongodCPU()
 	c.machineBusy, c.machineTotal, c.cpus, _ = machineCPU()
 	return c
+}
+
+// mongodCPU is the CPU time the replica set's mongods used so far, in
+// seconds (0 when this run did not start them).
+func (e *env) mongodCPU() float64 {
+	if e.rs == nil {
+		return 0
+	}
+	var pids []int
+	for _, m := range e.rs.Members() {
+		pids = append(pids, m.PID())
+	}
+	return procsCPU(pids)
+}
+
+// procsCPU is the CPU time processes used so far, in seconds (those
+// gone count 0).
+func procsCPU(pids []int) float64 {
+	var sum float64
+	for _, pid := range pids {
+		s, _ := procCPUSeconds(pid)
+		sum += s
+	}
+	return sum
 }
 
 // clockTicks is Linux's USER_HZ, the unit of /proc's CPU times (100 on

@@ -32,16 +32,16 @@ type DrainRow struct {
 // client's CPU time, and the primary's serverStatus counters.
 type cpuMeter struct {
 	e        *env
-	pids     func() []int // the client's processes; nil: this one
+	pids     []int // the client's processes; nil: this one
 	mongod   float64
 	client   float64
 	ss0, ss1 map[string]int64 // nil: not read
 }
 
-func (e *env) meterCPU(pids func() []int) *cpuMeter {
+func (e *env) meterCPU(pids []int) *cpuMeter {
 	m := &cpuMeter{e: e, pids: pids}
 	m.ss0 = m.counters()
-	m.mongod, m.client = m.read()
+	m.mongod, m.client = e.mongodCPU(), m.clientCPU()
 	return m
 }
 
@@ -56,44 +56,30 @@ func (m *cpuMeter) counters() map[string]int64 {
 	return ss
 }
 
-func (m *cpuMeter) read() (mongod, client float64) {
-	if m.e.rs != nil {
-		for _, mb := range m.e.rs.Members() {
-			s, _ := procCPUSeconds(mb.PID())
-			mongod += s
-		}
+func (m *cpuMeter) clientCPU() float64 {
+	if m.pids == nil {
+		return procsCPU([]int{os.Getpid()})
 	}
-	pids := []int{os.Getpid()}
-	if m.pids != nil {
-		pids = m.pids()
-	}
-	for _, pid := range pids {
-		s, _ := procCPUSeconds(pid)
-		client += s
-	}
-	return mongod, client
+	return procsCPU(m.pids)
 }
 
 // stop ends the measurement; fill then puts it in a row.
 func (m *cpuMeter) stop() {
-	mongod, client := m.read()
-	m.mongod, m.client = mongod-m.mongod, client-m.client
+	m.mongod, m.client = m.e.mongodCPU()-m.mongod, m.clientCPU()-m.client
 	if m.ss0 != nil {
 		m.ss1 = m.counters()
 	}
 }
 
-// fill sets row's CPU figures per task finished (after stop).
+// fill sets row's figures per task finished (after stop). Without a
+// replica set of this run's the mongods' CPU is 0, left out.
 func (m *cpuMeter) fill(row *DrainRow) {
 	if row.Finished == 0 {
 		return
 	}
 	per := func(s float64) float64 { return round(s * 1e6 / float64(row.Finished)) }
-	if m.e.rs != nil {
-		row.MongodCPU = per(m.mongod)
-	}
-	row.ClientCPU = per(m.client)
-	if m.ss0 != nil && m.ss1 != nil {
+	row.MongodCPU, row.ClientCPU = per(m.mongod), per(m.client)
+	if m.ss1 != nil {
 		sp := serverPerTask(m.ss0, m.ss1, row.Finished)
 		row.Server = &sp
 	}
