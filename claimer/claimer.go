@@ -46,21 +46,21 @@ type Queue struct {
 	// in -1/0, a projection), nil when unknown: weights compare
 	// cluster-wide shares with it.
 	CountRunning *int64
-	// Nodes is how many live nodes serve the queue, this one included
-	// (0 reads as 1). Every node corrects the shares from the same
-	// count_running, so each takes its part: it counts its own claims
-	// since the read Nodes times (the others are taking theirs) and
-	// takes 1/Nodes of a deficit. Otherwise the nodes together would
-	// correct Nodes times the error, and the shares would swing.
-	Nodes int
 	// Peers names the live other nodes that may serve the queue (their
-	// heartbeats list it; nodes_pin and nodes_ignore let them): a wake-up
-	// for a new task is staggered among them and this node (Stagger).
+	// heartbeats list it; nodes_pin and nodes_ignore let them), in any
+	// order: a wake-up for a new task is staggered among them and this
+	// node (Stagger), and the weights' correction is shared with them
+	// (nodes).
 	Peers []string
 }
 
-// nodes is q.Nodes, at least 1.
-func (q Queue) nodes() int { return max(q.Nodes, 1) }
+// nodes is how many live nodes serve q, this one included. Every node
+// corrects the shares from the same count_running, so each takes its
+// part: it counts its own claims since the read nodes() times (the others
+// are taking theirs) and takes 1/nodes() of a deficit. Otherwise the
+// nodes together would correct nodes() times the error, and the shares
+// would swing.
+func (q Queue) nodes() int { return 1 + len(q.Peers) }
 
 // Config configures a Claimer.
 type Config struct {
@@ -134,9 +134,6 @@ type Stats struct {
 	// because of them, round after round.
 	Contended   int64
 	LostBatches int64
-	// Rereads: queues read again before dispatching tasks claimed in a
-	// queue whose change was heard during the pass (current).
-	Rereads int64
 	// Passes and PassTime: passes run, and their time in all (on the
 	// clock), queue reads and claims included.
 	Passes   int64
@@ -176,6 +173,9 @@ type Claimer struct {
 	queues map[bson.ObjectID]Queue
 	order  []bson.ObjectID
 	empty  map[bson.ObjectID]bool // last claim found nothing
+	// reads counts the queue reads: a pass and a claim holding copies of
+	// queues read before the last take them from c.queues again.
+	reads int
 	// spread: the queue's batched claims pick at random among this many
 	// times as many candidates (store.TaskClaimManyParams.Spread), doubled
 	// (up to maxSpread) after a claim other nodes contended, halved after
@@ -414,17 +414,23 @@ func (c *Claimer) stagger() (next time.Duration, ok bool) {
 		}
 	}
 	var earliest time.Time
+	var due []bson.ObjectID
 	for q, at := range c.due {
 		if !at.After(now) {
 			delete(c.due, q)
-			c.mu.Lock()
-			c.dirty[q] = true
-			c.mu.Unlock()
+			due = append(due, q)
 			continue
 		}
 		if earliest.IsZero() || at.Before(earliest) {
 			earliest = at
 		}
+	}
+	if len(due) > 0 {
+		c.mu.Lock()
+		for _, q := range due {
+			c.dirty[q] = true
+		}
+		c.mu.Unlock()
 	}
 	if earliest.IsZero() {
 		return 0, false
@@ -488,7 +494,14 @@ func (c *Claimer) pass(ctx context.Context) int {
 	}
 	open = c.withHigherPriorities(open)
 	claimed := 0
+	read := c.reads
 	for len(open) > 0 && ctx.Err() == nil {
+		if c.reads != read { // read again during the pass (current)
+			open, read = c.reread(open), c.reads
+			if len(open) == 0 {
+				break
+			}
+		}
 		i, limit := c.next(open)
 		n, more := c.claim(ctx, open[i], limit)
 		claimed += n
@@ -505,19 +518,28 @@ func (c *Claimer) pass(ctx context.Context) int {
 	return claimed
 }
 
-// readQueues re-reads the queues (the loop goroutine). The changes heard
-// until now are in what it reads.
+// readQueues re-reads the queues (the loop goroutine). What it reads holds
+// the changes heard until it starts: their marks are cleared, and put back
+// when the read fails.
 func (c *Claimer) readQueues(ctx context.Context) bool {
 	c.mu.Lock()
-	c.changed = map[bson.ObjectID]bool{}
+	heard := c.changed
+	c.changed, c.refresh = map[bson.ObjectID]bool{}, false
 	c.mu.Unlock()
 	qs, err := c.cfg.Refresh(ctx)
 	if err != nil {
+		c.mu.Lock()
+		for id := range heard {
+			c.changed[id] = true
+		}
+		c.refresh = true
+		c.mu.Unlock()
 		if ctx.Err() == nil {
 			c.log.Warn("read queues", "error", err)
 		}
 		return false
 	}
+	c.reads++
 	c.queues = make(map[bson.ObjectID]Queue, len(qs))
 	c.order = c.order[:0]
 	c.readRunning = make(map[bson.ObjectID]int, len(qs))
@@ -529,21 +551,29 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 	return true
 }
 
-// current is q as tasks claimed in it are to be dispatched with: read
-// again when its change was heard after the queues were read. A pass
-// reads the queues, then claims; a queue changed and a task inserted in
-// between would otherwise run under the queue's old settings, though the
-// stream delivered the change before the insert.
-func (c *Claimer) current(ctx context.Context, q Queue) Queue {
-	c.mu.Lock()
-	changed := c.changed[q.ID]
-	c.mu.Unlock()
+// reread replaces the queues of open by their last read, leaving out those
+// no longer served.
+func (c *Claimer) reread(open []Queue) []Queue {
+	out := open[:0]
+	for _, q := range open {
+		if now, ok := c.queues[q.ID]; ok {
+			out = append(out, now)
+		}
+	}
+	return out
+}
+
+// current is q as tasks claimed in it are to be dispatched with. changed:
+// its change was heard after the queues were last read, so they are read
+// again and q is taken from that read. A pass reads the queues, then
+// claims; a queue changed and a task inserted in between would otherwise
+// run under the queue's old settings, though the stream delivered the
+// change before the insert. (The pass and the claim take their copies of
+// the queues from such a read too: see reads.)
+func (c *Claimer) current(ctx context.Context, q Queue, changed bool) Queue {
 	if !changed || !c.readQueues(ctx) {
 		return q
 	}
-	c.mu.Lock()
-	c.stats.Rereads++
-	c.mu.Unlock()
 	if now, ok := c.queues[q.ID]; ok {
 		return now
 	}
@@ -720,9 +750,17 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		}
 	}()
 	batched := false
+	read := c.reads
 	for {
 		if n >= limit {
 			return n, true
+		}
+		if c.reads != read { // read again since (current)
+			now, ok := c.queues[q.ID]
+			if !ok {
+				return n, false
+			}
+			q, read = now, c.reads
 		}
 		want := 1
 		if batched {
@@ -805,9 +843,10 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 	case err == nil:
 		c.mu.Lock()
 		c.stats.Claims++
+		changed := c.changed[q.ID]
 		c.mu.Unlock()
 		end := c.clock.Now()
-		c.cfg.Dispatch(c.current(ctx, q), t, Timing{Start: start, End: end})
+		c.cfg.Dispatch(c.current(ctx, q, changed), t, Timing{Start: start, End: end})
 		return 1, nil
 	case errors.As(err, &de):
 		c.cfg.Malformed(q, t, err)
@@ -864,9 +903,10 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (won int, l
 	if res.Lost {
 		c.stats.LostBatches++
 	}
+	changed := c.changed[q.ID]
 	c.mu.Unlock()
 	if len(res.Tasks) > 0 {
-		q = c.current(ctx, q)
+		q = c.current(ctx, q, changed)
 	}
 	for _, t := range res.Tasks {
 		c.cfg.Dispatch(q, t, timing)

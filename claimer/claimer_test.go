@@ -912,54 +912,77 @@ func TestNewTaskWakeUpsAreStaggered(t *testing.T) {
 }
 
 // TestAQueueChangedDuringAPassIsReadAgainBeforeDispatch: a pass read the
-// queues, then a queue's change is heard while its claim is under way (a
-// task inserted after the change): the task is dispatched with the queue
-// as changed, not as the pass read it.
+// queues, then their change is heard while a claim is under way (tasks
+// inserted after the change): every task claimed from then on is
+// dispatched with its queue as changed, in the pass's first single claim
+// or in a batch, in the other queue of the pass too, and the queues are
+// read once for it.
 func TestAQueueChangedDuringAPassIsReadAgainBeforeDispatch(t *testing.T) {
-	t.Parallel()
-	bus := newBus(t)
-	q := queue("q", 1)
-	q.Constructor = "before"
-	var mu sync.Mutex
-	var dispatchedWith []string
-	h := newHarness(t, func(c *claimer.Config) {
-		c.Events = bus
-		c.Dispatch = func(q claimer.Queue, _ schema.Task, _ claimer.Timing) {
+	for _, tc := range []struct {
+		name   string
+		during int // the TaskClaim call (1: the single claim; 2: a batch's first) during which the change is heard
+		want   map[string]int
+	}{
+		{"during the single claim", 1, map[string]int{"after": 6}},
+		{"during a batch", 2, map[string]int{"before": 1, "after": 5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			bus := newBus(t)
+			a, b := queue("a", 3), queue("b", 3)
+			a.Constructor, b.Constructor = "before", "before"
+			var mu sync.Mutex
+			dispatchedWith := map[string]int{}
+			h := newHarness(t, func(c *claimer.Config) {
+				c.Events = bus
+				c.Dispatch = func(q claimer.Queue, _ schema.Task, _ claimer.Timing) {
+					mu.Lock()
+					defer mu.Unlock()
+					dispatchedWith[q.Constructor]++
+				}
+			}, a, b)
+			h.start()
+			h.pass() // read the queues; nothing to claim
+			require.Equal(t, int64(1), h.refreshes.Load())
+
+			entered, release := make(chan struct{}), make(chan struct{})
+			calls := 0
+			left := map[bson.ObjectID]int{a.ID: 3, b.ID: 3}
+			h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+				mu.Lock()
+				calls++
+				if calls == tc.during {
+					mu.Unlock()
+					close(entered)
+					<-release
+					mu.Lock()
+				}
+				defer mu.Unlock()
+				if left[p.Queue] == 0 {
+					return schema.Task{}, store.ErrNoTask
+				}
+				left[p.Queue]--
+				return alwaysTask(ctx, p)
+			})
+			h.c.WakeAll() // a pass that reads the queues, then claims in both
+			recv(t, entered)
+			a2, b2 := a, b
+			a2.Constructor, b2.Constructor = "after", "after"
+			h.setQueues(a2, b2)
+			// The bus returns once the claimer handled each change.
+			publish(t, bus, events.TopicQueues, events.QueueChanged{Op: events.OpUpdate, ID: a.ID})
+			publish(t, bus, events.TopicQueues, events.QueueChanged{Op: events.OpUpdate, ID: b.ID})
+			close(release)
+			h.pass()
 			mu.Lock()
-			defer mu.Unlock()
-			dispatchedWith = append(dispatchedWith, q.Constructor)
-		}
-	}, q)
-	h.start()
-	h.pass() // read the queues; nothing to claim
-	require.Equal(t, int64(1), h.refreshes.Load())
+			require.Equal(t, tc.want, dispatchedWith)
+			mu.Unlock()
+			require.Equal(t, int64(3), h.refreshes.Load(), "the pass's read, then one more for both changes")
 
-	entered, release := make(chan struct{}), make(chan struct{})
-	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
-		close(entered)
-		<-release
-		h.st.set(nil)
-		return alwaysTask(ctx, p)
-	})
-	h.c.HasWork(q.ID)
-	recv(t, entered)
-	changed := q
-	changed.Constructor = "after"
-	h.setQueues(changed)
-	// The bus returns once the claimer handled the change.
-	publish(t, bus, events.TopicQueues, events.QueueChanged{Op: events.OpUpdate, ID: q.ID})
-	close(release)
-	h.pass()
-	mu.Lock()
-	require.Equal(t, []string{"after"}, dispatchedWith)
-	mu.Unlock()
-	require.Equal(t, int64(1), h.c.Stats().Rereads)
-
-	// A pass that read the queues after the change does not read them again.
-	h.st.set(alwaysTask)
-	h.c.Finished(q.ID)
-	h.pass() // the change's own pass: it reads the queues first
-	h.c.Finished(q.ID)
-	h.pass()
-	require.Equal(t, int64(1), h.c.Stats().Rereads)
+			// The changes' own pass does not read the queues again: the
+			// read during the pass holds them.
+			h.pass()
+			require.Equal(t, int64(3), h.refreshes.Load())
+		})
+	}
 }

@@ -236,7 +236,7 @@ func TestEachNodeTakesItsPartOfADeficit(t *testing.T) {
 	a, b := sched("a", 100, 0, 20), sched("b", 100, 0, 20)
 	six, zero := int64(6), int64(0)
 	a.CountRunning, b.CountRunning = &six, &zero
-	a.Nodes, b.Nodes = 3, 3
+	a.Peers, b.Peers = []string{"n2", "n3"}, []string{"n2", "n3"}
 	h := newHarness(t, nil, a, b)
 	h.st.set(alwaysTask)
 	free := 6

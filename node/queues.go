@@ -89,7 +89,7 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
 		peers := serving(q, others)
 		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads,
-			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning, Nodes: 1 + len(peers), Peers: peers})
+			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning, Peers: peers})
 	}
 	qs.mu.Lock()
 	qs.all = res.Queues
@@ -134,7 +134,7 @@ func (qs *queueSet) liveOthers(ctx context.Context) map[string]map[string]bool {
 	return out
 }
 
-// serving names the live other nodes that may serve q, sorted: their
+// serving names the live other nodes that may serve q, in no order: their
 // heartbeat lists it and the queue's nodes_pin and nodes_ignore let them.
 func serving(q schema.Queue, others map[string]map[string]bool) []string {
 	var names []string
@@ -147,7 +147,6 @@ func serving(q schema.Queue, others map[string]map[string]bool) []string {
 			names = append(names, name)
 		}
 	}
-	slices.Sort(names)
 	return names
 }
 

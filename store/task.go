@@ -399,15 +399,15 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	token := bson.NewObjectID()
 	var won int64
 	contended := 0
+	window := p.Limit
+	if p.Spread > 1 {
+		window = min(p.Limit*p.Spread, MaxClaimBatch)
+	}
 	// Other claimers may win every candidate between the find and the
 	// update; then the queue may still hold tasks, so look again.
 	for attempt := 0; won == 0; attempt++ {
 		if attempt == 3 {
 			return TaskClaimManyResult{Lost: true, Contended: contended}, nil
-		}
-		window := p.Limit
-		if p.Spread > 1 {
-			window = min(p.Limit*p.Spread, MaxClaimBatch)
 		}
 		cands, err := claimCandidates[struct {
 			ID any `bson:"_id"`
