@@ -56,7 +56,7 @@ func main() {
 	jobs := flag.Int("jobs", 20000, "drain: no-op jobs queued before the client starts")
 	workers := flag.Int("max-workers", 64, "the queue's MaxWorkers")
 	cooldown := flag.Duration("fetch-cooldown", time.Millisecond, "River's FetchCooldown (its minimum is 1ms: its best pickup)")
-	verbose := flag.Bool("verbose", false, "River's and PostgreSQL's logs on stderr")
+	verbose := flag.Bool("verbose", false, "River's logs, and where PostgreSQL runs, on stderr (PostgreSQL's own log is shown only when it fails to start)")
 	flag.Parse()
 	if *rate < 1 || *rate > 1000 || *duration <= 0 || *jobs < 1 || *workers < 1 {
 		fmt.Fprintln(os.Stderr, "disbatch-bench-river: --rate 1..1000, --duration, --jobs and --max-workers must be positive")
@@ -69,7 +69,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rep, err := run(ctx, log, *rate, *duration, *jobs, *workers, *cooldown, *verbose)
+	rep, err := run(ctx, log, *rate, *duration, *jobs, *workers, *cooldown)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "disbatch-bench-river:", err)
 		os.Exit(1)
@@ -77,8 +77,8 @@ func main() {
 	_ = json.NewEncoder(os.Stdout).Encode(rep)
 }
 
-func run(ctx context.Context, log *slog.Logger, rate int, duration time.Duration, jobs, workers int, cooldown time.Duration, verbose bool) (*Report, error) {
-	pg, err := startPostgres(ctx, log, verbose)
+func run(ctx context.Context, log *slog.Logger, rate int, duration time.Duration, jobs, workers int, cooldown time.Duration) (*Report, error) {
+	pg, err := startPostgres(ctx, log)
 	if err != nil {
 		return nil, err
 	}
@@ -119,19 +119,18 @@ type noopArgs struct{}
 
 func (noopArgs) Kind() string { return "noop" }
 
-// noopWorker notes when Work is called for each job, and counts.
+// noopWorker notes when Work is called: first, and for each job when
+// started is set.
 type noopWorker struct {
 	river.WorkerDefaults[noopArgs]
 	mu      sync.Mutex
 	started map[int64]time.Time
 	first   atomic.Int64 // Unix ns of the first Work (0: none yet)
-	n       atomic.Int64
 }
 
 func (w *noopWorker) Work(_ context.Context, job *river.Job[noopArgs]) error {
 	now := time.Now()
 	w.first.CompareAndSwap(0, now.UnixNano())
-	w.n.Add(1)
 	if w.started != nil {
 		w.mu.Lock()
 		w.started[job.ID] = now

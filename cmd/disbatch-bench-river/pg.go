@@ -41,7 +41,7 @@ func pgBin() (string, error) {
 
 // startPostgres initialises a cluster in a temporary directory and starts
 // it on a free loopback port, trusting local connections.
-func startPostgres(ctx context.Context, log *slog.Logger, verbose bool) (*postgres, error) {
+func startPostgres(ctx context.Context, log *slog.Logger) (*postgres, error) {
 	bin, err := pgBin()
 	if err != nil {
 		return nil, err
@@ -87,9 +87,7 @@ func startPostgres(ctx context.Context, log *slog.Logger, verbose bool) (*postgr
 	if out, err := exec.CommandContext(ctx, filepath.Join(bin, "postgres"), "--version").Output(); err == nil {
 		pg.version = strings.TrimSpace(string(out))
 	}
-	if verbose {
-		log.Info("PostgreSQL started", "dir", dir, "port", port, "version", pg.version)
-	}
+	log.Info("PostgreSQL started", "dir", dir, "port", port, "version", pg.version)
 	return pg, nil
 }
 
