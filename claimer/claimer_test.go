@@ -986,3 +986,46 @@ func TestAQueueChangedDuringAPassIsReadAgainBeforeDispatch(t *testing.T) {
 		})
 	}
 }
+
+// TestStaggeredWakeUpsAreBoundedAndTheEarliestWins: a node ranked far
+// down among many peers waits at most maxStaggerRank (10) x Stagger, and
+// of two new tasks in one queue the earlier turn stands.
+func TestStaggeredWakeUpsAreBoundedAndTheEarliestWins(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	q := queue("a", 1)
+	for i := range 14 {
+		q.Peers = append(q.Peers, fmt.Sprintf("p%02d", i))
+	}
+	h := newHarness(t, func(c *claimer.Config) { c.Events = bus; c.Clock = fake; c.Stagger = 5 * time.Millisecond }, q)
+	h.start()
+	h.pass()
+	require.Equal(t, ids(q), h.st.take())
+	queued := schema.StatusQueued
+	taskRanked := func(ok func(int) bool) bson.ObjectID {
+		for {
+			if id := bson.NewObjectID(); ok(claimer.Rank(id, "n1", q.Peers)) {
+				return id
+			}
+		}
+	}
+	wake := func(id bson.ObjectID) {
+		publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: id, Queue: q.ID, Status: &queued})
+		h.pass() // the wake-up's own pass: nothing due yet
+		require.Empty(t, h.st.take())
+	}
+
+	wake(taskRanked(func(r int) bool { return r >= 12 }))
+	fake.Advance(49 * time.Millisecond)
+	h.noPass()
+	fake.Advance(time.Millisecond)
+	h.pass()
+	require.Equal(t, ids(q), h.st.take(), "ranked 12 or more: 10 x 5 ms later")
+
+	wake(taskRanked(func(r int) bool { return r == 1 }))
+	wake(taskRanked(func(r int) bool { return r == 6 }))
+	fake.Advance(5 * time.Millisecond)
+	h.pass()
+	require.Equal(t, ids(q), h.st.take(), "the earlier turn (5 ms) stands, not the later (30 ms)")
+}
