@@ -22,6 +22,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -100,6 +101,22 @@ func schedSubmit(c *dagCluster, queue bson.ObjectID, n, ms int) []bson.ObjectID 
 	return all
 }
 
+// schedSubmitSpread inserts n tasks of queue whose runs are drawn evenly
+// from [minMS, maxMS] (write concern majority, in batches of 500).
+func schedSubmitSpread(c *dagCluster, queue bson.ObjectID, n, minMS, maxMS int) {
+	c.t.Helper()
+	sub := &submitter{coll: c.db.Collection("tasks", options.Collection().SetWriteConcern(writeconcern.Majority()))}
+	for sent := 0; sent < n; sent += 500 {
+		var ids []bson.ObjectID
+		var docs []any
+		for range min(500, n-sent) {
+			id, doc := newTask(queue, minMS+rand.IntN(maxMS-minMS+1))
+			ids, docs = append(ids, id), append(docs, doc)
+		}
+		require.NoError(c.t, sub.insert(ids, docs, time.Now().Add(time.Minute)), "submit tasks")
+	}
+}
+
 // schedHeld counts the tasks of queues in -1 or 0 (claimed or running), by
 // queue and node, in one aggregation.
 func schedHeld(db *mongo.Database, queues []bson.ObjectID) (map[bson.ObjectID]map[string]int, error) {
@@ -175,13 +192,24 @@ const (
 	// queue from the same stale count); with 4 s, three runs here gave w1
 	// 0.139, 0.141, 0.142. Reading the counts every 250 ms instead did not
 	// help (0.142 to 0.178): the staleness is against a task's life.
-	schedWeightMS    = 4000
-	schedWeightTasks = 1200            // per queue: more than all its slots run in the scenario
-	schedWarmup      = 6 * time.Second // from the nodes' start, not sampled: a loaded machine converged within 5 s (shares by quarter, CI dry run)
-	schedWindow      = 8 * time.Second // sampled
-	schedSampleEvery = 100 * time.Millisecond
-	schedTolerance   = 0.10 // of the expected share, relative
-	schedBusyMin     = 0.7  // of the slots held on average: the queues compete for them
+	schedWeightMS = 4000
+	// Each task's run is drawn from schedWeightMS ± schedWeightSpreadMS.
+	// Tasks of one length, all started by the first fill, finish
+	// together every 4 s: 63 slots freed and refilled within 300 ms, at
+	// 200 claims a second, while count_running (projected, 20-40 ms
+	// behind) lags each node's own claims, which it counts nodes() times.
+	// A refill in such a burst came out a slot or two off (10:19:34,
+	// 11:20:32), and stayed so until the next burst 4 s later: no slot
+	// frees in between to correct it. With spread lengths the bursts
+	// dissolve into the 16 claims a second the steady state has, and
+	// each freed slot corrects the shares (docs/scheduling.md).
+	schedWeightSpreadMS = 1000
+	schedWeightTasks    = 1200            // per queue: more than all its slots run in the scenario
+	schedWarmup         = 6 * time.Second // from the nodes' start, not sampled: a loaded machine converged within 5 s (shares by quarter, CI dry run)
+	schedWindow         = 8 * time.Second // sampled
+	schedSampleEvery    = 100 * time.Millisecond
+	schedTolerance      = 0.10 // of the expected share, relative
+	schedBusyMin        = 0.7  // of the slots held on average: the queues compete for them
 )
 
 // schedWeights: three queues of one priority with weights 1, 2 and 4, each
@@ -207,7 +235,7 @@ func schedWeights(t *testing.T, s *faultSuite) {
 	var weights float64
 	for i, q := range qs {
 		ids[i] = schedQueue(c, q.name, "weight="+strconv.FormatFloat(q.weight, 'f', -1, 64), "maxthreads="+strconv.Itoa(schedWeightNodeMax))
-		schedSubmit(c, ids[i], schedWeightTasks, schedWeightMS)
+		schedSubmitSpread(c, ids[i], schedWeightTasks, schedWeightMS-schedWeightSpreadMS, schedWeightMS+schedWeightSpreadMS)
 		weights += q.weight
 	}
 	c.startThree()
