@@ -2,8 +2,9 @@
 // when a task ends, its children held awaiting their parents are queued
 // (every parent succeeded), finish unrun with reason parent_failed (a
 // parent ended otherwise), or, with on_parent_failure "run", are queued
-// once every parent has ended. It follows the parents' finish events (the
-// store's StreamGraph change stream) and settles their children at once;
+// once every parent has ended. It follows the parents' finish events (on
+// the leader's change stream, store.StreamLeader, told apart by
+// store.EndsTask) and settles their children at once;
 // a sweep of every waiting child at the start of each term, every Every
 // (a minute by default) and whenever the stream lost its position catches
 // what a crash or a missed event left behind. The rules themselves are
@@ -25,7 +26,6 @@ import (
 
 // Store is what the graph duty reads and writes.
 type Store interface {
-	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
 	TaskGraphSettle(ctx context.Context, p store.TaskGraphSettleParams) (store.TaskGraphResult, error)
 	TaskGraphSweep(ctx context.Context, p store.TaskGraphSweepParams) (store.TaskGraphResult, error)
 }
@@ -43,6 +43,12 @@ type Config struct {
 	Settled func(res store.TaskGraphResult, sweep bool)
 	Clock   clock.Clock
 	Logger  *slog.Logger
+}
+
+// Source is the leader's change stream (store.StreamLeader), opened
+// before Lead is called; the duty reads it from one goroutine.
+type Source interface {
+	Next(ctx context.Context) (store.StreamBatch, error)
 }
 
 // Graph is the duty; run Lead under a leadership.Elector.
@@ -64,33 +70,26 @@ func New(cfg Config) *Graph {
 }
 
 // Lead settles task graphs until the term ends: the children of the
-// tasks its stream hears end, as they end, and every waiting child at
-// once and every Every. The stream is opened before the first sweep, so a
-// parent that ends after the sweep read its children is heard. Settles
-// and sweeps may overlap: every write of the store's is guarded.
-func (g *Graph) Lead(ctx context.Context, term leadership.Term) error {
-	r, err := g.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamGraph, Name: "graph", Pace: store.Patient, Logger: g.log}) // paced in real time
-	if err != nil {
-		return err
-	}
+// tasks src hears end, as they end, and every waiting child at once and
+// every Every. src is opened before the first sweep, so a parent that
+// ends after the sweep read its children is heard. Settles and sweeps may
+// overlap: every write of the store's is guarded.
+func (g *Graph) Lead(ctx context.Context, term leadership.Term, src Source) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		g.listen(ctx, r)
+		g.listen(ctx, src)
 	}()
-	defer func() {
-		<-done
-		r.Close()
-	}()
+	defer func() { <-done }()
 	g.log.Info("leading: settling task graphs as parents end", "sweep_every", g.cfg.Every)
 	return leadership.Every(g.clock, g.cfg.Every, g.sweep)(ctx, term)
 }
 
 // listen settles the children of the tasks the stream hears end, and
 // sweeps when the stream lost its position, until ctx ends.
-func (g *Graph) listen(ctx context.Context, r *store.StreamReader) {
+func (g *Graph) listen(ctx context.Context, src Source) {
 	for {
-		sb, err := r.Next(ctx)
+		sb, err := src.Next(ctx)
 		if err != nil {
 			return
 		}
@@ -99,7 +98,7 @@ func (g *Graph) listen(ctx context.Context, r *store.StreamReader) {
 		for _, ev := range sb.Events {
 			switch ev.Op {
 			case "update", "replace", "delete":
-				if id, ok := ev.ID.ObjectIDOK(); ok {
+				if id, ok := ev.ID.ObjectIDOK(); ok && store.EndsTask(ev) {
 					ended = append(ended, id)
 				}
 			case "drop", "rename", "dropDatabase", "invalidate":

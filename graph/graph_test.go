@@ -56,11 +56,14 @@ func (b *bundle) lead() {
 		}
 	}})
 	ctx, cancel := context.WithCancel(context.Background())
+	r, err := b.store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, Pace: store.Patient})
+	require.NoError(b.t, err)
 	done := make(chan error, 1)
-	go func() { done <- g.Lead(ctx, leadership.Term{}) }()
+	go func() { done <- g.Lead(ctx, leadership.Term{}, r) }()
 	b.t.Cleanup(func() {
 		cancel()
 		require.NoError(b.t, <-done)
+		r.Close()
 	})
 	b.nextSweep()
 }

@@ -125,10 +125,15 @@ func New(cfg Config) (*Node, error) {
 	n.admits = admissions.New(admissions.Config{Store: cfg.Store, Tick: nets, Clock: cfg.Clock, Logger: log})
 	n.contin = continuous.New(continuous.Config{Store: cfg.Store, Tick: cfg.Tick, Clock: cfg.Clock, Logger: log})
 	n.chain = chain.New(chain.Config{Store: cfg.Store, Tick: nets, Clock: cfg.Clock, Logger: log})
-	duties := []leadership.Duty{n.reaper.Lead, n.timers.Lead, n.admits.Lead, n.contin.Lead, n.chain.Lead}
+	following := []streamDuty{func(ctx context.Context, term leadership.Term, src batchSource) error {
+		return n.timers.Lead(ctx, term, src)
+	}}
 	if !cfg.noGraphDuty {
-		duties = append(duties, n.graph.Lead)
+		following = append(following, func(ctx context.Context, term leadership.Term, src batchSource) error {
+			return n.graph.Lead(ctx, term, src)
+		})
 	}
+	duties := []leadership.Duty{n.reaper.Lead, sharedStream(cfg.Store, log, following...), n.admits.Lead, n.contin.Lead, n.chain.Lead}
 	if cfg.QueueBalance {
 		duties = append(duties, queuebalance.New(queuebalance.Config{Store: cfg.Store, Pretend: cfg.QueueBalancePretend, Clock: cfg.Clock, Logger: log}).Lead)
 	}

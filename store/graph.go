@@ -18,7 +18,7 @@ import (
 // Task graphs (seed 002): a task names its parents; it is held at -4 with
 // awaiting_parents until every parent has succeeded, then queued by the
 // leader's graph duty (package graph), which reads the parents' finish
-// events (StreamGraph) and calls TaskGraphSettle, and sweeps with
+// events (StreamLeader, EndsTask) and calls TaskGraphSettle, and sweeps with
 // TaskGraphSweep. A parent that ends otherwise finishes its waiting
 // descendants unrun (status 2, reason parent_failed), except children with
 // on_parent_failure "run", which are queued once every parent has ended.

@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -48,15 +49,16 @@ const (
 	// StreamParams.Tasks names, for waiting on them: events carry the new
 	// status and reason.
 	StreamTaskStates
-	// StreamTimers is what moves the leader's task timers: tasks inserted
-	// or replaced with a not_before or an expires_at, and updates that set
-	// either. Events carry those two fields.
-	StreamTimers
-	// StreamGraph is what moves task graphs: tasks that end (updates that
-	// set a status > 0 or -6, replaces with such a status) and task
-	// deletes; their waiting children may now be queued or fail (the
-	// leader's graph duty). Events carry only which task.
-	StreamGraph
+	// StreamLeader is what moves the leader's task timers and task
+	// graphs. Timers: tasks inserted or replaced with a not_before or an
+	// expires_at, and updates that set either. Graphs: tasks that end
+	// (updates that set a status > 0 or -6, replaces with such a status)
+	// and task deletes; their waiting children may now be queued or fail.
+	// Events carry not_before, expires_at and the status set; EndsTask
+	// tells a graph's events from the rest. One stream for both duties:
+	// every stream reads every oplog entry, and a second one cost a
+	// one-node drain 30 µs of mongod CPU per task (about 8%).
+	StreamLeader
 )
 
 func (p StreamProfile) String() string {
@@ -69,10 +71,8 @@ func (p StreamProfile) String() string {
 		return "transitions"
 	case StreamTaskStates:
 		return "task-states"
-	case StreamTimers:
-		return "timers"
-	case StreamGraph:
-		return "graph"
+	case StreamLeader:
+		return "leader"
 	}
 	return fmt.Sprintf("StreamProfile(%d)", int(p))
 }
@@ -232,38 +232,63 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 			project("fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskReason,
 				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskReason),
 		}}, nil
-	case StreamTimers:
-		return streamShape{pipeline: mongo.Pipeline{
-			match(
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace")}, {Key: "$or", Value: bson.A{
-					bson.D{{Key: "fullDocument." + schema.TaskNotBefore, Value: exists()}},
-					bson.D{{Key: "fullDocument." + schema.TaskExpiresAt, Value: exists()}},
-				}}},
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
-					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskNotBefore, Value: exists()}},
-					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskExpiresAt, Value: exists()}},
-				}}},
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("drop", "rename")}},
-				databaseEnd,
-			),
-			project("fullDocument."+schema.TaskNotBefore, "fullDocument."+schema.TaskExpiresAt,
-				"updateDescription.updatedFields."+schema.TaskNotBefore, "updateDescription.updatedFields."+schema.TaskExpiresAt),
-		}}, nil
-	case StreamGraph:
-		ends := func(op, status string) []bson.D {
+	case StreamLeader:
+		coll := bson.E{Key: "ns.coll", Value: schema.CollTasks}
+		op := func(ops ...any) bson.E { return bson.E{Key: "operationType", Value: in(ops...)} }
+		either := func(prefix string) bson.E {
+			return bson.E{Key: "$or", Value: bson.A{
+				bson.D{{Key: prefix + schema.TaskNotBefore, Value: exists()}},
+				bson.D{{Key: prefix + schema.TaskExpiresAt, Value: exists()}},
+			}}
+		}
+		ends := func(o, status string) []bson.D {
 			return []bson.D{
-				{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: op}, {Key: status, Value: bson.D{{Key: "$gt", Value: 0}}}},
-				{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: op}, {Key: status, Value: int32(schema.StatusOrphaned)}},
+				{coll, op(o), {Key: status, Value: bson.D{{Key: "$gt", Value: 0}}}},
+				{coll, op(o), {Key: status, Value: int32(schema.StatusOrphaned)}},
 			}
 		}
+		clauses := []bson.D{
+			{coll, op("insert", "replace"), either("fullDocument.")},
+			{coll, op("update"), either("updateDescription.updatedFields.")},
+		}
+		clauses = append(clauses, ends("update", "updateDescription.updatedFields."+schema.TaskStatus)...)
+		clauses = append(clauses, ends("replace", "fullDocument."+schema.TaskStatus)...)
+		clauses = append(clauses, bson.D{coll, op("delete", "drop", "rename")}, databaseEnd)
 		return streamShape{pipeline: mongo.Pipeline{
-			match(append(append(ends("update", "updateDescription.updatedFields."+schema.TaskStatus), ends("replace", "fullDocument."+schema.TaskStatus)...),
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("delete", "drop", "rename")}},
-				databaseEnd)...),
-			project(),
+			match(clauses...),
+			project("fullDocument."+schema.TaskNotBefore, "fullDocument."+schema.TaskExpiresAt, "fullDocument."+schema.TaskStatus,
+				"updateDescription.updatedFields."+schema.TaskNotBefore, "updateDescription.updatedFields."+schema.TaskExpiresAt,
+				"updateDescription.updatedFields."+schema.TaskStatus),
 		}}, nil
 	}
 	return streamShape{}, fmt.Errorf("unknown change stream profile %d", int(p))
+}
+
+// EndsTask says whether a StreamLeader event is a task's end, as the
+// profile matches one: an update setting a status above 0 or -6
+// (orphaned), a replace with such a status, a delete.
+func EndsTask(ev ChangeEvent) bool {
+	if ev.Coll != schema.CollTasks {
+		return false
+	}
+	var status bson.RawValue
+	switch ev.Op {
+	case "delete":
+		return true
+	case "update":
+		status = ev.Updated.Lookup(schema.TaskStatus)
+	case "replace":
+		status = ev.Doc.Lookup(schema.TaskStatus)
+	default:
+		return false
+	}
+	f, ok := status.AsFloat64OK()
+	if d, isDec := status.Decimal128OK(); isDec {
+		var err error
+		f, err = strconv.ParseFloat(d.String(), 64)
+		ok = err == nil
+	}
+	return ok && (f > 0 || f == float64(schema.StatusOrphaned))
 }
 
 func anys(ss []string) []any {

@@ -2,9 +2,9 @@
 // delayed tasks (held at -4 with a not_before) at their time, and finishes
 // unrun the waiting tasks whose expires_at has passed. It sleeps until the
 // earliest such time, read from two partial indexes (never a scan of all
-// tasks), and a change stream of tasks given a not_before or an expires_at
-// moves that time earlier when one comes sooner; a once-a-second pass is
-// the safety net.
+// tasks), and the leader's change stream (store.StreamLeader: tasks given
+// a not_before or an expires_at, among others) moves that time earlier
+// when one comes sooner; a once-a-second pass is the safety net.
 package timers
 
 import (
@@ -22,7 +22,6 @@ import (
 
 // Store is what the timers read and write.
 type Store interface {
-	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
 	TaskTimerNext(ctx context.Context) (time.Time, bool, error)
 	TaskReleaseDue(ctx context.Context, p store.TaskTimersParams) (int64, error)
 	TaskExpireDue(ctx context.Context, p store.TaskTimersParams) (map[bson.ObjectID]int64, error)
@@ -38,6 +37,12 @@ type Config struct {
 	Expired  func(queue bson.ObjectID, n int64)
 	Clock    clock.Clock
 	Logger   *slog.Logger
+}
+
+// Source is the leader's change stream (store.StreamLeader), opened
+// before Lead is called; the timers read it from one goroutine.
+type Source interface {
+	Next(ctx context.Context) (store.StreamBatch, error)
 }
 
 // Timers is the duty; run Lead under a leadership.Elector.
@@ -58,22 +63,16 @@ func New(cfg Config) *Timers {
 	return &Timers{cfg: cfg, clock: clock.Or(cfg.Clock), log: cfg.Logger.With("component", "timers")}
 }
 
-// Lead keeps task time until the term ends.
-func (t *Timers) Lead(ctx context.Context, _ leadership.Term) error {
-	r, err := t.cfg.Store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamTimers, Name: "timers", Pace: store.Patient, Logger: t.log}) // paced in real time
-	if err != nil {
-		return err
-	}
+// Lead keeps task time until the term ends, hearing of new times on src
+// (opened before, so that no time set after the first pass is missed).
+func (t *Timers) Lead(ctx context.Context, _ leadership.Term, src Source) error {
 	hints := make(chan time.Time, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t.listen(ctx, r, hints)
+		t.listen(ctx, src, hints)
 	}()
-	defer func() {
-		<-done
-		r.Close()
-	}()
+	defer func() { <-done }()
 	t.log.Info("leading: queueing delayed tasks and expiring waiting ones on time")
 	next := t.pass(ctx)
 	for {
@@ -99,10 +98,10 @@ func (t *Timers) Lead(ctx context.Context, _ leadership.Term) error {
 }
 
 // listen turns the stream's events into hints: the earliest time a batch
-// named.
-func (t *Timers) listen(ctx context.Context, r *store.StreamReader, hints chan time.Time) {
+// named (a graph's events name none).
+func (t *Timers) listen(ctx context.Context, src Source, hints chan time.Time) {
 	for {
-		b, err := r.Next(ctx)
+		b, err := src.Next(ctx)
 		if err != nil {
 			return
 		}

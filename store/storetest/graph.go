@@ -443,36 +443,60 @@ func testTaskGraphSweep(t *testing.T, newStore Factory) {
 	require.Zero(t, res)
 }
 
-// testStreamGraph: the graph profile carries tasks that end (finished,
-// orphaned) and deletes, not other transitions.
-func testStreamGraph(t *testing.T, newStore Factory) {
+// testStreamLeader: the leader's profile carries tasks that end
+// (finished, orphaned) and deletes, which EndsTask tells apart, and tasks
+// given a not_before or an expires_at, with the times; not other
+// transitions.
+func testStreamLeader(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "q", schema.SortFIFO)
-	ids := insertTasks(t, s, q.ID, 4)
-	r, err := s.StreamOpen(ctx, store.StreamParams{Profile: store.StreamGraph, MaxAwait: 100 * time.Millisecond})
+	ids := insertTasks(t, s, q.ID, 5)
+	r, err := s.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, MaxAwait: 100 * time.Millisecond})
 	require.NoError(t, err)
 	defer r.Close()
+	tasks := db.Collection("tasks")
 	setStatus(t, db, ids[0], schema.StatusRunning, "n1") // not an end
 	setStatus(t, db, ids[0], schema.StatusSucceeded, "n1")
 	setStatus(t, db, ids[1], schema.StatusOrphaned, "n1")
-	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[2]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "mtime", Value: time.Now()}}}})
+	_, err = tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[2]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "mtime", Value: time.Now()}}}})
 	require.NoError(t, err)
-	_, err = db.Collection("tasks").DeleteOne(ctx, bson.D{{Key: "_id", Value: ids[3]}})
+	_, err = tasks.DeleteOne(ctx, bson.D{{Key: "_id", Value: ids[3]}})
 	require.NoError(t, err)
-	_, err = s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil}}) // not an end
+	_, err = s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil}}) // not an end, no timer
+	require.NoError(t, err)
+	at := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	_, err = tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[4]}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskNotBefore, Value: at}}}})
+	require.NoError(t, err)
+	timed := bson.NewObjectID()
+	_, err = tasks.InsertOne(ctx, bson.D{{Key: "_id", Value: timed}, {Key: schema.TaskQueue, Value: q.ID}, {Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+		{Key: schema.TaskExpiresAt, Value: at.Add(time.Minute)}})
 	require.NoError(t, err)
 	var got []string
 	deadline := time.Now().Add(20 * time.Second)
-	for len(got) < 3 && time.Now().Before(deadline) {
+	for len(got) < 5 && time.Now().Before(deadline) {
 		b, err := r.Next(ctx)
 		require.NoError(t, err)
 		for _, ev := range b.Events {
 			id, _ := ev.ID.ObjectIDOK()
-			got = append(got, ev.Op+" "+id.Hex())
+			e := ev.Op + " " + id.Hex()
+			if store.EndsTask(ev) {
+				e += " ends"
+			}
+			for _, doc := range []bson.Raw{ev.Doc, ev.Updated} {
+				for _, f := range []string{schema.TaskNotBefore, schema.TaskExpiresAt} {
+					if v, ok := doc.Lookup(f).TimeOK(); ok {
+						e += " " + f + "=" + v.Sub(at).String()
+					}
+				}
+			}
+			got = append(got, e)
 		}
 	}
-	require.Equal(t, []string{"update " + ids[0].Hex(), "update " + ids[1].Hex(), "delete " + ids[3].Hex()}, got)
+	require.Equal(t, []string{
+		"update " + ids[0].Hex() + " ends", "update " + ids[1].Hex() + " ends", "delete " + ids[3].Hex() + " ends",
+		"update " + ids[4].Hex() + " not_before=0s", "insert " + timed.Hex() + " expires_at=1m0s",
+	}, got)
 	// Nothing else follows.
 	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()

@@ -119,7 +119,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskGraphInsertAllOrNothing", testTaskGraphInsertAllOrNothing},
 		{"TaskGraphSweep", testTaskGraphSweep},
 		{"TaskGraphGet", testTaskGraphGet},
-		{"StreamGraph", testStreamGraph},
+		{"StreamLeader", testStreamLeader},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
