@@ -56,7 +56,7 @@ func (b *bundle) lead() {
 		}
 	}})
 	ctx, cancel := context.WithCancel(context.Background())
-	r, err := b.store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, Pace: store.Patient})
+	r, err := b.store.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, GraphEnds: true, Pace: store.Patient})
 	require.NoError(b.t, err)
 	done := make(chan error, 1)
 	go func() { done <- g.Lead(ctx, leadership.Term{}, r) }()

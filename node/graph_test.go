@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -183,4 +184,27 @@ func TestChildrenOfAFailureRetriedBeforeTheSettleWait(t *testing.T) {
 	// A success is final: its children run even if the parent is rerun.
 	r.children(slog.New(slog.NewTextHandler(b.logs, nil)), parent, schema.StatusSucceeded, "", nil)
 	require.Equal(t, int64(-2), b.task(child).Lookup("status").AsInt64(), "the child of a success is queued")
+}
+
+// TestLeaderReadsTheEndsOnlyWhileATaskWaits: with no task waiting on its
+// parents the leader's stream leaves the tasks' ends out; a graph
+// inserted later brings them back at once, so a parent that another
+// program ends (not a node, whose finish settles its children itself)
+// releases its child within seconds, not at the minute's sweep.
+func TestLeaderReadsTheEndsOnlyWhileATaskWaits(t *testing.T) {
+	b := setup(t)
+	q := b.queue("q", "test", 1, schema.SortFIFO)
+	elsewhere := b.queue("elsewhere", "Nobody::Here", 1, schema.SortFIFO) // no plugin here: not served
+	b.start(b.config("n1"))
+	require.Eventually(t, func() bool { return strings.Contains(b.logs.String(), "the tasks' ends are left out") },
+		20*time.Second, 20*time.Millisecond, "the leader leaves the ends out while no task waits")
+	parent, child := bson.NewObjectID(), bson.NewObjectID()
+	b.graphInsert([]store.GraphTask{{ID: parent, Queue: elsewhere}, {ID: child, Queue: q, Parents: []bson.ObjectID{parent}}})
+	require.Eventually(t, func() bool { return strings.Contains(b.logs.String(), "the tasks' ends are read again") },
+		10*time.Second, 20*time.Millisecond, "the child's insert brings the ends back")
+	_, err := b.db.Collection("tasks").UpdateOne(context.Background(), bson.D{{Key: "_id", Value: parent}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}, {Key: "node", Value: "gone"}}}})
+	require.NoError(t, err)
+	b.waitStatus(child, schema.StatusSucceeded, 10*time.Second)
+	require.NotContains(t, b.logs.String(), "sweep settled children", "the stream settled it, not a sweep")
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/leadership"
 	"github.com/disbatch-go/disbatch/store"
@@ -18,27 +21,114 @@ type batchSource interface {
 // it reads src from one goroutine until ctx ends.
 type streamDuty func(ctx context.Context, term leadership.Term, src batchSource) error
 
-// leaderStreamStore opens the leader's change stream.
+// leaderStreamStore opens the leader's change stream, and says whether a
+// task waits on its parents.
 type leaderStreamStore interface {
 	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
+	TaskGraphAnyWaiting(ctx context.Context) (bool, error)
 }
+
+// endsCheckEvery is how often a leader reading the tasks' ends asks
+// whether any task still waits on its parents (then it reads without).
+const endsCheckEvery = time.Minute
 
 // sharedStream is one leader's duty that opens the leader's change stream
 // (store.StreamLeader, paced: its duties can wait 20 ms) and runs duties
 // on it, each hearing every batch in order. Every stream reads every
 // oplog entry, whatever it matches: one stream for the timers and the
-// graphs instead of one each cost a one-node drain 30 µs of mongod CPU
-// per task less (docs/scaling.md). It ends when every duty has ended;
+// graphs instead of one each saved 6 µs of mongod CPU per task in a
+// one-node drain, 16 µs with three nodes (docs/scaling.md). It ends when
+// every duty has ended;
 // one ending with an error ends the others, and that error is returned.
 func sharedStream(st leaderStreamStore, log *slog.Logger, duties ...streamDuty) leadership.Duty {
 	return func(ctx context.Context, term leadership.Term) error {
-		r, err := st.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, Name: "leader", Pace: store.Patient, Logger: log}) // paced in real time
-		if err != nil {
+		src := &leaderSource{st: st, log: log, ends: true}
+		if err := src.open(ctx, store.Position{}); err != nil {
 			return err
 		}
-		defer r.Close()
-		return teeRun(ctx, term, r, duties)
+		defer func() { src.r.Close() }()
+		return teeRun(ctx, term, src, duties)
 	}
+}
+
+// leaderSource is the leader's change stream, read with the tasks' ends
+// (store.StreamParams.GraphEnds) only while a task may wait on its
+// parents: every finish is an end, and carrying them cost a one-node
+// drain about 25 µs of mongod CPU per task (8%). It starts with them; at its
+// first batch, and every endsCheckEvery after, it asks whether any task
+// waits, and if none does it goes on from that batch without them. A task
+// that starts waiting later is an event of the stream either way
+// (store.WaitsOnParents), and from that event on it reads the ends
+// again. A parent that ended before its child was inserted is the
+// insert's to settle (store.TaskInsertGraph). Read from one goroutine.
+type leaderSource struct {
+	st      leaderStreamStore
+	log     *slog.Logger
+	r       *store.StreamReader
+	ends    bool
+	checked time.Time // when ends were last found needed (real time)
+	// want: reopen with the ends from resume (zero: now), as soon as
+	// a reopen succeeds.
+	want   bool
+	resume bson.Raw
+}
+
+// open replaces the reader by one from `from` (zero: now) with or
+// without the ends as l.ends says; on failure the old one stays.
+func (l *leaderSource) open(ctx context.Context, from store.Position) error {
+	r, err := l.st.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, GraphEnds: l.ends, From: from,
+		Name: "leader", Pace: store.Patient, Logger: l.log}) // paced in real time
+	if err != nil {
+		return err
+	}
+	if l.r != nil {
+		l.r.Close()
+	}
+	l.r = r
+	return nil
+}
+
+// Next is the stream's next batch; between batches it switches the ends
+// on or off.
+func (l *leaderSource) Next(ctx context.Context) (store.StreamBatch, error) {
+	b, err := l.r.Next(ctx)
+	if err != nil {
+		return b, err
+	}
+	switch {
+	case !l.ends && !l.want:
+		for _, ev := range b.Events {
+			if store.WaitsOnParents(ev) {
+				l.want, l.resume = true, ev.Token // what follows it, with the ends
+				break
+			}
+		}
+		if b.Lost != "" && !l.want {
+			l.want, l.resume = true, b.Token // unknown changes: read the ends until a check
+		}
+	case l.ends && time.Since(l.checked) >= endsCheckEvery:
+		l.checked = time.Now()
+		waiting, err := l.st.TaskGraphAnyWaiting(ctx)
+		if err != nil || waiting {
+			break // keep the ends
+		}
+		l.ends = false
+		if err := l.open(ctx, store.Position{Token: b.Token}); err != nil {
+			l.ends = true
+			break
+		}
+		l.log.Debug("leader stream: no task waits on its parents, so the tasks' ends are left out until one does")
+	}
+	if l.want {
+		l.ends = true
+		if err := l.open(ctx, store.Position{Token: l.resume}); err != nil {
+			l.ends = false // the next batch tries again, from the same place
+			return b, nil
+		}
+		l.want, l.resume, l.checked = false, nil, time.Now()
+		l.log.Debug("leader stream: a task waits on its parents, so the tasks' ends are read again")
+	}
+	return b, nil
 }
 
 // teeRun runs duties, each on its own copy of src's batches, until every

@@ -555,6 +555,19 @@ var awaiting = bson.D{
 	{Key: schema.TaskAwaitingParents, Value: true},
 }
 
+// TaskGraphAnyWaiting says whether any task is held awaiting its parents
+// (one read of the {awaiting_parents, not_before} index).
+func (s *Store) TaskGraphAnyWaiting(ctx context.Context) (bool, error) {
+	err := s.tasks.FindOne(ctx, awaiting, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return false, nil
+	}
+	return false, fmt.Errorf("read whether a task waits on its parents: %w", err)
+}
+
 // graphWaiting reads the children within filter held awaiting parents.
 func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.FindOptionsBuilder) ([]graphChild, error) {
 	if o == nil {

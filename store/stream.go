@@ -41,6 +41,11 @@ type StreamParams struct {
 	// Tasks are the tasks whose states StreamTaskStates carries (at most
 	// MaxControlIDs).
 	Tasks []bson.ObjectID
+	// GraphEnds: StreamLeader carries the tasks' ends (EndsTask) too.
+	// Every finish is one, so a leader that knows no task waits on its
+	// parents reads without them, and with them again from the event of
+	// a task that starts waiting (WaitsOnParents).
+	GraphEnds bool
 	// Name names the stream in logs and, with Checkpoint, its saved
 	// position in disbatch_streams.
 	Name string

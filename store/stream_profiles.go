@@ -51,13 +51,17 @@ const (
 	StreamTaskStates
 	// StreamLeader is what moves the leader's task timers and task
 	// graphs. Timers: tasks inserted or replaced with a not_before or an
-	// expires_at, and updates that set either. Graphs: tasks that end
-	// (updates that set a status > 0 or -6, replaces with such a status)
-	// and task deletes; their waiting children may now be queued or fail.
-	// Events carry not_before, expires_at and the status set; EndsTask
-	// tells a graph's events from the rest. One stream for both duties:
-	// every stream reads every oplog entry, and a second one cost a
-	// one-node drain 30 µs of mongod CPU per task (about 8%).
+	// expires_at, and updates that set either. Graphs: tasks that start
+	// waiting on their parents (inserted or replaced with
+	// awaiting_parents, updates that set it; WaitsOnParents) and, with
+	// StreamParams.GraphEnds, tasks that end (updates that set a status
+	// > 0 or -6, replaces with such a status) and task deletes: their
+	// waiting children may now be queued or fail (EndsTask). Events carry
+	// not_before, expires_at, awaiting_parents and the status set. One
+	// stream for both duties: every stream reads every oplog entry. The
+	// ends are every task's finish: carrying them cost a one-node drain
+	// about 25 µs of mongod CPU per task (8%), so they are asked for only
+	// while some task waits on its parents.
 	StreamLeader
 )
 
@@ -250,15 +254,22 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 		clauses := []bson.D{
 			{coll, op("insert", "replace"), either("fullDocument.")},
 			{coll, op("update"), either("updateDescription.updatedFields.")},
+			{coll, op("insert", "replace"), {Key: "fullDocument." + schema.TaskAwaitingParents, Value: true}},
+			{coll, op("update"), {Key: "updateDescription.updatedFields." + schema.TaskAwaitingParents, Value: true}},
+			{coll, op("drop", "rename")},
+			databaseEnd,
 		}
-		clauses = append(clauses, ends("update", "updateDescription.updatedFields."+schema.TaskStatus)...)
-		clauses = append(clauses, ends("replace", "fullDocument."+schema.TaskStatus)...)
-		clauses = append(clauses, bson.D{coll, op("delete", "drop", "rename")}, databaseEnd)
+		if sp.GraphEnds {
+			clauses = append(clauses, ends("update", "updateDescription.updatedFields."+schema.TaskStatus)...)
+			clauses = append(clauses, ends("replace", "fullDocument."+schema.TaskStatus)...)
+			clauses = append(clauses, bson.D{coll, op("delete")})
+		}
 		return streamShape{pipeline: mongo.Pipeline{
 			match(clauses...),
 			project("fullDocument."+schema.TaskNotBefore, "fullDocument."+schema.TaskExpiresAt, "fullDocument."+schema.TaskStatus,
+				"fullDocument."+schema.TaskAwaitingParents,
 				"updateDescription.updatedFields."+schema.TaskNotBefore, "updateDescription.updatedFields."+schema.TaskExpiresAt,
-				"updateDescription.updatedFields."+schema.TaskStatus),
+				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskAwaitingParents),
 		}}, nil
 	}
 	return streamShape{}, fmt.Errorf("unknown change stream profile %d", int(p))
@@ -289,6 +300,24 @@ func EndsTask(ev ChangeEvent) bool {
 		ok = err == nil
 	}
 	return ok && (f > 0 || f == float64(schema.StatusOrphaned))
+}
+
+// WaitsOnParents says whether a StreamLeader event is a task that starts
+// waiting on its parents: inserted or replaced with awaiting_parents, or
+// an update setting it.
+func WaitsOnParents(ev ChangeEvent) bool {
+	if ev.Coll != schema.CollTasks {
+		return false
+	}
+	var v bson.RawValue
+	switch ev.Op {
+	case "insert", "replace":
+		v = ev.Doc.Lookup(schema.TaskAwaitingParents)
+	case "update":
+		v = ev.Updated.Lookup(schema.TaskAwaitingParents)
+	}
+	b, ok := v.BooleanOK()
+	return ok && b
 }
 
 func anys(ss []string) []any {

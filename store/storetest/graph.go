@@ -443,16 +443,16 @@ func testTaskGraphSweep(t *testing.T, newStore Factory) {
 	require.Zero(t, res)
 }
 
-// testStreamLeader: the leader's profile carries tasks that end
-// (finished, orphaned) and deletes, which EndsTask tells apart, and tasks
-// given a not_before or an expires_at, with the times; not other
+// testStreamLeader: the leader's profile with GraphEnds carries tasks that
+// end (finished, orphaned) and deletes, which EndsTask tells apart, and
+// tasks given a not_before or an expires_at, with the times; not other
 // transitions.
 func testStreamLeader(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "q", schema.SortFIFO)
 	ids := insertTasks(t, s, q.ID, 5)
-	r, err := s.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, MaxAwait: 100 * time.Millisecond})
+	r, err := s.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, GraphEnds: true, MaxAwait: 100 * time.Millisecond})
 	require.NoError(t, err)
 	defer r.Close()
 	tasks := db.Collection("tasks")
@@ -506,6 +506,64 @@ func testStreamLeader(t *testing.T, newStore Factory) {
 			break
 		}
 		require.Empty(t, b.Events)
+	}
+}
+
+// testStreamLeaderWithoutEnds: without GraphEnds the leader's profile
+// leaves the ends out and carries the tasks that start waiting on their
+// parents (WaitsOnParents); TaskGraphAnyWaiting says whether one waits.
+func testStreamLeaderWithoutEnds(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 2)
+	waiting, err := s.TaskGraphAnyWaiting(ctx)
+	require.NoError(t, err)
+	require.False(t, waiting)
+	r, err := s.StreamOpen(ctx, store.StreamParams{Profile: store.StreamLeader, MaxAwait: 100 * time.Millisecond})
+	require.NoError(t, err)
+	defer r.Close()
+	setStatus(t, db, ids[0], schema.StatusSucceeded, "n1") // an end: left out
+	_, err = db.Collection("tasks").DeleteOne(ctx, bson.D{{Key: "_id", Value: ids[1]}})
+	require.NoError(t, err)
+	parent, child := bson.NewObjectID(), bson.NewObjectID()
+	graphInsert(t, s, store.GraphTask{ID: parent, Queue: q.ID}, store.GraphTask{ID: child, Queue: q.ID, Parents: []bson.ObjectID{parent}})
+	waiting, err = s.TaskGraphAnyWaiting(ctx)
+	require.NoError(t, err)
+	require.True(t, waiting)
+	var got []string
+	deadline := time.Now().Add(20 * time.Second)
+	for len(got) < 1 && time.Now().Before(deadline) {
+		b, err := r.Next(ctx)
+		require.NoError(t, err)
+		for _, ev := range b.Events {
+			id, _ := ev.ID.ObjectIDOK()
+			e := ev.Op + " " + id.Hex()
+			if store.WaitsOnParents(ev) {
+				e += " waits"
+			}
+			if store.EndsTask(ev) {
+				e += " ends"
+			}
+			got = append(got, e)
+		}
+	}
+	require.Equal(t, []string{"insert " + child.Hex() + " waits"}, got)
+	setStatus(t, db, parent, schema.StatusSucceeded, "n1")
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{parent}})
+	require.NoError(t, err)
+	waiting, err = s.TaskGraphAnyWaiting(ctx)
+	require.NoError(t, err)
+	require.False(t, waiting, "the child was queued")
+	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	for {
+		b, err := r.Next(sctx)
+		if err != nil {
+			break
+		}
+		require.Empty(t, b.Events, "neither the parent's end nor the child's release is carried")
 	}
 }
 

@@ -120,6 +120,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskGraphSweep", testTaskGraphSweep},
 		{"TaskGraphGet", testTaskGraphGet},
 		{"StreamLeader", testStreamLeader},
+		{"StreamLeaderWithoutEnds", testStreamLeaderWithoutEnds},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
