@@ -472,14 +472,29 @@ func testStreamLeader(t *testing.T, newStore Factory) {
 	_, err = tasks.InsertOne(ctx, bson.D{{Key: "_id", Value: timed}, {Key: schema.TaskQueue, Value: q.ID}, {Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 		{Key: schema.TaskExpiresAt, Value: at.Add(time.Minute)}})
 	require.NoError(t, err)
+	require.Equal(t, []string{
+		"update " + ids[0].Hex() + " ends", "update " + ids[1].Hex() + " ends", "delete " + ids[3].Hex() + " ends",
+		"update " + ids[4].Hex() + " not_before=0s", "insert " + timed.Hex() + " expires_at=1m0s",
+	}, leaderEvents(t, r, 5, at))
+	requireNoMoreEvents(t, r, "nothing else follows")
+}
+
+// leaderEvents reads n events of a StreamLeader reader (20 s at most),
+// each as "op id", then " waits" (WaitsOnParents), " ends" (EndsTask) and
+// the times it carries, as offsets from at.
+func leaderEvents(t *testing.T, r *store.StreamReader, n int, at time.Time) []string {
+	t.Helper()
 	var got []string
 	deadline := time.Now().Add(20 * time.Second)
-	for len(got) < 5 && time.Now().Before(deadline) {
-		b, err := r.Next(ctx)
+	for len(got) < n && time.Now().Before(deadline) {
+		b, err := r.Next(ctxT(t))
 		require.NoError(t, err)
 		for _, ev := range b.Events {
 			id, _ := ev.ID.ObjectIDOK()
 			e := ev.Op + " " + id.Hex()
+			if store.WaitsOnParents(ev) {
+				e += " waits"
+			}
 			if store.EndsTask(ev) {
 				e += " ends"
 			}
@@ -493,19 +508,20 @@ func testStreamLeader(t *testing.T, newStore Factory) {
 			got = append(got, e)
 		}
 	}
-	require.Equal(t, []string{
-		"update " + ids[0].Hex() + " ends", "update " + ids[1].Hex() + " ends", "delete " + ids[3].Hex() + " ends",
-		"update " + ids[4].Hex() + " not_before=0s", "insert " + timed.Hex() + " expires_at=1m0s",
-	}, got)
-	// Nothing else follows.
-	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	return got
+}
+
+// requireNoMoreEvents: r delivers no event for 500 ms.
+func requireNoMoreEvents(t *testing.T, r *store.StreamReader, msg string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctxT(t), 500*time.Millisecond)
 	defer cancel()
 	for {
-		b, err := r.Next(sctx)
+		b, err := r.Next(ctx)
 		if err != nil {
-			break
+			return
 		}
-		require.Empty(t, b.Events)
+		require.Empty(t, b.Events, msg)
 	}
 }
 
@@ -532,39 +548,14 @@ func testStreamLeaderWithoutEnds(t *testing.T, newStore Factory) {
 	waiting, err = s.TaskGraphAnyWaiting(ctx)
 	require.NoError(t, err)
 	require.True(t, waiting)
-	var got []string
-	deadline := time.Now().Add(20 * time.Second)
-	for len(got) < 1 && time.Now().Before(deadline) {
-		b, err := r.Next(ctx)
-		require.NoError(t, err)
-		for _, ev := range b.Events {
-			id, _ := ev.ID.ObjectIDOK()
-			e := ev.Op + " " + id.Hex()
-			if store.WaitsOnParents(ev) {
-				e += " waits"
-			}
-			if store.EndsTask(ev) {
-				e += " ends"
-			}
-			got = append(got, e)
-		}
-	}
-	require.Equal(t, []string{"insert " + child.Hex() + " waits"}, got)
+	require.Equal(t, []string{"insert " + child.Hex() + " waits"}, leaderEvents(t, r, 1, time.Time{}))
 	setStatus(t, db, parent, schema.StatusSucceeded, "n1")
 	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{parent}})
 	require.NoError(t, err)
 	waiting, err = s.TaskGraphAnyWaiting(ctx)
 	require.NoError(t, err)
 	require.False(t, waiting, "the child was queued")
-	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	defer cancel()
-	for {
-		b, err := r.Next(sctx)
-		if err != nil {
-			break
-		}
-		require.Empty(t, b.Events, "neither the parent's end nor the child's release is carried")
-	}
+	requireNoMoreEvents(t, r, "neither the parent's end nor the child's release is carried")
 }
 
 // testTaskGraphGet: a task's ancestors and descendants with their states.
