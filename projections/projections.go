@@ -480,52 +480,24 @@ func isTodo(v bson.RawValue) bool {
 	switch v.Type {
 	case 0, bson.TypeNull, bson.TypeUndefined, bson.TypeMinKey:
 		return true
-	case bson.TypeInt32, bson.TypeInt64:
-		return v.AsInt64() <= 0
-	case bson.TypeDouble:
-		return v.Double() <= 0
-	case bson.TypeDecimal128:
-		f, err := strconvDecimal(v)
-		return err == nil && f <= 0
 	}
-	return false
+	f, ok := schema.Number(v)
+	return ok && f <= 0
 }
 
 // isRunning is {$or: [{$eq: [status, -1]}, {$eq: [status, 0]}]} as
 // MongoDB compares: a number equal to -1 or 0, whatever its type (-1.0, a
 // decimal 0); a missing, null or non-numeric status is not running.
 func isRunning(v bson.RawValue) bool {
-	var f float64
-	switch v.Type {
-	case bson.TypeInt32, bson.TypeInt64:
-		n := v.AsInt64()
-		return n == -1 || n == 0
-	case bson.TypeDouble:
-		f = v.Double()
-	case bson.TypeDecimal128:
-		var err error
-		if f, err = strconvDecimal(v); err != nil {
-			return false
-		}
-	default:
-		return false
-	}
-	return f == -1 || f == 0
+	f, ok := schema.Number(v)
+	return ok && (f == -1 || f == 0)
 }
 
 // isFailed is {$eq: [status, 2]} as MongoDB compares: a number equal to 2,
 // whatever its type (2.0, a decimal 2); a non-numeric status is not failed.
 func isFailed(v bson.RawValue) bool {
-	switch v.Type {
-	case bson.TypeInt32, bson.TypeInt64:
-		return v.AsInt64() == int64(schema.StatusFailed)
-	case bson.TypeDouble:
-		return v.Double() == float64(schema.StatusFailed)
-	case bson.TypeDecimal128:
-		f, err := strconvDecimal(v)
-		return err == nil && f == float64(schema.StatusFailed)
-	}
-	return false
+	f, ok := schema.Number(v)
+	return ok && f == float64(schema.StatusFailed)
 }
 
 // errReposition asks run to restart the stream at the checkpoint.

@@ -271,3 +271,23 @@ func TestStatus(t *testing.T) {
 	_, err := ParseStatus("bogus")
 	require.ErrorContains(t, err, `unknown status "bogus"`)
 }
+
+// TestNumberComparesAcrossNumericTypes: Number reads every BSON number as
+// MongoDB compares it, and nothing else.
+func TestNumberComparesAcrossNumericTypes(t *testing.T) {
+	dec, err := bson.ParseDecimal128("2")
+	require.NoError(t, err)
+	raw, err := bson.Marshal(bson.D{{Key: "i", Value: int32(-1)}, {Key: "l", Value: int64(1)}, {Key: "d", Value: 0.0},
+		{Key: "m", Value: dec}, {Key: "s", Value: "1"}, {Key: "n", Value: nil}})
+	require.NoError(t, err)
+	doc := bson.Raw(raw)
+	for key, want := range map[string]float64{"i": -1, "l": 1, "d": 0, "m": 2} {
+		f, ok := Number(doc.Lookup(key))
+		require.True(t, ok, key)
+		require.Equal(t, want, f, key)
+	}
+	for _, key := range []string{"s", "n", "missing"} {
+		_, ok := Number(doc.Lookup(key))
+		require.False(t, ok, key)
+	}
+}

@@ -1,6 +1,10 @@
 package schema
 
-import "strconv"
+import (
+	"strconv"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
 
 // Status is a task status code. Seed 000 defines the named ones; any other
 // integer is allowed: a positive value means finished, a negative one means
@@ -66,4 +70,21 @@ type statusError struct{ s string }
 func (e *statusError) Error() string {
 	return "unknown status " + strconv.Quote(e.s) +
 		": want an integer or one of orphaned, cancelled, blocked, terminated, queued, claimed, running, succeeded, failed"
+}
+
+// Number is v's value when it is a BSON number (int32, int64, double or
+// decimal), as MongoDB compares numbers across their types: a status
+// stored as 1.0 or a decimal 2 is the status 1 or 2 to a query. ok is
+// false for any other type (missing, null, a string...).
+func Number(v bson.RawValue) (f float64, ok bool) {
+	switch v.Type {
+	case bson.TypeInt32, bson.TypeInt64:
+		return float64(v.AsInt64()), true
+	case bson.TypeDouble:
+		return v.Double(), true
+	case bson.TypeDecimal128:
+		f, err := strconv.ParseFloat(v.Decimal128().String(), 64)
+		return f, err == nil
+	}
+	return 0, false
 }

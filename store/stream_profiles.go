@@ -3,7 +3,6 @@ package store
 import (
 	"fmt"
 	"math"
-	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -293,12 +292,7 @@ func EndsTask(ev ChangeEvent) bool {
 	default:
 		return false
 	}
-	f, ok := status.AsFloat64OK()
-	if d, isDec := status.Decimal128OK(); isDec {
-		var err error
-		f, err = strconv.ParseFloat(d.String(), 64)
-		ok = err == nil
-	}
+	f, ok := schema.Number(status)
 	return ok && (f > 0 || f == float64(schema.StatusOrphaned))
 }
 
