@@ -97,12 +97,12 @@ func (g *Graph) listen(ctx context.Context, src Source) {
 		var ended []bson.ObjectID
 		for _, ev := range sb.Events {
 			switch ev.Op {
-			case "update", "replace", "delete":
+			case "drop", "rename", "dropDatabase", "invalidate":
+				lost = true // whatever was there is gone: look again
+			default:
 				if id, ok := ev.ID.ObjectIDOK(); ok && store.EndsTask(ev) {
 					ended = append(ended, id)
 				}
-			case "drop", "rename", "dropDatabase", "invalidate":
-				lost = true // whatever was there is gone: look again
 			}
 		}
 		switch {

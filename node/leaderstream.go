@@ -192,14 +192,11 @@ func teeRun(ctx context.Context, term leadership.Term, src batchSource, duties [
 // feed is one duty's copy of the stream.
 type feed struct {
 	ch  chan store.StreamBatch
-	mu  sync.Mutex
-	err error // why the stream ended, once ch is closed
+	err error // why the stream ended: written before ch is closed, read after
 }
 
 func (f *feed) end(err error) {
-	f.mu.Lock()
 	f.err = err
-	f.mu.Unlock()
 	close(f.ch)
 }
 
@@ -210,8 +207,6 @@ func (f *feed) Next(ctx context.Context) (store.StreamBatch, error) {
 		if ok {
 			return b, nil
 		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
 		return store.StreamBatch{}, f.err
 	case <-ctx.Done():
 		return store.StreamBatch{}, ctx.Err()
