@@ -307,6 +307,12 @@ func TestRenderTable(t *testing.T) {
 
 	r.Problems = []string{"pickup: missing"}
 	require.Contains(t, renderTable(r), "SANITY: PROBLEMS\n  - pickup: missing\n")
+
+	// serverStatus unread for every drain: no table of what the primary did.
+	for i := range r.Throughput.Rows {
+		r.Throughput.Rows[i].Server = nil
+	}
+	require.NotContains(t, renderTable(r), "THROUGHPUT: what the primary did")
 }
 
 func TestTableAlignment(t *testing.T) {
@@ -587,7 +593,7 @@ func TestCPUMeterFillsPerTask(t *testing.T) {
 		"readLatency": 1000, "writeLatency": 0, "commandLatency": 0}
 	ss1 := map[string]int64{"query": 30, "getmore": 40, "update": 2180, "command": 5, "writeConflicts": 2, "scanned": 8000, "scannedObjects": 28000,
 		"readLatency": 439000, "writeLatency": 806000, "commandLatency": 30000}
-	m := &cpuMeter{mongod: 0.78, client: 0.24, ss0: ss0, ss1: ss1}
+	m := &cpuMeter{start: cpuReading{mongod: 10.5, client: 3, ss: ss0}, end: cpuReading{mongod: 11.28, client: 3.24, ss: ss1}}
 	row := DrainRow{Finished: 2000}
 	m.fill(&row)
 	require.Equal(t, 390.0, row.MongodCPU)
@@ -601,7 +607,7 @@ func TestCPUMeterFillsPerTask(t *testing.T) {
 	require.Zero(t, none.MongodCPU)
 	require.Nil(t, none.Server)
 	// serverStatus not read: no table row.
-	m.ss1 = nil
+	m.end.ss = nil
 	row = DrainRow{Finished: 2000}
 	m.fill(&row)
 	require.Nil(t, row.Server)

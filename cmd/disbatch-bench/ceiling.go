@@ -36,9 +36,9 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 	obs := newDrainObserver(e.cfg.CeilingTasks)
 	dctx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)
 	defer cancel()
-	cpu := e.meterCPU(nil)
+	cpu := e.meterCPU(ctx, nil)
 	err = loop(dctx, tasks, q, conc, obs)
-	cpu.stop()
+	cpu.stop(ctx)
 	if err != nil && (dctx.Err() == nil || ctx.Err() != nil) {
 		return DrainRow{}, err
 	}

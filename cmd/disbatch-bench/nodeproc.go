@@ -251,13 +251,13 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	if err != nil {
 		return DrainRow{}, err
 	}
-	cpu := e.meterCPU(g.pids())
+	cpu := e.meterCPU(ctx, g.pids())
 	if err := g.resume(); err != nil {
 		return DrainRow{}, err
 	}
 	complete := true
 	err = waitDrained(ctx, db, q, time.Now().Add(e.cfg.DrainTimeout))
-	cpu.stop()
+	cpu.stop(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return DrainRow{}, err

@@ -124,18 +124,17 @@ func pickupRow(rows []PickupRow, mode, wc string) *PickupRow {
 // pickupRatios compares poll-only with change streams and the node with
 // the floor.
 func pickupRatios(rows []PickupRow) []Ratio {
-	find := func(mode, wc string) *PickupRow { return pickupRow(rows, mode, wc) }
 	var out []Ratio
 	add := func(what string, a, b *PickupRow, goal string) {
 		if a != nil && b != nil {
 			out = append(out, Ratio{What: what, P50: ratio(a.Pickup.P50, b.Pickup.P50), P99: ratio(a.Pickup.P99, b.Pickup.P99), Goal: goal})
 		}
 	}
-	cs, floor := find(modeChangeStream, wcMajority), find(modeFloor, wcMajority)
+	cs, floor := pickupRow(rows, modeChangeStream, wcMajority), pickupRow(rows, modeFloor, wcMajority)
 	add("node (change streams, majority) / floor", cs, floor, "p50 <= 1.3, p99 <= 2 (PERFORMANCE.md)")
-	add("poll only / change streams, majority", find(modePollOnly, wcMajority), cs, "")
-	add("poll only / change streams, w:1", find(modePollOnly, wcW1), find(modeChangeStream, wcW1), "")
-	add("change streams: w:1 / majority submitter", find(modeChangeStream, wcW1), cs, "")
+	add("poll only / change streams, majority", pickupRow(rows, modePollOnly, wcMajority), cs, "")
+	add("poll only / change streams, w:1", pickupRow(rows, modePollOnly, wcW1), pickupRow(rows, modeChangeStream, wcW1), "")
+	add("change streams: w:1 / majority submitter", pickupRow(rows, modeChangeStream, wcW1), cs, "")
 	return out
 }
 

@@ -136,14 +136,10 @@ func renderTable(r *Report) string {
 		}
 		t.render(&b)
 		t = table{title: "THROUGHPUT: what the primary did per task finished (serverStatus deltas over each drain)",
-			header: []string{"what", "concurrency", "queries", "getMores", "updates", "commands", "write conflicts", "keys examined", "docs examined",
-				"reads µs", "writes µs", "commands µs"}}
+			header: append([]string{"what", "concurrency"}, serverHeader...)}
 		for _, row := range tp.Rows {
 			if x := row.Server; x != nil {
-				f := func(v float64) string { return fmt.Sprintf("%.2f", v) }
-				g := func(v float64) string { return fmt.Sprintf("%.0f", v) }
-				t.add(row.What, row.Concurrency, f(x.Queries), f(x.GetMores), f(x.Updates), f(x.Commands), f(x.WriteConflicts), f(x.KeysExamined), f(x.DocsExamined),
-					g(x.ReadMicros), g(x.WriteMicros), g(x.CommandMicros))
+				t.add(append([]string{row.What, row.Concurrency}, x.cells()...)...)
 			}
 		}
 		if len(t.rows) > 0 { // serverStatus could not be read
@@ -295,5 +291,5 @@ func fcpu(us float64) string {
 	if us == 0 {
 		return "-"
 	}
-	return strconv.FormatFloat(us, 'f', 0, 64)
+	return frate(us)
 }

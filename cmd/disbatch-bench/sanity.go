@@ -89,16 +89,11 @@ func (k *checker) pickup(p *PickupReport) {
 	for _, want := range []struct{ mode, wc string }{
 		{modeFloor, wcMajority}, {modeChangeStream, wcMajority}, {modeChangeStream, wcW1}, {modePollOnly, wcMajority}, {modePollOnly, wcW1},
 	} {
-		found := false
-		for _, row := range p.Rows {
-			if row.Mode == want.mode && row.SubmitWC == want.wc {
-				found = true
-				what := fmt.Sprintf("pickup, %s, %s", row.Mode, row.SubmitWC)
-				k.latency(what, row.Pickup)
-				k.positive(what+", insert ack p50", row.InsertAckP50)
-			}
-		}
-		if !found {
+		if row := pickupRow(p.Rows, want.mode, want.wc); row != nil {
+			what := fmt.Sprintf("pickup, %s, %s", row.Mode, row.SubmitWC)
+			k.latency(what, row.Pickup)
+			k.positive(what+", insert ack p50", row.InsertAckP50)
+		} else {
 			k.bad("pickup: no row for %s, %s", want.mode, want.wc)
 		}
 	}

@@ -81,6 +81,17 @@ type ServerPerTask struct {
 	CommandMicros float64 `json:"command_us"`
 }
 
+// serverHeader names the columns of ServerPerTask.cells.
+var serverHeader = []string{"queries", "getMores", "updates", "commands", "write conflicts", "keys examined", "docs examined",
+	"reads µs", "writes µs", "commands µs"}
+
+// cells are x's columns of a table, in serverHeader's order.
+func (x ServerPerTask) cells() []string {
+	f := func(v float64) string { return fmt.Sprintf("%.2f", v) }
+	return []string{f(x.Queries), f(x.GetMores), f(x.Updates), f(x.Commands), f(x.WriteConflicts), f(x.KeysExamined), f(x.DocsExamined),
+		frate(x.ReadMicros), frate(x.WriteMicros), frate(x.CommandMicros)}
+}
+
 // ScaleoutReport is the scaleout group.
 type ScaleoutReport struct {
 	Rows []ScaleoutRow `json:"rows"`
@@ -406,11 +417,9 @@ func renderScaleout(b *strings.Builder, r *Report) {
 	}
 	t.render(b)
 	t = table{title: "SCALE-OUT: what the primary did per task drained (serverStatus deltas over the drain)",
-		header: []string{"nodes", "queries", "getMores", "updates", "commands", "write conflicts", "keys examined", "docs examined"}}
+		header: append([]string{"nodes"}, serverHeader...)}
 	for _, x := range v.Rows {
-		f := func(v float64) string { return fmt.Sprintf("%.2f", v) }
-		t.add(strconv.Itoa(x.Nodes), f(x.Server.Queries), f(x.Server.GetMores), f(x.Server.Updates), f(x.Server.Commands), f(x.Server.WriteConflicts),
-			f(x.Server.KeysExamined), f(x.Server.DocsExamined))
+		t.add(append([]string{strconv.Itoa(x.Nodes)}, x.Server.cells()...)...)
 	}
 	t.render(b)
 }
@@ -443,7 +452,7 @@ func (k *checker) scaleout(v *ScaleoutReport, nodes []int) {
 
 // serverPerTask is the growth of serverCounters from ss0 to ss1, per task.
 func serverPerTask(ss0, ss1 map[string]int64, tasks int) ServerPerTask {
-	per := func(k string) float64 { return float64(ss1[k]-ss0[k]) / float64(max(tasks, 1)) }
+	per := func(k string) float64 { return float64(ss1[k]-ss0[k]) / float64(tasks) }
 	return ServerPerTask{Queries: per("query"), GetMores: per("getmore"), Updates: per("update"), Commands: per("command"),
 		WriteConflicts: per("writeConflicts"), KeysExamined: per("scanned"), DocsExamined: per("scannedObjects"),
 		ReadMicros: per("readLatency"), WriteMicros: per("writeLatency"), CommandMicros: per("commandLatency")}
@@ -451,7 +460,8 @@ func serverPerTask(ss0, ss1 map[string]int64, tasks int) ServerPerTask {
 
 // serverCounters reads the primary's serverStatus counters the scale-out
 // and throughput rows report: opcounters, write conflicts, keys and
-// documents examined.
+// documents examined, and the time spent in reads, writes and commands
+// (opLatencies).
 func serverCounters(ctx context.Context, c *mongo.Client) (map[string]int64, error) {
 	raw, err := c.Database("admin").RunCommand(ctx, bson.D{{Key: "serverStatus", Value: 1}}).Raw()
 	if err != nil {

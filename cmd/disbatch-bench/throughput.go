@@ -28,25 +28,39 @@ type DrainRow struct {
 	Server *ServerPerTask `json:"server_per_task,omitempty"`
 }
 
-// cpuMeter measures what a drain costs the server: the mongods' and its
-// client's CPU time, and the primary's serverStatus counters.
+// cpuMeter measures what a drain costs: the mongods' and its client's CPU
+// time, and the primary's serverStatus counters, from start to end.
 type cpuMeter struct {
-	e        *env
-	pids     []int // the client's processes; nil: this one
-	mongod   float64
-	client   float64
-	ss0, ss1 map[string]int64 // nil: not read
+	e          *env
+	pids       []int // the client's processes; nil: this one
+	start, end cpuReading
 }
 
-func (e *env) meterCPU(pids []int) *cpuMeter {
+// cpuReading is one reading of a cpuMeter: CPU seconds so far, and the
+// primary's counters (nil: not read).
+type cpuReading struct {
+	mongod, client float64
+	ss             map[string]int64
+}
+
+// meterCPU starts measuring; ctx bounds the serverStatus reads.
+func (e *env) meterCPU(ctx context.Context, pids []int) *cpuMeter {
 	m := &cpuMeter{e: e, pids: pids}
-	m.ss0 = m.counters()
-	m.mongod, m.client = e.mongodCPU(), m.clientCPU()
+	m.start = m.read(ctx, true)
 	return m
 }
 
-func (m *cpuMeter) counters() map[string]int64 {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+func (m *cpuMeter) read(ctx context.Context, counters bool) cpuReading {
+	var r cpuReading
+	if counters {
+		r.ss = m.counters(ctx)
+	}
+	r.mongod, r.client = m.e.mongodCPU(), m.clientCPU()
+	return r
+}
+
+func (m *cpuMeter) counters(ctx context.Context) map[string]int64 {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	ss, err := serverCounters(ctx, m.e.client)
 	if err != nil {
@@ -64,11 +78,8 @@ func (m *cpuMeter) clientCPU() float64 {
 }
 
 // stop ends the measurement; fill then puts it in a row.
-func (m *cpuMeter) stop() {
-	m.mongod, m.client = m.e.mongodCPU()-m.mongod, m.clientCPU()-m.client
-	if m.ss0 != nil {
-		m.ss1 = m.counters()
-	}
+func (m *cpuMeter) stop(ctx context.Context) {
+	m.end = m.read(ctx, m.start.ss != nil)
 }
 
 // fill sets row's figures per task finished (after stop). Without a
@@ -78,9 +89,9 @@ func (m *cpuMeter) fill(row *DrainRow) {
 		return
 	}
 	per := func(s float64) float64 { return round(s * 1e6 / float64(row.Finished)) }
-	row.MongodCPU, row.ClientCPU = per(m.mongod), per(m.client)
-	if m.ss1 != nil {
-		sp := serverPerTask(m.ss0, m.ss1, row.Finished)
+	row.MongodCPU, row.ClientCPU = per(m.end.mongod-m.start.mongod), per(m.end.client-m.start.client)
+	if m.start.ss != nil && m.end.ss != nil {
+		sp := serverPerTask(m.start.ss, m.end.ss, row.Finished)
 		row.Server = &sp
 	}
 }
@@ -216,13 +227,16 @@ func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	}
 	e.log.Info("throughput: queued", "tasks", e.cfg.Tasks, "took", time.Since(start).Round(time.Millisecond))
 	obs := newDrainObserver(e.cfg.Tasks)
-	cpu := e.meterCPU(nil)
+	// In-process nodes claim as they start, so the meter starts before
+	// them: their start-up counts in the client's CPU, where the node
+	// processes' drain starts metering once they are up and paused.
+	cpu := e.meterCPU(ctx, nil)
 	ns, err := e.startNodes(ctx, nodeSpec{DB: db.Name(), Count: k, Name: "bench-drain", MaxThreads: e.cfg.MaxThreads, Plugins: noopRegistry(nil), Observer: obs})
 	if err != nil {
 		return DrainRow{}, LagRow{}, err
 	}
 	complete, err := obs.wait(ctx, e.cfg.DrainTimeout)
-	cpu.stop()
+	cpu.stop(ctx)
 	finished, span := obs.result()
 	proj, leader := ns.projector()
 	ns.stop()
