@@ -339,6 +339,12 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 				c.HasWork(ev.Queue)
 			}
 		case events.QueueChanged:
+			if ev.AdmissionsOnly {
+				// Room under its max_running moved (a release, or a
+				// capped claim): try it, its settings stand.
+				c.HasWork(ev.ID)
+				return
+			}
 			c.mu.Lock()
 			c.dirty[ev.ID], c.refresh, c.changed[ev.ID] = true, true, true
 			c.mu.Unlock()
@@ -530,9 +536,8 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 	if err != nil {
 		c.mu.Lock()
 		for id := range heard {
-			c.changed[id] = true
+			c.changed[id] = true // read again before their claims go out
 		}
-		c.refresh = true
 		c.mu.Unlock()
 		if ctx.Err() == nil {
 			c.log.Warn("read queues", "error", err)

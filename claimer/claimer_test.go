@@ -1029,3 +1029,32 @@ func TestStaggeredWakeUpsAreBoundedAndTheEarliestWins(t *testing.T) {
 	h.pass()
 	require.Equal(t, ids(q), h.st.take(), "the earlier turn (5 ms) stands, not the later (30 ms)")
 }
+
+// TestAnAdmissionsOnlyChangeWakesTheQueueWithoutAReread: a release (or a
+// capped claim) moves only a queue's admissions: the queue is tried, and
+// its settings are not read again, neither before the pass nor before
+// the dispatch.
+func TestAnAdmissionsOnlyChangeWakesTheQueueWithoutAReread(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	a := queue("a", 3)
+	var dispatched atomic.Int64
+	h := newHarness(t, func(c *claimer.Config) {
+		c.Events = bus
+		c.Dispatch = func(claimer.Queue, schema.Task, claimer.Timing) { dispatched.Add(1) }
+	}, a)
+	h.start()
+	h.pass() // read the queues; nothing to claim
+	require.Equal(t, int64(1), h.refreshes.Load())
+	var once sync.Once
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		var task schema.Task
+		err := store.ErrNoTask
+		once.Do(func() { task, err = alwaysTask(ctx, p) })
+		return task, err
+	})
+	publish(t, bus, events.TopicQueues, events.QueueChanged{Op: events.OpUpdate, ID: a.ID, AdmissionsOnly: true})
+	h.pass()
+	require.Equal(t, int64(1), dispatched.Load(), "the queue was tried")
+	require.Equal(t, int64(1), h.refreshes.Load(), "its settings were not read again")
+}

@@ -15,8 +15,10 @@
 //
 // A pass reads the queues (when one changed, and on the tick), then
 // claims. Tasks claimed in a queue whose change was heard after that read
-// are dispatched with the queues read again, so a task inserted after a
-// queue's change does not run under its old settings.
+// (by the time the claim answered) are dispatched with the queues read
+// again; a change heard only later is not covered. A change that moved
+// only a queue's admissions under max_running (a release, a capped claim)
+// wakes the queue and reads nothing again: its settings stand.
 //
 // Every node serving a queue hears of each new task. So that they do not
 // all race for it, each ranks itself among the queue's live peers for that

@@ -51,9 +51,12 @@ type TaskChanged struct {
 }
 
 // QueueChanged is a queue that was created, changed or deleted.
+// AdmissionsOnly: an update that moved only its admissions under
+// max_running (a capped claim or a release), not its settings.
 type QueueChanged struct {
-	Op Op            `json:"op"`
-	ID bson.ObjectID `json:"id"`
+	Op             Op            `json:"op"`
+	ID             bson.ObjectID `json:"id"`
+	AdmissionsOnly bool          `json:"admissions_only,omitempty"`
 }
 
 // KillRequested is an operator's request to kill a task, for the node it

@@ -142,7 +142,7 @@ func (s *Stream) handle(ctx context.Context, ev store.ChangeEvent) {
 	}
 	switch ev.Coll {
 	case schema.CollQueues:
-		s.publish(ctx, TopicQueues, QueueChanged{Op: Op(ev.Op), ID: id})
+		s.publish(ctx, TopicQueues, QueueChanged{Op: Op(ev.Op), ID: id, AdmissionsOnly: ev.AdmissionsOnly})
 	case schema.CollTasks:
 		if kd, ok := ev.Updated.Lookup(schema.TaskKill).DocumentOK(); ok && ev.Op == "update" {
 			s.publish(ctx, TopicKills, KillRequested{ID: id, Request: schema.DecodeKillRequest(kd)})

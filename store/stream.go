@@ -102,6 +102,10 @@ type ChangeEvent struct {
 	Before  bson.Raw
 	Updated bson.Raw
 	Removed []string
+	// AdmissionsOnly (StreamWakeups): a queue update that set only its
+	// admitted count (and projected counters): room under max_running
+	// moved, none of its settings did.
+	AdmissionsOnly bool
 	// Token is the position just after this event.
 	Token bson.Raw
 }
@@ -517,6 +521,7 @@ func decodeEvent(current, token bson.Raw) ChangeEvent {
 	ev.Doc, _ = raw.Lookup("fullDocument").DocumentOK()
 	ev.Before, _ = raw.Lookup("fullDocumentBeforeChange").DocumentOK()
 	ev.Updated, _ = raw.Lookup("updateDescription", "updatedFields").DocumentOK()
+	ev.AdmissionsOnly, _ = raw.Lookup(admissionsOnly).BooleanOK()
 	if removed, ok := raw.Lookup("updateDescription", "removedFields").ArrayOK(); ok {
 		vals, _ := removed.Values()
 		for _, v := range vals {

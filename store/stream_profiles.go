@@ -101,6 +101,22 @@ func match(or ...bson.D) bson.D {
 // what a capped queue waits for.
 var projected = []any{schema.QueueCountTodo, schema.QueueCountTotal, schema.QueueCountRunning, schema.QueueCountFailed, schema.QueueNextContinuous}
 
+// admissionsOnly is the StreamWakeups event field that says a queue update
+// moved only its admissions (ChangeEvent.AdmissionsOnly).
+const admissionsOnly = "admissionsOnly"
+
+// admissionsOnlyField adds admissionsOnly to an event: a queue update that
+// set only admitted (and projected fields) and removed nothing.
+func admissionsOnlyField() bson.D {
+	eq := func(a, b any) bson.D { return bson.D{{Key: "$eq", Value: bson.A{a, b}}} }
+	removed := bson.D{{Key: "$size", Value: bson.D{{Key: "$ifNull", Value: bson.A{"$updateDescription.removedFields", bson.A{}}}}}}
+	beyond := updatesBeyond(append([]any{schema.QueueAdmitted}, projected...)...)
+	return bson.D{{Key: "$addFields", Value: bson.D{{Key: admissionsOnly, Value: bson.D{{Key: "$and", Value: bson.A{
+		eq("$ns.coll", schema.CollQueues), eq("$operationType", "update"), eq(removed, 0),
+		bson.D{{Key: "$not", Value: bson.A{beyond}}},
+	}}}}}}}
+}
+
 // updatesBeyond is true for an update event that sets a field other than
 // fields.
 func updatesBeyond(fields ...any) bson.D {
@@ -167,9 +183,10 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				}}},
 				databaseEnd,
 			),
+			admissionsOnlyField(),
 			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskNode,
 				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue,
-				"updateDescription.updatedFields."+schema.TaskKill),
+				"updateDescription.updatedFields."+schema.TaskKill, admissionsOnly),
 		}}, nil
 	case StreamCounters:
 		return streamShape{preImages: true, pipeline: mongo.Pipeline{

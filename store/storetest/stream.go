@@ -138,14 +138,18 @@ func testStreamWakeups(t *testing.T, newStore Factory) {
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 2}, {Key: schema.QueueCountFailed, Value: 1}})
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueNextContinuous, Value: time.Now()}})
 	f.next(isOp("insert", schema.CollQueues, marker(t, db)))
-	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueAdmitted, Value: 0}})
-	f.next(isOp("update", schema.CollQueues, q.ID))
-	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 4}, {Key: schema.QueuePriority, Value: 2}})
-	f.next(isOp("update", schema.CollQueues, q.ID))
+	// The release says it moved admissions only (the claimer then keeps
+	// the queue's settings); the others do not.
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueAdmitted, Value: 0}, {Key: schema.QueueCountRunning, Value: 0}})
+	require.True(t, f.next(isOp("update", schema.CollQueues, q.ID)).AdmissionsOnly)
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueAdmitted, Value: 1}, {Key: schema.QueuePriority, Value: 2}})
+	require.False(t, f.next(isOp("update", schema.CollQueues, q.ID)).AdmissionsOnly)
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 4}, {Key: schema.QueuePriority, Value: 3}})
+	require.False(t, f.next(isOp("update", schema.CollQueues, q.ID)).AdmissionsOnly)
 	_, err = db.Collection(schema.CollQueues).UpdateOne(ctxT(t), bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: "$unset", Value: bson.D{{Key: schema.QueueCountTodo, Value: ""}}}})
 	require.NoError(t, err)
-	f.next(isOp("update", schema.CollQueues, q.ID))
-	f.next(isOp("insert", schema.CollQueues, marker(t, db)))
+	require.False(t, f.next(isOp("update", schema.CollQueues, q.ID)).AdmissionsOnly)
+	require.False(t, f.next(isOp("insert", schema.CollQueues, marker(t, db))).AdmissionsOnly)
 
 	// A requeue is.
 	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}})
