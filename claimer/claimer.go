@@ -181,10 +181,10 @@ type Claimer struct {
 	// (up to maxSpread) after a claim other nodes contended, halved after
 	// one they did not; 1 (no entry) claims in order.
 	spread map[bson.ObjectID]int
-	// readRunning is this node's running count per queue when the queues
-	// were last read: claims since count on top of count_running.
-	readRunning map[bson.ObjectID]int
-	nextBuf     nextBuf
+	// readHeld is this node's slots per queue when the queues were last
+	// read: claims and finishes since count on top of count_running.
+	readHeld map[bson.ObjectID]held
+	nextBuf  nextBuf
 }
 
 // New returns a claimer; nothing runs until Start.
@@ -547,11 +547,13 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 	c.reads++
 	c.queues = make(map[bson.ObjectID]Queue, len(qs))
 	c.order = c.order[:0]
-	c.readRunning = make(map[bson.ObjectID]int, len(qs))
+	c.readHeld = make(map[bson.ObjectID]held, len(qs))
 	for _, q := range qs {
 		c.queues[q.ID] = q
 		c.order = append(c.order, q.ID)
-		c.readRunning[q.ID] = c.slots.running(q.ID)
+		var h held
+		h.running, h.released = c.slots.held(q.ID)
+		c.readHeld[q.ID] = h
 	}
 	return true
 }
@@ -624,8 +626,8 @@ func (c *Claimer) next(open []Queue) (i, limit int) {
 	nb := &c.nextBuf
 	nb.share, nb.running, nb.local = nb.share[:0], nb.running[:0], nb.local[:0]
 	for _, q := range open {
-		local := c.slots.running(q.ID)
-		running := c.clusterRunningFrom(q, local)
+		local, released := c.slots.held(q.ID)
+		running := c.clusterRunningFrom(q, held{local, released})
 		share := math.Inf(1) // weight 0: only when nothing else has work
 		if q.Sched.Weight > 0 {
 			// The share the queue would have with one more task: by the
@@ -721,16 +723,27 @@ func (nb *nextBuf) fillLevel(free int) float64 {
 	return level
 }
 
+// held is a node's slots in a queue: in use, and given back ever.
+type held struct{ running, released int }
+
 // clusterRunningFrom is q's running tasks across the cluster as best
-// known, from this node's own count (local): its count_running as last
-// read, plus what this node took (or gave back) since, once for every
-// node serving the queue (they are doing the same); local when the queue
+// known, from this node's own slots (now): its count_running as last
+// read, plus the tasks this node claimed since once for every node
+// serving the queue (when a deficit shows, all of them fill it at once:
+// each takes its part, and counts the others'), minus the tasks it
+// finished since once (finishes come one by one, on their own: counted
+// N times, one finish made its queue look N short, and a node refilled
+// the queue it had just left, so a node's mix never changed between two
+// reads and a slot too many stayed there); its own count when the queue
 // has no count_running yet.
-func (c *Claimer) clusterRunningFrom(q Queue, local int) int {
+func (c *Claimer) clusterRunningFrom(q Queue, now held) int {
 	if q.CountRunning == nil {
-		return local
+		return now.running
 	}
-	return max(int(*q.CountRunning)+q.nodes()*(local-c.readRunning[q.ID]), local)
+	then := c.readHeld[q.ID]
+	finished := now.released - then.released
+	claimed := now.running - then.running + finished
+	return max(int(*q.CountRunning)+q.nodes()*claimed-finished, now.running)
 }
 
 // claim takes up to limit tasks of q into its free slots. The first claim

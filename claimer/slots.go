@@ -24,12 +24,15 @@ const (
 type slots struct {
 	mu       sync.Mutex
 	perQueue map[bson.ObjectID]int
+	released map[bson.ObjectID]int // slots given back per queue, ever
 	all      int
 	nodeMax  *int
 	pauses   map[PauseReason]bool // reasons no slot may be taken
 }
 
-func newSlots() *slots { return &slots{perQueue: map[bson.ObjectID]int{}} }
+func newSlots() *slots {
+	return &slots{perQueue: map[bson.ObjectID]int{}, released: map[bson.ObjectID]int{}}
+}
 
 // tryAcquire takes a slot for queue q if both limits allow.
 func (s *slots) tryAcquire(q bson.ObjectID, queueMax int) bool {
@@ -80,6 +83,7 @@ func (s *slots) release(q bson.ObjectID) {
 	if s.perQueue[q] > 0 {
 		s.perQueue[q]--
 		s.all--
+		s.released[q]++
 	}
 	if s.perQueue[q] == 0 {
 		delete(s.perQueue, q)
@@ -123,6 +127,13 @@ func (s *slots) running(q bson.ObjectID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.perQueue[q]
+}
+
+// held is q's slots in use, and how many were ever given back.
+func (s *slots) held(q bson.ObjectID) (running, released int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.perQueue[q], s.released[q]
 }
 
 // total returns all slots in use.
