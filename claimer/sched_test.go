@@ -245,3 +245,33 @@ func TestEachNodeTakesItsPartOfADeficit(t *testing.T) {
 	h.pass()
 	require.Equal(t, []int{2, 4}, []int{h.c.Running(a.ID), h.c.Running(b.ID)})
 }
+
+// TestAFinishCountsOnceForTheNodeThatFinished: three nodes serve w1 and
+// w4 (weights 1 and 4); the cluster runs 8 and 37 (w1 one short of its
+// 9), this node 2 and 13 with every slot taken. When one of its w4 tasks
+// finishes, the freed slot goes to w1: its own finish makes w4 one short
+// (36, as the cluster is), not three (34, as if every node had finished
+// one), which would refill w4 and leave w1 short for good.
+func TestAFinishCountsOnceForTheNodeThatFinished(t *testing.T) {
+	t.Parallel()
+	w1, w4 := sched("w1", 21, 0, 1), sched("w4", 21, 0, 4)
+	eight, thirtySeven := int64(8), int64(37)
+	w1.CountRunning, w4.CountRunning = &eight, &thirtySeven
+	w1.Peers, w4.Peers = []string{"n2", "n3"}, []string{"n2", "n3"}
+	h := newHarness(t, nil, w1, w4)
+	h.st.set(alwaysTask)
+	for range 2 {
+		h.c.Adopt(w1.ID)
+	}
+	for range 13 {
+		h.c.Adopt(w4.ID)
+	}
+	full := 15
+	require.True(t, h.c.SetNodeMax(&full))
+	h.start()
+	h.pass() // reads the queues with this node at 2 and 13; no slot free
+	require.Equal(t, []int{2, 13}, []int{h.c.Running(w1.ID), h.c.Running(w4.ID)})
+	h.c.Finished(w4.ID)
+	h.pass()
+	require.Equal(t, []int{3, 12}, []int{h.c.Running(w1.ID), h.c.Running(w4.ID)})
+}
