@@ -217,6 +217,9 @@ func (r *StreamReader) positionLost(cause error) {
 	r.losts.Add(1)
 }
 
+// openTimeout bounds the aggregate that opens a stream.
+const openTimeout = 10 * time.Second
+
 // open opens the stream at from; a lost position opens it at the present.
 func (r *StreamReader) open(ctx context.Context, from Position) error {
 	o := r.shape.options(r.maxAwait(), r.p.MaxBatch)
@@ -227,17 +230,28 @@ func (r *StreamReader) open(ctx context.Context, from Position) error {
 		next := bson.Timestamp{T: from.Time.T, I: from.Time.I + 1}
 		o.SetStartAtOperationTime(&next)
 	}
-	cs, err := r.s.db.Watch(ctx, r.shape.pipeline, o)
+	// The aggregate runs to its answer even when ctx ends meanwhile: one
+	// cut off after the server made its cursor leaves that cursor open
+	// for ten minutes, unknown to anyone who could kill it (a node
+	// stopped while its leader stream reopened did). If ctx ended, the
+	// stream is closed at once below.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), openTimeout)
+	defer cancel()
+	cs, err := r.s.db.Watch(wctx, r.shape.pipeline, o)
 	if err != nil && !from.IsZero() && StreamPositionLost(err) {
 		r.positionLost(err)
 		from = Position{}
-		cs, err = r.s.db.Watch(ctx, r.shape.pipeline, r.shape.options(r.maxAwait(), r.p.MaxBatch))
+		cs, err = r.s.db.Watch(wctx, r.shape.pipeline, r.shape.options(r.maxAwait(), r.p.MaxBatch))
 	}
 	if err != nil {
 		return fmt.Errorf("open change stream (%s) on %s: %w", r.p.Profile, r.s.db.Name(), err)
 	}
 	r.cs = cs
 	r.track()
+	if err := ctx.Err(); err != nil {
+		r.closeStream()
+		return fmt.Errorf("open change stream (%s) on %s: %w", r.p.Profile, r.s.db.Name(), err)
+	}
 	r.pos = from
 	if t := cs.ResumeToken(); t != nil {
 		r.pos = Position{Token: t}
