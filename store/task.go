@@ -704,13 +704,15 @@ func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []
 // counts it (projections.Stats.Reasons).
 var startClears = bson.E{Key: "$unset", Value: bson.D{{Key: schema.TaskReason, Value: ""}}}
 
-// TaskFinishMany is TaskFinish for many tasks: results small enough for the
-// task document go in one bulk write (see TaskStartMany for the errors);
-// larger ones go through TaskFinish one by one (GridFS).
+// TaskFinishMany is TaskFinish for many tasks (see TaskStartMany for the
+// errors). Results small enough for the task document that end their
+// task go in one update of them all (finishPiped); those sending their
+// task back for a retry in one bulk write; larger ones through TaskFinish
+// one by one (GridFS).
 func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []error {
 	errs := make([]error, len(ps))
 	var ws []guardedWrite
-	var at []int
+	var at, piped []int
 	now := s.nowMS()
 	for i, p := range ps {
 		switch {
@@ -718,6 +720,8 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 			errs[i] = fmt.Errorf("finish task %s: status %d is not a finished status (> 0)", p.ID.Hex(), p.Status)
 		case len(ps) == 1 || len(p.Stdout)+len(p.Stderr)+len(mixedout(p.Extra)) > s.threshold/16:
 			errs[i] = s.TaskFinish(ctx, p)
+		case p.Retry == nil && p.Node == ps[0].Node:
+			piped = append(piped, i)
 		default:
 			at = append(at, i)
 			ws = append(ws, finishWrite(p, validUTF8(p.Stdout), validUTF8(p.Stderr), s.finishExtra(p, true), now))
@@ -727,6 +731,17 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 		for j, err := range s.guardedMany(ctx, "finish", ws, false) {
 			errs[at[j]] = err
 		}
+	}
+	for len(piped) > 0 {
+		n := pipedChunk(ps, piped)
+		part := make([]TaskFinishParams, n)
+		for j, i := range piped[:n] {
+			part[j] = ps[i]
+		}
+		for j, err := range s.finishPiped(ctx, part, now) {
+			errs[piped[j]] = err
+		}
+		piped = piped[n:]
 	}
 	return errs
 }
@@ -766,7 +781,6 @@ func (w guardedWrite) filter(ids bson.A) bson.D {
 // all, far less work for the server than as many statements in a bulk
 // write.
 func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite, uniform bool) []error {
-	errs := make([]error, len(ws))
 	ids := make(bson.A, len(ws))
 	for i, w := range ws {
 		ids[i] = w.p.ID
@@ -789,7 +803,47 @@ func (s *Store) guardedMany(ctx context.Context, what string, ws []guardedWrite,
 		if err == nil {
 			matched = res.MatchedCount
 		}
+		var bwe mongo.BulkWriteException
+		if errors.As(err, &bwe) && bwe.WriteConcernError == nil && len(bwe.WriteErrors) > 0 {
+			return s.guardedEach(ctx, what, ws, bwe.WriteErrors)
+		}
 	}
+	return s.guardedResolve(ctx, what, ws, ids, matched, err)
+}
+
+// guardedEach gives each of ws, written together in an unordered bulk
+// write that the server refused for some (failed, by index), its error:
+// the refused ones theirs, the others what their tasks' states say.
+func (s *Store) guardedEach(ctx context.Context, what string, ws []guardedWrite, failed []mongo.BulkWriteError) []error {
+	errs := make([]error, len(ws))
+	for _, we := range failed {
+		if we.Index >= 0 && we.Index < len(ws) {
+			w := ws[we.Index]
+			errs[we.Index] = fmt.Errorf("%s task %s on node %s: %w", what, w.p.ID.Hex(), w.p.Node, we)
+		}
+	}
+	var rest []guardedWrite
+	var at []int
+	var ids bson.A
+	for i, w := range ws {
+		if errs[i] == nil {
+			rest, at, ids = append(rest, w), append(at, i), append(ids, w.p.ID)
+		}
+	}
+	if len(rest) > 0 {
+		for j, err := range s.guardedResolve(ctx, what, rest, ids, -1, nil) { // -1: read every state
+			errs[at[j]] = err
+		}
+	}
+	return errs
+}
+
+// guardedResolve gives each of ws, written together (ids, in order) with
+// err and matched documents, its error: err for all when the write failed;
+// otherwise, when fewer than all matched, the tasks' states say which
+// guards failed, and whether each failed write had landed already.
+func (s *Store) guardedResolve(ctx context.Context, what string, ws []guardedWrite, ids bson.A, matched int64, err error) []error {
+	errs := make([]error, len(ws))
 	if err != nil {
 		for i, w := range ws {
 			errs[i] = fmt.Errorf("%s task %s (one of %d written together): %w", what, w.p.ID.Hex(), len(ws), err)
@@ -946,17 +1000,7 @@ type TaskRetryAt struct {
 // extra are the TaskFinishParams.Extra fields to set (finishExtra); the
 // others of extraFields are removed.
 func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Time) guardedWrite {
-	rec := bson.D{{Key: "node", Value: p.Node}}
-	if !p.Claimed.IsZero() {
-		rec = append(rec, bson.E{Key: "claimed", Value: p.Claimed.UTC().Truncate(time.Millisecond)})
-	}
-	if !p.Started.IsZero() {
-		rec = append(rec, bson.E{Key: "started", Value: p.Started.UTC().Truncate(time.Millisecond)})
-	}
-	rec = append(rec, bson.E{Key: "finished", Value: now}, bson.E{Key: "status", Value: int32(p.Status)})
-	if p.Reason != "" {
-		rec = append(rec, bson.E{Key: "reason", Value: p.Reason})
-	}
+	rec := attemptRecord(p, now)
 	var reason any
 	if p.Reason != "" {
 		reason = p.Reason
@@ -1013,6 +1057,22 @@ func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.
 		w.update = append(w.update, bson.E{Key: "$unset", Value: unset})
 	}
 	return w
+}
+
+// attemptRecord is the entry of p's attempt in the task's attempts.
+func attemptRecord(p TaskFinishParams, now time.Time) bson.D {
+	rec := bson.D{{Key: "node", Value: p.Node}}
+	if !p.Claimed.IsZero() {
+		rec = append(rec, bson.E{Key: "claimed", Value: p.Claimed.UTC().Truncate(time.Millisecond)})
+	}
+	if !p.Started.IsZero() {
+		rec = append(rec, bson.E{Key: "started", Value: p.Started.UTC().Truncate(time.Millisecond)})
+	}
+	rec = append(rec, bson.E{Key: "finished", Value: now}, bson.E{Key: "status", Value: int32(p.Status)})
+	if p.Reason != "" {
+		rec = append(rec, bson.E{Key: "reason", Value: p.Reason})
+	}
+	return rec
 }
 
 // TaskFinish records a running task's result with an update guarded by

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -153,4 +154,114 @@ func testTaskFinishExtraTooLarge(t *testing.T, newStore Factory) {
 	d := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}})
 	require.Equal(t, bson.Type(0), d.Lookup(schema.TaskMixedout).Type)
 	require.Equal(t, int32(0), d.Lookup(schema.TaskResult).Int32())
+}
+
+// testTaskFinishManyAsOne: finishes written together (one update of them
+// all) leave every task as a finish of its own would, field for field:
+// status, output, reason, extra fields set or removed, output and
+// then_pending, the attempt counted and recorded (the history capped);
+// output that looks like an expression stays text. A task the batch's
+// update cannot write (attempts not a list) gets its error, and the
+// others are finished.
+func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	s, db := newStore(t, store.Options{OutputThreshold: 1 << 20, Now: func() time.Time { return now }})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	tasks := db.Collection("tasks")
+	output := bson.RawValue{Type: bson.TypeEmbeddedDocument, Value: mustMarshal(t, bson.D{{Key: "k", Value: "v"}})}
+	claimed, started := now.Add(-2*time.Second), now.Add(-time.Second)
+	history := make(bson.A, schema.MaxAttemptsKept)
+	for i := range history {
+		history[i] = bson.D{{Key: "node", Value: "old"}, {Key: "status", Value: int32(2)}}
+	}
+	cases := []struct {
+		name   string
+		before bson.D // set on the task before it is claimed
+		p      store.TaskFinishParams
+	}{
+		{"succeeded, no output", nil, store.TaskFinishParams{Status: schema.StatusSucceeded}},
+		{"output and extra", nil, store.TaskFinishParams{Status: schema.StatusSucceeded, Stdout: "out\n", Stderr: "err\n",
+			Extra: extra(0, "out\nerr\n"), Claimed: claimed, Started: started}},
+		{"failed with a reason", nil, store.TaskFinishParams{Status: schema.StatusFailed, Reason: schema.ReasonTimeout, Extra: extra(-9, "")}},
+		{"output to chain", bson.D{{Key: schema.TaskThenPending, Value: "older"}},
+			store.TaskFinishParams{Status: schema.StatusSucceeded, Output: output, Then: "next"}},
+		{"failed with output", nil, store.TaskFinishParams{Status: schema.StatusFailed, Output: output, Then: "next"}},
+		{"earlier attempts' fields", bson.D{{Key: schema.TaskResult, Value: int32(3)}, {Key: schema.TaskMixedout, Value: "old"},
+			{Key: schema.TaskOutput, Value: "old"}, {Key: schema.TaskThenPending, Value: "kept"}, {Key: schema.TaskAttempt, Value: int32(20)},
+			{Key: schema.TaskAttempts, Value: history}, {Key: schema.TaskReason, Value: "retrying"}},
+			store.TaskFinishParams{Status: schema.StatusSucceeded, Stdout: "again"}},
+		{"text like expressions", nil, store.TaskFinishParams{Status: schema.StatusSucceeded, Stdout: "$status", Stderr: "bad \xff utf-8",
+			Extra: extra(1, "$$REMOVE")}},
+	}
+	// Each case twice: one finished alone, one among the others at once.
+	var alone, together []bson.ObjectID
+	var batch []store.TaskFinishParams
+	for range cases {
+		insertTasks(t, s, q.ID, 2)
+	}
+	for _, c := range cases {
+		for k := range 2 {
+			id := running(t, s, q.ID)
+			if c.before != nil {
+				_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: c.before}})
+				require.NoError(t, err)
+			}
+			p := c.p
+			p.ID, p.Node = id, "n1"
+			if k == 0 {
+				require.NoError(t, s.TaskFinish(ctx, p), c.name)
+				alone = append(alone, id)
+				continue
+			}
+			batch, together = append(batch, p), append(together, id)
+		}
+	}
+	for i, err := range s.TaskFinishMany(ctx, batch) {
+		require.NoError(t, err, cases[i].name)
+	}
+	for i, c := range cases {
+		a, b := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: alone[i]}}), rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: together[i]}})
+		require.Equal(t, fieldsOf(t, a, "_id", schema.TaskParameters), fieldsOf(t, b, "_id", schema.TaskParameters), c.name)
+	}
+	require.Equal(t, "$status", rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: together[6]}}).Lookup(schema.TaskStdout).StringValue())
+
+	// A task the update cannot write fails alone.
+	insertTasks(t, s, q.ID, 3)
+	ids := []bson.ObjectID{running(t, s, q.ID), running(t, s, q.ID), running(t, s, q.ID)}
+	_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskAttempts, Value: "not a list"}}}})
+	require.NoError(t, err)
+	var ps []store.TaskFinishParams
+	for _, id := range ids {
+		ps = append(ps, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusSucceeded})
+	}
+	errs := s.TaskFinishMany(ctx, ps)
+	require.NoError(t, errs[0])
+	require.Error(t, errs[1])
+	require.NoError(t, errs[2])
+	for i, want := range []int32{1, 0, 1} {
+		require.Equal(t, want, rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: ids[i]}}).Lookup(schema.TaskStatus).Int32(), "task %d", i)
+	}
+}
+
+// fieldsOf is doc's fields but those named in leave out, each as raw bytes
+// of its type and value (nested documents compare in their order).
+func fieldsOf(t *testing.T, doc bson.Raw, leaveOut ...string) map[string]string {
+	t.Helper()
+	els, err := doc.Elements()
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, e := range els {
+		if k := e.Key(); !slices.Contains(leaveOut, k) {
+			out[k] = e.Value().String()
+		}
+	}
+	return out
+}
+
+func mustMarshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := bson.Marshal(v)
+	require.NoError(t, err)
+	return b
 }

@@ -68,6 +68,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskFinishGridFS", testTaskFinishGridFS},
 		{"TaskFinishTooLargeFallsBackToGridFS", testTaskFinishTooLarge},
 		{"TaskFinishExtra", testTaskFinishExtra},
+		{"TaskFinishManyAsOneWritesWhatEachWould", testTaskFinishManyAsOne},
 		{"TaskFinishExtraMixedoutNeverTooLarge", testTaskFinishExtraTooLarge},
 		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
 		{"TaskListFiltersAndMalformed", testTaskList},
