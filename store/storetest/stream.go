@@ -464,3 +464,61 @@ func testStreamPaced(t *testing.T, newStore Factory) {
 	require.Len(t, b.Events, 1)
 	require.Equal(t, more[0], b.Events[0].ID.ObjectID())
 }
+
+// testStreamRepaced: SetPace switches a reader between held and paced
+// reads at its next Next, opening the stream again where it was: no event
+// is missed or delivered twice, and the old server cursor is gone.
+func testStreamRepaced(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 1) // the collection exists
+	clk := clock.NewFake(time.Now())
+	const pace = time.Hour
+	r, err := s.StreamOpen(ctxT(t), store.StreamParams{Profile: store.StreamWakeups, MaxAwait: 100 * time.Millisecond, Clock: clk})
+	require.NoError(t, err)
+	t.Cleanup(r.Close)
+	// collect reads until want events came, advancing the fake clock by
+	// pace whenever the reader waits on it; it returns the ids and the
+	// advances.
+	collect := func(want int) ([]bson.ObjectID, int) {
+		var got []bson.ObjectID
+		advances := 0
+		deadline := time.Now().Add(streamWait)
+		for len(got) < want {
+			require.True(t, time.Now().Before(deadline), "%d of %d events within %v", len(got), want, streamWait)
+			b, n := pacedNext(t, r, clk, pace)
+			require.Empty(t, b.Lost)
+			advances += n
+			for _, ev := range b.Events {
+				got = append(got, ev.ID.ObjectID())
+			}
+		}
+		return got, advances
+	}
+
+	// Held: events come without the clock.
+	first := insertTasks(t, s, q.ID, 2)
+	got, advances := collect(2)
+	require.Equal(t, first, got)
+	require.Zero(t, advances, "a held reader never waits on its clock")
+
+	// Paced from the next Next: the tasks inserted since come once, in
+	// order, on the paced asks.
+	r.SetPace(pace)
+	paced := insertTasks(t, s, q.ID, 3)
+	got, _ = collect(3)
+	require.Equal(t, paced, got)
+	require.Equal(t, int64(1), r.Stats().Repaces)
+	_, advances = pacedNext(t, r, clk, pace)
+	require.Positive(t, advances, "idle and paced, the reader waits for its pace")
+	require.Len(t, mongotest.ChangeStreamCursors(t, db), 1, "the held stream's cursor was killed")
+
+	// Held again.
+	r.SetPace(0)
+	held := insertTasks(t, s, q.ID, 1)
+	got, advances = collect(1)
+	require.Equal(t, held, got)
+	require.Zero(t, advances)
+	require.Equal(t, int64(2), r.Stats().Repaces)
+	require.Len(t, mongotest.ChangeStreamCursors(t, db), 1)
+}
