@@ -1058,3 +1058,49 @@ func TestAnAdmissionsOnlyChangeWakesTheQueueWithoutAReread(t *testing.T) {
 	require.Equal(t, int64(1), dispatched.Load(), "the queue was tried")
 	require.Equal(t, int64(1), h.refreshes.Load(), "its settings were not read again")
 }
+
+// TestBusyWhileAQueueHasWorkAndNoSlot: after each pass the claimer says
+// whether the node is busy: some queue was not found empty for want of a
+// slot (and it claims again as its tasks finish), so that its wake-ups
+// may wait; once every queue it tried was found empty, it is not.
+func TestBusyWhileAQueueHasWorkAndNoSlot(t *testing.T) {
+	t.Parallel()
+	q1, q2 := queue("a", 2), queue("b", 2)
+	busy := make(chan bool, 10000)
+	h := newHarness(t, func(c *claimer.Config) { c.Busy = func(b bool) { busy <- b } }, q1, q2)
+	left := map[bson.ObjectID]int{q1.ID: 3, q2.ID: 0} // q1 holds one more task than its slots
+	var mu sync.Mutex
+	h.st.set(func(_ context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if left[p.Queue] == 0 {
+			return schema.Task{}, store.ErrNoTask
+		}
+		left[p.Queue]--
+		return alwaysTask(nil, p)
+	})
+	last := func() bool {
+		t.Helper()
+		h.pass()
+		select {
+		case b := <-busy:
+			return b
+		default:
+			t.Fatal("no Busy after the pass")
+			return false
+		}
+	}
+	h.start()
+	require.True(t, last(), "q1 has a task left and no slot for it")
+	require.Equal(t, 2, h.claimedCount())
+
+	// A slot frees: the last task is taken, and the node, full again,
+	// cannot tell that none is left.
+	h.c.Finished(q1.ID)
+	require.True(t, last(), "q1 may hold more, and no slot is free")
+	require.Equal(t, 3, h.claimedCount())
+	// Another: q1 is found empty, like q2.
+	h.c.Finished(q1.ID)
+	require.False(t, last(), "every queue was found empty")
+	require.Equal(t, 3, h.claimedCount())
+}
