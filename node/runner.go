@@ -71,6 +71,9 @@ type runner struct {
 	stopping bool                                      // no task may start: the node is stopping
 	fenced   bool                                      // no task may start: the node fenced itself
 	held     map[bson.ObjectID]struct{}                // received from a claim and not let go
+	// slotOf is the queue whose slot each task handled holds, until
+	// freeSlot gives it back.
+	slotOf map[bson.ObjectID]bson.ObjectID
 	running  map[bson.ObjectID]context.CancelCauseFunc // plugins running, and their kill
 	// pendingKills are kills of held tasks whose plugin has not started
 	// yet: it starts killed.
@@ -95,7 +98,7 @@ const writeBatch = 128
 
 func newRunner(cfg runnerConfig, finished func(bson.ObjectID), c clock.Clock, log *slog.Logger) *runner {
 	r := &runner{cfg: cfg, finished: finished, clock: clock.Or(c), log: log,
-		held: map[bson.ObjectID]struct{}{}, running: map[bson.ObjectID]context.CancelCauseFunc{}, pendingKills: map[bson.ObjectID]error{},
+		held: map[bson.ObjectID]struct{}{}, slotOf: map[bson.ObjectID]bson.ObjectID{}, running: map[bson.ObjectID]context.CancelCauseFunc{}, pendingKills: map[bson.ObjectID]error{},
 		supervised: map[bson.ObjectID]*supervisor.Handle{}, detached: map[bson.ObjectID]bool{}}
 	st := cfg.Store
 	r.starts = newCoalescer(writeBatch, func(ps []store.TaskTransitionParams) []error {
@@ -151,11 +154,15 @@ func (r *runner) dispatch(q claimer.Queue, t schema.Task, claim claimer.Timing) 
 }
 
 // handle works on a task received from a claim in a goroutine of its own,
-// holding it meanwhile, and gives its slot back when done. What work
-// returns runs after that, still in the goroutine: the task's follow-ups
-// (its output chained, its children settled) need no slot.
+// holding it meanwhile, and gives its slot back when done (unless work
+// gave it back sooner: freeSlot). What work returns runs after that,
+// still in the goroutine: the task's follow-ups (its output chained, its
+// children settled) need no slot.
 func (r *runner) handle(q claimer.Queue, t schema.Task, work func() (after []func())) {
 	r.hold(t.ID, true)
+	r.mu.Lock()
+	r.slotOf[t.ID] = q.ID
+	r.mu.Unlock()
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -165,7 +172,7 @@ func (r *runner) handle(q claimer.Queue, t schema.Task, work func() (after []fun
 				f()
 			}
 		}()
-		defer r.finished(q.ID)
+		defer r.freeSlot(t.ID)
 		defer r.hold(t.ID, false)
 		after = work()
 		if r.cfg.Supervise != nil && r.wasDetached(t.ID) {
@@ -175,6 +182,17 @@ func (r *runner) handle(q claimer.Queue, t schema.Task, work func() (after []fun
 			r.release(q, t.ID)
 		}
 	}()
+}
+
+// freeSlot gives the slot of a task handled back to the claimer, once.
+func (r *runner) freeSlot(id bson.ObjectID) {
+	r.mu.Lock()
+	q, ok := r.slotOf[id]
+	delete(r.slotOf, id)
+	r.mu.Unlock()
+	if ok {
+		r.finished(q)
+	}
 }
 
 // release gives back the max_running admission of a task of a capped queue
@@ -542,6 +560,13 @@ func (r *runner) complete(log *slog.Logger, q claimer.Queue, t schema.Task, runC
 		// Its children are read while the finish is written: settling
 		// them then takes one write, not a read and a write.
 		waiting = r.readWaiting(log, t.ID)
+	}
+	if !q.Sched.Capped() {
+		// Its plugin is done: the slot (a task the node runs at once) is
+		// free while the finish is written, so that the next claim does
+		// not wait for that write. A capped queue's slot waits for the
+		// release of its admission, after the finish.
+		r.freeSlot(t.ID)
 	}
 	var err error
 	if !written {

@@ -53,28 +53,42 @@ func (s *orderStore) TaskGraphWaiting(context.Context, bson.ObjectID) (*store.Gr
 	return nil, nil
 }
 
+func (s *orderStore) AdmissionsRelease(context.Context, bson.ObjectID, []bson.ObjectID) (int64, error) {
+	s.step("release")
+	return 0, nil
+}
+
 func (s *orderStore) ThenCreate(context.Context, bson.ObjectID) (store.ThenResult, error) {
 	s.step("then")
 	return store.ThenResult{}, nil
 }
 
-// TestFollowUpsRunAfterTheSlotIsFree: the children's settle and the
-// output's chaining wait for nothing the slot gives, so the slot goes back
-// to the claimer first and another task may start meanwhile.
-func TestFollowUpsRunAfterTheSlotIsFree(t *testing.T) {
-	st := &orderStore{}
-	reg := plugin.NewRegistry()
-	reg.Register("P", plugin.Func(func(context.Context, plugin.Task) plugin.Result {
-		return plugin.Result{Status: schema.StatusSucceeded, Output: bson.RawValue{Type: bson.TypeEmbeddedDocument, Value: []byte{5, 0, 0, 0, 0}}}
-	}))
-	r := newRunner(runnerConfig{Name: "n1", Store: st, Plugins: reg, Observer: noObserver{}}, func(bson.ObjectID) { st.step("slot") }, nil, slog.New(slog.DiscardHandler))
-	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "P", MaxThreads: 1}
-	q.Sched.Then = "next"
-	task := schema.Task{ID: bson.NewObjectID(), Queue: q.ID, Node: "n1", Status: schema.StatusClaimed}
-	task.Graph.HasChildren = true
-	r.dispatch(q, task, claimer.Timing{End: time.Now()})
-	r.wg.Wait()
-	require.Equal(t, []string{"start", "finish", "slot", "then", "settle"}, st.steps)
+// TestTheSlotIsFreeOnceThePluginIsDone: a task's slot goes back to the
+// claimer as soon as its plugin is done, before its finish is written, so
+// that the next claim does not wait for that write; the children's settle
+// and the output's chaining come after the finish. A capped queue's slot
+// waits for its admission's release, after the finish.
+func TestTheSlotIsFreeOnceThePluginIsDone(t *testing.T) {
+	for _, capped := range []bool{false, true} {
+		st := &orderStore{}
+		reg := plugin.NewRegistry()
+		reg.Register("P", plugin.Func(func(context.Context, plugin.Task) plugin.Result {
+			return plugin.Result{Status: schema.StatusSucceeded, Output: bson.RawValue{Type: bson.TypeEmbeddedDocument, Value: []byte{5, 0, 0, 0, 0}}}
+		}))
+		r := newRunner(runnerConfig{Name: "n1", Store: st, Plugins: reg, Observer: noObserver{}}, func(bson.ObjectID) { st.step("slot") }, nil, slog.New(slog.DiscardHandler))
+		q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "P", MaxThreads: 1}
+		q.Sched.Then = "next"
+		want := []string{"start", "slot", "finish", "then", "settle"}
+		if capped {
+			q.Sched.MaxRunning = 1
+			want = []string{"start", "finish", "release", "slot", "then", "settle"}
+		}
+		task := schema.Task{ID: bson.NewObjectID(), Queue: q.ID, Node: "n1", Status: schema.StatusClaimed}
+		task.Graph.HasChildren = true
+		r.dispatch(q, task, claimer.Timing{End: time.Now()})
+		r.wg.Wait()
+		require.Equal(t, want, st.steps, "capped %v", capped)
+	}
 }
 
 // fakeTaskRunner writes as 4.103's task_runner would, per task parameter
