@@ -102,11 +102,6 @@ type Config struct {
 	StartAtClaim func(Queue) bool
 	Clock        clock.Clock
 	Logger       *slog.Logger
-	// Busy, when set, is told after every pass whether the node is busy:
-	// a queue it serves may still have work that it had no slot for (it
-	// was not found empty), so that it will claim again as its tasks
-	// finish, whatever it hears of new ones (events.Stream.Busy).
-	Busy func(busy bool)
 	// Passed, when set, is called after every pass (a test signal).
 	Passed func()
 }
@@ -397,25 +392,10 @@ func (c *Claimer) loop(ctx context.Context) {
 			c.stats.WakePasses++
 		}
 		c.mu.Unlock()
-		if c.cfg.Busy != nil {
-			c.cfg.Busy(c.busy())
-		}
 		if c.cfg.Passed != nil {
 			c.cfg.Passed()
 		}
 	}
-}
-
-// busy says whether some queue the node serves was not found empty by
-// its last claim (the loop goroutine): it had work left when the node
-// had no slot for it, or it was not tried since it was last heard of.
-func (c *Claimer) busy() bool {
-	for _, id := range c.order {
-		if !c.empty[id] {
-			return true
-		}
-	}
-	return false
 }
 
 // newTask is a wake-up for one task queued in queue.

@@ -42,17 +42,7 @@ type Stats struct {
 	Events  int64 // events published
 	Resumes int64 // times the stream was reopened after an error
 	Rescans int64 // rescans published
-	// Paced: the stream is read paced now (Busy); Repaces counts the
-	// switches between held and paced reads.
-	Paced   bool
-	Repaces int64
 }
-
-// BusyAfter is how long a node must stay busy (Stream.Busy) before its
-// stream is read paced: a node that is busy for a moment, between two
-// tasks of a trickle, keeps its stream held, as it would open it again
-// at every switch.
-const BusyAfter = 100 * time.Millisecond
 
 // Stream follows the node's wake-up change stream (store.StreamWakeups)
 // and publishes its events. Start it, Stop it.
@@ -63,15 +53,8 @@ type Stream struct {
 
 	reader      atomic.Pointer[store.StreamReader]
 	pastResumes atomic.Int64 // of readers of earlier runs
-	pastRepaces atomic.Int64
 	events      atomic.Int64
 	rescans     atomic.Int64
-
-	// busySince is when the node became busy (zero: it is not); pace is
-	// the reader's pace that follows from it (Busy).
-	busyMu    sync.Mutex
-	busySince time.Time
-	pace      time.Duration
 
 	warnMu    sync.Mutex
 	warnedIDs map[string]bool
@@ -82,60 +65,16 @@ func New(cfg Config) *Stream {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	cfg.Clock = clock.Or(cfg.Clock)
 	return &Stream{cfg: cfg, log: cfg.Logger.With("component", "events"), warnedIDs: map[string]bool{}}
-}
-
-// Busy tells the stream whether its node is busy: it has more work at
-// hand than free slots (a queue its claimer could not empty for want of
-// a slot), so that it claims again as its tasks finish, not because it
-// hears of new ones. While the node has stayed busy for BusyAfter, the
-// stream is read paced (store.Patient): a held change stream's getMore is
-// woken by every write of the database, matching or not, and those
-// wakes cost the server more than the node's own writes of a drain (see
-// store.StreamParams.Pace); paced, what it carries (new tasks, queue
-// changes, kill requests) comes up to store.Patient later. Not busy, it
-// is held again at once: a new task is heard as it commits. Safe from any
-// goroutine; the claimer calls it after every pass.
-func (s *Stream) Busy(busy bool) {
-	s.busyMu.Lock()
-	defer s.busyMu.Unlock()
-	var pace time.Duration
-	if busy {
-		now := s.cfg.Clock.Now()
-		if s.busySince.IsZero() {
-			s.busySince = now
-		}
-		if now.Sub(s.busySince) >= BusyAfter {
-			pace = store.Patient
-		}
-	} else {
-		s.busySince = time.Time{}
-	}
-	if pace == s.pace {
-		return
-	}
-	s.pace = pace
-	if r := s.reader.Load(); r != nil {
-		r.SetPace(pace)
-	}
-	s.log.Debug("wake-up stream pace", "pace", pace)
-}
-
-func (s *Stream) currentPace() time.Duration {
-	s.busyMu.Lock()
-	defer s.busyMu.Unlock()
-	return s.pace
 }
 
 // Stats returns the counters.
 func (s *Stream) Stats() Stats {
-	resumes, repaces := s.pastResumes.Load(), s.pastRepaces.Load()
+	resumes := s.pastResumes.Load()
 	if r := s.reader.Load(); r != nil {
-		st := r.Stats()
-		resumes, repaces = resumes+st.Resumes, repaces+st.Repaces
+		resumes += r.Stats().Resumes
 	}
-	return Stats{Events: s.events.Load(), Resumes: resumes, Rescans: s.rescans.Load(), Paced: s.currentPace() > 0, Repaces: repaces}
+	return Stats{Events: s.events.Load(), Resumes: resumes, Rescans: s.rescans.Load()}
 }
 
 // Start opens the change stream before returning, so that every change
@@ -146,7 +85,7 @@ func (s *Stream) Start(ctx context.Context) error {
 	return s.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
 		r, err := s.cfg.Store.StreamOpen(ctx, store.StreamParams{
 			Profile: store.StreamWakeups, Name: s.cfg.Name, Checkpoint: true, SaveEvery: s.cfg.SaveEvery,
-			MaxAwait: s.cfg.MaxAwait, Pace: s.currentPace(), Clock: s.cfg.Clock, Logger: s.log,
+			MaxAwait: s.cfg.MaxAwait, Clock: s.cfg.Clock, Logger: s.log,
 		})
 		if err != nil {
 			return err
@@ -155,7 +94,6 @@ func (s *Stream) Start(ctx context.Context) error {
 			s.lost(ctx, why)
 		}
 		s.reader.Store(r)
-		r.SetPace(s.currentPace()) // a Busy since the open
 		run.Go(func(ctx context.Context) { s.follow(ctx, r) })
 		return nil
 	})
@@ -165,7 +103,6 @@ func (s *Stream) follow(ctx context.Context, r *store.StreamReader) {
 	defer func() {
 		r.Close()
 		s.pastResumes.Add(r.Stats().Resumes)
-		s.pastRepaces.Add(r.Stats().Repaces)
 		s.reader.Store(nil)
 	}()
 	for {

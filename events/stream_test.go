@@ -19,7 +19,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/disbatch-go/disbatch/events"
-	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
 	"github.com/disbatch-go/disbatch/internal/lifecycle/lifecycletest"
 	"github.com/disbatch-go/disbatch/internal/mongod"
@@ -537,67 +536,4 @@ func TestStreamLifecycle(t *testing.T) {
 	lifecycletest.Check(t, func(t *testing.T) lifecycle.Service {
 		return events.New(events.Config{Store: st, Publisher: newBus(t), Name: "life", MaxAwait: 100 * time.Millisecond})
 	}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()})
-}
-
-// TestBusyPacesTheStream: a node busy for events.BusyAfter reads its
-// stream paced (its getMores wait for the clock), and held again at once
-// when it is not: nothing is missed either way.
-func TestBusyPacesTheStream(t *testing.T) {
-	t.Parallel()
-	db := mongotest.Database(t)
-	st := store.New(db, store.Options{})
-	q, err := st.QueueCreate(testContext(t, time.Minute), store.QueueCreateParams{Name: "q", Constructor: "C"})
-	require.NoError(t, err)
-	bus := newBus(t)
-	c := collect(t, bus)
-	clk := clock.NewFake(time.Now())
-	s := startStream(t, events.Config{Store: st, Publisher: bus, Name: "n1", Clock: clk, MaxAwait: 100 * time.Millisecond})
-
-	s.Busy(true)
-	require.False(t, s.Stats().Paced, "busy for a moment: still held")
-	clk.Advance(events.BusyAfter - time.Millisecond)
-	s.Busy(true)
-	require.False(t, s.Stats().Paced)
-	clk.Advance(time.Millisecond)
-	s.Busy(true)
-	require.True(t, s.Stats().Paced, "busy for BusyAfter: paced")
-
-	// Paced, the stream asks when the clock lets it.
-	stopTicking := tick(clk, store.Patient)
-	ids := insertTasks(t, st, q.ID, 2)
-	for _, id := range ids {
-		requireTask(t, c.next(t, wait), events.OpInsert, id, q.ID, statusPtr(schema.StatusQueued))
-	}
-	require.Eventually(t, func() bool { return s.Stats().Repaces == 1 }, wait, 10*time.Millisecond)
-
-	// Not busy: held again once the paced read in progress ends (it
-	// delivers what it hears, or its advance, by then); then events come
-	// without the clock.
-	s.Busy(false)
-	require.False(t, s.Stats().Paced)
-	require.Eventually(t, func() bool { return s.Stats().Repaces == 2 }, wait, 10*time.Millisecond)
-	stopTicking()
-	id := insertTasks(t, st, q.ID, 1)[0]
-	requireTask(t, c.next(t, wait), events.OpInsert, id, q.ID, statusPtr(schema.StatusQueued))
-	require.Equal(t, int64(2), s.Stats().Repaces)
-}
-
-// tick advances clk by d whenever something waits on it, until the
-// returned stop is called.
-func tick(clk *clock.Fake, d time.Duration) (stop func()) {
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(5 * time.Millisecond):
-				if clk.Waiters() > 0 {
-					clk.Advance(d)
-				}
-			}
-		}
-	}()
-	return func() { close(done); <-stopped }
 }

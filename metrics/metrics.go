@@ -148,8 +148,6 @@ var (
 		"Times the change stream was reopened after an error.", nil, nil)
 	descStreamRescans = prometheus.NewDesc("disbatch_change_stream_rescans_total",
 		"Rescans after lost change-stream history.", nil, nil)
-	descStreamPaced = prometheus.NewDesc("disbatch_change_stream_paced",
-		"1 while the node, busy (a queue with work and no free slot), reads its wake-up stream paced (every 20 ms), 0 while it reads it held.", nil, nil)
 	descLeader = prometheus.NewDesc("disbatch_projector_leader",
 		"1 while this node holds the counter projector's lease, else 0.", nil, nil)
 	descLag = prometheus.NewDesc("disbatch_projection_lag_seconds",
@@ -174,7 +172,7 @@ var (
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descStreamPaced, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons} {
+		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons} {
 		ch <- d
 	}
 }
@@ -277,7 +275,6 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descStreamEvents, ss.Events)
 	counter(descStreamResumes, ss.Resumes)
 	counter(descStreamRescans, ss.Rescans)
-	gauge(descStreamPaced, flag(ss.Paced))
 
 	ps := src.ProjectorStats()
 	leader := 0.0

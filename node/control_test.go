@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/disbatch-go/disbatch/events"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -359,34 +358,4 @@ func TestTimeoutsAndRetriesAreCountedAndTraced(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	require.Equal(t, 2, events["disbatch."+ControlTimeout])
 	require.Equal(t, 1, events["disbatch."+ControlRetry])
-}
-
-// TestABusyNodeReadsItsWakeUpsPacedAndStillHearsKills: a node whose
-// queue has more than its slots reads its wake-up stream paced after
-// events.BusyAfter, and a kill request still reaches it there (the tick,
-// a minute, cannot); once its queue is empty it reads held again.
-func TestABusyNodeReadsItsWakeUpsPacedAndStillHearsKills(t *testing.T) {
-	b := setup(t)
-	q := b.shellQueue("busy", 1, nil)
-	cfg := b.config("n1")
-	cfg.Tick = time.Minute
-	n := b.start(cfg)
-	require.False(t, n.StreamStats().Paced, "an idle node's stream is held")
-	sleep := bson.D{{Key: "command", Value: "sleep 60"}}
-	ids := b.insert(q, nil, sleep, sleep)
-	b.waitStatus(ids[0], schema.StatusRunning, 10*time.Second)
-	// Each insert wakes a pass, which finds the node full with work left.
-	require.Eventually(t, func() bool {
-		ids = append(ids, b.insert(q, nil, sleep)...)
-		return n.StreamStats().Paced
-	}, 10*time.Second, events.BusyAfter/2, "busy, the node reads its wake-ups paced")
-	require.Eventually(t, func() bool { return n.StreamStats().Repaces >= 1 }, 10*time.Second, 10*time.Millisecond)
-
-	res, err := b.store.TaskKill(context.Background(), store.TaskKillParams{Target: store.TaskTarget{IDs: ids}, By: "tester"})
-	require.NoError(t, err)
-	require.Equal(t, int64(1), res.Requested, "the running task")
-	b.waitStatus(ids[0], schema.StatusFailed, 10*time.Second)
-	require.Equal(t, schema.ReasonKilled, b.control(ids[0]).Reason)
-	require.Eventually(t, func() bool { return !n.StreamStats().Paced }, 10*time.Second, 10*time.Millisecond,
-		"its queue found empty, the node reads held again")
 }

@@ -73,12 +73,6 @@ func New(cfg Config) (*Node, error) {
 	ccfg := claimer.Config{
 		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Clock: cfg.Clock, Logger: log,
 		Refresh: n.queues.refresh, Passed: cfg.passed,
-		// A busy node reads its wake-ups paced (events.Stream.Busy).
-		Busy: func(busy bool) {
-			if n.stream != nil {
-				n.stream.Busy(busy)
-			}
-		},
 	}
 	if cfg.ClaimRunning {
 		ccfg.StartAtClaim = func(q claimer.Queue) bool {
