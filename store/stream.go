@@ -78,7 +78,6 @@ type StreamParams struct {
 	// can wait (projections, the leader's duties). Not for many readers
 	// of a modest write rate: fifty paced node wake-up streams drained
 	// 10-20% slower than held ones, whose wakes coalesce under load.
-	// SetPace changes it while the reader runs.
 	Pace   time.Duration
 	Clock  clock.Clock
 	Logger *slog.Logger
@@ -130,7 +129,6 @@ type StreamBatch struct {
 type StreamStats struct {
 	Resumes int64 // reopened after an interruption
 	Lost    int64 // positions lost
-	Repaces int64 // reopened at another pace (SetPace)
 }
 
 // StreamReader follows the change stream of a profile, resuming across
@@ -157,12 +155,7 @@ type StreamReader struct {
 	replied   int       // events of the last getMore's reply
 	delivered time.Time // the last batch delivered
 
-	// pace is the Pace asked for (SetPace); opened is the one the open
-	// stream was opened with.
-	pace   atomic.Int64
-	opened time.Duration
-
-	resumes, losts, repaces atomic.Int64
+	resumes, losts atomic.Int64
 }
 
 // StreamOpen opens a reader on the database's change stream, filtered by
@@ -193,7 +186,6 @@ func (s *Store) StreamOpen(ctx context.Context, p StreamParams) (*StreamReader, 
 	}
 	r := &StreamReader{s: s, p: p, shape: shape, clock: clock.Or(p.Clock),
 		log: p.Logger.With("stream", p.Name, "profile", p.Profile.String())}
-	r.pace.Store(int64(p.Pace))
 	from := p.From
 	if p.Checkpoint {
 		tok, err := s.StreamTokenGet(ctx, p.Name)
@@ -216,15 +208,8 @@ func (s *Store) StreamOpen(ctx context.Context, p StreamParams) (*StreamReader, 
 
 // Stats returns the reader's counters; safe from any goroutine.
 func (r *StreamReader) Stats() StreamStats {
-	return StreamStats{Resumes: r.resumes.Load(), Lost: r.losts.Load(), Repaces: r.repaces.Load()}
+	return StreamStats{Resumes: r.resumes.Load(), Lost: r.losts.Load()}
 }
-
-// SetPace sets the reader's pace (StreamParams.Pace; 0: held) from its
-// next Next on, which opens the stream again at its position, with the
-// server's hold that pace asks for: nothing is missed or delivered twice.
-// A Next waiting on a held getMore goes on waiting (at most MaxAwait).
-// Safe from any goroutine.
-func (r *StreamReader) SetPace(pace time.Duration) { r.pace.Store(int64(max(pace, 0))) }
 
 func (r *StreamReader) positionLost(cause error) {
 	r.log.Warn("change stream position lost: following from now; what happened meanwhile must be re-read", "error", cause)
@@ -237,7 +222,6 @@ const openTimeout = 10 * time.Second
 
 // open opens the stream at from; a lost position opens it at the present.
 func (r *StreamReader) open(ctx context.Context, from Position) error {
-	r.opened = time.Duration(r.pace.Load())
 	o := r.shape.options(r.maxAwait(), r.p.MaxBatch)
 	switch {
 	case from.Token != nil:
@@ -287,7 +271,7 @@ const pacedAwait = time.Millisecond
 
 // maxAwait is the server's hold of a getMore.
 func (r *StreamReader) maxAwait() time.Duration {
-	if r.opened > 0 {
+	if r.p.Pace > 0 {
 		return pacedAwait
 	}
 	return r.p.MaxAwait
@@ -297,10 +281,10 @@ func (r *StreamReader) maxAwait() time.Duration {
 // false, without waiting, when what was collected so far should be
 // delivered first: its BatchWait passes before the next ask.
 func (r *StreamReader) wait(ctx context.Context, collected int, first time.Time) (bool, error) {
-	if r.opened <= 0 || r.replied >= r.p.MaxBatch {
+	if r.p.Pace <= 0 || r.replied >= r.p.MaxBatch {
 		return true, nil // unpaced, or a full reply: more is waiting
 	}
-	due := r.asked.Add(r.opened)
+	due := r.asked.Add(r.p.Pace)
 	if collected > 0 && !first.Add(r.p.BatchWait).After(due) {
 		return false, nil
 	}
@@ -348,14 +332,6 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 	if r.lost != "" {
 		return r.lostBatch(), nil
 	}
-	if time.Duration(r.pace.Load()) != r.opened {
-		if err := r.repace(ctx); err != nil {
-			return StreamBatch{}, err
-		}
-		if r.lost != "" {
-			return r.lostBatch(), nil
-		}
-	}
 	var batch []ChangeEvent
 	var first time.Time
 	for {
@@ -382,7 +358,7 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 			r.replied++
 			if first.IsZero() {
 				first = r.clock.Now()
-				if r.opened > 0 {
+				if r.p.Pace > 0 {
 					first = r.asked // it was there when asked for
 				}
 			}
@@ -392,7 +368,7 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 			if r.cs.RemainingBatchLength() == 0 && (r.p.BatchWait <= 0 || r.clock.Since(first) >= r.p.BatchWait) {
 				b := r.deliver(batch, ev.Token)
 				// A paced reply short of a full one was all there was.
-				b.CaughtUp = r.opened > 0 && r.replied < r.p.MaxBatch
+				b.CaughtUp = r.p.Pace > 0 && r.replied < r.p.MaxBatch
 				return b, nil
 			}
 			continue
@@ -413,7 +389,7 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 			}
 			continue
 		}
-		if len(batch) == 0 && r.opened > 0 && r.clock.Since(r.delivered) < r.p.MaxAwait {
+		if len(batch) == 0 && r.p.Pace > 0 && r.clock.Since(r.delivered) < r.p.MaxAwait {
 			continue // an idle paced reader advances every MaxAwait, as an unpaced one
 		}
 		// An empty getMore: the server's post-batch token moved on.
@@ -447,21 +423,6 @@ func (r *StreamReader) deliver(events []ChangeEvent, tok bson.Raw) StreamBatch {
 		r.pos = Position{Token: tok}
 	}
 	return StreamBatch{Events: events, Token: tok}
-}
-
-// repace opens the stream again at the position delivered last, at the
-// pace asked for (SetPace).
-func (r *StreamReader) repace(ctx context.Context) error {
-	r.closeStream()
-	if err := r.open(ctx, r.pos); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return r.reopen(ctx, err)
-	}
-	r.repaces.Add(1)
-	r.log.Debug("change stream paced anew", "pace", r.opened)
-	return nil
 }
 
 // reopen closes the broken stream and opens it again after the last

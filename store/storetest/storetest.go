@@ -99,7 +99,6 @@ func Run(t *testing.T, newStore Factory) {
 		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},
 		{"StreamBatches", testStreamBatches},
 		{"StreamPaced", testStreamPaced},
-		{"StreamRepacedMissesNothing", testStreamRepaced},
 		{"StreamDropDatabaseThenGoesOn", testStreamDropDatabaseThenGoesOn},
 		{"StreamCloseKillsTheCursor", testStreamCloseKillsTheCursor},
 		{"TaskSearch", testTaskSearch},
