@@ -71,10 +71,10 @@ type runner struct {
 	stopping bool                                      // no task may start: the node is stopping
 	fenced   bool                                      // no task may start: the node fenced itself
 	held     map[bson.ObjectID]struct{}                // received from a claim and not let go
+	running  map[bson.ObjectID]context.CancelCauseFunc // plugins running, and their kill
 	// slotOf is the queue whose slot each task handled holds, until
 	// freeSlot gives it back.
 	slotOf map[bson.ObjectID]bson.ObjectID
-	running  map[bson.ObjectID]context.CancelCauseFunc // plugins running, and their kill
 	// pendingKills are kills of held tasks whose plugin has not started
 	// yet: it starts killed.
 	pendingKills map[bson.ObjectID]error
