@@ -90,10 +90,7 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 			admitted = *q.Admitted
 		}
 		filter := claimFilter(p.Queue, s.nowMS())
-		cands, err := claimCandidates[struct {
-			ID       any  `bson:"_id"`
-			Admitted bool `bson:"admitted"`
-		}](ctx, s.tasks, filter, p.Sort, p.Limit, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskAdmitted, Value: 1}})
+		cands, err := claimCandidates(ctx, s.tasks, filter, p.Sort, p.Limit, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskAdmitted, Value: 1}})
 		if err != nil {
 			return err
 		}
@@ -102,10 +99,11 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 		free := int64(p.Max) - admitted
 		var newly int64
 		for _, c := range cands {
-			if c.Admitted || newly < free {
-				ids = append(ids, c.ID)
+			admitted, _ := c.Lookup(schema.TaskAdmitted).BooleanOK()
+			if admitted || newly < free {
+				ids = append(ids, c.Lookup("_id"))
 			}
-			if !c.Admitted && newly < free {
+			if !admitted && newly < free {
 				newly++
 			}
 		}

@@ -409,9 +409,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		if attempt == 3 {
 			return TaskClaimManyResult{Lost: true, Contended: contended}, nil
 		}
-		cands, err := claimCandidates[struct {
-			ID any `bson:"_id"`
-		}](ctx, s.tasks, filter, p.Sort, window, bson.D{{Key: "_id", Value: 1}})
+		cands, err := claimCandidates(ctx, s.tasks, filter, p.Sort, window, bson.D{{Key: "_id", Value: 1}})
 		if err != nil {
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
 		}
@@ -421,7 +419,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		cands = pickInOrder(cands, p.Limit)
 		ids = make(bson.A, len(cands))
 		for i, c := range cands {
-			ids[i] = c.ID
+			ids[i] = c.Lookup("_id")
 		}
 		res, err := s.tasks.UpdateMany(ctx,
 			append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, filter...),
@@ -575,9 +573,11 @@ func claimPhases(filter bson.D, sort schema.Sort) []claimPhase {
 }
 
 // claimCandidates reads up to limit of filter's tasks in the queue's
-// claim order, each decoded into T (projection's fields).
-func claimCandidates[T any](ctx context.Context, tasks *mongo.Collection, filter bson.D, sort schema.Sort, limit int, projection bson.D) ([]T, error) {
-	var out []T
+// claim order, each as stored (projection's fields). They are read raw: a
+// decode into a struct costs the driver a 4 KiB reader per document, 14%
+// of what a node allocated while draining.
+func claimCandidates(ctx context.Context, tasks *mongo.Collection, filter bson.D, sort schema.Sort, limit int, projection bson.D) ([]bson.Raw, error) {
+	var out []bson.Raw
 	for _, ph := range claimPhases(filter, sort) {
 		fo := options.Find().SetLimit(int64(limit - len(out))).SetProjection(projection)
 		if ph.order != nil {
@@ -587,11 +587,15 @@ func claimCandidates[T any](ctx context.Context, tasks *mongo.Collection, filter
 		if err != nil {
 			return nil, err
 		}
-		var got []T
-		if err := cur.All(ctx, &got); err != nil {
+		for cur.Next(ctx) {
+			out = append(out, slices.Clone(cur.Current))
+		}
+		err = cur.Err()
+		_ = cur.Close(ctx)
+		if err != nil {
 			return nil, err
 		}
-		if out = append(out, got...); len(out) >= limit {
+		if len(out) >= limit {
 			break
 		}
 	}
