@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -33,72 +34,68 @@ func pipedChunk(ps []TaskFinishParams, at []int) int {
 	return len(at)
 }
 
-// finishPiped ends the running tasks ps, held by one node, none retried
-// and none with output for GridFS, in one updateMany: a bulk write of one
-// guarded update per task costs the server several times more per task
-// (each statement is an operation of its own) than one statement over
-// them all. The update is a pipeline: each task finds its own values
-// (status, output, the attempt's record, extra fields) in a list by its
-// position among the ids, under a $literal, so that no output is read as
-// an expression. Its effect on each task is finishWrite's, so the
+// finishPiped ends the attempts of the running tasks ps, held by one
+// node, none with output for GridFS, in one updateMany: a bulk write of one guarded update
+// per task costs the server several times more per task (each statement
+// is an operation of its own) than one statement over them all. The
+// update is a pipeline that applies each task's own finishOf change,
+// found by the task's place among the ids (under $literal, so that no
+// output is read as an expression), as finishWrite's operators would:
+// every field one of the changes sets or removes is computed in one $set
+// stage, in name order, as update operators add new fields; a task's own
+// value where its change sets one, removed where it removes it, kept
+// where it does neither; the attempt counted and recorded. So the
 // resolution of failed guards is guardedMany's. A document the pipeline
 // cannot update (a field of an unexpected type: attempt not a number,
 // attempts not a list) fails the statement, which may have finished
 // others first: then every finish is written again one by one
 // (guardedMany), whose guards tell the ones already written.
 func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now time.Time) []error {
-	node := ps[0].Node
 	ids := make(bson.A, len(ps))
 	vals := make(bson.A, len(ps))
 	ws := make([]guardedWrite, len(ps))
+	changes := make([]finishChange, len(ps))
+	fields := []string{schema.TaskAttempt, schema.TaskAttempts}
 	for i, p := range ps {
-		ids[i] = p.ID
-		ws[i] = guardedWrite{p: TaskTransitionParams{ID: p.ID, Node: p.Node}, from: schema.StatusRunning, to: p.Status}
-		var reason any
-		if p.Reason != "" {
-			reason = p.Reason
+		c := finishOf(p, validUTF8(p.Stdout), validUTF8(p.Stderr), s.finishExtra(p, true), now)
+		ids[i], ws[i], changes[i] = p.ID, c.guarded(p), c
+		unset := make(bson.A, len(c.unset))
+		for j, e := range c.unset {
+			unset[j] = e.Key
 		}
-		v := bson.D{
-			{Key: "s", Value: int32(p.Status)},
-			{Key: "o", Value: validUTF8(p.Stdout)},
-			{Key: "e", Value: validUTF8(p.Stderr)},
-			{Key: "r", Value: reason},
-			{Key: "a", Value: attemptRecord(p, now)},
-		}
-		v = append(v, s.finishExtra(p, true)...)
-		if p.Status == schema.StatusSucceeded && p.Output.Type != 0 {
-			v = append(v, bson.E{Key: schema.TaskOutput, Value: p.Output})
-			if p.Then != "" {
-				v = append(v, bson.E{Key: schema.TaskThenPending, Value: p.Then})
+		for _, e := range append(slices.Clone(c.set), c.unset...) {
+			if !slices.Contains(fields, e.Key) {
+				fields = append(fields, e.Key)
 			}
 		}
-		vals[i] = v
+		vals[i] = bson.D{{Key: "s", Value: c.set}, {Key: "u", Value: unset}, {Key: "a", Value: c.rec}}
 	}
-	own := func(k string) string { return "$" + pipedField + "." + k }
-	set := bson.D{
-		{Key: schema.TaskStatus, Value: own("s")},
-		{Key: schema.TaskStdout, Value: own("o")},
-		{Key: schema.TaskStderr, Value: own("e")},
-		{Key: schema.TaskMTime, Value: bson.D{{Key: "$literal", Value: now}}},
-		{Key: schema.TaskReason, Value: own("r")},
-		{Key: schema.TaskComplete, Value: true},
-		{Key: schema.TaskAttempt, Value: bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + schema.TaskAttempt, 0}}}, 1}}}},
-		{Key: schema.TaskAttempts, Value: bson.D{{Key: "$slice", Value: bson.A{
-			bson.D{{Key: "$concatArrays", Value: bson.A{
-				bson.D{{Key: "$ifNull", Value: bson.A{"$" + schema.TaskAttempts, bson.A{}}}},
-				bson.A{own("a")},
-			}}},
-			-schema.MaxAttemptsKept,
-		}}}},
-		// A field a task's values lack is removed (a missing value removes
-		// it), as finishWrite unsets the extra fields it does not write
-		// and the output of a task that did not succeed with one.
-		{Key: schema.TaskOutput, Value: own(schema.TaskOutput)},
-		// then_pending is only ever set here, never removed.
-		{Key: schema.TaskThenPending, Value: bson.D{{Key: "$ifNull", Value: bson.A{own(schema.TaskThenPending), "$" + schema.TaskThenPending}}}},
-	}
-	for _, k := range extraFields {
-		set = append(set, bson.E{Key: k, Value: own(k)})
+	slices.Sort(fields)
+	own := "$" + pipedField
+	set := make(bson.D, len(fields))
+	for i, k := range fields {
+		var v any
+		switch k {
+		case schema.TaskAttempt:
+			v = bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + k, 0}}}, 1}}}
+		case schema.TaskAttempts:
+			v = bson.D{{Key: "$slice", Value: bson.A{
+				bson.D{{Key: "$concatArrays", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + k, bson.A{}}}}, bson.A{own + ".a"}}}},
+				-schema.MaxAttemptsKept,
+			}}}
+		default:
+			mine := own + ".s." + k
+			v = bson.D{{Key: "$cond", Value: bson.A{
+				bson.D{{Key: "$in", Value: bson.A{k, own + ".u"}}},
+				"$$REMOVE",
+				bson.D{{Key: "$cond", Value: bson.A{
+					bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: mine}}, "missing"}}},
+					"$" + k,
+					mine,
+				}}},
+			}}}
+		}
+		set[i] = bson.E{Key: k, Value: v}
 	}
 	pipeline := bson.A{
 		bson.D{{Key: "$set", Value: bson.D{{Key: pipedField, Value: bson.D{{Key: "$arrayElemAt", Value: bson.A{
@@ -110,13 +107,13 @@ func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now time
 	}
 	filter := bson.D{
 		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
-		{Key: schema.TaskNode, Value: node},
+		{Key: schema.TaskNode, Value: ps[0].Node},
 		{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
 	}
 	res, err := s.tasks.UpdateMany(ctx, filter, pipeline)
 	if we := (mongo.WriteException{}); errors.As(err, &we) && len(we.WriteErrors) > 0 {
-		for i, p := range ps {
-			ws[i] = finishWrite(p, validUTF8(p.Stdout), validUTF8(p.Stderr), s.finishExtra(p, true), now)
+		for i, c := range changes {
+			ws[i].update = c.operators()
 		}
 		return s.guardedMany(ctx, "finish", ws, false)
 	}

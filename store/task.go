@@ -709,10 +709,10 @@ func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []
 var startClears = bson.E{Key: "$unset", Value: bson.D{{Key: schema.TaskReason, Value: ""}}}
 
 // TaskFinishMany is TaskFinish for many tasks (see TaskStartMany for the
-// errors). Results small enough for the task document that end their
-// task go in one update of them all (finishPiped); those sending their
-// task back for a retry in one bulk write; larger ones through TaskFinish
-// one by one (GridFS).
+// errors). Results small enough for the task document go in one update
+// of them all (finishPiped), those of tasks held by another node than the
+// first's in one bulk write; larger ones through TaskFinish one by one
+// (GridFS).
 func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []error {
 	errs := make([]error, len(ps))
 	var ws []guardedWrite
@@ -724,7 +724,7 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 			errs[i] = fmt.Errorf("finish task %s: status %d is not a finished status (> 0)", p.ID.Hex(), p.Status)
 		case len(ps) == 1 || len(p.Stdout)+len(p.Stderr)+len(mixedout(p.Extra)) > s.threshold/16:
 			errs[i] = s.TaskFinish(ctx, p)
-		case p.Retry == nil && p.Node == ps[0].Node:
+		case p.Node == ps[0].Node:
 			piped = append(piped, i)
 		default:
 			at = append(at, i)
@@ -999,68 +999,97 @@ type TaskRetryAt struct {
 	Tries     int // failed attempts so far, this one included
 }
 
-// finishWrite is the guarded write that ends an attempt: the task finishes
-// (or, with Retry, goes back), its attempt is recorded and counted.
-// extra are the TaskFinishParams.Extra fields to set (finishExtra); the
-// others of extraFields are removed.
-func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Time) guardedWrite {
-	rec := attemptRecord(p, now)
+// finishChange is what the write that ends an attempt does to its task:
+// the fields it sets and removes, and the attempt's record it adds to the
+// attempts (keeping the last schema.MaxAttemptsKept), the attempt counted
+// by one; the status it leaves, and whether it hands the task back.
+type finishChange struct {
+	set, unset bson.D
+	rec        bson.D
+	to         schema.Status
+	handsBack  bool
+}
+
+// finishOf is the change that ends p's attempt: the task finishes (or,
+// with Retry, goes back), its attempt is recorded and counted. extra are
+// the TaskFinishParams.Extra fields to set (finishExtra); the others of
+// extraFields are removed. finishWrite writes it as update operators,
+// finishPiped as a pipeline.
+func finishOf(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Time) finishChange {
 	var reason any
 	if p.Reason != "" {
 		reason = p.Reason
 	}
-	set := bson.D{
+	c := finishChange{rec: attemptRecord(p, now), to: p.Status}
+	c.set = bson.D{
 		{Key: schema.TaskStatus, Value: int32(p.Status)},
 		{Key: schema.TaskStdout, Value: stdout},
 		{Key: schema.TaskStderr, Value: stderr},
 		{Key: schema.TaskMTime, Value: now},
 		{Key: schema.TaskReason, Value: reason},
 	}
-	w := guardedWrite{p: TaskTransitionParams{ID: p.ID, Node: p.Node}, from: schema.StatusRunning, to: p.Status}
 	if p.Retry != nil {
-		w.handsBack = true
-		w.to = schema.StatusQueued
+		c.handsBack = true
+		c.to = schema.StatusQueued
 		if p.Retry.NotBefore.After(now) {
-			w.to = schema.StatusBlocked
+			c.to = schema.StatusBlocked
 		}
-		set[0].Value = int32(w.to)
-		set[4].Value = schema.ReasonRetrying
-		set = append(set,
+		c.set[0].Value = int32(c.to)
+		c.set[4].Value = schema.ReasonRetrying
+		c.set = append(c.set,
 			bson.E{Key: schema.TaskNode, Value: schema.Unclaimed},
 			bson.E{Key: schema.TaskNotBefore, Value: p.Retry.NotBefore.UTC().Truncate(time.Millisecond)},
 			bson.E{Key: schema.TaskTries, Value: p.Retry.Tries})
 	}
-	var unset bson.D
 	if p.Retry == nil {
 		// As 4.103's task_runner marks a task whose result is written.
-		set = append(set, bson.E{Key: schema.TaskComplete, Value: true})
+		c.set = append(c.set, bson.E{Key: schema.TaskComplete, Value: true})
 	} else {
-		unset = append(unset, bson.E{Key: schema.TaskComplete, Value: ""})
+		c.unset = append(c.unset, bson.E{Key: schema.TaskComplete, Value: ""})
 	}
 	if p.Retry == nil && p.Status == schema.StatusSucceeded && p.Output.Type != 0 {
-		set = append(set, bson.E{Key: schema.TaskOutput, Value: p.Output})
+		c.set = append(c.set, bson.E{Key: schema.TaskOutput, Value: p.Output})
 		if p.Then != "" {
-			set = append(set, bson.E{Key: schema.TaskThenPending, Value: p.Then})
+			c.set = append(c.set, bson.E{Key: schema.TaskThenPending, Value: p.Then})
 		}
 	} else {
-		unset = append(unset, bson.E{Key: schema.TaskOutput, Value: ""})
+		c.unset = append(c.unset, bson.E{Key: schema.TaskOutput, Value: ""})
 	}
 	for _, k := range extraFields {
 		if !slices.ContainsFunc(extra, func(e bson.E) bool { return e.Key == k }) {
-			unset = append(unset, bson.E{Key: k, Value: ""})
+			c.unset = append(c.unset, bson.E{Key: k, Value: ""})
 		}
 	}
-	set = append(set, extra...)
-	w.update = bson.D{
-		{Key: "$set", Value: set},
+	c.set = append(c.set, extra...)
+	return c
+}
+
+// finishWrite is the guarded write of finishOf's change, as update
+// operators.
+func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Time) guardedWrite {
+	c := finishOf(p, stdout, stderr, extra, now)
+	w := c.guarded(p)
+	w.update = c.operators()
+	return w
+}
+
+// operators is c as update operators.
+func (c finishChange) operators() bson.D {
+	u := bson.D{
+		{Key: "$set", Value: c.set},
 		{Key: "$inc", Value: bson.D{{Key: schema.TaskAttempt, Value: 1}}},
 		{Key: "$push", Value: bson.D{{Key: schema.TaskAttempts, Value: bson.D{
-			{Key: "$each", Value: bson.A{rec}}, {Key: "$slice", Value: -schema.MaxAttemptsKept}}}}},
+			{Key: "$each", Value: bson.A{c.rec}}, {Key: "$slice", Value: -schema.MaxAttemptsKept}}}}},
 	}
-	if len(unset) > 0 {
-		w.update = append(w.update, bson.E{Key: "$unset", Value: unset})
+	if len(c.unset) > 0 {
+		u = append(u, bson.E{Key: "$unset", Value: c.unset})
 	}
-	return w
+	return u
+}
+
+// guarded is the guarded write of c on p's task, without its update.
+func (c finishChange) guarded(p TaskFinishParams) guardedWrite {
+	return guardedWrite{p: TaskTransitionParams{ID: p.ID, Node: p.Node}, from: schema.StatusRunning, to: c.to, handsBack: c.handsBack}
 }
 
 // attemptRecord is the entry of p's attempt in the task's attempts.

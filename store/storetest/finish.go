@@ -157,10 +157,11 @@ func testTaskFinishExtraTooLarge(t *testing.T, newStore Factory) {
 }
 
 // testTaskFinishManyAsOne: finishes written together (one update of them
-// all) leave every task as a finish of its own would, field for field:
-// status, output, reason, extra fields set or removed, output and
-// then_pending, the attempt counted and recorded (the history capped);
-// output that looks like an expression stays text. A task the batch's
+// all) leave every task as a finish of its own would, field for field and
+// in the same order: status, output, reason, extra fields set or removed,
+// output and then_pending, the attempt counted and recorded (the history
+// capped), a retry queued or held; output that looks like an expression
+// stays text. A task the batch's
 // update cannot write (attempts not a list) gets its error, and the
 // others are finished.
 func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
@@ -193,6 +194,11 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 			store.TaskFinishParams{Status: schema.StatusSucceeded, Stdout: "again"}},
 		{"text like expressions", nil, store.TaskFinishParams{Status: schema.StatusSucceeded, Stdout: "$status", Stderr: "bad \xff utf-8",
 			Extra: extra(1, "$$REMOVE")}},
+		{"retried now", bson.D{{Key: schema.TaskComplete, Value: true}, {Key: schema.TaskOutput, Value: "old"}},
+			store.TaskFinishParams{Status: schema.StatusFailed, Stderr: "try 1", Extra: extra(2, "try 1"),
+				Retry: &store.TaskRetryAt{NotBefore: now.Add(-time.Second), Tries: 1}}},
+		{"retried later", nil, store.TaskFinishParams{Status: schema.StatusFailed, Reason: schema.ReasonTimeout,
+			Retry: &store.TaskRetryAt{NotBefore: now.Add(time.Hour), Tries: 2}}},
 	}
 	// Each case twice: one finished alone, one among the others at once.
 	var alone, together []bson.ObjectID
@@ -200,6 +206,8 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 	for range cases {
 		insertTasks(t, s, q.ID, 2)
 	}
+	// Every task is running before any finishes: a retried one is queued
+	// again, and the next claim would take it.
 	for _, c := range cases {
 		for k := range 2 {
 			id := running(t, s, q.ID)
@@ -210,12 +218,16 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 			p := c.p
 			p.ID, p.Node = id, "n1"
 			if k == 0 {
-				require.NoError(t, s.TaskFinish(ctx, p), c.name)
 				alone = append(alone, id)
 				continue
 			}
 			batch, together = append(batch, p), append(together, id)
 		}
+	}
+	for i, c := range cases {
+		p := c.p
+		p.ID, p.Node = alone[i], "n1"
+		require.NoError(t, s.TaskFinish(ctx, p), c.name)
 	}
 	for i, err := range s.TaskFinishMany(ctx, batch) {
 		require.NoError(t, err, cases[i].name)
@@ -223,6 +235,7 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 	for i, c := range cases {
 		a, b := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: alone[i]}}), rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: together[i]}})
 		require.Equal(t, fieldsOf(t, a, "_id", schema.TaskParameters), fieldsOf(t, b, "_id", schema.TaskParameters), c.name)
+		require.Equal(t, keysOf(t, a), keysOf(t, b), "%s: the fields' order", c.name)
 	}
 	require.Equal(t, "$status", rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: together[6]}}).Lookup(schema.TaskStdout).StringValue())
 
@@ -255,6 +268,18 @@ func fieldsOf(t *testing.T, doc bson.Raw, leaveOut ...string) map[string]string 
 		if k := e.Key(); !slices.Contains(leaveOut, k) {
 			out[k] = e.Value().String()
 		}
+	}
+	return out
+}
+
+// keysOf is doc's field names, in order.
+func keysOf(t *testing.T, doc bson.Raw) []string {
+	t.Helper()
+	els, err := doc.Elements()
+	require.NoError(t, err)
+	out := make([]string, len(els))
+	for i, e := range els {
+		out[i] = e.Key()
 	}
 	return out
 }
