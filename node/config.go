@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -109,11 +110,11 @@ type Config struct {
 
 	// Test signals (nil in production).
 	beforeStart func(schema.Task)
-	beatFault   func() error        // a heartbeat fails with this error when non-nil
-	beaten      func()              // a heartbeat was acknowledged
-	passed      func()              // the claimer ended a pass
-	reaped      func(int64)         // the leader swept (tasks recovered)
-	killHandled func(bson.ObjectID) // a kill request was carried out
+	beatFault   func(ctx context.Context) error // a heartbeat fails with this error when non-nil
+	beaten      func()                          // a heartbeat was acknowledged
+	passed      func()                          // the claimer ended a pass
+	reaped      func(int64)                     // the leader swept (tasks recovered)
+	killHandled func(bson.ObjectID)             // a kill request was carried out
 	// safetyNets, when set, is the period of the leader's sweeps that
 	// redo what a node does itself (admissions released, then outputs
 	// chained; default Tick): tests set it long to see the node's own.

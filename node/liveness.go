@@ -58,8 +58,8 @@ type livenessConfig struct {
 	Heartbeat  time.Duration
 	FenceAfter time.Duration
 	DeadAfter  time.Duration
-	beatFault  func() error // test signal: a heartbeat fails with this error when non-nil
-	beaten     func()       // test signal: a heartbeat was acknowledged
+	beatFault  func(ctx context.Context) error // test signal: a heartbeat (its write's ctx) fails with this error when non-nil
+	beaten     func()                          // test signal: a heartbeat was acknowledged
 }
 
 // heartbeatStore writes the node document.
@@ -106,7 +106,11 @@ func (l *liveness) Start(ctx context.Context) error {
 		}
 		failing := false
 		run.Every(l.clock, l.cfg.Heartbeat, func(ctx context.Context) {
-			bctx, cancel := context.WithTimeout(ctx, l.timeout())
+			// Stop does not cancel a heartbeat in flight but waits for it
+			// (at most its timeout): cancelled, its write may still be
+			// applied on the server after the last heartbeat's "stopped",
+			// and leave a stopped node's document saying it runs.
+			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout())
 			err := l.beat(bctx, run)
 			cancel()
 			switch {
@@ -155,7 +159,7 @@ func (l *liveness) beat(ctx context.Context, run *lifecycle.Run) error {
 func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, first bool) error {
 	sent := l.clock.Now()
 	if f := l.cfg.beatFault; f != nil {
-		if err := f(); err != nil {
+		if err := f(ctx); err != nil {
 			return err
 		}
 	}

@@ -772,7 +772,7 @@ func TestFencedNodeKillsItsTasksStopsClaimingAndRejoins(t *testing.T) {
 	cfg := b.config("n1")
 	cfg.Clock = fake
 	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, 500*time.Millisecond, 3*time.Second
-	cfg.beatFault = func() error {
+	cfg.beatFault = func(context.Context) error {
 		sig.add("beat")
 		if cut.Load() {
 			return errors.New("test: heartbeat cut")
@@ -859,6 +859,52 @@ func TestDrainStopsClaimingAndSignalsWhenIdle(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, schema.NodeStateStopped, nd.State)
 	close(blk.release)
+}
+
+// TestStopWaitsForTheHeartbeatInFlight: a heartbeat that Stop cancelled
+// could still be applied on the server after the last one and leave a
+// stopped node's document saying it runs (a CI run of the drain test
+// found "draining" there after Stop).
+func TestStopWaitsForTheHeartbeatInFlight(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	fake := clock.NewFake(time.Now())
+	cfg := b.config("n1")
+	cfg.Clock = fake
+	// A heartbeat's timeout is half of fence-after: 2 s, over the hold.
+	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, 4*time.Second, 6*time.Second
+	var hold, cancelled atomic.Bool
+	inBeat := make(chan struct{}, 1)
+	cfg.beatFault = func(ctx context.Context) error {
+		if !hold.CompareAndSwap(true, false) {
+			return nil
+		}
+		inBeat <- struct{}{}
+		// Long enough for Stop to reach the heartbeat (nothing runs).
+		select {
+		case <-ctx.Done():
+			cancelled.Store(true)
+		case <-time.After(time.Second):
+		}
+		return nil
+	}
+	var beats atomic.Int64
+	cfg.beaten = func() { beats.Add(1) }
+	n := b.start(cfg)
+	hold.Store(true)
+	fake.Advance(100 * time.Millisecond)
+	select {
+	case <-inBeat:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no heartbeat after advancing the clock by one period")
+	}
+	before := beats.Load()
+	n.Stop()
+	require.False(t, cancelled.Load(), "Stop cancelled the heartbeat in flight")
+	require.Equal(t, before+2, beats.Load(), "the heartbeat in flight and the last one are both acknowledged")
+	nd, err := b.store.NodeGet(ctx, "n1")
+	require.NoError(t, err)
+	require.Equal(t, schema.NodeStateStopped, nd.State)
 }
 
 func TestFenceTimingIsValidated(t *testing.T) {
