@@ -373,19 +373,13 @@ func (s *Store) countersAdd(ctx context.Context, deltas []CounterDelta) ([]bson.
 	if res.MatchedCount == int64(len(ids)) {
 		return nil, nil
 	}
-	cur, err := s.queues.Find(ctx, filter, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	found, err := s.findIDs(ctx, s.queues, filter)
 	if err != nil {
 		return nil, err
 	}
-	var found []struct {
-		ID bson.ObjectID `bson:"_id"`
-	}
-	if err := cur.All(ctx, &found); err != nil {
-		return nil, err
-	}
 	matched := map[bson.ObjectID]bool{}
-	for _, f := range found {
-		matched[f.ID] = true
+	for _, id := range found {
+		matched[id] = true
 	}
 	var missing []bson.ObjectID
 	for _, id := range ids {
