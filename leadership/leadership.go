@@ -151,10 +151,17 @@ func (e *Elector) setLeader(on bool, epoch int64) {
 func (e *Elector) stand(ctx context.Context) {
 	every := e.cfg.TTL / 4
 	for {
-		actx, cancel := context.WithTimeout(ctx, e.cfg.TTL)
+		// Stop waits for an acquire in flight rather than cancelling it:
+		// a cancelled one may still take the lease on the server, with
+		// nobody left to release it (no leader for a TTL). One that
+		// succeeds after Stop is released below.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(e.cfg.TTL, 5*time.Second))
 		lease, err := e.cfg.Store.LeaseAcquire(actx, store.LeaseAcquireParams{Name: e.cfg.Lease, Owner: e.cfg.Owner, TTL: e.cfg.TTL})
 		cancel()
 		switch {
+		case err == nil && ctx.Err() != nil:
+			e.release(lease)
+			return
 		case err == nil:
 			e.log.Info("lease acquired: leading", "epoch", lease.Epoch)
 			e.setLeader(true, lease.Epoch)
@@ -210,7 +217,12 @@ func (e *Elector) lead(ctx context.Context, term Term) error {
 func (e *Elector) renew(ctx context.Context, term Term, end context.CancelCauseFunc) {
 	last := e.clock.Now()
 	lifecycle.Every(ctx, e.clock, e.cfg.TTL/4, func(ctx context.Context) {
-		rctx, rcancel := context.WithTimeout(ctx, e.cfg.TTL/4)
+		if ctx.Err() != nil {
+			return
+		}
+		// Not cancelled by Stop: a cancelled renewal may still land on the
+		// server after the release and hold the lease for another TTL.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.TTL/4)
 		err := e.cfg.Store.LeaseRenew(rctx, term.Ref(), e.cfg.TTL)
 		rcancel()
 		switch {

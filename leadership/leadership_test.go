@@ -196,6 +196,54 @@ func TestLeaderStepsBackWhenItCannotRenew(t *testing.T) {
 	require.Equal(t, int64(2), e.Status().Terms)
 }
 
+// holding holds one renewal, on demand, until its ctx ends or a second
+// passed, then renews.
+type holding struct {
+	*store.Store
+	hold      atomic.Bool
+	inRenew   chan struct{}
+	cancelled atomic.Bool
+}
+
+func (h *holding) LeaseRenew(ctx context.Context, ref store.LeaseRef, ttl time.Duration) error {
+	if h.hold.CompareAndSwap(true, false) {
+		h.inRenew <- struct{}{}
+		select {
+		case <-ctx.Done():
+			h.cancelled.Store(true)
+		case <-time.After(time.Second):
+		}
+	}
+	return h.Store.LeaseRenew(ctx, ref, ttl)
+}
+
+// TestStopWaitsForARenewalInFlight: a renewal that Stop cancelled could
+// still land on the server after the release and hold the lease for
+// another TTL, with nobody leading.
+func TestStopWaitsForARenewalInFlight(t *testing.T) {
+	t.Parallel()
+	st := &holding{Store: store.New(mongotest.Database(t), store.Options{}), inRenew: make(chan struct{}, 1)}
+	fake := clock.NewFake(time.Now())
+	const ttl = 20 * time.Second // a renewal's timeout is TTL/4: 4 s over the hold
+	ts := newTerms()
+	e := leadership.New(leadership.Config{Lease: "leader", Owner: "a", Store: st, TTL: ttl, Clock: fake}, ts.duty)
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(e.Stop)
+	require.Eventually(t, func() bool { return e.Status().Leader && ts.leaders() == 1 }, 10*time.Second, 5*time.Millisecond)
+	st.hold.Store(true)
+	fake.Advance(ttl / 4)
+	select {
+	case <-st.inRenew:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal after a quarter of the TTL")
+	}
+	e.Stop()
+	require.False(t, st.cancelled.Load(), "Stop cancelled the renewal in flight")
+	// Released after the renewal landed: another owner takes it at once.
+	_, err := st.LeaseAcquire(context.Background(), store.LeaseAcquireParams{Name: "leader", Owner: "b", TTL: ttl})
+	require.NoError(t, err, "the lease was not free after Stop")
+}
+
 func TestDutyErrorEndsTheTermForEveryDuty(t *testing.T) {
 	t.Parallel()
 	s := store.New(mongotest.Database(t), store.Options{})

@@ -106,6 +106,9 @@ func (l *liveness) Start(ctx context.Context) error {
 		}
 		failing := false
 		run.Every(l.clock, l.cfg.Heartbeat, func(ctx context.Context) {
+			if ctx.Err() != nil {
+				return // a tick that raced Stop: no heartbeat after it
+			}
 			// Stop does not cancel a heartbeat in flight but waits for it
 			// (at most its timeout): cancelled, its write may still be
 			// applied on the server after the last heartbeat's "stopped",
@@ -205,7 +208,9 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 		limit = before.MaxThreads
 	}
 	l.target.setMaxThreads(limit)
-	if !first && state != schema.NodeStateStopped && before.Drain {
+	// A drain request read by a heartbeat that outlasted Stop is moot:
+	// this run is ending, and the next clears it at its first heartbeat.
+	if !first && state != schema.NodeStateStopped && before.Drain && (run == nil || run.Context().Err() == nil) {
 		l.drain(run)
 	}
 	if l.cfg.beaten != nil {

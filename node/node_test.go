@@ -871,8 +871,9 @@ func TestStopWaitsForTheHeartbeatInFlight(t *testing.T) {
 	fake := clock.NewFake(time.Now())
 	cfg := b.config("n1")
 	cfg.Clock = fake
-	// A heartbeat's timeout is half of fence-after: 2 s, over the hold.
-	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, 4*time.Second, 6*time.Second
+	// A heartbeat's timeout is half of fence-after, at most 5 s: 4 s more
+	// than the hold.
+	cfg.Heartbeat, cfg.FenceAfter, cfg.DeadAfter = 100*time.Millisecond, 10*time.Second, 12*time.Second
 	var hold, cancelled atomic.Bool
 	inBeat := make(chan struct{}, 1)
 	cfg.beatFault = func(ctx context.Context) error {
