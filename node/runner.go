@@ -145,12 +145,63 @@ func (r *runner) open() {
 
 // dispatch is the claimer's Dispatch: the task is claimed (-1) by this node
 // and its slot taken.
+//
+// A task this node still handles from an earlier claim (its last write,
+// say a failed attempt sent back for a retry, landed but its answer was
+// lost, and is being retried; meanwhile the task was claimed again) waits
+// until that handling is over: the retried write is guarded by node and
+// status, which this claim matches too, so it may yet land on this claim
+// and send the task back, to be run by another node. It runs only if the
+// task is still this claim's once that write is done (a fault suite run
+// saw one attempt on this node overlap the next, elsewhere).
 func (r *runner) dispatch(q claimer.Queue, t schema.Task, claim claimer.Timing) {
 	steps := observeTask(r.cfg.Name, r.cfg.Observer, r.clock, q, t, claim)
-	r.handle(q, t, func() (after []func()) {
-		steps.end(r.run(q, t, claim.End, steps, &after))
-		return after
+	if !r.holds(t.ID) {
+		r.handle(q, t, func() (after []func()) {
+			steps.end(r.run(q, t, claim.End, steps, &after))
+			return after
+		})
+		return
+	}
+	log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
+	log.Info("claimed a task this node still handles from an earlier claim: starting it once that is over, if it is still this claim's")
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for r.holds(t.ID) {
+			time.Sleep(5 * time.Millisecond) // an internal condition, not a timed behaviour
+		}
+		r.handle(q, t, func() (after []func()) {
+			if !r.stillClaimed(log, t) {
+				steps.end("lost")
+				return nil
+			}
+			steps.end(r.run(q, t, claim.End, steps, &after))
+			return after
+		})
+	}()
+}
+
+// stillClaimed reports whether t is still held by this node in the status
+// its claim left it in.
+func (r *runner) stillClaimed(log *slog.Logger, t schema.Task) bool {
+	var st store.TaskState
+	err := r.write(log, "check of its claim", func(ctx context.Context) error {
+		states, err := r.cfg.Store.TaskStates(ctx, []bson.ObjectID{t.ID})
+		if err != nil {
+			return err
+		}
+		st = states[0]
+		return nil
 	})
+	if err != nil {
+		return false
+	}
+	if !st.Found || st.Node != r.cfg.Name || st.Status != t.Status {
+		log.Warn("an earlier write for this task landed on its new claim; not running it here", "node", st.Node, "status", int(st.Status))
+		return false
+	}
+	return true
 }
 
 // handle works on a task received from a claim in a goroutine of its own,

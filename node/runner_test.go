@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,4 +140,64 @@ func TestTaskRunnerWritesItsOwnResult(t *testing.T) {
 	require.Contains(t, b.task(ids[1]).Lookup("stderr").StringValue(), "task_runner did not start the task")
 	b.waitStatus(ids[2], schema.StatusFailed, 10*time.Second)
 	require.Contains(t, b.task(ids[2]).Lookup("stderr").StringValue(), "task_runner ended without writing a result")
+}
+
+// heldStore is a runner's store whose first finish write waits until
+// released, and whose TaskStates answers state.
+type heldStore struct {
+	runnerStore
+	release  chan struct{}
+	finishes atomic.Int64
+	state    store.TaskState
+}
+
+func (s *heldStore) TaskStartMany(_ context.Context, ps []store.TaskTransitionParams) []error {
+	return make([]error, len(ps))
+}
+
+func (s *heldStore) TaskFinishMany(_ context.Context, ps []store.TaskFinishParams) []error {
+	if s.finishes.Add(1) == 1 {
+		<-s.release
+	}
+	return make([]error, len(ps))
+}
+
+func (s *heldStore) TaskStates(context.Context, []bson.ObjectID) ([]store.TaskState, error) {
+	return []store.TaskState{s.state}, nil
+}
+
+// TestAClaimWaitsForTheEarlierHandlingOfItsTask: a task claimed again
+// while this node still writes the end of its earlier attempt (a write
+// whose answer was lost, retried, that may land on the new claim) starts
+// only once that write is done, and only if the task is still the new
+// claim's.
+func TestAClaimWaitsForTheEarlierHandlingOfItsTask(t *testing.T) {
+	for _, landed := range []bool{true, false} {
+		st := &heldStore{release: make(chan struct{})}
+		var runs atomic.Int64
+		reg := plugin.NewRegistry()
+		reg.Register("P", plugin.Func(func(context.Context, plugin.Task) plugin.Result {
+			runs.Add(1)
+			return plugin.Result{Status: schema.StatusSucceeded}
+		}))
+		r := newRunner(runnerConfig{Name: "n1", Store: st, Plugins: reg, Observer: noObserver{}}, func(bson.ObjectID) {}, nil, slog.New(slog.DiscardHandler))
+		q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "P", MaxThreads: 2}
+		task := schema.Task{ID: bson.NewObjectID(), Queue: q.ID, Node: "n1", Status: schema.StatusClaimed}
+		r.dispatch(q, task, claimer.Timing{End: time.Now()})
+		require.Eventually(t, func() bool { return st.finishes.Load() == 1 }, 10*time.Second, time.Millisecond, "the first attempt's finish")
+		r.dispatch(q, task, claimer.Timing{End: time.Now()})
+		time.Sleep(100 * time.Millisecond)
+		require.EqualValues(t, 1, runs.Load(), "landed %v: the second claim ran while the first attempt's finish was being written", landed)
+		st.state = store.TaskState{ID: task.ID, Found: true, Node: "n1", Status: schema.StatusClaimed}
+		if landed { // the retried write sent the task back to the queue
+			st.state.Node, st.state.Status = "", schema.StatusQueued
+		}
+		close(st.release)
+		r.wg.Wait()
+		want := int64(2)
+		if landed {
+			want = 1
+		}
+		require.Equal(t, want, runs.Load(), "landed %v", landed)
+	}
 }
