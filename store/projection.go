@@ -340,27 +340,14 @@ func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missi
 // countersAdd adds deltas to their queues' counters (in a transaction)
 // with one updateMany, however many queues the batch touched: one round
 // trip where an $inc per queue took one each. Each queue finds its own
-// delta by its place among the ids (looked up once per queue, in a field
-// that is gone again when the update ends; deltas of one queue listed
-// twice are summed). A queue whose four counters are not all numbers is
-// not matched; when fewer matched than were asked, the ones that did are
-// read back (in the transaction: its own writes) and the others returned.
+// delta by its place among the ids. A queue whose four counters are not
+// all numbers is not matched; when fewer matched than were asked, the
+// ones that did are read back (in the transaction: its own writes) and
+// the others returned.
 func (s *Store) countersAdd(ctx context.Context, deltas []CounterDelta) ([]bson.ObjectID, error) {
-	at := map[bson.ObjectID]int{}
-	var each []CounterDelta
-	for _, d := range deltas {
-		i, ok := at[d.Queue]
-		if !ok {
-			at[d.Queue] = len(each)
-			each = append(each, d)
-			continue
-		}
-		c := &each[i]
-		c.Todo, c.Total, c.Running, c.Failed = c.Todo+d.Todo, c.Total+d.Total, c.Running+d.Running, c.Failed+d.Failed
-	}
 	var ids bson.A
 	var todo, total, running, failed bson.A
-	for _, d := range sortDeltas(each) {
+	for _, d := range sortDeltas(deltas) {
 		if d.Todo == 0 && d.Total == 0 && d.Running == 0 && d.Failed == 0 {
 			continue
 		}
@@ -373,17 +360,13 @@ func (s *Store) countersAdd(ctx context.Context, deltas []CounterDelta) ([]bson.
 	number := bson.D{{Key: "$type", Value: "number"}}
 	filter := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: schema.QueueCountTodo, Value: number}, {Key: schema.QueueCountTotal, Value: number},
 		{Key: schema.QueueCountRunning, Value: number}, {Key: schema.QueueCountFailed, Value: number}}
-	const place = "_disbatch_delta_at"
+	at := bson.D{{Key: "$indexOfArray", Value: bson.A{ids, "$_id"}}}
 	add := func(field string, by bson.A) bson.E {
-		return bson.E{Key: field, Value: bson.D{{Key: "$add", Value: bson.A{"$" + field, bson.D{{Key: "$arrayElemAt", Value: bson.A{by, "$" + place}}}}}}}
+		return bson.E{Key: field, Value: bson.D{{Key: "$add", Value: bson.A{"$" + field, bson.D{{Key: "$arrayElemAt", Value: bson.A{by, at}}}}}}}
 	}
-	res, err := s.queues.UpdateMany(ctx, filter, mongo.Pipeline{
-		{{Key: "$set", Value: bson.D{{Key: place, Value: bson.D{{Key: "$indexOfArray", Value: bson.A{ids, "$_id"}}}}}}},
-		{{Key: "$set", Value: bson.D{
-			add(schema.QueueCountFailed, failed), add(schema.QueueCountRunning, running), add(schema.QueueCountTodo, todo), add(schema.QueueCountTotal, total),
-		}}},
-		{{Key: "$unset", Value: place}},
-	})
+	res, err := s.queues.UpdateMany(ctx, filter, mongo.Pipeline{{{Key: "$set", Value: bson.D{
+		add(schema.QueueCountFailed, failed), add(schema.QueueCountRunning, running), add(schema.QueueCountTodo, todo), add(schema.QueueCountTotal, total),
+	}}}})
 	if err != nil {
 		return nil, err
 	}
