@@ -373,13 +373,19 @@ func (s *Store) countersAdd(ctx context.Context, deltas []CounterDelta) ([]bson.
 	if res.MatchedCount == int64(len(ids)) {
 		return nil, nil
 	}
-	found, err := s.findIDs(ctx, s.queues, filter)
+	cur, err := s.queues.Find(ctx, filter, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
 		return nil, err
 	}
+	var found []struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	if err := cur.All(ctx, &found); err != nil {
+		return nil, err
+	}
 	matched := map[bson.ObjectID]bool{}
-	for _, id := range found {
-		matched[id] = true
+	for _, f := range found {
+		matched[f.ID] = true
 	}
 	var missing []bson.ObjectID
 	for _, id := range ids {
