@@ -98,7 +98,31 @@ func setup(t *testing.T) *bundle {
 	b := &bundle{t: t, db: db, store: store.New(db, store.Options{}), rec: newRecorder(), reg: plugin.NewRegistry(), logs: &logBuf{}}
 	b.reg.Register("test", b.rec)
 	b.reg.Register(plugin.DemoConstructor, plugin.Demo())
+	// Registered first, so it runs last: after the nodes stopped.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(failureLog(b.logs.String(), 100))
+		}
+	})
 	return b
+}
+
+// failureLog is what a failed test shows of its nodes' log: every warning
+// and error, and the last n lines (a CI run shows nothing else of it).
+func failureLog(log string, n int) string {
+	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
+	var bad []string
+	for _, l := range lines {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			bad = append(bad, l)
+		}
+	}
+	all := len(bad)
+	if all > 2*n {
+		bad = append(bad[:n:n], bad[all-n:]...) // the first and the last
+	}
+	return fmt.Sprintf("the nodes' warnings and errors (%d; at most the first and last %d shown):\n%s\nthe log's last %d lines:\n%s",
+		all, n, strings.Join(bad, "\n"), n, strings.Join(lines[max(0, len(lines)-n):], "\n"))
 }
 
 func (b *bundle) config(name string) Config {
