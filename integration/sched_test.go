@@ -727,8 +727,13 @@ const (
 	schedPauseMS    = 300
 	// schedInFlight: claims a node had under way when the pause landed
 	// (a pass started before it heard the queue change) may still land
-	// within this time of the pause's acknowledgement.
-	schedInFlight = time.Second
+	// within this time of the pause's acknowledgement. Three CI dry runs
+	// in a row (load average 17 on two cores) had a node hear the pause
+	// up to 1.2 s after the first did, through its own stream, and claim
+	// meanwhile: 1 s failed them. The pause still holds 2 s and more
+	// beyond this (its tasks' end, then schedHold) in which no claim may
+	// land.
+	schedInFlight = 2 * time.Second
 	// schedHold: how long the queue stays paused after its running tasks
 	// ended, with tasks queued: longer than the tick would take, were the
 	// nodes not on a long one.
