@@ -293,8 +293,7 @@ type CountersApplyParams struct {
 // written there), so a deposed projector's batch can never commit. A delta
 // for a queue whose counters (count_todo, count_total, count_running,
 // count_failed) are not all numbers is not applied (adding to nothing would
-// be wrong): those queues are returned for a recount. The queues are
-// written in ascending _id order so concurrent transactions cannot deadlock.
+// be wrong): those queues are returned for a recount.
 func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missing []bson.ObjectID, err error) {
 	sess, end, err := s.txnSession(ctx, p.Session)
 	if err != nil {
@@ -325,27 +324,85 @@ func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missi
 				return nil, err
 			}
 		}
-		for _, d := range sortDeltas(p.Deltas) {
-			if d.Todo == 0 && d.Total == 0 && d.Running == 0 && d.Failed == 0 {
-				continue
-			}
-			number := bson.D{{Key: "$type", Value: "number"}}
-			res, err := s.queues.UpdateOne(ctx,
-				bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountTodo, Value: number}, {Key: schema.QueueCountTotal, Value: number}, {Key: schema.QueueCountRunning, Value: number},
-					{Key: schema.QueueCountFailed, Value: number}},
-				bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total}, {Key: schema.QueueCountRunning, Value: d.Running},
-					{Key: schema.QueueCountFailed, Value: d.Failed}}}})
-			if err != nil {
-				return nil, err
-			}
-			if res.MatchedCount == 0 {
-				missing = append(missing, d.Queue)
-			}
+		m, err := s.countersAdd(ctx, p.Deltas)
+		if err != nil {
+			return nil, err
 		}
+		missing = m
 		return nil, nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	return missing, nil
+}
+
+// countersAdd adds deltas to their queues' counters (in a transaction)
+// with one updateMany, however many queues the batch touched: one round
+// trip where an $inc per queue took one each. Each queue finds its own
+// delta by its place among the ids (looked up once per queue, in a field
+// that is gone again when the update ends; deltas of one queue listed
+// twice are summed). A queue whose four counters are not all numbers is
+// not matched; when fewer matched than were asked, the ones that did are
+// read back (in the transaction: its own writes) and the others returned.
+func (s *Store) countersAdd(ctx context.Context, deltas []CounterDelta) ([]bson.ObjectID, error) {
+	at := map[bson.ObjectID]int{}
+	var each []CounterDelta
+	for _, d := range deltas {
+		i, ok := at[d.Queue]
+		if !ok {
+			at[d.Queue] = len(each)
+			each = append(each, d)
+			continue
+		}
+		c := &each[i]
+		c.Todo, c.Total, c.Running, c.Failed = c.Todo+d.Todo, c.Total+d.Total, c.Running+d.Running, c.Failed+d.Failed
+	}
+	var ids bson.A
+	var todo, total, running, failed bson.A
+	for _, d := range sortDeltas(each) {
+		if d.Todo == 0 && d.Total == 0 && d.Running == 0 && d.Failed == 0 {
+			continue
+		}
+		ids = append(ids, d.Queue)
+		todo, total, running, failed = append(todo, d.Todo), append(total, d.Total), append(running, d.Running), append(failed, d.Failed)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	number := bson.D{{Key: "$type", Value: "number"}}
+	filter := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: schema.QueueCountTodo, Value: number}, {Key: schema.QueueCountTotal, Value: number},
+		{Key: schema.QueueCountRunning, Value: number}, {Key: schema.QueueCountFailed, Value: number}}
+	const place = "_disbatch_delta_at"
+	add := func(field string, by bson.A) bson.E {
+		return bson.E{Key: field, Value: bson.D{{Key: "$add", Value: bson.A{"$" + field, bson.D{{Key: "$arrayElemAt", Value: bson.A{by, "$" + place}}}}}}}
+	}
+	res, err := s.queues.UpdateMany(ctx, filter, mongo.Pipeline{
+		{{Key: "$set", Value: bson.D{{Key: place, Value: bson.D{{Key: "$indexOfArray", Value: bson.A{ids, "$_id"}}}}}}},
+		{{Key: "$set", Value: bson.D{
+			add(schema.QueueCountFailed, failed), add(schema.QueueCountRunning, running), add(schema.QueueCountTodo, todo), add(schema.QueueCountTotal, total),
+		}}},
+		{{Key: "$unset", Value: place}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if res.MatchedCount == int64(len(ids)) {
+		return nil, nil
+	}
+	found, err := s.findIDs(ctx, s.queues, filter)
+	if err != nil {
+		return nil, err
+	}
+	matched := map[bson.ObjectID]bool{}
+	for _, id := range found {
+		matched[id] = true
+	}
+	var missing []bson.ObjectID
+	for _, id := range ids {
+		if q := id.(bson.ObjectID); !matched[q] {
+			missing = append(missing, q)
+		}
 	}
 	return missing, nil
 }

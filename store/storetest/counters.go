@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -142,4 +143,112 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, []bson.ObjectID{old}, missing)
 	require.False(t, stored(old).Complete())
+}
+
+// testCountersAddManyAsEachWould: CountersApply adds a batch's deltas to
+// all its queues with one update; each queue must end as an $inc of its
+// own delta would leave it (the same values, types and field order), and
+// the queues such an $inc would not touch (a counter missing, null or not
+// a number; no queue at all) are the ones returned as missing.
+func testCountersAddManyAsEachWould(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	queues := db.Collection(schema.CollQueues)
+	l, err := s.LeaseAcquire(ctx, store.LeaseAcquireParams{Name: "projector", Owner: "a", TTL: time.Minute})
+	require.NoError(t, err)
+	ref := store.LeaseRef{Name: "projector", Owner: "a", Epoch: l.Epoch}
+
+	decimal, err := bson.ParseDecimal128("7")
+	require.NoError(t, err)
+	counters := func(todo, total, running, failed any) bson.D {
+		d := bson.D{}
+		for _, e := range []bson.E{{Key: schema.QueueCountTodo, Value: todo}, {Key: schema.QueueCountTotal, Value: total},
+			{Key: schema.QueueCountRunning, Value: running}, {Key: schema.QueueCountFailed, Value: failed}} {
+			if e.Value != "absent" {
+				d = append(d, e)
+			}
+		}
+		return d
+	}
+	// Each kind with deltas of its own (a delta applied to the wrong queue
+	// shows), "no delta" first (a list that skips it must not shift the
+	// others), one kind's deltas in two entries (summed, as separate
+	// $incs would).
+	kinds := []struct {
+		name    string
+		fields  bson.D
+		delta   store.CounterDelta
+		split   bool
+		missing bool
+	}{
+		{"no delta", counters(int32(5), int32(9), int32(1), int32(0)), store.CounterDelta{}, false, false},
+		{"int32", counters(int32(5), int32(9), int32(1), int32(0)), store.CounterDelta{Todo: -1, Running: 1}, false, false},
+		{"int64, in two entries", counters(int64(5), int64(9), int64(1), int64(2)), store.CounterDelta{Todo: 2, Total: 2, Running: -1, Failed: 1}, true, false},
+		{"double", counters(5.0, 9.0, 1.0, 0.0), store.CounterDelta{Todo: 3, Total: 3}, false, false},
+		{"mixed, one decimal", counters(int32(5), decimal, int64(1), 2.0), store.CounterDelta{Todo: -2, Total: -1, Running: 1, Failed: -1}, false, false},
+		{"int32 at its top", counters(int32(2147483647), int32(9), int32(1), int32(0)), store.CounterDelta{Todo: 1}, false, false},
+		{"fields after the counters", append(counters(int32(1), int32(1), int32(0), int32(0)), bson.E{Key: "zz", Value: "after"}), store.CounterDelta{Todo: -1, Total: 4, Running: 1}, false, false},
+		{"no count_failed", counters(int32(5), int32(9), int32(1), "absent"), store.CounterDelta{Todo: -1, Running: 2}, false, true},
+		{"a null counter", counters(int32(5), nil, int32(1), int32(0)), store.CounterDelta{Todo: -3}, false, true},
+		{"a string counter", counters(int32(5), int32(9), "1", int32(0)), store.CounterDelta{Total: 5}, false, true},
+	}
+	// Each kind twice: one queue for the batch, one for a lone $inc.
+	batch, alone := make([]bson.ObjectID, len(kinds)), make([]bson.ObjectID, len(kinds))
+	var deltas []store.CounterDelta
+	var wantMissing []bson.ObjectID
+	for i, k := range kinds {
+		for _, id := range []*bson.ObjectID{&batch[i], &alone[i]} {
+			*id = bson.NewObjectID()
+			doc := append(bson.D{{Key: "_id", Value: *id}, {Key: "name", Value: id.Hex()}, {Key: "constructor", Value: "C"}}, k.fields...)
+			_, err := queues.InsertOne(ctx, doc)
+			require.NoError(t, err, k.name)
+		}
+		d := k.delta
+		d.Queue = batch[i]
+		if k.split {
+			deltas = append(deltas, store.CounterDelta{Queue: d.Queue, Todo: d.Todo, Total: d.Total}, store.CounterDelta{Queue: d.Queue, Running: d.Running, Failed: d.Failed})
+		} else {
+			deltas = append(deltas, d)
+		}
+		if k.missing {
+			wantMissing = append(wantMissing, batch[i])
+		}
+	}
+	gone := bson.NewObjectID() // a queue deleted since its tasks' events
+	deltas = append(deltas, store.CounterDelta{Queue: gone, Todo: -1, Total: -1})
+	wantMissing = append(wantMissing, gone)
+	rand.Shuffle(len(deltas), func(i, j int) { deltas[i], deltas[j] = deltas[j], deltas[i] })
+
+	missing, err := s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Deltas: deltas})
+	require.NoError(t, err)
+	require.ElementsMatch(t, wantMissing, missing)
+
+	number := bson.D{{Key: "$type", Value: "number"}}
+	for i, k := range kinds {
+		d := k.delta
+		if d != (store.CounterDelta{}) {
+			_, err := queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: alone[i]}, {Key: schema.QueueCountTodo, Value: number},
+				{Key: schema.QueueCountTotal, Value: number}, {Key: schema.QueueCountRunning, Value: number}, {Key: schema.QueueCountFailed, Value: number}},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total},
+					{Key: schema.QueueCountRunning, Value: d.Running}, {Key: schema.QueueCountFailed, Value: d.Failed}}}})
+			require.NoError(t, err, k.name)
+		}
+		got, want := rawDoc(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: batch[i]}}), rawDoc(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: alone[i]}})
+		require.Equal(t, strip(t, want), strip(t, got), "%s: the batch's update left what a lone $inc leaves", k.name)
+	}
+}
+
+// strip returns a queue document without its _id and name, element by
+// element with each value's BSON type, in order.
+func strip(t *testing.T, raw bson.Raw) []string {
+	t.Helper()
+	els, err := raw.Elements()
+	require.NoError(t, err)
+	var out []string
+	for _, e := range els {
+		if k := e.Key(); k != "_id" && k != "name" {
+			out = append(out, k+" "+e.Value().Type.String()+" "+e.Value().String())
+		}
+	}
+	return out
 }

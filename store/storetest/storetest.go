@@ -44,6 +44,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"QueueDelete", testQueueDelete},
 		{"QueueCountsGet", testQueueCounts},
 		{"CountFailedRecountAndApply", testCountFailed},
+		{"CountersAddManyAsEachWould", testCountersAddManyAsEachWould},
 		{"TaskInsertManySeedShape", testTaskInsertMany},
 		{"TaskClaimOrder", testTaskClaimOrder},
 		{"TaskClaimPriority", testTaskClaimPriority},
