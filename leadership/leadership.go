@@ -217,9 +217,6 @@ func (e *Elector) lead(ctx context.Context, term Term) error {
 func (e *Elector) renew(ctx context.Context, term Term, end context.CancelCauseFunc) {
 	last := e.clock.Now()
 	lifecycle.Every(ctx, e.clock, e.cfg.TTL/4, func(ctx context.Context) {
-		if ctx.Err() != nil {
-			return
-		}
 		// Not cancelled by Stop: a cancelled renewal may still land on the
 		// server after the release and hold the lease for another TTL.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.TTL/4)

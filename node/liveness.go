@@ -106,9 +106,6 @@ func (l *liveness) Start(ctx context.Context) error {
 		}
 		failing := false
 		run.Every(l.clock, l.cfg.Heartbeat, func(ctx context.Context) {
-			if ctx.Err() != nil {
-				return // a tick that raced Stop: no heartbeat after it
-			}
 			// Stop does not cancel a heartbeat in flight but waits for it
 			// (at most its timeout): cancelled, its write may still be
 			// applied on the server after the last heartbeat's "stopped",

@@ -91,6 +91,11 @@ func tick(ctx context.Context, t clock.Ticker, fn func(ctx context.Context)) {
 			return
 		case <-t.C():
 		}
+		// A tick and the end can be ready together, and select picks
+		// either: no call starts once ctx ended.
+		if ctx.Err() != nil {
+			return
+		}
 		fn(ctx)
 	}
 }

@@ -152,3 +152,33 @@ func TestEveryCountsTimeFromItsCall(t *testing.T) {
 		s.Stop()
 	}
 }
+
+// TestNoCallStartsAfterTheEnd: a tick that came while a call ran is ready
+// together with the end; select would pick either, and a call started
+// then would outlive its Stop (a heartbeat written after the last one).
+func TestNoCallStartsAfterTheEnd(t *testing.T) {
+	for range 40 {
+		f := clock.NewFake(time.Unix(0, 0))
+		ctx, cancel := context.WithCancel(context.Background())
+		inCall, release := make(chan struct{}), make(chan struct{})
+		var calls atomic.Int64
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			lifecycle.Every(ctx, f, time.Millisecond, func(context.Context) {
+				if calls.Add(1) == 1 {
+					close(inCall)
+					<-release
+				}
+			})
+		}()
+		require.NoError(t, f.BlockUntil(context.Background(), 1))
+		f.Advance(time.Millisecond)
+		<-inCall
+		f.Advance(time.Millisecond) // the next tick waits while the call runs
+		cancel()
+		close(release)
+		<-done
+		require.EqualValues(t, 1, calls.Load(), "a call started after the context ended")
+	}
+}
