@@ -99,11 +99,13 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 		free := int64(p.Max) - admitted
 		var newly int64
 		for _, c := range cands {
-			admitted, _ := c.Lookup(schema.TaskAdmitted).BooleanOK()
-			if admitted || newly < free {
+			// A value that is not a boolean counts as not admitted: it takes
+			// a free admission, so the cap holds.
+			own, _ := c.Lookup(schema.TaskAdmitted).BooleanOK()
+			if own || newly < free {
 				ids = append(ids, c.Lookup("_id"))
 			}
-			if !admitted && newly < free {
+			if !own && newly < free {
 				newly++
 			}
 		}

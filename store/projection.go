@@ -360,7 +360,7 @@ func (s *Store) countersAdd(ctx context.Context, deltas []CounterDelta) ([]bson.
 	}
 	var ids bson.A
 	var todo, total, running, failed bson.A
-	for _, d := range sortDeltas(each) {
+	for _, d := range each { // one update: no order among the queues to keep
 		if d.Todo == 0 && d.Total == 0 && d.Running == 0 && d.Failed == 0 {
 			continue
 		}
@@ -414,12 +414,6 @@ func sortedIDs(m map[bson.ObjectID]QueueCounts) []bson.ObjectID {
 	}
 	slices.SortFunc(ids, func(a, b bson.ObjectID) int { return bytes.Compare(a[:], b[:]) })
 	return ids
-}
-
-func sortDeltas(ds []CounterDelta) []CounterDelta {
-	out := slices.Clone(ds)
-	slices.SortFunc(out, func(a, b CounterDelta) int { return bytes.Compare(a.Queue[:], b.Queue[:]) })
-	return out
 }
 
 // ErrSnapshotTooOld means a recount asked for a moment the server no longer
