@@ -167,6 +167,20 @@ type Claimer struct {
 	// newTasks are wake-ups for single new tasks, to be staggered by the
 	// loop (which knows the queues' peers).
 	newTasks []newTask
+	// nullGen and noNull decide whether a claim looks for tasks with
+	// node null (Disbatch 4.103's unclaimed) besides node -1, which
+	// costs MongoDB a walk over the queue's just-claimed index entries
+	// (store.claimFilter). noNull[q] is the nullGen at which a claim of
+	// q read candidates without one, or found the queue empty; q's
+	// claims leave node null out while nullGen has not moved since. It
+	// moves on the tick, on WakeAll, and on every event that queues a
+	// task without showing node -1. A claim that leaves node null out and
+	// finds nothing asks again with it before the queue counts as empty,
+	// unless the queue was empty at that nullGen. So a task with node
+	// null is claimed within a tick of its turn in the queue's order, and
+	// at once when its event is heard.
+	nullGen uint64
+	noNull  map[bson.ObjectID]noNull
 
 	// owned by the loop goroutine
 	due    map[bson.ObjectID]time.Time // staggered wake-ups, by queue
@@ -212,6 +226,7 @@ func New(cfg Config) *Claimer {
 		empty:  map[bson.ObjectID]bool{},
 		due:    map[bson.ObjectID]time.Time{},
 		spread: map[bson.ObjectID]int{},
+		noNull: map[bson.ObjectID]noNull{},
 	}
 }
 
@@ -288,6 +303,7 @@ func (c *Claimer) Adopt(q bson.ObjectID) { c.slots.take(q) }
 func (c *Claimer) WakeAll() {
 	c.mu.Lock()
 	c.all, c.refresh = true, true
+	c.nullGen++
 	c.mu.Unlock()
 	c.signal()
 }
@@ -326,6 +342,11 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 		case events.TaskChanged:
 			if ev.Status == nil || *ev.Status != schema.StatusQueued {
 				return // only queued tasks are work
+			}
+			if !ev.NodeMinusOne {
+				c.mu.Lock()
+				c.nullGen++ // it may have node null
+				c.mu.Unlock()
 			}
 			switch {
 			case ev.Queue.IsZero():
@@ -373,6 +394,7 @@ func (c *Claimer) loop(ctx context.Context) {
 			byTick = true
 			c.mu.Lock()
 			c.all, c.refresh = true, true
+			c.nullGen++
 			c.mu.Unlock()
 			timer.Reset(c.jittered())
 		}
@@ -768,6 +790,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		}
 	}()
 	batched := false
+	withNull := false // look for node null whatever noNull says
 	read := c.reads
 	for {
 		if n >= limit {
@@ -802,14 +825,16 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		}
 		var won int
 		var err error
+		// A capped claim (a transaction, rarer) always looks for both.
+		nc := c.nullChoice(q.ID, withNull || q.Sched.Capped())
 		switch {
 		case q.Sched.Capped():
-			won, _, err = c.claimMany(ctx, q, got)
+			won, _, err = c.claimMany(ctx, q, got, nc)
 		case got == 1:
-			won, err = c.claimOne(ctx, q)
+			won, err = c.claimOne(ctx, q, nc)
 		default:
 			var lost bool
-			won, lost, err = c.claimMany(ctx, q, got)
+			won, lost, err = c.claimMany(ctx, q, got, nc)
 			if lost {
 				// Other nodes won every task the batch read, round after
 				// round: the atomic single claim tells whether the queue
@@ -817,8 +842,15 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 				// priorities in).
 				release(got - 1)
 				got = 1
-				won, err = c.claimOne(ctx, q)
+				won, err = c.claimOne(ctx, q, nc)
 			}
+		}
+		if err == nil && won == 0 && nc.skip && !nc.wasEmpty {
+			// Nothing with node -1: the queue is empty only if it has
+			// nothing with node null either.
+			release(got)
+			withNull = true
+			continue
 		}
 		n += won
 		switch {
@@ -850,12 +882,56 @@ const maxSpread = 8
 // node that never runs them.
 const ClaimTimeout = 10 * time.Second
 
+// noNull is what a claim that looked for node null too found, at nullGen
+// gen: no task with node null among its candidates, or (empty) no task
+// at all.
+type noNull struct {
+	gen   uint64
+	empty bool
+}
+
+// nullChoice is whether a claim leaves node null out (skip), the
+// nullGen it decided at, and whether the queue was empty at that gen.
+type nullChoice struct {
+	skip, wasEmpty bool
+	gen            uint64
+}
+
+// nullChoice decides for a claim of q (see Claimer.nullGen); with, it
+// looks for node null whatever noNull says.
+func (c *Claimer) nullChoice(q bson.ObjectID, with bool) nullChoice {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen, ok := c.noNull[q]
+	nc := nullChoice{skip: !with && ok && seen.gen == c.nullGen, gen: c.nullGen}
+	nc.wasEmpty = nc.skip && seen.empty
+	return nc
+}
+
+// nullSeen records what a claim of q that looked for node null too read:
+// nullNode candidates with node null, or (empty) nothing at all. None
+// says there is none before the last candidate in claim order; the claims
+// that follow may pass a later one, until nullGen moves.
+func (c *Claimer) nullSeen(q bson.ObjectID, nc nullChoice, nullNode int, empty bool) {
+	if nc.skip {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if nullNode > 0 {
+		delete(c.noNull, q)
+		return
+	}
+	c.noNull[q] = noNull{gen: nc.gen, empty: empty}
+}
+
 // claimOne claims one task into a slot already taken.
-func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
+func (c *Claimer) claimOne(ctx context.Context, q Queue, nc nullChoice) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
 	start := c.clock.Now()
-	t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Start: c.startAtClaim(q)})
+	t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Start: c.startAtClaim(q),
+		SkipNullNode: nc.skip})
 	var de *schema.DecodeError
 	switch {
 	case err == nil:
@@ -870,6 +946,7 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue) (int, error) {
 		c.cfg.Malformed(q, t, err)
 		return 1, nil
 	case errors.Is(err, store.ErrNoTask):
+		c.nullSeen(q.ID, nc, 0, true)
 		return 0, nil
 	}
 	return 0, err
@@ -882,7 +959,7 @@ func (c *Claimer) startAtClaim(q Queue) bool {
 
 // claimMany claims up to limit tasks into slots already taken. lost: none,
 // because other nodes won every task it read (the queue may hold more).
-func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (won int, lost bool, err error) {
+func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoice) (won int, lost bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
 	start := c.clock.Now()
@@ -900,7 +977,10 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int) (won int, l
 		}
 	} else {
 		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q),
-			Spread: c.spread[q.ID]})
+			Spread: c.spread[q.ID], SkipNullNode: nc.skip})
+		if err == nil {
+			c.nullSeen(q.ID, nc, res.NullNode, len(res.Tasks)+len(res.Malformed) == 0 && !res.Lost)
+		}
 	}
 	if err != nil {
 		return 0, false, err

@@ -82,7 +82,7 @@ func TestMaxGetworkBoundsEachClaim(t *testing.T) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
 	require.Equal(t, 1, bs.single)
-	require.Equal(t, []int{3, 3, 3, 3}, bs.limits, "batches of max_getwork until one comes back short")
+	require.Equal(t, []int{3, 3, 3, 3, 3}, bs.limits, "batches of max_getwork until one comes back short, then again with node null")
 	require.Equal(t, 10, h.claimedCount())
 }
 

@@ -48,6 +48,11 @@ type TaskChanged struct {
 	Status *schema.Status `json:"status,omitempty"`
 	// At is when MongoDB applied the change (the event's wall time).
 	At time.Time `json:"at"`
+	// NodeMinusOne: the event shows the task's node as -1 (seed 000's
+	// unclaimed). False when it shows null or none (Disbatch 4.103's
+	// unclaimed), anything else, or nothing (an update that leaves the
+	// node alone): the claimer then looks for node null in the queue too.
+	NodeMinusOne bool `json:"node_minus_one,omitempty"`
 }
 
 // QueueChanged is a queue that was created, changed or deleted.

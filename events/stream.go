@@ -187,8 +187,10 @@ func (s *Stream) taskChanged(ev store.ChangeEvent, id bson.ObjectID) TaskChanged
 	} else if whole {
 		s.warnOnce(coll, id.Hex(), schema.TaskStatus, "missing; no node will claim the task")
 	}
-	if nd, err := doc.LookupErr(schema.TaskNode); err == nil && whole {
-		if n, isInt := integer(nd); nd.Type != bson.TypeString && nd.Type != bson.TypeNull && (!isInt || n != schema.Unclaimed) {
+	if nd, err := doc.LookupErr(schema.TaskNode); err == nil {
+		n, isInt := integer(nd)
+		tc.NodeMinusOne = isInt && n == schema.Unclaimed
+		if whole && nd.Type != bson.TypeString && nd.Type != bson.TypeNull && !tc.NodeMinusOne {
 			s.warnOnce(coll, id.Hex(), schema.TaskNode, "want a node name, -1 or null, got "+schema.Describe(nd)+"; no node will claim the task")
 		}
 	}

@@ -55,10 +55,11 @@ func TestEventsOfEachChange(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, got{events.TopicQueues, events.QueueChanged{Op: events.OpInsert, ID: q2.ID}}, c.next(t, wait))
 
-	// Task insert: queue, status -2 and the time.
+	// Task insert: queue, status -2, node -1 and the time.
 	ids := insertTasks(t, st, q.ID, 2)
 	for _, id := range ids {
-		requireTask(t, c.next(t, wait), events.OpInsert, id, q.ID, statusPtr(schema.StatusQueued))
+		tc := requireTask(t, c.next(t, wait), events.OpInsert, id, q.ID, statusPtr(schema.StatusQueued))
+		require.True(t, tc.NodeMinusOne)
 	}
 
 	// A claim, a start, a finish: no work for anybody, so no event.
@@ -97,7 +98,14 @@ func TestEventsOfEachChange(t *testing.T) {
 		{Key: schema.TaskNode, Value: schema.Unclaimed},
 	}}})
 	require.NoError(t, err)
-	requireTask(t, c.next(t, wait), events.OpUpdate, ids[0], bson.ObjectID{}, statusPtr(schema.StatusQueued))
+	tc := requireTask(t, c.next(t, wait), events.OpUpdate, ids[0], bson.ObjectID{}, statusPtr(schema.StatusQueued))
+	require.True(t, tc.NodeMinusOne, "the update shows node -1")
+
+	// A task as Disbatch 4.103 queues it: node null.
+	perl, err := tasks.InsertOne(ctx, bson.D{{Key: schema.TaskQueue, Value: q.ID}, {Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}, {Key: schema.TaskNode, Value: nil}})
+	require.NoError(t, err)
+	tc = requireTask(t, c.next(t, wait), events.OpInsert, perl.InsertedID.(bson.ObjectID), q.ID, statusPtr(schema.StatusQueued))
+	require.False(t, tc.NodeMinusOne, "node null")
 
 	// A task delete: neither queue nor status.
 	_, err = tasks.DeleteOne(ctx, bson.D{{Key: "_id", Value: ids[1]}})
@@ -117,8 +125,8 @@ func TestEventsOfEachChange(t *testing.T) {
 	require.Equal(t, got{events.TopicQueues, events.QueueChanged{Op: events.OpDelete, ID: q.ID}}, c.next(t, wait))
 
 	// The counter goes up once the bus took the event.
-	eventually(t, func() bool { return s.Stats().Events == 11 }, wait, time.Millisecond)
-	require.Equal(t, events.Stats{Events: 11}, s.Stats())
+	eventually(t, func() bool { return s.Stats().Events == 12 }, wait, time.Millisecond)
+	require.Equal(t, events.Stats{Events: 12}, s.Stats())
 	select {
 	case g := <-c.ch:
 		t.Fatalf("unexpected event %v", g)

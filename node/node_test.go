@@ -247,6 +247,49 @@ func TestNodesRunEveryTaskExactlyOnce(t *testing.T) {
 	}
 }
 
+// TestTasksQueuedByDisbatch4103Run: tasks with node null (as Disbatch
+// 4.103's programs queue them) in a queue of ours, in a backlog and
+// queued while it drains and once it is empty, all run once. The claimer
+// leaves node null out of most claims of a backlog (it costs MongoDB a
+// walk over the queue's claimed index entries), so this is what says it
+// still finds them.
+func TestTasksQueuedByDisbatch4103Run(t *testing.T) {
+	b := setup(t)
+	b.rec.sleep = time.Millisecond
+	q := b.queue("work", "test", 8, schema.SortFIFO)
+	tasks := b.db.Collection("tasks")
+	perl := func(n int) []bson.ObjectID {
+		var docs []any
+		var ids []bson.ObjectID
+		for i := range n {
+			id := bson.NewObjectID()
+			ids = append(ids, id)
+			docs = append(docs, bson.D{{Key: "_id", Value: id}, {Key: "queue", Value: q}, {Key: "status", Value: -2}, {Key: "node", Value: nil},
+				{Key: "params", Value: bson.D{{Key: "perl", Value: i}}}, {Key: "ctime", Value: time.Now()}, {Key: "mtime", Value: time.Now()}})
+		}
+		_, err := tasks.InsertMany(context.Background(), docs)
+		require.NoError(t, err)
+		return ids
+	}
+	var want []bson.ObjectID
+	want = append(want, b.tasks(q, 300, nil)...)
+	want = append(want, perl(10)...)
+	want = append(want, b.tasks(q, 300, nil)...)
+	b.start(b.config("n1"))
+	require.Eventually(t, func() bool { return b.count(bson.D{{Key: "status", Value: bson.D{{Key: "$gt", Value: 0}}}}) >= 50 }, time.Minute, 5*time.Millisecond)
+	want = append(want, perl(10)...) // while the backlog drains
+	b.waitDone(nil, int64(len(want)), 2*time.Minute)
+	want = append(want, perl(5)...) // into the empty queue
+	b.waitDone(nil, int64(len(want)), time.Minute)
+
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	require.Len(t, b.rec.runs, len(want))
+	for _, id := range want {
+		require.Len(t, b.rec.runs[id], 1, "task %s", id.Hex())
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // recv receives from ch or fails the test after 10 s.

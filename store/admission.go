@@ -89,7 +89,7 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 		if q.Admitted != nil {
 			admitted = *q.Admitted
 		}
-		filter := claimFilter(p.Queue, s.nowMS())
+		filter := claimFilter(p.Queue, s.nowMS(), false)
 		cands, err := claimCandidates(ctx, s.tasks, filter, p.Sort, p.Limit, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskAdmitted, Value: 1}})
 		if err != nil {
 			return err

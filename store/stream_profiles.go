@@ -186,7 +186,7 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 			admissionsOnlyField(),
 			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskNode,
 				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue,
-				"updateDescription.updatedFields."+schema.TaskKill, admissionsOnly),
+				"updateDescription.updatedFields."+schema.TaskKill, "updateDescription.updatedFields."+schema.TaskNode, admissionsOnly),
 		}}, nil
 	case StreamCounters:
 		return streamShape{preImages: true, pipeline: mongo.Pipeline{

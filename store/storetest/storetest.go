@@ -53,6 +53,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimManyOrderAndGuard", testTaskClaimMany},
 		{"TaskClaimManyConcurrentOnce", testTaskClaimManyConcurrent},
 		{"TaskClaimManySpread", testTaskClaimManySpread},
+		{"TaskClaimSkipNullNode", testTaskClaimSkipNullNode},
 		{"TaskClaimManySpreadConcurrentOnce", testTaskClaimManySpreadConcurrent},
 		{"TaskClaimCapped", testTaskClaimCapped},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
@@ -1053,6 +1054,56 @@ func testTaskClaimMany(t *testing.T, newStore Factory) {
 	}
 	_, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: bson.NewObjectID(), Node: "n1", Limit: 0})
 	require.ErrorContains(t, err, "limit 0")
+}
+
+// testTaskClaimSkipNullNode: SkipNullNode leaves tasks with node null or
+// none (Disbatch 4.103's unclaimed) alone, the claim without it takes
+// them in their turn, and NullNode counts them among the candidates.
+func testTaskClaimSkipNullNode(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 6)
+	_, err := db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: nil}}}})
+	require.NoError(t, err)
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[2]}}, bson.D{{Key: "$unset", Value: bson.D{{Key: "node", Value: ""}}}})
+	require.NoError(t, err)
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[5]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: nil}}}})
+	require.NoError(t, err)
+	claimed := func(res store.TaskClaimManyResult) []bson.ObjectID {
+		var out []bson.ObjectID
+		for _, task := range res.Tasks {
+			out = append(out, task.ID)
+		}
+		return out
+	}
+
+	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[0]}, claimed(res))
+	require.Zero(t, res.NullNode, "the one candidate had node -1")
+
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 1, SkipNullNode: true})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[3]}, claimed(res), "node -1 only: ids[1] and ids[2] are passed")
+	require.Zero(t, res.NullNode)
+	one, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, SkipNullNode: true})
+	require.NoError(t, err)
+	require.Equal(t, ids[4], one.ID)
+	_, err = s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, SkipNullNode: true})
+	require.ErrorIs(t, err, store.ErrNoTask, "only tasks with node null or none are left")
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, SkipNullNode: true})
+	require.NoError(t, err)
+	require.Empty(t, res.Tasks)
+
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 2})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[1], ids[2]}, claimed(res), "null and none, in their order")
+	require.Equal(t, 2, res.NullNode)
+	one, err = s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.Equal(t, ids[5], one.ID)
+	require.Equal(t, "n1", one.Node)
 }
 
 func testTaskClaimManyConcurrent(t *testing.T, newStore Factory) {

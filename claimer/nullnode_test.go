@@ -1,0 +1,215 @@
+package claimer_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/events"
+	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// nullStore is one queue's queued tasks in claim order, each with node -1
+// or null (Disbatch 4.103's unclaimed), claimed as the store claims them:
+// in order, node null left out under SkipNullNode, and NullNode counting
+// the candidates read with node null.
+type nullStore struct {
+	mu    sync.Mutex
+	tasks []nullTask
+	calls []nullCall
+}
+
+type nullTask struct {
+	id   bson.ObjectID
+	null bool
+}
+
+// nullCall is one claim asked: batched or not, SkipNullNode, and what it got.
+type nullCall struct {
+	many, skip bool
+	got        []bson.ObjectID
+}
+
+func (s *nullStore) add(null bool, n int) []bson.ObjectID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []bson.ObjectID
+	for range n {
+		id := bson.NewObjectID()
+		s.tasks = append(s.tasks, nullTask{id: id, null: null})
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// take claims up to limit; read is how many of the candidates had node null.
+func (s *nullStore) take(q bson.ObjectID, node string, limit int, skip, many bool) (tasks []schema.Task, nullRead int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var left []nullTask
+	var got []bson.ObjectID
+	for _, t := range s.tasks {
+		if len(got) == limit || (skip && t.null) {
+			left = append(left, t)
+			continue
+		}
+		if t.null {
+			nullRead++
+		}
+		got = append(got, t.id)
+		tasks = append(tasks, schema.Task{ID: t.id, Queue: q, Node: node, Status: schema.StatusClaimed})
+	}
+	s.tasks = left
+	s.calls = append(s.calls, nullCall{many: many, skip: skip, got: got})
+	return tasks, nullRead
+}
+
+func (s *nullStore) TaskClaim(_ context.Context, p store.TaskClaimParams) (schema.Task, error) {
+	tasks, _ := s.take(p.Queue, p.Node, 1, p.SkipNullNode, false)
+	if len(tasks) == 0 {
+		return schema.Task{}, store.ErrNoTask
+	}
+	return tasks[0], nil
+}
+
+func (s *nullStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParams) (store.TaskClaimManyResult, error) {
+	tasks, nullRead := s.take(p.Queue, p.Node, p.Limit, p.SkipNullNode, true)
+	return store.TaskClaimManyResult{Tasks: tasks, NullNode: nullRead}, nil
+}
+
+func (s *nullStore) TaskClaimCapped(context.Context, store.TaskClaimCappedParams) (store.TaskClaimManyResult, error) {
+	return store.TaskClaimManyResult{}, errors.New("no capped queue here")
+}
+
+// calls returns the claims asked since the last call.
+func (s *nullStore) drain() []nullCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.calls
+	s.calls = nil
+	return out
+}
+
+// TestABacklogIsClaimedWithoutNodeNullOnceABatchReadNone: the first claims
+// of a queue look for node null too; once a batch read none, the claims
+// leave it out, and the task with node null queued behind the batch is
+// still claimed before the queue counts as empty.
+func TestABacklogIsClaimedWithoutNodeNullOnceABatchReadNone(t *testing.T) {
+	t.Parallel()
+	st := &nullStore{}
+	st.add(false, 10)
+	null := st.add(true, 1)[0]
+	st.add(false, 10)
+	q := queue("q", 100)
+	h := newHarness(t, func(c *claimer.Config) { c.Store = st; c.Batch = 4 }, q)
+	h.start()
+	h.pass()
+	require.Equal(t, 21, h.claimedCount(), "every task, node null included")
+
+	calls := st.drain()
+	require.False(t, calls[0].skip, "the first claim of a queue looks for node null")
+	require.False(t, calls[1].skip, "so does the first batch, which reads none")
+	skipped := 0
+	for i, c := range calls {
+		if c.skip {
+			skipped++
+			require.NotContains(t, c.got, null)
+		}
+		if i > 1 && !c.skip {
+			// Only after a claim without node null found nothing, or one
+			// with it found a task with node null.
+			prev := calls[i-1]
+			require.True(t, (prev.skip && len(prev.got) == 0) || slices.Contains(prev.got, null), "call %d after %+v", i, prev)
+		}
+	}
+	require.GreaterOrEqual(t, skipped, 4, "the backlog after the first batch is claimed without node null")
+	last := calls[len(calls)-1]
+	require.False(t, last.skip, "the queue counts as empty only after a claim that looked for node null too")
+	require.Empty(t, last.got)
+	require.Equal(t, []bson.ObjectID{null}, calls[len(calls)-2].got, "found by the claim that looked for it again")
+}
+
+// TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick: an empty queue's
+// claims leave node null out, with no second look, until an event that
+// may have queued a task with node null (not showing node -1) or the
+// tick.
+func TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	st := &nullStore{}
+	q := queue("q", 100)
+	h := newHarness(t, func(c *claimer.Config) {
+		c.Store, c.Events, c.Clock, c.Batch, c.Tick, c.Stagger = st, bus, fake, 4, time.Second, -1
+	}, q)
+	h.start()
+	h.pass()
+	require.Equal(t, []nullCall{{skip: false}}, st.drain(), "the first claim looks for node null too, and finds the queue empty")
+
+	queued := schema.StatusQueued
+	ours := st.add(false, 1)
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: ours[0], Queue: q.ID, Status: &queued, NodeMinusOne: true})
+	h.pass()
+	require.Equal(t, []nullCall{{skip: true, got: ours}, {many: true, skip: true}}, st.drain(),
+		"a task with node -1: node null left out, and the empty batch after it is not asked again (the queue had none and no event said otherwise)")
+
+	theirs := st.add(true, 1)
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: theirs[0], Queue: q.ID, Status: &queued})
+	h.pass()
+	calls := st.drain()
+	require.NotEmpty(t, calls)
+	require.Equal(t, nullCall{skip: false, got: theirs}, calls[0], "an event that does not show node -1: node null looked for at once")
+
+	// A task with node null that no event announced (one was lost): the
+	// tick looks for it.
+	h.c.HasWork(q.ID)
+	h.pass()
+	st.drain()
+	hidden := st.add(true, 1)
+	h.c.HasWork(q.ID)
+	h.pass()
+	for _, c := range st.drain() {
+		require.True(t, c.skip, "no event: node null left out")
+	}
+	fake.Advance(1200 * time.Millisecond)
+	h.pass()
+	calls = st.drain()
+	require.NotEmpty(t, calls)
+	require.Equal(t, nullCall{skip: false, got: hidden}, calls[0], "the tick looks for node null again")
+}
+
+// TestNodeNullReadInABatchKeepsItLookedFor: while the batches read tasks
+// with node null, the claims keep looking for them, so a queue whose tasks
+// come from both kinds of program is claimed in its order.
+func TestNodeNullReadInABatchKeepsItLookedFor(t *testing.T) {
+	t.Parallel()
+	st := &nullStore{}
+	var want []bson.ObjectID
+	for range 10 {
+		want = append(want, st.add(false, 1)...)
+		want = append(want, st.add(true, 1)...)
+	}
+	q := queue("q", 100)
+	h := newHarness(t, func(c *claimer.Config) { c.Store = st; c.Batch = 4 }, q)
+	h.start()
+	h.pass()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var got []bson.ObjectID
+	for _, task := range h.claimed {
+		got = append(got, task.ID)
+	}
+	require.Equal(t, want, got, "in the queue's order")
+	for _, c := range st.drain() {
+		require.False(t, c.skip)
+	}
+}
