@@ -1,6 +1,7 @@
 package claimer
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -179,6 +180,16 @@ type Claimer struct {
 	// unless the queue was empty at that nullGen. So a task with node
 	// null is claimed within a tick of its turn in the queue's order, and
 	// at once when its event is heard.
+	//
+	// For a fifo queue the entry also keeps from: the first candidate the
+	// last claim read, below which it saw nothing to claim. Claims that
+	// leave node null out start there (store.TaskClaimParams.From), past
+	// the entries of the tasks claimed before, which every scan from the
+	// queue's head walks. A task queued below from shows itself by its
+	// event (an insert of an id that sorts lower, from another submitter
+	// in the same second; any requeue, which WakeAll answers), which moves
+	// nullGen; until then, a claim from there that finds nothing asks
+	// again from the head, as one without node null does.
 	nullGen uint64
 	noNull  map[bson.ObjectID]noNull
 
@@ -343,11 +354,11 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 			if ev.Status == nil || *ev.Status != schema.StatusQueued {
 				return // only queued tasks are work
 			}
-			if !ev.NodeMinusOne {
-				c.mu.Lock()
-				c.nullGen++ // it may have node null
-				c.mu.Unlock()
+			c.mu.Lock()
+			if e := c.noNull[ev.Queue]; !ev.NodeMinusOne || (!ev.Queue.IsZero() && bytes.Compare(ev.ID[:], e.from[:]) < 0) {
+				c.nullGen++ // it may have node null, or lie below a claim's bound
 			}
+			c.mu.Unlock()
 			switch {
 			case ev.Queue.IsZero():
 				c.WakeAll() // a requeue: the event does not say which queue
@@ -888,6 +899,7 @@ const ClaimTimeout = 10 * time.Second
 type noNull struct {
 	gen   uint64
 	empty bool
+	from  bson.ObjectID
 }
 
 // nullChoice is whether a claim leaves node null out (skip), the
@@ -895,6 +907,7 @@ type noNull struct {
 type nullChoice struct {
 	skip, wasEmpty bool
 	gen            uint64
+	from           bson.ObjectID // the claim's lower bound (fifo, with skip)
 }
 
 // nullChoice decides for a claim of q (see Claimer.nullGen); with, it
@@ -905,6 +918,9 @@ func (c *Claimer) nullChoice(q bson.ObjectID, with bool) nullChoice {
 	seen, ok := c.noNull[q]
 	nc := nullChoice{skip: !with && ok && seen.gen == c.nullGen, gen: c.nullGen}
 	nc.wasEmpty = nc.skip && seen.empty
+	if nc.skip {
+		nc.from = seen.from
+	}
 	return nc
 }
 
@@ -912,17 +928,27 @@ func (c *Claimer) nullChoice(q bson.ObjectID, with bool) nullChoice {
 // nullNode candidates with node null, or (empty) nothing at all. None
 // says there is none before the last candidate in claim order; the claims
 // that follow may pass a later one, until nullGen moves.
-func (c *Claimer) nullSeen(q bson.ObjectID, nc nullChoice, nullNode int, empty bool) {
-	if nc.skip {
-		return
-	}
+//
+// first is the first candidate it read (fifo; zero when unknown), below
+// which it saw nothing to claim: the next claims start there. A claim
+// that left node null out only moves that bound.
+func (c *Claimer) nullSeen(q bson.ObjectID, nc nullChoice, nullNode int, empty bool, first bson.ObjectID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if nc.skip {
+		// The entry is the one nullChoice read: only the loop, claim
+		// after claim, writes noNull.
+		if e, ok := c.noNull[q]; ok && !first.IsZero() {
+			e.from = first
+			c.noNull[q] = e
+		}
+		return
+	}
 	if nullNode > 0 {
 		delete(c.noNull, q)
 		return
 	}
-	c.noNull[q] = noNull{gen: nc.gen, empty: empty}
+	c.noNull[q] = noNull{gen: nc.gen, empty: empty, from: first}
 }
 
 // claimOne claims one task into a slot already taken.
@@ -931,10 +957,13 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue, nc nullChoice) (int, er
 	defer cancel()
 	start := c.clock.Now()
 	t, err := c.cfg.Store.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Start: c.startAtClaim(q),
-		SkipNullNode: nc.skip})
+		SkipNullNode: nc.skip, From: nc.from})
 	var de *schema.DecodeError
 	switch {
 	case err == nil:
+		if nc.skip && q.Sort == schema.SortFIFO {
+			c.nullSeen(q.ID, nc, 0, false, t.ID) // the first it could claim
+		}
 		c.mu.Lock()
 		c.stats.Claims++
 		changed := c.changed[q.ID]
@@ -946,7 +975,7 @@ func (c *Claimer) claimOne(ctx context.Context, q Queue, nc nullChoice) (int, er
 		c.cfg.Malformed(q, t, err)
 		return 1, nil
 	case errors.Is(err, store.ErrNoTask):
-		c.nullSeen(q.ID, nc, 0, true)
+		c.nullSeen(q.ID, nc, 0, true, bson.ObjectID{})
 		return 0, nil
 	}
 	return 0, err
@@ -977,9 +1006,9 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 		}
 	} else {
 		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q),
-			Spread: c.spread[q.ID], SkipNullNode: nc.skip})
+			Spread: c.spread[q.ID], SkipNullNode: nc.skip, From: nc.from})
 		if err == nil {
-			c.nullSeen(q.ID, nc, res.NullNode, len(res.Tasks)+len(res.Malformed) == 0 && !res.Lost)
+			c.nullSeen(q.ID, nc, res.NullNode, len(res.Tasks)+len(res.Malformed) == 0 && !res.Lost, res.First)
 		}
 	}
 	if err != nil {

@@ -1,6 +1,7 @@
 package claimer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -33,9 +34,11 @@ type nullTask struct {
 	null bool
 }
 
-// nullCall is one claim asked: batched or not, SkipNullNode, and what it got.
+// nullCall is one claim asked: batched or not, SkipNullNode, From, and
+// what it got.
 type nullCall struct {
 	many, skip bool
+	from       bson.ObjectID
 	got        []bson.ObjectID
 }
 
@@ -51,16 +54,28 @@ func (s *nullStore) add(null bool, n int) []bson.ObjectID {
 	return ids
 }
 
-// take claims up to limit; read is how many of the candidates had node null.
-func (s *nullStore) take(q bson.ObjectID, node string, limit int, skip, many bool) (tasks []schema.Task, nullRead int) {
+// insert queues a task with id in its place in the order.
+func (s *nullStore) insert(id bson.ObjectID, null bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(s.tasks, id, func(t nullTask, id bson.ObjectID) int { return bytes.Compare(t.id[:], id[:]) })
+	s.tasks = slices.Insert(s.tasks, i, nullTask{id: id, null: null})
+}
+
+// take claims up to limit from the task from on; read is how many of the
+// candidates had node null, first the first of them.
+func (s *nullStore) take(q bson.ObjectID, node string, limit int, skip, many bool, from bson.ObjectID) (tasks []schema.Task, nullRead int, first bson.ObjectID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var left []nullTask
 	var got []bson.ObjectID
 	for _, t := range s.tasks {
-		if len(got) == limit || (skip && t.null) {
+		if len(got) == limit || (skip && t.null) || bytes.Compare(t.id[:], from[:]) < 0 {
 			left = append(left, t)
 			continue
+		}
+		if len(got) == 0 {
+			first = t.id
 		}
 		if t.null {
 			nullRead++
@@ -69,12 +84,12 @@ func (s *nullStore) take(q bson.ObjectID, node string, limit int, skip, many boo
 		tasks = append(tasks, schema.Task{ID: t.id, Queue: q, Node: node, Status: schema.StatusClaimed})
 	}
 	s.tasks = left
-	s.calls = append(s.calls, nullCall{many: many, skip: skip, got: got})
-	return tasks, nullRead
+	s.calls = append(s.calls, nullCall{many: many, skip: skip, from: from, got: got})
+	return tasks, nullRead, first
 }
 
 func (s *nullStore) TaskClaim(_ context.Context, p store.TaskClaimParams) (schema.Task, error) {
-	tasks, _ := s.take(p.Queue, p.Node, 1, p.SkipNullNode, false)
+	tasks, _, _ := s.take(p.Queue, p.Node, 1, p.SkipNullNode, false, p.From)
 	if len(tasks) == 0 {
 		return schema.Task{}, store.ErrNoTask
 	}
@@ -82,8 +97,8 @@ func (s *nullStore) TaskClaim(_ context.Context, p store.TaskClaimParams) (schem
 }
 
 func (s *nullStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParams) (store.TaskClaimManyResult, error) {
-	tasks, nullRead := s.take(p.Queue, p.Node, p.Limit, p.SkipNullNode, true)
-	return store.TaskClaimManyResult{Tasks: tasks, NullNode: nullRead}, nil
+	tasks, nullRead, first := s.take(p.Queue, p.Node, p.Limit, p.SkipNullNode, true, p.From)
+	return store.TaskClaimManyResult{Tasks: tasks, NullNode: nullRead, First: first}, nil
 }
 
 func (s *nullStore) TaskClaimCapped(context.Context, store.TaskClaimCappedParams) (store.TaskClaimManyResult, error) {
@@ -159,7 +174,7 @@ func TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick(t *testing.T) {
 	ours := st.add(false, 1)
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: ours[0], Queue: q.ID, Status: &queued, NodeMinusOne: true})
 	h.pass()
-	require.Equal(t, []nullCall{{skip: true, got: ours}, {many: true, skip: true}}, st.drain(),
+	require.Equal(t, []nullCall{{skip: true, got: ours}, {many: true, skip: true, from: ours[0]}}, st.drain(),
 		"a task with node -1: node null left out, and the empty batch after it is not asked again (the queue had none and no event said otherwise)")
 
 	theirs := st.add(true, 1)
@@ -212,4 +227,51 @@ func TestNodeNullReadInABatchKeepsItLookedFor(t *testing.T) {
 	for _, c := range st.drain() {
 		require.False(t, c.skip)
 	}
+}
+
+// TestAFIFOBacklogIsClaimedFromTheFirstCandidate: once claims leave node
+// null out, each starts where the last one's candidates began (the index
+// entries before it are the claimed tasks'), and a task queued below that
+// bound, which its event shows, is claimed from the queue's head at once.
+func TestAFIFOBacklogIsClaimedFromTheFirstCandidate(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	st := &nullStore{}
+	early := bson.NewObjectID() // sorts before every task below
+	st.add(false, 40)
+	q := queue("q", 100)
+	h := newHarness(t, func(c *claimer.Config) { c.Store, c.Events, c.Batch, c.Stagger = st, bus, 4, -1 }, q)
+	h.start()
+	h.pass()
+	require.Equal(t, 40, h.claimedCount())
+	calls := st.drain()
+	require.Zero(t, calls[0].from, "the first claims start at the head")
+	require.Zero(t, calls[1].from)
+	for i := 2; i < len(calls)-1; i++ {
+		c := calls[i]
+		require.True(t, c.skip, "call %d", i)
+		if len(calls[i-1].got) > 0 {
+			require.Equal(t, calls[i-1].got[0], c.from, "call %d starts at the first task the one before read", i)
+		}
+	}
+	last := calls[len(calls)-1]
+	require.Equal(t, nullCall{many: true}, last, "the empty claim from the bound is asked again from the head, with node null")
+	require.NotZero(t, calls[len(calls)-2].from)
+
+	// The queue is known empty: a new task is claimed without node null,
+	// and bounds the claims after it; one queued below that bound is
+	// claimed from the head.
+	more := st.add(false, 1)
+	queued := schema.StatusQueued
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: more[0], Queue: q.ID, Status: &queued, NodeMinusOne: true})
+	h.pass()
+	calls = st.drain()
+	require.Equal(t, nullCall{skip: true, got: more}, calls[0])
+	require.Equal(t, more[0], calls[1].from)
+
+	st.insert(early, false)
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: early, Queue: q.ID, Status: &queued, NodeMinusOne: true})
+	h.pass()
+	calls = st.drain()
+	require.Equal(t, nullCall{got: []bson.ObjectID{early}}, calls[0], "an id below the bound: from the head")
 }

@@ -290,6 +290,35 @@ func TestTasksQueuedByDisbatch4103Run(t *testing.T) {
 	}
 }
 
+// TestTasksQueuedBelowTheClaimBoundRun: tasks whose ids sort before the
+// ones a node is draining (another submitter's, or an hour old) are
+// claimed though the node's fifo claims start where the last ones read.
+func TestTasksQueuedBelowTheClaimBoundRun(t *testing.T) {
+	b := setup(t)
+	b.rec.sleep = time.Millisecond
+	q := b.queue("work", "test", 8, schema.SortFIFO)
+	want := b.tasks(q, 600, nil)
+	b.start(b.config("n1"))
+	require.Eventually(t, func() bool { return b.count(bson.D{{Key: "status", Value: bson.D{{Key: "$gt", Value: 0}}}}) >= 50 }, time.Minute, 5*time.Millisecond)
+	var docs []any
+	for i := range 10 {
+		id := bson.NewObjectIDFromTimestamp(time.Now().Add(-time.Hour))
+		want = append(want, id)
+		docs = append(docs, bson.D{{Key: "_id", Value: id}, {Key: "queue", Value: q}, {Key: "status", Value: -2}, {Key: "node", Value: -1},
+			{Key: "parameters", Value: bson.D{{Key: "early", Value: i}}}, {Key: "ctime", Value: time.Now()}, {Key: "mtime", Value: time.Now()}})
+	}
+	_, err := b.db.Collection("tasks").InsertMany(context.Background(), docs)
+	require.NoError(t, err)
+	b.waitDone(nil, int64(len(want)), 2*time.Minute)
+
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	require.Len(t, b.rec.runs, len(want))
+	for _, id := range want {
+		require.Len(t, b.rec.runs[id], 1, "task %s", id.Hex())
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // recv receives from ch or fails the test after 10 s.

@@ -291,6 +291,12 @@ type TaskClaimParams struct {
 	// believes the queue holds none: see claimFilter for why that is
 	// cheaper. The zero value claims both.
 	SkipNullNode bool
+	// From, with SortFIFO, claims only tasks whose _id is at least From,
+	// for a caller that knows no claimable task lies below it: the index
+	// scan then starts past the entries of the tasks claimed before it,
+	// which it would otherwise walk (see claimFilter). Zero, or another
+	// sort: no bound.
+	From bson.ObjectID
 }
 
 // claimTo is the status a claim sets, and claimUpdate its update.
@@ -327,7 +333,7 @@ func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, 
 	}, p.Start)
 	var raw bson.Raw
 	err := mongo.ErrNoDocuments
-	for _, ph := range claimPhases(claimFilter(p.Queue, s.nowMS(), p.SkipNullNode), p.Sort) {
+	for _, ph := range claimPhases(from(claimFilter(p.Queue, s.nowMS(), p.SkipNullNode), p.Sort, p.From), p.Sort) {
 		o := options.FindOneAndUpdate().SetReturnDocument(options.After)
 		if ph.order != nil {
 			o.SetSort(ph.order)
@@ -364,8 +370,9 @@ type TaskClaimManyParams struct {
 	// tasks, for an order loosened within that window. 0 or 1: the first
 	// Limit, in order.
 	Spread int
-	// SkipNullNode: as TaskClaimParams.SkipNullNode.
+	// SkipNullNode and From: as TaskClaimParams'.
 	SkipNullNode bool
+	From         bson.ObjectID
 }
 
 // MaxClaimBatch bounds one batched claim.
@@ -390,6 +397,9 @@ type TaskClaimManyResult struct {
 	// node null or none (Disbatch 4.103's unclaimed): 0 says the queue
 	// held none before the last candidate in claim order.
 	NullNode int
+	// First, with SortFIFO, is the first candidate read (in the first
+	// round): no task it could claim lay below it then. Zero otherwise.
+	First bson.ObjectID
 }
 
 // TaskClaimMany is seed 004's update-then-find claim, for a backlog: it
@@ -406,9 +416,11 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		return TaskClaimManyResult{}, fmt.Errorf("claim tasks: limit %d is not within 1..%d", p.Limit, MaxClaimBatch)
 	}
 	filter := claimFilter(p.Queue, s.nowMS(), p.SkipNullNode)
+	bounded := from(filter, p.Sort, p.From)
 	var ids bson.A
 	token := bson.NewObjectID()
 	nullNode := -1
+	var first bson.ObjectID
 	var won int64
 	contended := 0
 	window := p.Limit
@@ -419,14 +431,17 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	// update; then the queue may still hold tasks, so look again.
 	for attempt := 0; won == 0; attempt++ {
 		if attempt == 3 {
-			return TaskClaimManyResult{Lost: true, Contended: contended, NullNode: nullNode}, nil
+			return TaskClaimManyResult{Lost: true, Contended: contended, NullNode: nullNode, First: first}, nil
 		}
-		cands, err := claimCandidates(ctx, s.tasks, filter, p.Sort, window, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskNode, Value: 1}})
+		cands, err := claimCandidates(ctx, s.tasks, bounded, p.Sort, window, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskNode, Value: 1}})
 		if err != nil {
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
 		}
 		if nullNode < 0 {
 			nullNode = 0
+			if len(cands) > 0 && p.Sort == schema.SortFIFO {
+				first, _ = cands[0].Lookup("_id").ObjectIDOK()
+			}
 			for _, c := range cands {
 				if v, err := c.LookupErr(schema.TaskNode); err != nil || v.Type == bson.TypeNull {
 					nullNode++
@@ -434,7 +449,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 			}
 		}
 		if len(cands) == 0 {
-			return TaskClaimManyResult{NullNode: nullNode}, nil
+			return TaskClaimManyResult{NullNode: nullNode, First: first}, nil
 		}
 		cands = pickInOrder(cands, p.Limit)
 		ids = make(bson.A, len(cands))
@@ -456,7 +471,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		contended += len(cands) - int(won)
 	}
 	out, err := s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort, claimTo(p.Start))
-	out.Contended, out.NullNode = contended, nullNode
+	out.Contended, out.NullNode, out.First = contended, nullNode, first
 	return out, err
 }
 
@@ -563,6 +578,14 @@ func claimFilter(queue bson.ObjectID, now time.Time, skipNull bool) bson.D {
 		{Key: schema.TaskQueue, Value: queue},
 		notExpired(now),
 	}
+}
+
+// from bounds a fifo claim's filter below by _id (TaskClaimParams.From).
+func from(filter bson.D, sort schema.Sort, id bson.ObjectID) bson.D {
+	if sort != schema.SortFIFO || id.IsZero() {
+		return filter
+	}
+	return append(slices.Clip(filter), bson.E{Key: "_id", Value: bson.D{{Key: "$gte", Value: id}}})
 }
 
 // oldestFirst and newestFirst are the _id orders of fifo and lifo.

@@ -54,6 +54,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimManyConcurrentOnce", testTaskClaimManyConcurrent},
 		{"TaskClaimManySpread", testTaskClaimManySpread},
 		{"TaskClaimSkipNullNode", testTaskClaimSkipNullNode},
+		{"TaskClaimFrom", testTaskClaimFrom},
 		{"TaskClaimManySpreadConcurrentOnce", testTaskClaimManySpreadConcurrent},
 		{"TaskClaimCapped", testTaskClaimCapped},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
@@ -1104,6 +1105,45 @@ func testTaskClaimSkipNullNode(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, ids[5], one.ID)
 	require.Equal(t, "n1", one.Node)
+}
+
+// testTaskClaimFrom: From bounds a fifo claim below by _id (a lifo one
+// not), and First is the first candidate a fifo batch read.
+func testTaskClaimFrom(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "fifo", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 8)
+	claimed := func(res store.TaskClaimManyResult) []bson.ObjectID {
+		var out []bson.ObjectID
+		for _, task := range res.Tasks {
+			out = append(out, task.ID)
+		}
+		return out
+	}
+
+	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 2, From: ids[3]})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[3], ids[4]}, claimed(res), "from ids[3] on")
+	require.Equal(t, ids[3], res.First)
+	one, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, From: ids[4]})
+	require.NoError(t, err)
+	require.Equal(t, ids[5], one.ID, "the first queued at or after ids[4]")
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 8})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[0], ids[1], ids[2], ids[6], ids[7]}, claimed(res), "no bound: from the head")
+	require.Equal(t, ids[0], res.First)
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 8})
+	require.NoError(t, err)
+	require.Empty(t, res.Tasks)
+	require.Zero(t, res.First, "nothing read")
+
+	lifo := newQueue(t, s, "lifo", schema.SortLIFO)
+	lids := insertTasks(t, s, lifo.ID, 3)
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: lifo.ID, Node: "n1", Sort: schema.SortLIFO, Limit: 3, From: lids[2]})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{lids[2], lids[1], lids[0]}, claimed(res), "lifo: no bound")
+	require.Zero(t, res.First, "lifo: none reported")
 }
 
 func testTaskClaimManyConcurrent(t *testing.T, newStore Factory) {
