@@ -188,8 +188,11 @@ type Claimer struct {
 	// queue's head walks. A task queued below from shows itself by its
 	// event (an insert of an id that sorts lower, from another submitter
 	// in the same second; any requeue, which WakeAll answers), which moves
-	// nullGen; until then, a claim from there that finds nothing asks
-	// again from the head, as one without node null does.
+	// nullGen. A claim from there that finds nothing asks again from the
+	// head (with node null too, unless the queue was found empty at that
+	// nullGen) before the queue counts as empty: that also finds a task
+	// whose event was checked against the bound before the claim that set
+	// it returned.
 	nullGen uint64
 	noNull  map[bson.ObjectID]noNull
 
@@ -801,7 +804,10 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		}
 	}()
 	batched := false
-	withNull := false // look for node null whatever noNull says
+	// Asking again after a claim that left node null out found nothing:
+	// withNull looks for node null (from the head) whatever noNull says,
+	// fromHead leaves it out but reads from the head.
+	withNull, fromHead := false, false
 	read := c.reads
 	for {
 		if n >= limit {
@@ -837,7 +843,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		var won int
 		var err error
 		// A capped claim (a transaction, rarer) always looks for both.
-		nc := c.nullChoice(q.ID, withNull || q.Sched.Capped())
+		nc := c.nullChoice(q.ID, withNull || q.Sched.Capped(), fromHead)
 		switch {
 		case q.Sched.Capped():
 			won, _, err = c.claimMany(ctx, q, got, nc)
@@ -856,13 +862,22 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 				won, err = c.claimOne(ctx, q, nc)
 			}
 		}
-		if err == nil && won == 0 && nc.skip && !nc.wasEmpty {
-			// Nothing with node -1: the queue is empty only if it has
-			// nothing with node null either.
+		if err == nil && won == 0 && nc.skip && (!nc.wasEmpty || !nc.from.IsZero()) {
+			// Nothing with node -1 (from the bound): the queue is empty
+			// only if it has nothing with node null either, unless it had
+			// none when it was last found empty; and only if nothing with
+			// node -1 lies below the bound (a task whose event was heard
+			// while the claim that set the bound was out, checked against
+			// the bound before).
 			release(got)
-			withNull = true
+			if nc.wasEmpty {
+				fromHead = true
+			} else {
+				withNull = true
+			}
 			continue
 		}
+		withNull, fromHead = false, false // noNull decides again
 		n += won
 		switch {
 		case err != nil:
@@ -911,14 +926,14 @@ type nullChoice struct {
 }
 
 // nullChoice decides for a claim of q (see Claimer.nullGen); with, it
-// looks for node null whatever noNull says.
-func (c *Claimer) nullChoice(q bson.ObjectID, with bool) nullChoice {
+// looks for node null whatever noNull says; fromHead, it has no bound.
+func (c *Claimer) nullChoice(q bson.ObjectID, with, fromHead bool) nullChoice {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	seen, ok := c.noNull[q]
 	nc := nullChoice{skip: !with && ok && seen.gen == c.nullGen, gen: c.nullGen}
 	nc.wasEmpty = nc.skip && seen.empty
-	if nc.skip {
+	if nc.skip && !fromHead {
 		nc.from = seen.from
 	}
 	return nc
@@ -931,15 +946,23 @@ func (c *Claimer) nullChoice(q bson.ObjectID, with bool) nullChoice {
 //
 // first is the first candidate it read (fifo; zero when unknown), below
 // which it saw nothing to claim: the next claims start there. A claim
-// that left node null out only moves that bound.
+// that left node null out only moves that bound: up to first, or, when it
+// found nothing from the head, away.
 func (c *Claimer) nullSeen(q bson.ObjectID, nc nullChoice, nullNode int, empty bool, first bson.ObjectID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if nc.skip {
 		// The entry is the one nullChoice read: only the loop, claim
 		// after claim, writes noNull.
-		if e, ok := c.noNull[q]; ok && !first.IsZero() {
+		e, ok := c.noNull[q]
+		switch {
+		case !ok:
+		case !first.IsZero():
 			e.from = first
+		case empty && nc.from.IsZero():
+			e.from = bson.ObjectID{}
+		}
+		if ok {
 			c.noNull[q] = e
 		}
 		return

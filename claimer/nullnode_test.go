@@ -27,6 +27,8 @@ type nullStore struct {
 	mu    sync.Mutex
 	tasks []nullTask
 	calls []nullCall
+	// onClaim, when set, runs in the next TaskClaim, after its read.
+	onClaim func()
 }
 
 type nullTask struct {
@@ -90,6 +92,13 @@ func (s *nullStore) take(q bson.ObjectID, node string, limit int, skip, many boo
 
 func (s *nullStore) TaskClaim(_ context.Context, p store.TaskClaimParams) (schema.Task, error) {
 	tasks, _, _ := s.take(p.Queue, p.Node, 1, p.SkipNullNode, false, p.From)
+	s.mu.Lock()
+	f := s.onClaim
+	s.onClaim = nil
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
 	if len(tasks) == 0 {
 		return schema.Task{}, store.ErrNoTask
 	}
@@ -174,8 +183,8 @@ func TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick(t *testing.T) {
 	ours := st.add(false, 1)
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: ours[0], Queue: q.ID, Status: &queued, NodeMinusOne: true})
 	h.pass()
-	require.Equal(t, []nullCall{{skip: true, got: ours}, {many: true, skip: true, from: ours[0]}}, st.drain(),
-		"a task with node -1: node null left out, and the empty batch after it is not asked again (the queue had none and no event said otherwise)")
+	require.Equal(t, []nullCall{{skip: true, got: ours}, {many: true, skip: true, from: ours[0]}, {many: true, skip: true}}, st.drain(),
+		"a task with node -1: node null left out; the empty batch from its bound is asked again from the head, still without node null (the queue had none and no event said otherwise)")
 
 	theirs := st.add(true, 1)
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: theirs[0], Queue: q.ID, Status: &queued})
@@ -192,7 +201,9 @@ func TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick(t *testing.T) {
 	hidden := st.add(true, 1)
 	h.c.HasWork(q.ID)
 	h.pass()
-	for _, c := range st.drain() {
+	calls = st.drain()
+	require.NotEmpty(t, calls)
+	for _, c := range calls {
 		require.True(t, c.skip, "no event: node null left out")
 	}
 	fake.Advance(1200 * time.Millisecond)
@@ -237,7 +248,6 @@ func TestAFIFOBacklogIsClaimedFromTheFirstCandidate(t *testing.T) {
 	t.Parallel()
 	bus := newBus(t)
 	st := &nullStore{}
-	early := bson.NewObjectID() // sorts before every task below
 	st.add(false, 40)
 	q := queue("q", 100)
 	h := newHarness(t, func(c *claimer.Config) { c.Store, c.Events, c.Batch, c.Stagger = st, bus, 4, -1 }, q)
@@ -258,20 +268,63 @@ func TestAFIFOBacklogIsClaimedFromTheFirstCandidate(t *testing.T) {
 	require.Equal(t, nullCall{many: true}, last, "the empty claim from the bound is asked again from the head, with node null")
 	require.NotZero(t, calls[len(calls)-2].from)
 
-	// The queue is known empty: a new task is claimed without node null,
-	// and bounds the claims after it; one queued below that bound is
-	// claimed from the head.
-	more := st.add(false, 1)
-	queued := schema.StatusQueued
-	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: more[0], Queue: q.ID, Status: &queued, NodeMinusOne: true})
+}
+
+// TestATaskQueuedBelowTheBoundIsClaimedFromTheHead: the event of a task
+// queued below a fifo queue's claim bound (an id that sorts lower) sends
+// the next claim back to the head, before the tasks above the bound.
+func TestATaskQueuedBelowTheBoundIsClaimedFromTheHead(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	st := &nullStore{}
+	early := bson.NewObjectID() // sorts before every task below
+	st.add(false, 40)
+	q := queue("q", 8)
+	h := newHarness(t, func(c *claimer.Config) { c.Store, c.Events, c.Batch, c.Stagger = st, bus, 4, -1 }, q)
+	h.start()
 	h.pass()
-	calls = st.drain()
-	require.Equal(t, nullCall{skip: true, got: more}, calls[0])
-	require.Equal(t, more[0], calls[1].from)
+	require.Equal(t, 8, h.claimedCount(), "the slots are full")
+	calls := st.drain()
+	require.NotZero(t, calls[len(calls)-1].from, "the last claim had a bound")
 
 	st.insert(early, false)
+	queued := schema.StatusQueued
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: early, Queue: q.ID, Status: &queued, NodeMinusOne: true})
+	h.pass() // the event's: no slot free
+	h.c.Finished(q.ID)
 	h.pass()
 	calls = st.drain()
+	require.NotEmpty(t, calls)
 	require.Equal(t, nullCall{got: []bson.ObjectID{early}}, calls[0], "an id below the bound: from the head")
+}
+
+// TestATaskHeardWhileTheBoundWasSetIsClaimed: a task queued below the
+// bound a claim is about to set, whose event was checked against the
+// bound before (no bound: the queue was empty), is claimed without the
+// tick: a claim from the bound that finds nothing asks again from the
+// head.
+func TestATaskHeardWhileTheBoundWasSetIsClaimed(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	st := &nullStore{}
+	q := queue("q", 100)
+	h := newHarness(t, func(c *claimer.Config) {
+		c.Store, c.Events, c.Clock, c.Batch, c.Tick, c.Stagger = st, bus, fake, 4, time.Second, -1
+	}, q)
+	h.start()
+	h.pass()
+	st.drain() // found empty
+
+	below := bson.NewObjectID()
+	above := st.add(false, 1)
+	queued := schema.StatusQueued
+	st.mu.Lock()
+	st.onClaim = func() {
+		st.insert(below, false)
+		publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: below, Queue: q.ID, Status: &queued, NodeMinusOne: true})
+	}
+	st.mu.Unlock()
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: above[0], Queue: q.ID, Status: &queued, NodeMinusOne: true})
+	require.Eventually(t, func() bool { return h.claimedCount() == 2 }, wait, time.Millisecond, "both claimed, no tick")
 }
