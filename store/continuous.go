@@ -45,7 +45,10 @@ func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, inter
 		if err != nil || res.ModifiedCount == 0 {
 			return err
 		}
-		ids, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: queue, Parameters: []bson.Raw{emptyDoc},
+		// The name and ctime are one moment: a second may begin between
+		// this now and the insert's (a CI run named a task ...907 whose
+		// ctime was in ...908).
+		ids, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: queue, Parameters: []bson.Raw{emptyDoc}, At: now,
 			Extra: bson.D{{Key: schema.TaskName, Value: strconv.FormatInt(now.Unix(), 10)}}})
 		if err != nil {
 			return err

@@ -41,6 +41,10 @@ type TaskInsertManyParams struct {
 	// params for parameters and node null for -1, so that Perl nodes
 	// sharing the database run them too (this project's nodes read both).
 	Dialect4103 bool
+	// At, when set, is the tasks' ctime and mtime (to the millisecond,
+	// as every time the store writes), for a caller that names the
+	// tasks by that time; zero: now.
+	At time.Time
 	// Extra are more fields written on every inserted task, after the
 	// protocol's; keys must not be protocol fields (the insert is refused).
 	Extra bson.D
@@ -107,6 +111,9 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 		}
 	}
 	now := s.nowMS()
+	if !p.At.IsZero() {
+		now = p.At.UTC().Truncate(time.Millisecond)
+	}
 	docs := make([]any, len(p.Parameters))
 	var c TaskInsertControl
 	if p.Control != nil {

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -69,4 +70,23 @@ func testContinuousCreate(t *testing.T, newStore Factory) {
 	require.True(t, got.Sched.Continuous)
 	require.Equal(t, time.Minute, got.Sched.Interval)
 	require.Equal(t, time.UnixMilli(now.Load()).Add(time.Minute).UTC(), got.Sched.NextContinuous.UTC())
+}
+
+// testContinuousNameIsItsCTime: a continuous queue's task is named by the
+// second of its ctime, even when a second begins while it is created
+// (here the clock moves 1 ms at every read, from 999 ms into a second).
+func testContinuousNameIsItsCTime(t *testing.T, newStore Factory) {
+	var now atomic.Int64
+	now.Store(time.Date(2026, 11, 23, 12, 0, 0, 999_000_000, time.UTC).UnixMilli())
+	s, db := newStore(t, store.Options{Now: func() time.Time { return time.UnixMilli(now.Add(1) - 1) }})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "cont", schema.SortFIFO)
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Continuous: ptr(true), Interval: ptr(time.Minute)}))
+	_, ok, err := s.ContinuousCreate(ctx, q.ID, time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	task := rawDoc(t, db, schema.CollTasks, bson.D{{Key: schema.TaskQueue, Value: q.ID}})
+	ctime := task.Lookup(schema.TaskCTime).Time()
+	require.Equal(t, strconv.FormatInt(ctime.Unix(), 10), task.Lookup("name").StringValue())
+	require.Equal(t, ctime, task.Lookup(schema.TaskMTime).Time())
 }

@@ -63,6 +63,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ForNodeRecordsItsSessions", testForNodeRecordsItsSessions},
 		{"ThreadsMirrorsTheCap", testThreadsMirrorsTheCap},
 		{"ContinuousCreateOnePerInterval", testContinuousCreate},
+		{"ContinuousNameIsItsCTime", testContinuousNameIsItsCTime},
 		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
 		{"TaskGuardedTransitions", testTaskGuarded},
 		{"TaskStartFinishManyGuardEach", testTaskStartFinishMany},
