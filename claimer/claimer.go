@@ -171,13 +171,15 @@ type Claimer struct {
 	// nullGen and noNull decide whether a claim looks for tasks with
 	// node null (Disbatch 4.103's unclaimed) besides node -1, which
 	// costs MongoDB a walk over the queue's just-claimed index entries
-	// (store.claimFilter). noNull[q] is the nullGen at which a claim of
-	// q read candidates without one, or found the queue empty; q's
-	// claims leave node null out while nullGen has not moved since. It
-	// moves on the tick, on WakeAll, and on every event that queues a
-	// task without showing node -1. A claim that leaves node null out and
+	// (store.claimFilter). noNull[q] is q's generation (genOf: nullGen
+	// plus queueGen[q]) at which a claim of q read candidates without
+	// one, or found the queue empty; q's claims leave node null out while
+	// that generation has not moved since. nullGen moves on the tick and
+	// on WakeAll, queueGen[q] on every event that queues a task in q
+	// without showing node -1 (so 4.103's tasks in one queue leave the
+	// others' claims alone). A claim that leaves node null out and
 	// finds nothing asks again with it before the queue counts as empty,
-	// unless the queue was empty at that nullGen. So a task with node
+	// unless the queue was empty at that generation. So a task with node
 	// null is claimed within a tick of its turn in the queue's order, and
 	// at once when its event is heard.
 	//
@@ -188,13 +190,14 @@ type Claimer struct {
 	// queue's head walks. A task queued below from shows itself by its
 	// event (an insert of an id that sorts lower, from another submitter
 	// in the same second; any requeue, which WakeAll answers), which moves
-	// nullGen. A claim from there that finds nothing asks again from the
+	// q's generation. A claim from there that finds nothing asks again from the
 	// head (with node null too, unless the queue was found empty at that
-	// nullGen) before the queue counts as empty: that also finds a task
+	// generation) before the queue counts as empty: that also finds a task
 	// whose event was checked against the bound before the claim that set
 	// it returned.
-	nullGen uint64
-	noNull  map[bson.ObjectID]noNull
+	nullGen  uint64
+	queueGen map[bson.ObjectID]uint64
+	noNull   map[bson.ObjectID]noNull
 
 	// owned by the loop goroutine
 	due    map[bson.ObjectID]time.Time // staggered wake-ups, by queue
@@ -231,16 +234,17 @@ func New(cfg Config) *Claimer {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Claimer{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "claimer"),
-		clock:  clock.Or(cfg.Clock),
-		slots:  newSlots(),
-		wake:   make(chan struct{}, 1),
-		queues: map[bson.ObjectID]Queue{},
-		empty:  map[bson.ObjectID]bool{},
-		due:    map[bson.ObjectID]time.Time{},
-		spread: map[bson.ObjectID]int{},
-		noNull: map[bson.ObjectID]noNull{},
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "claimer"),
+		clock:    clock.Or(cfg.Clock),
+		slots:    newSlots(),
+		wake:     make(chan struct{}, 1),
+		queues:   map[bson.ObjectID]Queue{},
+		empty:    map[bson.ObjectID]bool{},
+		due:      map[bson.ObjectID]time.Time{},
+		spread:   map[bson.ObjectID]int{},
+		noNull:   map[bson.ObjectID]noNull{},
+		queueGen: map[bson.ObjectID]uint64{},
 	}
 }
 
@@ -359,7 +363,12 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 			}
 			c.mu.Lock()
 			if e := c.noNull[ev.Queue]; !ev.NodeMinusOne || (!ev.Queue.IsZero() && bytes.Compare(ev.ID[:], e.from[:]) < 0) {
-				c.nullGen++ // it may have node null, or lie below a claim's bound
+				// It may have node null, or lie below a claim's bound.
+				if ev.Queue.IsZero() {
+					c.nullGen++
+				} else {
+					c.queueGen[ev.Queue]++
+				}
 			}
 			c.mu.Unlock()
 			switch {
@@ -908,8 +917,8 @@ const maxSpread = 8
 // node that never runs them.
 const ClaimTimeout = 10 * time.Second
 
-// noNull is what a claim that looked for node null too found, at nullGen
-// gen: no task with node null among its candidates, or (empty) no task
+// noNull is what a claim that looked for node null too found, at the
+// queue's generation gen (genOf): no task with node null among its candidates, or (empty) no task
 // at all.
 type noNull struct {
 	gen   uint64
@@ -917,8 +926,8 @@ type noNull struct {
 	from  bson.ObjectID
 }
 
-// nullChoice is whether a claim leaves node null out (skip), the
-// nullGen it decided at, and whether the queue was empty at that gen.
+// nullChoice is whether a claim leaves node null out (skip), the queue's
+// generation it decided at, and whether the queue was empty at that gen.
 type nullChoice struct {
 	skip, wasEmpty bool
 	gen            uint64
@@ -931,7 +940,8 @@ func (c *Claimer) nullChoice(q bson.ObjectID, with, fromHead bool) nullChoice {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	seen, ok := c.noNull[q]
-	nc := nullChoice{skip: !with && ok && seen.gen == c.nullGen, gen: c.nullGen}
+	gen := c.genOf(q)
+	nc := nullChoice{skip: !with && ok && seen.gen == gen, gen: gen}
 	nc.wasEmpty = nc.skip && seen.empty
 	if nc.skip && !fromHead {
 		nc.from = seen.from
@@ -939,10 +949,14 @@ func (c *Claimer) nullChoice(q bson.ObjectID, with, fromHead bool) nullChoice {
 	return nc
 }
 
+// genOf is q's generation (see Claimer.nullGen): it moves whenever
+// nullGen or queueGen[q] does, as neither goes down. Under c.mu.
+func (c *Claimer) genOf(q bson.ObjectID) uint64 { return c.nullGen + c.queueGen[q] }
+
 // nullSeen records what a claim of q that looked for node null too read:
 // nullNode candidates with node null, or (empty) nothing at all. None
 // says there is none before the last candidate in claim order; the claims
-// that follow may pass a later one, until nullGen moves.
+// that follow may pass a later one, until q's generation moves.
 //
 // first is the first candidate it read (fifo; zero when unknown), below
 // which it saw nothing to claim: the next claims start there. A claim

@@ -328,3 +328,61 @@ func TestATaskHeardWhileTheBoundWasSetIsClaimed(t *testing.T) {
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: above[0], Queue: q.ID, Status: &queued, NodeMinusOne: true})
 	require.Eventually(t, func() bool { return h.claimedCount() == 2 }, wait, time.Millisecond, "both claimed, no tick")
 }
+
+// skipStore finds every queue empty and records, per queue, whether each
+// claim left node null out.
+type skipStore struct {
+	mu    sync.Mutex
+	skips map[bson.ObjectID][]bool
+}
+
+func (s *skipStore) record(q bson.ObjectID, skip bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.skips[q] = append(s.skips[q], skip)
+}
+
+func (s *skipStore) take(q bson.ObjectID) []bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.skips[q]
+	delete(s.skips, q)
+	return out
+}
+
+func (s *skipStore) TaskClaim(_ context.Context, p store.TaskClaimParams) (schema.Task, error) {
+	s.record(p.Queue, p.SkipNullNode)
+	return schema.Task{}, store.ErrNoTask
+}
+
+func (s *skipStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParams) (store.TaskClaimManyResult, error) {
+	s.record(p.Queue, p.SkipNullNode)
+	return store.TaskClaimManyResult{}, nil
+}
+
+func (s *skipStore) TaskClaimCapped(context.Context, store.TaskClaimCappedParams) (store.TaskClaimManyResult, error) {
+	return store.TaskClaimManyResult{}, errors.New("no capped queue here")
+}
+
+// TestNodeNullInOneQueueLeavesTheOthersAlone: an event that may queue a
+// task with node null in one queue makes that queue's next claim look for
+// it, not every queue's.
+func TestNodeNullInOneQueueLeavesTheOthersAlone(t *testing.T) {
+	t.Parallel()
+	bus := newBus(t)
+	st := &skipStore{skips: map[bson.ObjectID][]bool{}}
+	a, b := queue("a", 10), queue("b", 10)
+	h := newHarness(t, func(c *claimer.Config) { c.Store, c.Events, c.Stagger = st, bus, -1 }, a, b)
+	h.start()
+	h.pass()
+	require.Equal(t, []bool{false}, st.take(a.ID), "found empty, node null included")
+	require.Equal(t, []bool{false}, st.take(b.ID))
+
+	queued := schema.StatusQueued
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: a.ID, Status: &queued})
+	h.pass()
+	require.Equal(t, []bool{false}, st.take(a.ID), "a 4.103 task in a: a looks for node null")
+	h.c.HasWork(b.ID)
+	h.pass()
+	require.Equal(t, []bool{true}, st.take(b.ID), "b does not")
+}
