@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -162,12 +163,10 @@ func TestABacklogIsClaimedWithoutNodeNullOnceABatchReadNone(t *testing.T) {
 	require.Equal(t, []bson.ObjectID{null}, calls[len(calls)-2].got, "found by the claim that looked for it again")
 }
 
-// TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick: an empty queue's
-// claims leave node null out, with no second look, until an event that
-// may have queued a task with node null (not showing node -1) or the
-// tick.
-func TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick(t *testing.T) {
-	t.Parallel()
+// startOnAFakeClock starts a claimer of one empty queue over a nullStore,
+// with the bus's events, a 1 s tick on a fake clock and batches of 4, and
+// waits for its first pass.
+func startOnAFakeClock(t *testing.T) (*harness, *nullStore, *gochannel.GoChannel, *clock.Fake, claimer.Queue) {
 	bus := newBus(t)
 	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	st := &nullStore{}
@@ -177,6 +176,16 @@ func TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick(t *testing.T) {
 	}, q)
 	h.start()
 	h.pass()
+	return h, st, bus, fake, q
+}
+
+// TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick: an empty queue's
+// claims leave node null out, with no second look, until an event that
+// may have queued a task with node null (not showing node -1) or the
+// tick.
+func TestNodeNullIsLookedForAgainOnItsEventAndOnTheTick(t *testing.T) {
+	t.Parallel()
+	h, st, bus, fake, q := startOnAFakeClock(t)
 	require.Equal(t, []nullCall{{skip: false}}, st.drain(), "the first claim looks for node null too, and finds the queue empty")
 
 	queued := schema.StatusQueued
@@ -305,15 +314,7 @@ func TestATaskQueuedBelowTheBoundIsClaimedFromTheHead(t *testing.T) {
 // head.
 func TestATaskHeardWhileTheBoundWasSetIsClaimed(t *testing.T) {
 	t.Parallel()
-	bus := newBus(t)
-	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	st := &nullStore{}
-	q := queue("q", 100)
-	h := newHarness(t, func(c *claimer.Config) {
-		c.Store, c.Events, c.Clock, c.Batch, c.Tick, c.Stagger = st, bus, fake, 4, time.Second, -1
-	}, q)
-	h.start()
-	h.pass()
+	h, st, bus, _, q := startOnAFakeClock(t)
 	st.drain() // found empty
 
 	below := bson.NewObjectID()
