@@ -361,16 +361,13 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 			if ev.Status == nil || *ev.Status != schema.StatusQueued {
 				return // only queued tasks are work
 			}
-			c.mu.Lock()
-			if e := c.noNull[ev.Queue]; !ev.NodeMinusOne || (!ev.Queue.IsZero() && bytes.Compare(ev.ID[:], e.from[:]) < 0) {
-				// It may have node null, or lie below a claim's bound.
-				if ev.Queue.IsZero() {
-					c.nullGen++
-				} else {
-					c.queueGen[ev.Queue]++
+			if !ev.Queue.IsZero() { // a requeue's WakeAll below moves every queue's generation
+				c.mu.Lock()
+				if from := c.noNull[ev.Queue].from; !ev.NodeMinusOne || bytes.Compare(ev.ID[:], from[:]) < 0 {
+					c.queueGen[ev.Queue]++ // it may have node null, or lie below a claim's bound
 				}
+				c.mu.Unlock()
 			}
-			c.mu.Unlock()
 			switch {
 			case ev.Queue.IsZero():
 				c.WakeAll() // a requeue: the event does not say which queue
@@ -918,8 +915,8 @@ const maxSpread = 8
 const ClaimTimeout = 10 * time.Second
 
 // noNull is what a claim that looked for node null too found, at the
-// queue's generation gen (genOf): no task with node null among its candidates, or (empty) no task
-// at all.
+// queue's generation gen (genOf): no task with node null among its
+// candidates, or (empty) no task at all; and the fifo claims' bound.
 type noNull struct {
 	gen   uint64
 	empty bool

@@ -426,7 +426,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	bounded := from(filter, p.Sort, p.From)
 	var ids bson.A
 	token := bson.NewObjectID()
-	nullNode := -1
+	var nullNode int
 	var first bson.ObjectID
 	var won int64
 	contended := 0
@@ -444,8 +444,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		if err != nil {
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
 		}
-		if nullNode < 0 {
-			nullNode = 0
+		if attempt == 0 {
 			if len(cands) > 0 && p.Sort == schema.SortFIFO {
 				first, _ = cands[0].Lookup("_id").ObjectIDOK()
 			}
@@ -572,8 +571,9 @@ func (s *Store) TaskStart(ctx context.Context, p TaskTransitionParams) error {
 // task of the queue has node null, WiredTiger walks every index entry
 // those claims deleted and has not yet purged (thousands in a backlog)
 // before it finds that out; the scan for node -1 walks them once more.
-// With a backlog drained by one node, leaving node null out took
-// MongoDB's CPU per task from 982-1,032 to 654-850 µs (issue 20).
+// With a backlog drained by one node, leaving node null out while the
+// queue holds none took MongoDB's CPU per task from 880-1,008 to 812-888
+// µs (three alternating pairs, stop 33; docs/scaling.md).
 func claimFilter(queue bson.ObjectID, now time.Time, skipNull bool) bson.D {
 	var node any = unclaimed
 	if skipNull {
