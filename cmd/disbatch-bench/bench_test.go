@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
 
 	"github.com/disbatch-go/disbatch/schema"
 )
@@ -611,4 +613,18 @@ func TestCPUMeterFillsPerTask(t *testing.T) {
 	row = DrainRow{Finished: 2000}
 	m.fill(&row)
 	require.Nil(t, row.Server)
+}
+
+// The driver refuses an operation whose deadline is less than a round trip
+// away before the context itself ends (CI's stop-33 run failed on it): the
+// ceiling loops must take that refusal as the drain's end, and nothing else.
+func TestADeadlineRefusalEndsADrain(t *testing.T) {
+	live, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	refusal := fmt.Errorf("claim: %w", fmt.Errorf("calculated server-side timeout (0 ms) is less than or equal to 0: %w", driver.ErrDeadlineWouldBeExceeded))
+	require.True(t, drainTimedOut(live, refusal), "a refusal wrapping context.DeadlineExceeded ends the drain")
+	require.False(t, drainTimedOut(live, errors.New("claim: connection reset")), "any other error with time left is the loop's failure")
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	require.True(t, drainTimedOut(done, errors.New("claim: connection reset")), "once the drain context ends, its errors are its end")
 }

@@ -39,7 +39,7 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 	cpu := e.meterCPU(ctx, nil)
 	err = loop(dctx, tasks, q, conc, obs)
 	cpu.stop(ctx)
-	if err != nil && (dctx.Err() == nil || ctx.Err() != nil) {
+	if err != nil && (!drainTimedOut(dctx, err) || ctx.Err() != nil) {
 		return DrainRow{}, err
 	}
 	finished, span := obs.result()
@@ -51,6 +51,15 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 	cpu.fill(&row)
 	e.log.Info("throughput: ceiling done", "what", what, "concurrency", concurrency, "finished", finished, "tasks_per_s", round(row.Rate))
 	return row, nil
+}
+
+// drainTimedOut tells whether a loop's error is its drain context's end:
+// the context is done, or the driver refused to send an operation because
+// less than a round trip was left before its deadline (an error wrapping
+// context.DeadlineExceeded, returned while the context still has those
+// milliseconds to run).
+func drainTimedOut(dctx context.Context, err error) bool {
+	return dctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)
 }
 
 // workers runs n copies of fn; the first error cancels the others and is

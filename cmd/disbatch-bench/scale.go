@@ -250,7 +250,7 @@ func (e *env) scaleRawDrain(ctx context.Context, db *mongo.Database, queue bson.
 		}
 	}()
 	tasks := db.Collection(schema.CollTasks, options.Collection().SetWriteConcern(writeconcern.Majority()))
-	if err := e.batchedLoop(rctx, tasks, queue, 1, obs); err != nil && rctx.Err() == nil {
+	if err := e.batchedLoop(rctx, tasks, queue, 1, obs); err != nil && !drainTimedOut(rctx, err) {
 		return fmt.Errorf("raw loop at backlog %d: %w", row.Backlog, err)
 	}
 	finished, span := obs.result()
