@@ -358,7 +358,11 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 		}
 		switch ev := ev.(type) {
 		case events.TaskChanged:
-			if ev.Status == nil || *ev.Status != schema.StatusQueued {
+			// A task moved to another queue by an update that left its
+			// status alone may be queued there: its event shows only the
+			// new queue.
+			moved := ev.Op == events.OpUpdate && ev.Status == nil && !ev.Queue.IsZero()
+			if !moved && (ev.Status == nil || *ev.Status != schema.StatusQueued) {
 				return // only queued tasks are work
 			}
 			if !ev.Queue.IsZero() { // a requeue's WakeAll below moves every queue's generation

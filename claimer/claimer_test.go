@@ -520,7 +520,6 @@ func TestEventsWakeUp(t *testing.T) {
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Status: &succeeded})
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Queue: q1.ID, Status: &succeeded})
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q1.ID, Status: &claimed})
-	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Queue: q1.ID})
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpDelete, ID: bson.NewObjectID()})
 	require.NoError(t, bus.Publish(events.TopicTasks, message.NewMessage("x", []byte("not json"))))
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q2.ID, Status: &queued})
@@ -528,6 +527,12 @@ func TestEventsWakeUp(t *testing.T) {
 	require.Equal(t, ids(q2), h.st.take())
 	h.noPass()
 	require.Equal(t, int64(1), h.refreshes.Load())
+
+	// A task moved into q1 by an update of its queue alone (no status in
+	// its event) may be queued there: it wakes q1.
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Queue: q1.ID})
+	h.pass()
+	require.Equal(t, ids(q1), h.st.take())
 
 	// A queue change re-reads the queues and tries the changed one.
 	h.setQueues(q1, q2, q3)
