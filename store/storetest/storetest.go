@@ -55,6 +55,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimManySpread", testTaskClaimManySpread},
 		{"TaskClaimSkipNullNode", testTaskClaimSkipNullNode},
 		{"TaskClaimFrom", testTaskClaimFrom},
+		{"TaskClaimManyPassesExpired", testTaskClaimManyPassesExpired},
 		{"TaskClaimManySpreadConcurrentOnce", testTaskClaimManySpreadConcurrent},
 		{"TaskClaimCapped", testTaskClaimCapped},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
@@ -1106,6 +1107,47 @@ func testTaskClaimSkipNullNode(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, ids[5], one.ID)
 	require.Equal(t, "n1", one.Node)
+}
+
+// testTaskClaimManyPassesExpired: a batched claim never takes a task past
+// its expires_at, with or without node null, and passes such tasks at the
+// head of the queue to claim the ones behind them.
+func testTaskClaimManyPassesExpired(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 8)
+	expired := []bson.ObjectID{ids[0], ids[1], ids[4]}
+	_, err := db.Collection("tasks").UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: expired}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "expires_at", Value: time.Now().Add(-time.Second)}}}})
+	require.NoError(t, err)
+	claimed := func(res store.TaskClaimManyResult) []bson.ObjectID {
+		var out []bson.ObjectID
+		for _, task := range res.Tasks {
+			out = append(out, task.ID)
+		}
+		return out
+	}
+
+	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 2, SkipNullNode: true})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[2], ids[3]}, claimed(res), "the two expired at the head are passed")
+	require.False(t, res.Lost)
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 2})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[5], ids[6]}, claimed(res), "with node null looked for too")
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, SkipNullNode: true})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[7]}, claimed(res))
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, SkipNullNode: true})
+	require.NoError(t, err)
+	require.Empty(t, res.Tasks, "only expired tasks are left")
+	require.False(t, res.Lost, "a queue holding only expired tasks is empty, not lost")
+	for _, id := range expired {
+		raw := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}})
+		require.Equal(t, int64(schema.StatusQueued), raw.Lookup("status").AsInt64(), "task %s", id.Hex())
+		require.Equal(t, int64(schema.Unclaimed), raw.Lookup("node").AsInt64(), "task %s", id.Hex())
+	}
 }
 
 // testTaskClaimFrom: From bounds a fifo claim below by _id (a lifo one
