@@ -18,8 +18,23 @@ import (
 	"runtime/pprof"
 	"syscall"
 
+	"github.com/disbatch-go/disbatch/internal/gctarget"
 	"github.com/disbatch-go/disbatch/supervisor/finish"
 )
+
+// gcTarget says which GOGC this process runs under (Conditions.GC).
+var gcTarget string
+
+func describeGC(percent int, fromEnv bool) string {
+	from := "disbatchd's default, internal/gctarget"
+	if fromEnv {
+		from = "GOGC in the environment"
+	}
+	if percent < 0 {
+		return "GOGC off (" + from + ")"
+	}
+	return fmt.Sprintf("GOGC %d (%s)", percent, from)
+}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == nodeCommand {
@@ -44,6 +59,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	// The in-process nodes (and the raw loops beside them) run under the
+	// collector target disbatchd sets; so do the node processes.
+	gcTarget = describeGC(gctarget.Apply(os.Getenv))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

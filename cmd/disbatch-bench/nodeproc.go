@@ -26,6 +26,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/internal/gctarget"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -71,6 +72,7 @@ func runNodeProcess(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	gctarget.Apply(os.Getenv) // as disbatchd
 	uri := os.Getenv(envURI)
 	if *dbName == "" || uri == "" {
 		fmt.Fprintln(os.Stderr, "disbatch-bench node: --db and "+envURI+" are required")

@@ -44,6 +44,7 @@ type Conditions struct {
 	OSArch         string    `json:"os_arch"`
 	NumCPU         int       `json:"num_cpu"`
 	GOMAXPROCS     int       `json:"gomaxprocs"`
+	GC             string    `json:"gc"`
 	MaxThreads     int       `json:"maxthreads"`
 	ClaimBatch     int       `json:"claim_batch"`
 	ClaimRunning   bool      `json:"claim_running"`
@@ -87,6 +88,9 @@ func renderTable(r *Report) string {
 	cond.add("deployment", c.Deployment)
 	cond.add("Go", fmt.Sprintf("%s %s, mongo driver %s", c.GoVersion, c.OSArch, c.Driver))
 	cond.add("machine", fmt.Sprintf("%d cores (runtime.NumCPU), GOMAXPROCS %d; other load on the machine is not controlled", c.NumCPU, c.GOMAXPROCS))
+	if c.GC != "" {
+		cond.add("garbage collector", c.GC+"; node processes likewise")
+	}
 	if len(c.Load) > 0 {
 		loads := make([]string, len(c.Load))
 		for i, l := range c.Load {
