@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
 	"github.com/disbatch-go/disbatch/schema"
 )
@@ -619,11 +620,19 @@ func TestCPUMeterFillsPerTask(t *testing.T) {
 // away before the context itself ends (CI's stop-33 run failed on it): the
 // ceiling loops must take that refusal as the drain's end, and nothing else.
 func TestADeadlineRefusalEndsADrain(t *testing.T) {
-	live, cancel := context.WithTimeout(context.Background(), time.Hour)
+	t.Parallel()
+	ending, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	refusal := fmt.Errorf("claim: %w", fmt.Errorf("calculated server-side timeout (0 ms) is less than or equal to 0: %w", driver.ErrDeadlineWouldBeExceeded))
-	require.True(t, drainTimedOut(live, refusal), "a refusal wrapping context.DeadlineExceeded ends the drain")
-	require.False(t, drainTimedOut(live, errors.New("claim: connection reset")), "any other error with time left is the loop's failure")
+	require.True(t, drainTimedOut(ending, refusal), "a refusal wrapping context.DeadlineExceeded at the deadline ends the drain")
+	require.False(t, drainTimedOut(ending, errors.New("claim: connection reset")), "any other error with time left is the loop's failure")
+
+	live, cancelLive := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelLive()
+	selection := fmt.Errorf("claim: %w", topology.ServerSelectionError{Wrapped: context.DeadlineExceeded})
+	require.False(t, drainTimedOut(live, selection), "a server selection timeout long before the deadline is a failure")
+	require.False(t, drainTimedOut(live, refusal), "so is a refusal long before it")
+
 	done, stop := context.WithCancel(context.Background())
 	stop()
 	require.True(t, drainTimedOut(done, errors.New("claim: connection reset")), "once the drain context ends, its errors are its end")

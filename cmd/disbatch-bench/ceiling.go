@@ -54,12 +54,17 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 }
 
 // drainTimedOut tells whether a loop's error is its drain context's end:
-// the context is done, or the driver refused to send an operation because
-// less than a round trip was left before its deadline (an error wrapping
-// context.DeadlineExceeded, returned while the context still has those
-// milliseconds to run).
+// the context is done, or, within a second of its deadline, the driver
+// refused to send an operation because less than a round trip was left
+// (an error wrapping context.DeadlineExceeded, returned while the context
+// still has those milliseconds to run). Other errors wrapping
+// DeadlineExceeded (a server selection timeout, 30 s) are failures.
 func drainTimedOut(dctx context.Context, err error) bool {
-	return dctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)
+	if dctx.Err() != nil {
+		return true
+	}
+	dl, ok := dctx.Deadline()
+	return ok && time.Until(dl) < time.Second && errors.Is(err, context.DeadlineExceeded)
 }
 
 // workers runs n copies of fn; the first error cancels the others and is
