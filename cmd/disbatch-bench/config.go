@@ -45,6 +45,9 @@ type config struct {
 	Only     []string
 	Verbose  bool
 	CPUProf  string
+	// gc says which collector target the process runs under (set by run,
+	// not a flag; Conditions.GC).
+	gc string
 
 	MaxThreads int
 	// ClaimBatch is the nodes' batched-claim size (1: one findOneAndUpdate

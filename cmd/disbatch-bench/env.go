@@ -137,7 +137,7 @@ func (e *env) conditions(ctx context.Context) Conditions {
 		OSArch:       runtime.GOOS + "/" + runtime.GOARCH,
 		NumCPU:       runtime.NumCPU(),
 		GOMAXPROCS:   runtime.GOMAXPROCS(0),
-		GC:           gcTarget,
+		GC:           e.cfg.gc,
 		Driver:       driverVersion(),
 		MaxThreads:   e.cfg.MaxThreads,
 		ClaimBatch:   e.cfg.ClaimBatch,

@@ -22,9 +22,8 @@ import (
 	"github.com/disbatch-go/disbatch/supervisor/finish"
 )
 
-// gcTarget says which GOGC this process runs under (Conditions.GC).
-var gcTarget string
-
+// describeGC says which collector target is in force and where it came
+// from, as gctarget.Apply returns them.
 func describeGC(percent int, fromEnv bool) string {
 	from := "disbatchd's default, internal/gctarget"
 	if fromEnv {
@@ -61,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	// The in-process nodes (and the raw loops beside them) run under the
 	// collector target disbatchd sets; so do the node processes.
-	gcTarget = describeGC(gctarget.Apply(os.Getenv))
+	cfg.gc = describeGC(gctarget.Apply(os.Getenv))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
