@@ -27,7 +27,7 @@ func TestApplySetsThePercentUnlessGOGCIsSet(t *testing.T) {
 	require.False(t, fromEnv)
 	require.Equal(t, Percent, current(), "no GOGC: the node's target is set")
 
-	for v, want := range map[string]int{"50": 50, "off": -1, "400": 400} {
+	for v, want := range map[string]int{"50": 50, "off": -1, "400": 400, "-5": -1} {
 		debug.SetGCPercent(77) // stands for what the runtime took from GOGC
 		env[EnvGOGC] = v
 		p, fromEnv = Apply(getenv)
@@ -36,9 +36,12 @@ func TestApplySetsThePercentUnlessGOGCIsSet(t *testing.T) {
 		require.Equal(t, 77, current(), "GOGC=%q: the environment's target is left alone", v)
 	}
 
-	env[EnvGOGC] = " 300 "
-	p, fromEnv = Apply(getenv)
-	require.Equal(t, Percent, p, "a GOGC the runtime cannot read is no GOGC")
-	require.Equal(t, Percent, current())
-	require.False(t, fromEnv)
+	for _, v := range []string{" 300 ", "3000000000", "OFF"} {
+		debug.SetGCPercent(100) // what the runtime makes of it
+		env[EnvGOGC] = v
+		p, fromEnv = Apply(getenv)
+		require.Equal(t, Percent, p, "GOGC=%q: one the runtime cannot read is no GOGC", v)
+		require.Equal(t, Percent, current())
+		require.False(t, fromEnv)
+	}
 }
