@@ -189,8 +189,8 @@ type Claimer struct {
 	// the entries of the tasks claimed before, which every scan from the
 	// queue's head walks. A task queued below from shows itself by its
 	// event (an insert of an id that sorts lower, from another submitter
-	// in the same second; any requeue, which WakeAll answers), which moves
-	// q's generation. A claim from there that finds nothing asks again from the
+	// in the same second; a task moved into q by its queue alone; any
+	// requeue, which WakeAll answers), which moves q's generation. A claim from there that finds nothing asks again from the
 	// head (with node null too, unless the queue was found empty at that
 	// generation) before the queue counts as empty: that also finds a task
 	// whose event was checked against the bound before the claim that set

@@ -520,6 +520,7 @@ func TestEventsWakeUp(t *testing.T) {
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Status: &succeeded})
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: bson.NewObjectID(), Queue: q1.ID, Status: &succeeded})
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q1.ID, Status: &claimed})
+	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q1.ID}) // no status: not a move
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpDelete, ID: bson.NewObjectID()})
 	require.NoError(t, bus.Publish(events.TopicTasks, message.NewMessage("x", []byte("not json"))))
 	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: bson.NewObjectID(), Queue: q2.ID, Status: &queued})
