@@ -281,30 +281,44 @@ func TestAFIFOBacklogIsClaimedFromTheFirstCandidate(t *testing.T) {
 
 // TestATaskQueuedBelowTheBoundIsClaimedFromTheHead: the event of a task
 // queued below a fifo queue's claim bound (an id that sorts lower) sends
-// the next claim back to the head, before the tasks above the bound.
+// the next claim back to the head, before the tasks above the bound:
+// whether it was inserted, or moved in from another queue by an update
+// of its queue alone (an event without a status).
 func TestATaskQueuedBelowTheBoundIsClaimedFromTheHead(t *testing.T) {
 	t.Parallel()
-	bus := newBus(t)
-	st := &nullStore{}
-	early := bson.NewObjectID() // sorts before every task below
-	st.add(false, 40)
-	q := queue("q", 8)
-	h := newHarness(t, func(c *claimer.Config) { c.Store, c.Events, c.Batch, c.Stagger = st, bus, 4, -1 }, q)
-	h.start()
-	h.pass()
-	require.Equal(t, 8, h.claimedCount(), "the slots are full")
-	calls := st.drain()
-	require.NotZero(t, calls[len(calls)-1].from, "the last claim had a bound")
-
-	st.insert(early, false)
 	queued := schema.StatusQueued
-	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: early, Queue: q.ID, Status: &queued, NodeMinusOne: true})
-	h.pass() // the event's: no slot free
-	h.c.Finished(q.ID)
-	h.pass()
-	calls = st.drain()
-	require.NotEmpty(t, calls)
-	require.Equal(t, nullCall{got: []bson.ObjectID{early}}, calls[0], "an id below the bound: from the head")
+	for name, event := range map[string]func(id, q bson.ObjectID) events.TaskChanged{
+		"inserted": func(id, q bson.ObjectID) events.TaskChanged {
+			return events.TaskChanged{Op: events.OpInsert, ID: id, Queue: q, Status: &queued, NodeMinusOne: true}
+		},
+		"moved in": func(id, q bson.ObjectID) events.TaskChanged {
+			return events.TaskChanged{Op: events.OpUpdate, ID: id, Queue: q} // {$set: {queue: q}}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			bus := newBus(t)
+			st := &nullStore{}
+			early := bson.NewObjectID() // sorts before every task below
+			st.add(false, 40)
+			q := queue("q", 8)
+			h := newHarness(t, func(c *claimer.Config) { c.Store, c.Events, c.Batch, c.Stagger = st, bus, 4, -1 }, q)
+			h.start()
+			h.pass()
+			require.Equal(t, 8, h.claimedCount(), "the slots are full")
+			calls := st.drain()
+			require.NotZero(t, calls[len(calls)-1].from, "the last claim had a bound")
+
+			st.insert(early, false)
+			publish(t, bus, events.TopicTasks, event(early, q.ID))
+			h.pass() // the event's: no slot free
+			h.c.Finished(q.ID)
+			h.pass()
+			calls = st.drain()
+			require.NotEmpty(t, calls)
+			require.Equal(t, nullCall{got: []bson.ObjectID{early}}, calls[0], "an id below the bound: from the head")
+		})
+	}
 }
 
 // TestATaskHeardWhileTheBoundWasSetIsClaimed: a task queued below the
@@ -386,32 +400,4 @@ func TestNodeNullInOneQueueLeavesTheOthersAlone(t *testing.T) {
 	h.c.HasWork(b.ID)
 	h.pass()
 	require.Equal(t, []bool{true}, st.take(b.ID), "b does not")
-}
-
-// TestATaskMovedBelowTheBoundIsClaimedFromTheHead: a queued task moved
-// into a fifo queue by an update of its queue alone (its event carries no
-// status) is work there: with an id below the queue's claim bound, the
-// next claim goes back to the head for it.
-func TestATaskMovedBelowTheBoundIsClaimedFromTheHead(t *testing.T) {
-	t.Parallel()
-	bus := newBus(t)
-	st := &nullStore{}
-	early := bson.NewObjectID() // sorts before every task below
-	st.add(false, 40)
-	q := queue("q", 8)
-	h := newHarness(t, func(c *claimer.Config) { c.Store, c.Events, c.Batch, c.Stagger = st, bus, 4, -1 }, q)
-	h.start()
-	h.pass()
-	require.Equal(t, 8, h.claimedCount(), "the slots are full")
-	calls := st.drain()
-	require.NotZero(t, calls[len(calls)-1].from, "the last claim had a bound")
-
-	st.insert(early, false) // moved in from another queue: {$set: {queue: q}}
-	publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpUpdate, ID: early, Queue: q.ID})
-	h.pass() // the event's: no slot free
-	h.c.Finished(q.ID)
-	h.pass()
-	calls = st.drain()
-	require.NotEmpty(t, calls)
-	require.Equal(t, nullCall{got: []bson.ObjectID{early}}, calls[0], "a task moved in below the bound: from the head")
 }

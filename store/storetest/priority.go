@@ -41,6 +41,7 @@ func priorityTasks(t *testing.T, s *store.Store, db *mongo.Database, name string
 	return q, []bson.ObjectID{b, e, f, c, a, d}
 }
 
+// claimedIDs are the ids of the tasks a batched claim won, in its order.
 func claimedIDs(res store.TaskClaimManyResult) []bson.ObjectID {
 	var got []bson.ObjectID
 	for _, task := range res.Tasks {

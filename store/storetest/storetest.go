@@ -1073,22 +1073,15 @@ func testTaskClaimSkipNullNode(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[5]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: nil}}}})
 	require.NoError(t, err)
-	claimed := func(res store.TaskClaimManyResult) []bson.ObjectID {
-		var out []bson.ObjectID
-		for _, task := range res.Tasks {
-			out = append(out, task.ID)
-		}
-		return out
-	}
 
 	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 1})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{ids[0]}, claimed(res))
+	require.Equal(t, []bson.ObjectID{ids[0]}, claimedIDs(res))
 	require.Zero(t, res.NullNode, "the one candidate had node -1")
 
 	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 1, SkipNullNode: true})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{ids[3]}, claimed(res), "node -1 only: ids[1] and ids[2] are passed")
+	require.Equal(t, []bson.ObjectID{ids[3]}, claimedIDs(res), "node -1 only: ids[1] and ids[2] are passed")
 	require.Zero(t, res.NullNode)
 	one, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, SkipNullNode: true})
 	require.NoError(t, err)
@@ -1101,7 +1094,7 @@ func testTaskClaimSkipNullNode(t *testing.T, newStore Factory) {
 
 	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 2})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{ids[1], ids[2]}, claimed(res), "null and none, in their order")
+	require.Equal(t, []bson.ObjectID{ids[1], ids[2]}, claimedIDs(res), "null and none, in their order")
 	require.Equal(t, 2, res.NullNode)
 	one, err = s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
 	require.NoError(t, err)
@@ -1121,24 +1114,17 @@ func testTaskClaimManyPassesExpired(t *testing.T, newStore Factory) {
 	_, err := db.Collection("tasks").UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: expired}}}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "expires_at", Value: time.Now().Add(-time.Second)}}}})
 	require.NoError(t, err)
-	claimed := func(res store.TaskClaimManyResult) []bson.ObjectID {
-		var out []bson.ObjectID
-		for _, task := range res.Tasks {
-			out = append(out, task.ID)
-		}
-		return out
-	}
 
 	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 2, SkipNullNode: true})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{ids[2], ids[3]}, claimed(res), "the two expired at the head are passed")
+	require.Equal(t, []bson.ObjectID{ids[2], ids[3]}, claimedIDs(res), "the two expired at the head are passed")
 	require.False(t, res.Lost)
 	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 2})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{ids[5], ids[6]}, claimed(res), "with node null looked for too")
+	require.Equal(t, []bson.ObjectID{ids[5], ids[6]}, claimedIDs(res), "with node null looked for too")
 	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, SkipNullNode: true})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{ids[7]}, claimed(res))
+	require.Equal(t, []bson.ObjectID{ids[7]}, claimedIDs(res))
 	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, SkipNullNode: true})
 	require.NoError(t, err)
 	require.Empty(t, res.Tasks, "only expired tasks are left")
@@ -1157,24 +1143,17 @@ func testTaskClaimFrom(t *testing.T, newStore Factory) {
 	ctx := ctxT(t)
 	q := newQueue(t, s, "fifo", schema.SortFIFO)
 	ids := insertTasks(t, s, q.ID, 8)
-	claimed := func(res store.TaskClaimManyResult) []bson.ObjectID {
-		var out []bson.ObjectID
-		for _, task := range res.Tasks {
-			out = append(out, task.ID)
-		}
-		return out
-	}
 
 	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 2, From: ids[3]})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{ids[3], ids[4]}, claimed(res), "from ids[3] on")
+	require.Equal(t, []bson.ObjectID{ids[3], ids[4]}, claimedIDs(res), "from ids[3] on")
 	require.Equal(t, ids[3], res.First)
 	one, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, From: ids[4]})
 	require.NoError(t, err)
 	require.Equal(t, ids[5], one.ID, "the first queued at or after ids[4]")
 	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 8})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{ids[0], ids[1], ids[2], ids[6], ids[7]}, claimed(res), "no bound: from the head")
+	require.Equal(t, []bson.ObjectID{ids[0], ids[1], ids[2], ids[6], ids[7]}, claimedIDs(res), "no bound: from the head")
 	require.Equal(t, ids[0], res.First)
 	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 8})
 	require.NoError(t, err)
@@ -1185,7 +1164,7 @@ func testTaskClaimFrom(t *testing.T, newStore Factory) {
 	lids := insertTasks(t, s, lifo.ID, 3)
 	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: lifo.ID, Node: "n1", Sort: schema.SortLIFO, Limit: 3, From: lids[2]})
 	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{lids[2], lids[1], lids[0]}, claimed(res), "lifo: no bound")
+	require.Equal(t, []bson.ObjectID{lids[2], lids[1], lids[0]}, claimedIDs(res), "lifo: no bound")
 	require.Zero(t, res.First, "lifo: none reported")
 }
 
