@@ -314,7 +314,7 @@ func run(ctx context.Context, args []string, e env) int {
 			return &cmdline.UsageError{Err: err}
 		}
 		gogc, fromEnv := gctarget.Apply(e.getenv)
-		log.Info("garbage collector target", "gogc", gogc, "from_environment", fromEnv)
+		log.Info("garbage collector target", "node", s.Node, "gogc", gogc, "from_environment", fromEnv)
 		return serve(ctx, s, reg, log, e.signals)
 	}
 	err := cmd.ExecuteContext(ctx)
