@@ -684,7 +684,10 @@ func Test4103CLIsTasksRunOnOurNode(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		tasks = tasks[:0]
+		// A fresh slice each time: decoding into a reused element merges
+		// params into the map an earlier poll left there (a counter task
+		// then read as Demo's c, which fails).
+		tasks = nil
 		return cur.All(ctx, &tasks) == nil && len(tasks) == 4
 	}, 60*time.Second, 100*time.Millisecond, "our node runs the 4.103 CLI's four tasks: %s", n.log.String())
 	// Demo, as 4.103's: a prints an apple to stdout, b a banana to
