@@ -190,11 +190,12 @@ type Claimer struct {
 	// queue's head walks. A task queued below from shows itself by its
 	// event (an insert of an id that sorts lower, from another submitter
 	// in the same second; a task moved into q by its queue alone; any
-	// requeue, which WakeAll answers), which moves q's generation. A claim from there that finds nothing asks again from the
-	// head (with node null too, unless the queue was found empty at that
-	// generation) before the queue counts as empty: that also finds a task
-	// whose event was checked against the bound before the claim that set
-	// it returned.
+	// requeue, which WakeAll answers), which moves q's generation. A
+	// claim from there that finds nothing asks again from the head (with
+	// node null too, unless the queue was found empty at that generation)
+	// before the queue counts as empty: that also finds a task whose
+	// event was checked against the bound before the claim that set it
+	// returned.
 	nullGen  uint64
 	queueGen map[bson.ObjectID]uint64
 	noNull   map[bson.ObjectID]noNull
@@ -969,15 +970,13 @@ func (c *Claimer) nullSeen(q bson.ObjectID, nc nullChoice, nullNode int, empty b
 	if nc.skip {
 		// The entry is the one nullChoice read: only the loop, claim
 		// after claim, writes noNull.
-		e, ok := c.noNull[q]
-		switch {
-		case !ok:
-		case !first.IsZero():
-			e.from = first
-		case empty && nc.from.IsZero():
-			e.from = bson.ObjectID{}
-		}
-		if ok {
+		if e, ok := c.noNull[q]; ok {
+			switch {
+			case !first.IsZero():
+				e.from = first
+			case empty && nc.from.IsZero():
+				e.from = bson.ObjectID{}
+			}
 			c.noNull[q] = e
 		}
 		return
