@@ -352,12 +352,10 @@ func filterValue(key string, v any) (any, error) {
 	case json.Number:
 		return toBSON(x, 0)
 	case map[string]any:
-		// Only {"$oid": hex}: an object would be read by MongoDB as query
-		// operators ({"$ne": null}), which no 4.103 client sends.
 		if s, ok := x["$oid"].(string); ok && len(x) == 1 && (key == "id" || key == "queue") {
 			return filterValue(key, s)
 		}
-		return nil, fmt.Errorf("%s must be a value or an array of values, not an object", key)
+		return filterObject(key, x, 0)
 	case []any:
 		return nil, fmt.Errorf("%s must be a value or an array of values, not nested arrays", key)
 	case string:
@@ -374,6 +372,115 @@ func filterValue(key string, v any) (any, error) {
 		return x, nil
 	}
 	return toBSON(v, 0)
+}
+
+// filterOperators are the query operators an object value of GET /tasks
+// may use, with what each takes: 4.103 hands such an object to MongoDB as
+// it is ({"status":{"$lte":0}}, {"node":{"$ne":null}}), so its CLI's
+// filters work here too. Those that only apply at a query's top level or
+// run code are left out: MongoDB would refuse them here anyway.
+var filterOperators = map[string]string{
+	"$eq": "value", "$ne": "value", "$gt": "value", "$gte": "value", "$lt": "value", "$lte": "value",
+	"$in": "values", "$nin": "values", "$all": "values",
+	"$exists": "any", "$type": "any", "$regex": "any", "$options": "any", "$mod": "any", "$size": "any",
+	"$not": "operators",
+}
+
+// filterObject converts an object value of a GET /tasks filter: query
+// operators (above), or, with no "$" key, a document to match as it is (as
+// 4.103 does). The arguments of id's and queue's comparisons are ObjectIds,
+// as their plain values are; other arguments keep their JSON types, as in
+// 4.103 ({"$lte":"0"} compares a string).
+func filterObject(key string, x map[string]any, depth int) (any, error) {
+	var ops, plain []string
+	for k := range x {
+		if strings.HasPrefix(k, "$") {
+			ops = append(ops, k)
+		} else {
+			plain = append(plain, k)
+		}
+	}
+	switch {
+	case len(ops) == 0 && (key == "id" || key == "queue"):
+		return nil, fmt.Errorf("%s must be an ObjectId, an array of them, or an object of query operators", key)
+	case len(ops) == 0:
+		return toBSON(x, depth)
+	case len(plain) > 0:
+		return nil, fmt.Errorf("%s mixes query operators (%s) with fields (%s) in one object", key, ops[0], plain[0])
+	}
+	sort.Strings(ops)
+	d := make(bson.D, 0, len(ops))
+	for _, op := range ops {
+		var val any
+		var err error
+		arg := x[op]
+		switch filterOperators[op] {
+		case "value":
+			val, err = operatorArg(key, op, arg)
+		case "values":
+			list, ok := arg.([]any)
+			if !ok {
+				return nil, fmt.Errorf("%s: %s needs an array", key, op)
+			}
+			a := make(bson.A, len(list))
+			for i, el := range list {
+				if a[i], err = operatorArg(key, op, el); err != nil {
+					return nil, err
+				}
+			}
+			val = a
+		case "operators":
+			inner, ok := arg.(map[string]any)
+			if !ok || len(inner) == 0 {
+				return nil, fmt.Errorf("%s: %s needs an object of query operators", key, op)
+			}
+			for k := range inner {
+				if !strings.HasPrefix(k, "$") {
+					return nil, fmt.Errorf("%s: %s needs an object of query operators", key, op)
+				}
+			}
+			val, err = filterObject(key, inner, depth+1)
+		case "any":
+			val, err = toBSON(arg, depth+1)
+		default:
+			return nil, fmt.Errorf("%s: %s is not a query operator GET /tasks accepts (it accepts %s)", key, op, strings.Join(operatorNames(), " "))
+		}
+		if err != nil {
+			return nil, err
+		}
+		d = append(d, bson.E{Key: op, Value: val})
+	}
+	return d, nil
+}
+
+// operatorArg converts one argument of a comparison: for id and queue an
+// ObjectId (a hex string or {"$oid"}) or null, else the JSON value.
+func operatorArg(key, op string, v any) (any, error) {
+	if key != "id" && key != "queue" || v == nil {
+		switch v.(type) {
+		case map[string]any, []any:
+			return nil, fmt.Errorf("%s: %s takes values, not objects or arrays", key, op)
+		}
+		return toBSON(v, 0)
+	}
+	if m, ok := v.(map[string]any); ok && len(m) == 1 {
+		v = m["$oid"]
+	}
+	s, ok := v.(string)
+	if !ok {
+		return nil, fmt.Errorf("%s: %s takes ObjectIds", key, op)
+	}
+	id, err := bson.ObjectIDFromHex(s)
+	if err != nil {
+		return nil, fmt.Errorf("%s %q is not an ObjectId", key, s)
+	}
+	return id, nil
+}
+
+func operatorNames() []string {
+	names := slices.Collect(maps.Keys(filterOperators))
+	sort.Strings(names)
+	return names
 }
 
 // GET /tasks
