@@ -18,7 +18,7 @@
 #      and 4.103's CLI,
 #      bin/disbatch: plugins, queues, status, create-queue, update-queue,
 #      create-task, create-tasks (also --collection), tasks (--count,
-#      --limit 1, --fields, --epoch, --pretty), delete-queue; then a
+#      query operators, --limit 1, --fields, --epoch, --pretty), delete-queue; then a
 #      disbatch-web with --users (a file from `disbatch-web passwd`) and the
 #      CLI's --username/--password: right password works, wrong or none fails.
 #   One line per check; exits non-zero with a list of what failed.
@@ -457,6 +457,11 @@ JSON
 		and !grep { $_->{ctime} !~ /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$/ } @$d' "$qid"
 	cli tasks --count "$f"
 	expect "$c tasks --count" '5 tasks'
+	# an object value is query operators, as 4.103 hands it to MongoDB
+	cli tasks --count "{\"queue\":\"$qid\",\"status\":{\"\$lte\":-2}}"
+	expect "$c tasks --count {queue, status: {\$lte: -2}}" '5 tasks'
+	cli tasks --count "{\"node\":{\"\$ne\":null},\"status\":{\"\$in\":[-2,1]}}"
+	expect "$c tasks --count {node: {\$ne: null}, status: {\$in: [-2,1]}}" '0 tasks'
 	cli tasks --limit 1 "$f"
 	expect_json "$c tasks --limit 1" 'ref $d eq "HASH" and $d->{_id}{q{$oid}} =~ /^[0-9a-f]{24}$/'
 	cli tasks --fields '["status"]' "$f"
