@@ -18,9 +18,10 @@
 #      and 4.103's CLI,
 #      bin/disbatch: plugins, queues, status, create-queue, update-queue,
 #      create-task, create-tasks (also --collection), tasks (--count,
-#      query operators, --limit 1, --fields, --epoch, --pretty), delete-queue; then a
-#      disbatch-web with --users (a file from `disbatch-web passwd`) and the
-#      CLI's --username/--password: right password works, wrong or none fails.
+#      query operators, --limit 1, --fields, --epoch, --pretty),
+#      delete-queue; then a disbatch-web with --users (a file from
+#      `disbatch-web passwd`) and the CLI's --username/--password: right
+#      password works, wrong or none fails.
 #   One line per check; exits non-zero with a list of what failed.
 #   Takes about a minute (t/002_full.t is most of it), more when go build
 #   starts from a cold cache or the machine is busy.
