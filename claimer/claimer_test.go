@@ -1070,3 +1070,32 @@ func TestAnAdmissionsOnlyChangeWakesTheQueueWithoutAReread(t *testing.T) {
 	require.Equal(t, int64(1), dispatched.Load(), "the queue was tried")
 	require.Equal(t, int64(1), h.refreshes.Load(), "its settings were not read again")
 }
+
+// A node outlives many queues (a queue per job is common): what it keeps
+// per queue goes when the queues' read no longer returns it.
+func TestQueuesNoLongerServedAreForgotten(t *testing.T) {
+	t.Parallel()
+	many := make([]claimer.Queue, 50)
+	for i := range many {
+		many[i] = queue(fmt.Sprint("q", i), 1)
+	}
+	run := func(after []claimer.Queue) int {
+		h := newHarness(t, nil, many...)
+		h.start()
+		h.pass() // every queue tried, each found empty
+		h.setQueues(after...)
+		read := h.refreshes.Load()
+		h.c.WakeAll()
+		deadline := time.Now().Add(wait)
+		for h.refreshes.Load() == read {
+			require.True(t, time.Now().Before(deadline), "the queues were not read again")
+			time.Sleep(time.Millisecond)
+		}
+		h.pass()
+		h.c.Stop()
+		return h.c.Remembered()
+	}
+	kept := run(many)
+	require.GreaterOrEqual(t, kept, 2*len(many), "kept while served: empty, and node null's generation, at least")
+	require.LessOrEqual(t, run(many[:1]), kept/len(many), "one queue left: one queue's entries")
+}

@@ -136,6 +136,18 @@ func (s *slots) held(q bson.ObjectID) (running, released int) {
 	return s.perQueue[q], s.released[q]
 }
 
+// forget drops the released count of every queue that holds no slot and
+// is not kept (readQueues snapshots it for the queues it read only).
+func (s *slots) forget(keep func(bson.ObjectID) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for q := range s.released {
+		if s.perQueue[q] == 0 && !keep(q) {
+			delete(s.released, q)
+		}
+	}
+}
+
 // total returns all slots in use.
 func (s *slots) total() int {
 	s.mu.Lock()
