@@ -116,6 +116,11 @@ func TestNodeRunsTasksSubmittedWithTheCLI(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(n.log.String()), "\n") {
 		require.Equal(t, 1, strings.Count(line, " node=n1"), "%s", line)
 	}
+	// Go's collector runs at disbatchd's target (internal/gctarget),
+	// unless this environment set one.
+	if os.Getenv("GOGC") == "" {
+		require.Contains(t, n.log.String(), "gogc=200 from_environment=false")
+	}
 }
 
 // sleepers creates a shell queue "sleepers" with maxthreads 2 and count

@@ -139,7 +139,7 @@ func goodReport() *Report {
 		Control:    ctl,
 		Scheduling: goodScheduling(lat(5)),
 		Conditions: Conditions{Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Seconds: 42, Mode: "quick", MongoDBVersion: "6.0.5", Members: 1,
-			GoVersion: "go1.26", NumCPU: 2, GOMAXPROCS: 2, MaxThreads: 64, Counts: []Count{{Group: groupPickup, What: "rate", Value: 50}},
+			GoVersion: "go1.26", NumCPU: 2, GOMAXPROCS: 2, GC: describeGC(200, false), MaxThreads: 64, Counts: []Count{{Group: groupPickup, What: "rate", Value: 50}},
 			Load: []PhaseLoad{{Phase: "start", Load1: 1.25}, {Phase: groupPickup, Load1: 2}}},
 		Pickup:     &PickupReport{Rows: rows, FloorSteps: steps, Ratios: pickupRatios(rows)},
 		Throughput: &ThroughputReport{Rows: drains, Ratios: throughputRatios(drains)},
@@ -270,7 +270,7 @@ func TestRenderTable(t *testing.T) {
 	for _, want := range []string{
 		"disbatch-bench (quick run, 2026-01-02T03:04:05Z, took 42 s)",
 		"6.0.5, replica set of 1 member(s)",
-		"2 cores (runtime.NumCPU)", "1-minute load average (/proc/loadavg) at start 1.2, after pickup 2.0",
+		"2 cores (runtime.NumCPU), GOMAXPROCS 2", "GOGC 200 (disbatchd's default, internal/gctarget); node processes likewise", "1-minute load average (/proc/loadavg) at start 1.2, after pickup 2.0",
 		"PICKUP LATENCY", "PICKUP FLOOR", "PICKUP RATIOS", "node (change streams, majority) / floor",
 		"THROUGHPUT", "no: drain timeout", "THROUGHPUT RATIOS", "1 node / ceiling: raw batched loop, 1 claimer x 64",
 		"PROJECTION LAG", "SCALE", "NODE PROCESS MEMORY",
