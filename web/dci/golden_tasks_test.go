@@ -229,6 +229,21 @@ func TestGoldenTasks(t *testing.T) {
 			want: `[{"_id":{"$oid":"5d0000000000000000000003"},"status":-1},{"_id":{"$oid":"5d0000000000000000000004"},"status":0}]`},
 		{name: "pretty count", method: "GET", path: "/tasks", ctype: "json", body: `{"queue":"{{q1}}",".count":1,".pretty":1}`, status: 200, want: "{\n   \"count\" : 7\n}\n"},
 		{name: "bad ObjectId (4.103: 500)", method: "GET", path: "/tasks?queue=xyz", status: 400, want: `{"error":"queue \"xyz\" is not an ObjectId"}`},
+		// Every key given counts for the indexes; "", null and false are
+		// then left out of the query, and true is 1 (Perl's reading), as
+		// the real 4.103 answered on these statuses.
+		{name: "4.103's query form: empty fields sent", method: "GET", path: "/tasks?id=&node=&status=1&queue=&.count=1", status: 200, want: `{"count":2}`},
+		{name: "an empty queue still indexes status", method: "GET", path: "/tasks", ctype: "json", body: `{"queue":"","status":1,".count":1}`, status: 200, want: `{"count":2}`},
+		{name: "an empty status alone is not indexed", method: "GET", path: "/tasks", ctype: "json", body: `{"status":""}`, status: 400,
+			want: `{"error":"non-indexed params given",` + tasksIndexes + `,"invalid_params":["status"],"path":"/tasks","title":"Disbatch Tasks Query"}`},
+		{name: "null is left out", method: "GET", path: "/tasks", ctype: "json", body: `{"queue":"{{q1}}","node":null,".count":1}`, status: 200, want: `{"count":7}`},
+		{name: "false is left out", method: "GET", path: "/tasks", ctype: "json", body: `{"queue":"{{q1}}","status":false,".count":1}`, status: 200, want: `{"count":7}`},
+		{name: "true is 1", method: "GET", path: "/tasks", ctype: "json", body: `{"queue":"{{q1}}","status":true,".count":1}`, status: 200, want: `{"count":2}`},
+		{name: "true in an array is 1", method: "GET", path: "/tasks", ctype: "json", body: `{"queue":"{{q1}}","status":[true],".count":1}`, status: 200, want: `{"count":2}`},
+		{name: "id null, a limit", method: "GET", path: "/tasks", ctype: "json", body: `{"id":null,".limit":1,".fields":["status"]}`, status: 200,
+			want: `{"_id":{"$oid":"5d0000000000000000000001"},"status":-6}`},
+		{name: "an empty array (4.103: 500)", method: "GET", path: "/tasks", ctype: "json", body: `{"queue":"{{q1}}","status":[]}`, status: 400, want: `{"error":"status must not be an empty array"}`},
+		{name: "queue true (4.103: 500)", method: "GET", path: "/tasks", ctype: "json", body: `{"queue":true}`, status: 400, want: `{"error":"queue true is not an ObjectId"}`},
 		// An object value is query operators, handed to MongoDB as 4.103
 		// hands it (its counts, checked against the real 4.103 on these
 		// statuses); where 4.103 answers 500 we answer 400 saying why, or,

@@ -341,14 +341,27 @@ func listsJSON(lists [][]string) []any {
 	return out
 }
 
+// emptyValue is a filter value 4.103 leaves out of the query (Perl's
+// v eq ''): "", null and false.
+func emptyValue(v any) bool {
+	return v == nil || v == "" || v == false
+}
+
 // filterValue converts one query value: ObjectIds for id and queue,
-// numbers for what looks like one.
+// numbers for what looks like one (true and false among them, as Perl
+// reads them: 1 and 0).
 func filterValue(key string, v any) (any, error) {
 	switch x := v.(type) {
 	case nil:
 		return nil, nil
 	case bool:
-		return x, nil
+		if key == "id" || key == "queue" {
+			return nil, fmt.Errorf("%s %v is not an ObjectId", key, x)
+		}
+		if x {
+			return int32(1), nil
+		}
+		return int32(0), nil
 	case json.Number:
 		return toBSON(x, 0)
 	case map[string]any:
@@ -519,11 +532,11 @@ func (h *Handler) tasksQuery(w http.ResponseWriter, r *http.Request, _ map[strin
 		htmlPage(w, http.StatusOK, pageData{H1: "Disbatch Tasks Query", Form: form})
 		return
 	}
+	// Every key given counts for the indexes, whatever its value (4.103's
+	// own query form sends its empty fields too); an empty one is then
+	// left out of the query.
 	given := map[string]bool{}
 	for _, k := range p.keys {
-		if s, ok := p.fields[k].(string); ok && s == "" {
-			continue
-		}
 		given[k] = true
 	}
 	var invalid []any
@@ -540,7 +553,7 @@ func (h *Handler) tasksQuery(w http.ResponseWriter, r *http.Request, _ map[strin
 	}
 	var terms bson.A
 	for _, k := range p.keys {
-		if !given[k] {
+		if emptyValue(p.fields[k]) {
 			continue
 		}
 		field := k
@@ -550,6 +563,10 @@ func (h *Handler) tasksQuery(w http.ResponseWriter, r *http.Request, _ map[strin
 		vals, isList := p.fields[k].([]any)
 		if !isList {
 			vals = []any{p.fields[k]}
+		}
+		if len(vals) == 0 {
+			fail(http.StatusBadRequest, obj{"error": k + " must not be an empty array"})
+			return
 		}
 		var or bson.A
 		for _, v := range vals {
