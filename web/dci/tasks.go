@@ -341,8 +341,8 @@ func listsJSON(lists [][]string) []any {
 	return out
 }
 
-// emptyValue is a filter value 4.103 leaves out of the query (Perl's
-// v eq ''): "", null and false.
+// emptyValue is a filter value 4.103 leaves out of the query (one Perl
+// compares equal to the empty string): "", null and false.
 func emptyValue(v any) bool {
 	return v == nil || v == "" || v == false
 }
