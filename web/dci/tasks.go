@@ -405,6 +405,9 @@ var filterOperators = map[string]string{
 // as their plain values are; other arguments keep their JSON types, as in
 // 4.103 ({"$lte":"0"} compares a string).
 func filterObject(key string, x map[string]any, depth int) (any, error) {
+	if depth > maxParamsDepth {
+		return nil, fmt.Errorf("%s nested more than %d deep", key, maxParamsDepth)
+	}
 	var ops, plain []string
 	for k := range x {
 		if strings.HasPrefix(k, "$") {
@@ -413,6 +416,8 @@ func filterObject(key string, x map[string]any, depth int) (any, error) {
 			plain = append(plain, k)
 		}
 	}
+	sort.Strings(ops)
+	sort.Strings(plain)
 	switch {
 	case len(ops) == 0 && (key == "id" || key == "queue"):
 		return nil, fmt.Errorf("%s must be an ObjectId, an array of them, or an object of query operators", key)
@@ -421,7 +426,6 @@ func filterObject(key string, x map[string]any, depth int) (any, error) {
 	case len(plain) > 0:
 		return nil, fmt.Errorf("%s mixes query operators (%s) with fields (%s) in one object", key, ops[0], plain[0])
 	}
-	sort.Strings(ops)
 	d := make(bson.D, 0, len(ops))
 	for _, op := range ops {
 		var val any
