@@ -246,11 +246,13 @@ func schedWeights(t *testing.T, s *faultSuite) {
 	// On a loaded machine (a CI dry run: load 30, supervised starts slow)
 	// few had freed by the warm-up's end, and the window sampled the first
 	// fill (w1 0.216). Sample once the slots have turned over: as many
-	// tasks finished as 1.5 times the slots, which an unloaded run has
-	// about by the warm-up's end anyway.
+	// tasks finished as 2.5 times the slots. At 1.5 times, a loaded run
+	// (a CI dry run, stop 35) still sampled the end of the first fill:
+	// w1 0.178 in the window's first quarter, 0.148-0.153 in the others,
+	// 0.158 on average, just outside the tolerance.
 	inQueues := bson.D{{Key: "$in", Value: ids}}
 	for time.Since(started) < schedWarmupMax &&
-		schedCount(t, c.db, bson.D{{Key: "queue", Value: inQueues}, {Key: "status", Value: bson.D{{Key: "$gt", Value: 0}}}}) < schedWeightSlots*3/2 {
+		schedCount(t, c.db, bson.D{{Key: "queue", Value: inQueues}, {Key: "status", Value: bson.D{{Key: "$gt", Value: 0}}}}) < schedWeightSlots*5/2 {
 		time.Sleep(200 * time.Millisecond)
 	}
 
@@ -340,7 +342,7 @@ func schedWeights(t *testing.T, s *faultSuite) {
 		}
 		nodes = append(nodes, node+"("+strings.Join(parts, " ")+")")
 	}
-	t.Logf("weights 1:2:4: mean shares %s (want %s), %d samples over %v after a warm-up of at least %v, until 1.5 times the slots had finished (%v from the nodes' start); "+
+	t.Logf("weights 1:2:4: mean shares %s (want %s), %d samples over %v after a warm-up of at least %v, until 2.5 times the slots had finished (%v from the nodes' start); "+
 		"held on average %.1f of %d slots; shares by quarter of the window %v; mean held by node %v; still queued at the end %v",
 		strings.Join(got, " "), strings.Join(want, " "), n, window.Round(time.Millisecond), schedWarmup,
 		begin.Sub(started).Round(time.Millisecond), held/float64(n), schedWeightSlots, trend, strings.Join(nodes, " "), queued)
