@@ -471,7 +471,8 @@ func filterObject(key string, x map[string]any, depth int) (any, error) {
 }
 
 // operatorArg converts one argument of a comparison: for id and queue an
-// ObjectId (a hex string or {"$oid"}) or null, else the JSON value.
+// ObjectId (a hex string or {"$oid"}, read as their plain values are) or
+// null, else the JSON value.
 func operatorArg(key, op string, v any) (any, error) {
 	if key != "id" && key != "queue" || v == nil {
 		switch v.(type) {
@@ -487,11 +488,7 @@ func operatorArg(key, op string, v any) (any, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: %s takes ObjectIds", key, op)
 	}
-	id, err := bson.ObjectIDFromHex(s)
-	if err != nil {
-		return nil, fmt.Errorf("%s %q is not an ObjectId", key, s)
-	}
-	return id, nil
+	return filterValue(key, s) // as a plain value of id or queue
 }
 
 func operatorNames() []string {
