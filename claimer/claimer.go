@@ -173,7 +173,7 @@ type Claimer struct {
 	// node null (Disbatch 4.103's unclaimed) besides node -1, which
 	// costs MongoDB a walk over the queue's just-claimed index entries
 	// (store.claimFilter). noNull[q] is q's generation (genOf: nullGen
-	// and queueGen[q]) at which a claim of q read candidates without
+	// plus queueGen[q]) at which a claim of q read candidates without
 	// one, or found the queue empty; q's claims leave node null out while
 	// that generation has not moved since. nullGen moves on the tick and
 	// on WakeAll, queueGen[q] on every event that queues a task in q
@@ -613,11 +613,11 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 // read did not return (deleted, or no longer served by this node), so a
 // node that outlives many short-lived queues does not keep an entry for
 // each. A queue served again starts afresh: not known to be empty, no
-// spread, node null looked for. Their generations go too. No claim is
-// in flight meanwhile (claims and this run in the loop goroutine, and a
-// claim records what it saw before its tasks are dispatched); still,
-// when an entry of noNull goes, nullGen moves, so that a generation
-// recorded before cannot come back. The loop goroutine.
+// spread, node null looked for. Its noNull and queueGen entries go
+// together, and no claim of it is in flight meanwhile (claims and this
+// run in the loop goroutine, and a claim records what it saw before its
+// tasks are dispatched): so no generation recorded before can meet the
+// queue's generation after. The loop goroutine.
 func (c *Claimer) forget() {
 	served := func(id bson.ObjectID) bool { _, ok := c.queues[id]; return ok }
 	maps.DeleteFunc(c.empty, func(id bson.ObjectID, _ bool) bool { return !served(id) })
@@ -626,12 +626,8 @@ func (c *Claimer) forget() {
 	c.slots.forget(served)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := len(c.noNull)
 	maps.DeleteFunc(c.noNull, func(id bson.ObjectID, _ noNull) bool { return !served(id) })
 	maps.DeleteFunc(c.queueGen, func(id bson.ObjectID, _ uint64) bool { return !served(id) })
-	if len(c.noNull) < n {
-		c.nullGen++
-	}
 }
 
 // reread replaces the queues of open by their last read, leaving out those
@@ -952,7 +948,7 @@ const ClaimTimeout = 10 * time.Second
 // queue's generation gen (genOf): no task with node null among its
 // candidates, or (empty) no task at all; and the fifo claims' bound.
 type noNull struct {
-	gen   generation
+	gen   uint64
 	empty bool
 	from  bson.ObjectID
 }
@@ -961,7 +957,7 @@ type noNull struct {
 // generation it decided at, and whether the queue was empty at that gen.
 type nullChoice struct {
 	skip, wasEmpty bool
-	gen            generation
+	gen            uint64
 	from           bson.ObjectID // the claim's lower bound (fifo, with skip)
 }
 
@@ -980,15 +976,10 @@ func (c *Claimer) nullChoice(q bson.ObjectID, with, fromHead bool) nullChoice {
 	return nc
 }
 
-// generation is a queue's generation (see Claimer.nullGen).
-type generation struct{ null, queue uint64 }
-
-// genOf is q's generation: it moves whenever nullGen or queueGen[q] does.
-// nullGen never goes down; queueGen[q] does only when forget drops it,
-// with q's entry in noNull (and then nullGen moves). Under c.mu.
-func (c *Claimer) genOf(q bson.ObjectID) generation {
-	return generation{c.nullGen, c.queueGen[q]}
-}
+// genOf is q's generation (see Claimer.nullGen): it moves whenever
+// nullGen or queueGen[q] does, as neither goes down while noNull[q] is
+// kept (forget drops both of q's entries at once). Under c.mu.
+func (c *Claimer) genOf(q bson.ObjectID) uint64 { return c.nullGen + c.queueGen[q] }
 
 // nullSeen records what a claim of q that looked for node null too read:
 // nullNode candidates with node null, or (empty) nothing at all. None
