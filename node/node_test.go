@@ -209,7 +209,7 @@ func TestNodesRunEveryTaskExactlyOnce(t *testing.T) {
 	for _, nodes := range []int{2, 5} {
 		t.Run(fmt.Sprintf("%d nodes", nodes), func(t *testing.T) {
 			b := setup(t)
-			b.rec.sleep = time.Millisecond
+			b.rec.sleep = 5 * time.Millisecond
 			q := b.queue("work", "test", 4, schema.SortFIFO)
 			ids := b.tasks(q, 2000, nil)
 			for i := range nodes {
