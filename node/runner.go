@@ -600,7 +600,8 @@ func (r *runner) complete(log *slog.Logger, q claimer.Queue, t schema.Task, runC
 	r.ran(t.ID)
 	steps.ran(res)
 	fp := store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
-		Reason: reason, Claimed: claimed, Started: started, Extra: res.Extra, Output: res.Output, Then: q.Sched.Then}
+		Reason: reason, Claimed: claimed, Started: started, Extra: res.Extra, Output: res.Output, Then: q.Sched.Then,
+		Attempt: t.Control.Attempt + 1}
 	if fp.Retry = r.retry(q, t, res.Status, reason); fp.Retry != nil {
 		wait := fp.Retry.NotBefore.Sub(r.clock.Now()).Round(time.Millisecond)
 		log.Info("task failed; retrying it", "try", fp.Retry.Tries, "retries", q.Control.Retries, "in", wait)
@@ -719,7 +720,8 @@ func (r *runner) runWritingResult(log *slog.Logger, q claimer.Queue, t schema.Ta
 	default: // running: it died, or was killed
 		res := plugin.Result{Status: schema.StatusFailed, Stderr: why + "\n"}
 		steps.ran(res)
-		fp := store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: schema.StatusFailed, Stderr: res.Stderr, Reason: reason}
+		fp := store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: schema.StatusFailed, Stderr: res.Stderr, Reason: reason,
+			Attempt: t.Control.Attempt + 1}
 		err := r.write(log, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
 		steps.finished(res, err)
 		if err != nil {

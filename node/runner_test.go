@@ -2,8 +2,11 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +20,7 @@ import (
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/supervisor"
 )
 
 // orderStore is a runner's store that only records the order of what the
@@ -25,6 +29,7 @@ type orderStore struct {
 	runnerStore // the methods not overridden are never called here
 	mu          sync.Mutex
 	steps       []string
+	finishes    []store.TaskFinishParams
 }
 
 func (s *orderStore) step(name string) {
@@ -40,6 +45,9 @@ func (s *orderStore) TaskStartMany(_ context.Context, ps []store.TaskTransitionP
 
 func (s *orderStore) TaskFinishMany(_ context.Context, ps []store.TaskFinishParams) []error {
 	s.step("finish")
+	s.mu.Lock()
+	s.finishes = append(s.finishes, ps...)
+	s.mu.Unlock()
 	return make([]error, len(ps))
 }
 
@@ -89,6 +97,52 @@ func TestTheSlotIsFreeOnceThePluginIsDone(t *testing.T) {
 		r.dispatch(q, task, claimer.Timing{End: time.Now()})
 		r.wg.Wait()
 		require.Equal(t, want, st.steps, "capped %v", capped)
+	}
+}
+
+// TestTheFinishIsGuardedByTheAttemptRun: a task claimed with two attempts
+// ended runs as attempt 3, and its finish says so, so that it cannot land
+// on a later claim of the task by this node (store.TaskFinishParams.Attempt).
+func TestTheFinishIsGuardedByTheAttemptRun(t *testing.T) {
+	st := &orderStore{}
+	reg := plugin.NewRegistry()
+	var ran atomic.Int64
+	reg.Register("P", plugin.Func(func(_ context.Context, pt plugin.Task) plugin.Result {
+		ran.Store(int64(pt.Attempt))
+		return plugin.Result{Status: schema.StatusSucceeded}
+	}))
+	r := newRunner(runnerConfig{Name: "n1", Store: st, Plugins: reg, Observer: noObserver{}}, func(bson.ObjectID) {}, nil, slog.New(slog.DiscardHandler))
+	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "P", MaxThreads: 1}
+	task := schema.Task{ID: bson.NewObjectID(), Queue: q.ID, Node: "n1", Status: schema.StatusClaimed}
+	task.Control.Attempt = 2
+	r.dispatch(q, task, claimer.Timing{End: time.Now()})
+	r.wg.Wait()
+	require.Equal(t, int64(3), ran.Load(), "the plugin's attempt")
+	require.Len(t, st.finishes, 1)
+	require.Equal(t, 3, st.finishes[0].Attempt, "the finish's guard")
+}
+
+// TestAdoptionNeedsTheSupervisedAttempt: a restarted node adopts a
+// supervised task only while the task's attempt is the one its supervisor
+// runs (a spec without one counts as the same); a later attempt is a new
+// claim, not the supervisor's.
+func TestAdoptionNeedsTheSupervisedAttempt(t *testing.T) {
+	dir := t.TempDir()
+	r := newRunner(runnerConfig{Name: "n1", Store: &orderStore{}, Observer: noObserver{}, Supervise: &supervisor.Launcher{Dir: dir}},
+		func(bson.ObjectID) {}, nil, slog.New(slog.DiscardHandler))
+	task := schema.Task{ID: bson.NewObjectID(), Node: "n1", Status: schema.StatusRunning}
+	task.Control.Attempt = 1
+	spec := func(attempt int) {
+		b, err := json.Marshal(supervisor.Spec{Node: "n1", TaskID: task.ID.Hex(), Finish: supervisor.Finish{Attempt: attempt}})
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, task.ID.Hex()+".spec"), b, 0o600))
+	}
+	for _, c := range []struct {
+		attempt int
+		want    bool
+	}{{2, true}, {0, true}, {1, false}, {3, false}} {
+		spec(c.attempt)
+		require.Equal(t, c.want, r.sameAttempt(r.log, task), "supervised attempt %d, the task's 2", c.attempt)
 	}
 }
 

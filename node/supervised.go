@@ -100,7 +100,7 @@ func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.
 	spec := supervisor.Spec{
 		Node: r.cfg.Name, TaskID: t.ID.Hex(), Plugin: named, Command: command, PluginTimeout: r.cfg.PluginTimeout,
 		FenceAfter: r.cfg.FenceAfter, DeadAfter: r.cfg.DeadAfter, Mongo: r.cfg.SuperviseMongo,
-		Finish: supervisor.Finish{Claimed: claimed, Started: started, Then: q.Sched.Then},
+		Finish: supervisor.Finish{Claimed: claimed, Started: started, Then: q.Sched.Then, Attempt: pt.Attempt},
 	}
 	if r.cfg.aliveAt != nil {
 		spec.Alive = r.cfg.aliveAt()
@@ -312,7 +312,7 @@ func (r *runner) adopt(ctx context.Context, st adoptStore, hs map[bson.ObjectID]
 		var t schema.Task
 		if ok && s.Found && s.Node == r.cfg.Name && s.Status == schema.StatusRunning {
 			t, err = st.TaskGet(ctx, id)
-			ok = err == nil
+			ok = err == nil && r.sameAttempt(log, t)
 		} else {
 			ok = false
 		}
@@ -351,6 +351,19 @@ func (r *runner) adopt(ctx context.Context, st adoptStore, hs map[bson.ObjectID]
 	if adopted > 0 {
 		r.log.Info("adopted the previous run's running tasks", "tasks", adopted)
 	}
+}
+
+// sameAttempt reports whether t's attempt is the one its supervisor runs
+// (as its spec says; a spec from before attempts were written says
+// nothing, and counts as the same): this node may have lost the run (its
+// task recovered as a dead node's and rerun) and claimed the task again.
+func (r *runner) sameAttempt(log *slog.Logger, t schema.Task) bool {
+	spec, err := supervisor.ReadSpec(r.cfg.Supervise.Dir, t.ID.Hex())
+	if err != nil || spec.Finish.Attempt == 0 || spec.Finish.Attempt == t.Control.Attempt+1 {
+		return true // an unreadable spec fails the adopted task's result later, as before
+	}
+	log.Warn("a supervisor runs an earlier attempt of its task than the one this node now holds", "supervised_attempt", spec.Finish.Attempt, "attempt", t.Control.Attempt+1)
+	return false
 }
 
 // resume finishes an adopted task as run does one it started.

@@ -105,11 +105,9 @@ func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now time
 		bson.D{{Key: "$set", Value: set}},
 		bson.D{{Key: "$unset", Value: pipedField}},
 	}
-	filter := bson.D{
-		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
-		{Key: schema.TaskNode, Value: ps[0].Node},
-		{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
-	}
+	filter := append(pipedIDs(ps, ids),
+		bson.E{Key: schema.TaskNode, Value: ps[0].Node},
+		bson.E{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)})
 	res, err := s.tasks.UpdateMany(ctx, filter, pipeline)
 	if we := (mongo.WriteException{}); errors.As(err, &we) && len(we.WriteErrors) > 0 {
 		for i, c := range changes {
@@ -122,4 +120,38 @@ func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now time
 		matched = res.MatchedCount
 	}
 	return s.guardedResolve(ctx, "finish", ws, ids, matched, err)
+}
+
+// pipedIDs is the part of a piped finish's filter that names its tasks
+// (ids, in ps's order), each guarded by its Attempt (attemptGuard): one
+// $in when every finish has the same attempt, as is usual (a batch of
+// first attempts), else a $in per attempt under $or.
+func pipedIDs(ps []TaskFinishParams, ids bson.A) bson.D {
+	var attempts []int
+	for _, p := range ps {
+		if !slices.Contains(attempts, p.Attempt) {
+			attempts = append(attempts, p.Attempt)
+		}
+	}
+	of := func(attempt int, ids bson.A) bson.D {
+		f := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}
+		if attempt > 0 {
+			f = append(f, attemptGuard(attempt))
+		}
+		return f
+	}
+	if len(attempts) == 1 {
+		return of(attempts[0], ids)
+	}
+	or := make(bson.A, len(attempts))
+	for i, a := range attempts {
+		var some bson.A
+		for j, p := range ps {
+			if p.Attempt == a {
+				some = append(some, ids[j])
+			}
+		}
+		or[i] = of(a, some)
+	}
+	return bson.D{{Key: "$or", Value: or}}
 }

@@ -828,6 +828,9 @@ type guardedWrite struct {
 	from, to schema.Status
 	guard    bson.D // more conditions, beyond {_id, node, status: from}
 	update   bson.D
+	// attempt, when set, guards a finish by its attempt (attemptGuard);
+	// the write counts as landed only where the task's attempt is it.
+	attempt int
 	// handsBack: the write leaves the task unclaimed (node -1).
 	handsBack bool
 }
@@ -840,7 +843,20 @@ func (w guardedWrite) filter(ids bson.A) bson.D {
 		f = bson.D{{Key: "_id", Value: w.p.ID}}
 	}
 	f = append(f, bson.E{Key: schema.TaskNode, Value: w.p.Node}, bson.E{Key: schema.TaskStatus, Value: int32(w.from)})
+	if w.attempt > 0 {
+		f = append(f, attemptGuard(w.attempt))
+	}
 	return append(f, w.guard...)
+}
+
+// attemptGuard is the condition that attempt (1 for the first) is the
+// task's current one: attempt-1 attempts ended (none: the field missing,
+// null or 0).
+func attemptGuard(attempt int) bson.E {
+	if attempt <= 1 {
+		return bson.E{Key: schema.TaskAttempt, Value: bson.D{{Key: "$in", Value: bson.A{nil, 0}}}}
+	}
+	return bson.E{Key: schema.TaskAttempt, Value: attempt - 1}
 }
 
 // guardedMany writes ws together. With uniform (every write has the same
@@ -923,13 +939,14 @@ func (s *Store) guardedResolve(ctx context.Context, what string, ws []guardedWri
 	// Some guards failed: the tasks' states say which.
 	cur, err := s.tasks.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}},
 		options.Find().SetProjection(bson.D{{Key: schema.TaskNode, Value: 1}, {Key: schema.TaskStatus, Value: 1},
-			{Key: schema.TaskKill, Value: 1}, {Key: schema.TaskExpiresAt, Value: 1}}))
+			{Key: schema.TaskKill, Value: 1}, {Key: schema.TaskExpiresAt, Value: 1}, {Key: schema.TaskAttempt, Value: 1}}))
 	var docs []struct {
 		ID        bson.ObjectID `bson:"_id"`
 		Node      any           `bson:"node"`
 		Status    any           `bson:"status"`
 		Kill      any           `bson:"kill"`
 		ExpiresAt any           `bson:"expires_at"`
+		Attempt   any           `bson:"attempt"`
 	}
 	if err == nil {
 		err = cur.All(ctx, &docs)
@@ -945,10 +962,11 @@ func (s *Store) guardedResolve(ctx context.Context, what string, ws []guardedWri
 		status  int64
 		kill    bool
 		expires time.Time
+		attempt int64 // ended attempts
 	}
 	now := make(map[bson.ObjectID]state, len(docs))
 	for _, d := range docs {
-		st := state{status: math.MinInt64, kill: d.Kill != nil}
+		st := state{status: math.MinInt64, kill: d.Kill != nil, attempt: -1}
 		st.node, _ = d.Node.(string)
 		if dt, ok := d.ExpiresAt.(bson.DateTime); ok {
 			st.expires = dt.Time()
@@ -959,6 +977,14 @@ func (s *Store) guardedResolve(ctx context.Context, what string, ws []guardedWri
 		case int64:
 			st.status = v
 		}
+		switch v := d.Attempt.(type) {
+		case int32:
+			st.attempt = int64(v)
+		case int64:
+			st.attempt = v
+		case float64:
+			st.attempt = int64(v)
+		}
 		now[d.ID] = st
 	}
 	for i, w := range ws {
@@ -968,8 +994,9 @@ func (s *Store) guardedResolve(ctx context.Context, what string, ws []guardedWri
 			wantNode = ""
 		}
 		switch {
-		case ok && st.node == wantNode && st.status == int64(w.to):
-			// written, by this write or an earlier attempt of it
+		case ok && st.node == wantNode && st.status == int64(w.to) && (w.attempt == 0 || st.attempt == int64(w.attempt)):
+			// written, by this write or an earlier attempt of it (a
+			// finish guarded by its attempt counted that attempt)
 		case ok && w.guard != nil && st.node == w.p.Node && st.status == int64(w.from) && st.kill:
 			errs[i] = fmt.Errorf("%s task %s on node %s: %w", what, w.p.ID.Hex(), w.p.Node, ErrKillRequested)
 		case ok && w.guard != nil && st.node == w.p.Node && st.status == int64(w.from) && !st.expires.IsZero():
@@ -993,6 +1020,14 @@ type TaskFinishParams struct {
 	Reason string
 	// Claimed and Started, when known, go into the attempt's record.
 	Claimed, Started time.Time
+	// Attempt, when set, is the attempt the result is of (plugin.Task's
+	// Attempt: the task's ended attempts when it was claimed, plus one):
+	// the finish lands only while that many minus one have ended. Node and
+	// status alone cannot tell a node's claims of one task apart: a run
+	// the node lost (its task recovered as a dead node's, rerun as the next
+	// attempt) and claimed again must not end the new claim's attempt with
+	// its result. 0: not guarded (a supervisor's spec from before it).
+	Attempt int
 	// Retry, when set, sends the task back for another attempt instead of
 	// finishing it: held (-4) until NotBefore, or queued (-2) when that is
 	// not in the future, with its tries counted.
@@ -1152,7 +1187,7 @@ func (c finishChange) operators() bson.D {
 
 // guarded is the guarded write of c on p's task, without its update.
 func (c finishChange) guarded(p TaskFinishParams) guardedWrite {
-	return guardedWrite{p: TaskTransitionParams{ID: p.ID, Node: p.Node}, from: schema.StatusRunning, to: c.to, handsBack: c.handsBack}
+	return guardedWrite{p: TaskTransitionParams{ID: p.ID, Node: p.Node}, from: schema.StatusRunning, to: c.to, handsBack: c.handsBack, attempt: p.Attempt}
 }
 
 // attemptRecord is the entry of p's attempt in the task's attempts.

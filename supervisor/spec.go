@@ -57,6 +57,9 @@ type Mongo struct {
 type Finish struct {
 	Claimed, Started time.Time
 	Then             string
+	// Attempt is the run's attempt (store.TaskFinishParams.Attempt; 0
+	// in a spec written before it, and then not guarded).
+	Attempt int
 	// RetryTries is the try a failure becomes (0: no retry left), after
 	// RetryDelay.
 	RetryTries int

@@ -68,6 +68,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
 		{"TaskGuardedTransitions", testTaskGuarded},
 		{"TaskStartFinishManyGuardEach", testTaskStartFinishMany},
+		{"TaskFinishGuardedByAttempt", testTaskFinishGuardedByAttempt},
 		{"TaskListClaimedAndUnstart", testTaskListClaimedUnstart},
 		{"TaskClaimStraightIntoRunning", testTaskClaimStart},
 		{"TaskFinishGridFS", testTaskFinishGridFS},

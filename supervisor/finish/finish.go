@@ -70,7 +70,8 @@ func Write(ctx context.Context, dir, id string, log *slog.Logger) error {
 	}
 	f := spec.Finish
 	fp := store.TaskFinishParams{ID: taskID, Node: spec.Node, Status: res.Status, Stdout: res.Stdout, Stderr: res.Stderr,
-		Reason: o.Reason, Claimed: f.Claimed, Started: f.Started, Extra: res.Extra, Output: res.Output, Then: f.Then}
+		Reason: o.Reason, Claimed: f.Claimed, Started: f.Started, Extra: res.Extra, Output: res.Output, Then: f.Then,
+		Attempt: f.Attempt}
 	if res.Status >= schema.StatusFailed && o.Reason != schema.ReasonKilled && f.RetryTries > 0 {
 		fp.Retry = &store.TaskRetryAt{NotBefore: time.Now().Add(f.RetryDelay), Tries: f.RetryTries}
 	}
