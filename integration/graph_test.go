@@ -764,7 +764,17 @@ printf '{"status": 1, "stdout": "emitted\\n", "output": [%s]}\n' %s
 	t.Logf("then: %d source tasks: %d succeeded (%d then tasks each), %d did not; drained %v after the kill; "+
 		"the leader's sweep chained %d outputs, %d of them already partly chained by their node (%d tasks existed)",
 		len(sources), succeeded, dagThenItems, notSucceeded, drained.Round(time.Millisecond), swept, sweptExisting, existed)
-	require.True(t, sweptKilled, "the leader's sweep did not chain %s, whose node was killed before chaining it", killed.Hex())
+	if !sweptKilled {
+		// It flaked once with its then tasks there: what the logs say of it.
+		var about []string
+		for _, line := range strings.Split(c.logs(), "\n") {
+			if strings.Contains(line, killed.Hex()) {
+				about = append(about, line)
+			}
+		}
+		t.Fatalf("the leader's sweep did not chain %s, whose node was killed before chaining it; its then tasks: %d; the logs about it:\n%s",
+			killed.Hex(), len(dagTasks(t, c.db, bson.D{{Key: "chained_from", Value: killed}})), strings.Join(about, "\n"))
+	}
 }
 
 // dagWaitRunning waits until node runs at least one task.
