@@ -55,6 +55,10 @@ type StreamParams struct {
 	// itself (e.g. in a transaction with what it derived from the events).
 	Checkpoint bool
 	SaveEvery  time.Duration // default 1 s
+	// Present starts at the present even when a position is saved under
+	// Name (with Checkpoint, positions are saved from there): for a
+	// caller that re-reads the database for what it skipped.
+	Present bool
 	// From is where to start without a saved checkpoint; zero: now.
 	From Position
 	// MaxAwait is how long the server holds a getMore with nothing new
@@ -187,7 +191,7 @@ func (s *Store) StreamOpen(ctx context.Context, p StreamParams) (*StreamReader, 
 	r := &StreamReader{s: s, p: p, shape: shape, clock: clock.Or(p.Clock),
 		log: p.Logger.With("stream", p.Name, "profile", p.Profile.String())}
 	from := p.From
-	if p.Checkpoint {
+	if p.Checkpoint && !p.Present {
 		tok, err := s.StreamTokenGet(ctx, p.Name)
 		switch {
 		case err == nil:

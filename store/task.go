@@ -396,6 +396,10 @@ type TaskClaimManyResult struct {
 	// Lost: no tasks because other claimers won every task read, round
 	// after round; the queue may still hold some.
 	Lost bool
+	// Short: the claim's last round read fewer candidates than Limit,
+	// so the queue held fewer tasks to claim than were asked for (tasks
+	// lost to other claimers are not short of that).
+	Short bool
 	// Contended counts the tasks read as candidates that other claimers
 	// took between the read and the update, over every round: the
 	// claim's conflicts.
@@ -430,6 +434,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	var first bson.ObjectID
 	var won int64
 	contended := 0
+	short := false
 	window := p.Limit
 	if p.Spread > 1 {
 		window = min(p.Limit*p.Spread, MaxClaimBatch)
@@ -455,8 +460,9 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 			}
 		}
 		if len(cands) == 0 {
-			return TaskClaimManyResult{NullNode: nullNode, First: first}, nil
+			return TaskClaimManyResult{NullNode: nullNode, First: first, Short: true}, nil
 		}
+		short = len(cands) < p.Limit
 		cands = pickInOrder(cands, p.Limit)
 		ids = make(bson.A, len(cands))
 		for i, c := range cands {
@@ -477,7 +483,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		contended += len(cands) - int(won)
 	}
 	out, err := s.readBackClaimed(ctx, p.Queue, p.Node, ids, token, p.Sort, claimTo(p.Start))
-	out.Contended, out.NullNode, out.First = contended, nullNode, first
+	out.Contended, out.NullNode, out.First, out.Short = contended, nullNode, first, short
 	return out, err
 }
 

@@ -1030,6 +1030,7 @@ func testTaskClaimMany(t *testing.T, newStore Factory) {
 		}
 		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: sort, Limit: 4})
 		require.NoError(t, err)
+		require.False(t, res.Short, "the queue held more than asked")
 		var got []bson.ObjectID
 		for _, task := range res.Tasks {
 			require.Equal(t, schema.StatusClaimed, task.Status)
@@ -1048,12 +1049,14 @@ func testTaskClaimMany(t *testing.T, newStore Factory) {
 		rest, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n2", Sort: sort, Limit: 100})
 		require.NoError(t, err)
 		require.Len(t, rest.Tasks, len(want)-4-len(rest.Malformed))
+		require.True(t, rest.Short, "the queue held fewer than asked")
 		for _, task := range rest.Tasks {
 			require.Equal(t, "n2", task.Node)
 		}
 		empty, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: sort, Limit: 4})
 		require.NoError(t, err)
 		require.Empty(t, empty.Tasks)
+		require.True(t, empty.Short)
 		require.Equal(t, "other", rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: ids[1]}}).Lookup("node").StringValue(), "another node's claim is left alone")
 	}
 	_, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: bson.NewObjectID(), Node: "n1", Limit: 0})

@@ -273,6 +273,20 @@ func testStreamCheckpointAndPositions(t *testing.T, newStore Factory) {
 	g.next(isOp("insert", schema.CollTasks, missed[0]))
 	h := openStream(t, s, store.StreamParams{Profile: store.StreamWakeups, From: store.Position{Time: ev.ClusterTime}})
 	h.next(isOp("insert", schema.CollTasks, missed[0]))
+
+	// Present: from now, whatever is saved, and saving from there.
+	f.r.Close()
+	skipped := insertTasks(t, s, q.ID, 1)[0]
+	pp := p
+	pp.Present = true
+	f = openStream(t, s, pp)
+	later := insertTasks(t, s, q.ID, 1)[0]
+	ev = f.next(func(ev store.ChangeEvent) bool { return ev.Op == "insert" })
+	require.Equal(t, later, ev.ID.ObjectID(), "the first event after the open, not %s written before it", skipped.Hex())
+	f.r.Close()
+	tok, err = s.StreamTokenGet(ctxT(t), "cp")
+	require.NoError(t, err)
+	require.Equal(t, ev.Token, tok, "saved from the present on")
 }
 
 func testStreamLostPositionFollowsThePresent(t *testing.T, newStore Factory) {
