@@ -106,7 +106,20 @@ type Config struct {
 	Logger       *slog.Logger
 	// Passed, when set, is called after every pass (a test signal).
 	Passed func()
+	// Quiet, when set, hears whether the node needs wake-ups: true once
+	// every queue it serves has had a backlog for QuietAfter (its last
+	// claim got every task it asked for; none capped, claims not
+	// paused), when the claimer claims as its slots free up and a
+	// wake-up can tell it nothing; false as soon as one has not. Its
+	// change stream may close meanwhile (events.Stream.Quiet), and must
+	// be reopened with a Rescan: the claimer then tries every queue.
+	Quiet func(bool)
 }
+
+// QuietAfter is how long every queue must have had a backlog before
+// Config.Quiet hears true: a queue that runs dry now and then keeps its
+// node's wake-ups.
+const QuietAfter = 250 * time.Millisecond
 
 // DefaultBatch is the default Config.Batch: PERFORMANCE.md measured
 // batches of 64 near the best rate on a backlog.
@@ -208,6 +221,12 @@ type Claimer struct {
 	queues map[bson.ObjectID]Queue
 	order  []bson.ObjectID
 	empty  map[bson.ObjectID]bool // last claim found nothing
+	// backlog: the queue's last claim got every task it asked for; quiet
+	// is what Config.Quiet heard last, quietFrom since when every queue
+	// has had one (zero: not now).
+	backlog   map[bson.ObjectID]bool
+	quiet     bool
+	quietFrom time.Time
 	// reads counts the queue reads: a pass and a claim holding copies of
 	// queues read before the last take them from c.queues again.
 	reads int
@@ -245,6 +264,7 @@ func New(cfg Config) *Claimer {
 		wake:     make(chan struct{}, 1),
 		queues:   map[bson.ObjectID]Queue{},
 		empty:    map[bson.ObjectID]bool{},
+		backlog:  map[bson.ObjectID]bool{},
 		due:      map[bson.ObjectID]time.Time{},
 		spread:   map[bson.ObjectID]int{},
 		noNull:   map[bson.ObjectID]noNull{},
@@ -260,6 +280,8 @@ func (c *Claimer) Start(ctx context.Context) error {
 		c.mu.Lock()
 		c.dirty, c.all, c.refresh, c.changed = map[bson.ObjectID]bool{}, true, true, map[bson.ObjectID]bool{}
 		c.mu.Unlock()
+		// A new run's stream starts with its wake-ups.
+		c.backlog, c.quiet, c.quietFrom = map[bson.ObjectID]bool{}, false, time.Time{}
 		if c.cfg.Events != nil {
 			// Each topic gets its listener as soon as it is subscribed: the
 			// bus blocks a publisher (holding its subscriber lock) until every
@@ -399,7 +421,11 @@ func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.M
 			c.mu.Unlock()
 			c.signal()
 		case events.Rescan:
-			c.log.Info("rescan", "reason", ev.Reason)
+			level := slog.LevelInfo
+			if ev.Quiet {
+				level = slog.LevelDebug // routine: the stream was let go while the node had work in hand
+			}
+			c.log.Log(ctx, level, "rescan", "reason", ev.Reason)
 			c.WakeAll()
 		}
 	})
@@ -442,10 +468,47 @@ func (c *Claimer) loop(ctx context.Context) {
 			c.stats.WakePasses++
 		}
 		c.mu.Unlock()
+		c.noteQuiet()
 		if c.cfg.Passed != nil {
 			c.cfg.Passed()
 		}
 	}
+}
+
+// noteQuiet tells Config.Quiet whether every queue has had a backlog
+// for QuietAfter, when that changed (the loop goroutine: after each
+// claim, as one claim may drain a whole backlog, and after each pass).
+func (c *Claimer) noteQuiet() {
+	if c.cfg.Quiet == nil {
+		return
+	}
+	switch now := c.clock.Now(); {
+	case !c.backlogged():
+		c.quietFrom = time.Time{}
+		if c.quiet {
+			c.quiet = false
+			c.cfg.Quiet(false)
+		}
+	case c.quietFrom.IsZero():
+		c.quietFrom = now
+	case !c.quiet && now.Sub(c.quietFrom) >= QuietAfter:
+		c.quiet = true
+		c.cfg.Quiet(true)
+	}
+}
+
+// backlogged reports whether every queue served has a backlog that its
+// claims find for themselves.
+func (c *Claimer) backlogged() bool {
+	if len(c.order) == 0 || c.slots.isPaused() {
+		return false
+	}
+	for _, id := range c.order {
+		if c.queues[id].Sched.Capped() || !c.backlog[id] {
+			return false
+		}
+	}
+	return true
 }
 
 // newTask is a wake-up for one task queued in queue.
@@ -621,6 +684,7 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 func (c *Claimer) forget() {
 	served := func(id bson.ObjectID) bool { _, ok := c.queues[id]; return ok }
 	maps.DeleteFunc(c.empty, func(id bson.ObjectID, _ bool) bool { return !served(id) })
+	maps.DeleteFunc(c.backlog, func(id bson.ObjectID, _ bool) bool { return !served(id) })
 	maps.DeleteFunc(c.due, func(id bson.ObjectID, _ time.Time) bool { return !served(id) })
 	maps.DeleteFunc(c.spread, func(id bson.ObjectID, _ int) bool { return !served(id) })
 	c.slots.forget(served)
@@ -880,14 +944,16 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		var err error
 		// A capped claim (a transaction, rarer) always looks for both.
 		nc := c.nullChoice(q.ID, withNull || q.Sched.Capped(), fromHead)
+		short := false // the queue held fewer than got
 		switch {
 		case q.Sched.Capped():
-			won, _, err = c.claimMany(ctx, q, got, nc)
+			won, _, short, err = c.claimMany(ctx, q, got, nc)
 		case got == 1:
 			won, err = c.claimOne(ctx, q, nc)
+			short = won == 0
 		default:
 			var lost bool
-			won, lost, err = c.claimMany(ctx, q, got, nc)
+			won, lost, short, err = c.claimMany(ctx, q, got, nc)
 			if lost {
 				// Other nodes won every task the batch read, round after
 				// round: the atomic single claim tells whether the queue
@@ -896,6 +962,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 				release(got - 1)
 				got = 1
 				won, err = c.claimOne(ctx, q, nc)
+				short = won == 0
 			}
 		}
 		if err == nil && won == 0 && nc.skip && (!nc.wasEmpty || !nc.from.IsZero()) {
@@ -915,6 +982,8 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		}
 		withNull, fromHead = false, false // noNull decides again
 		n += won
+		c.backlog[q.ID] = err == nil && won > 0 && !short
+		c.noteQuiet() // a backlog may be drained in one long claim
 		switch {
 		case err != nil:
 			release(got - won)
@@ -1050,8 +1119,10 @@ func (c *Claimer) startAtClaim(q Queue) bool {
 }
 
 // claimMany claims up to limit tasks into slots already taken. lost: none,
-// because other nodes won every task it read (the queue may hold more).
-func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoice) (won int, lost bool, err error) {
+// because other nodes won every task it read (the queue may hold more);
+// short: the queue held fewer than limit (store.TaskClaimManyResult.Short;
+// a capped claim: it won fewer).
+func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoice) (won int, lost, short bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClaimTimeout)
 	defer cancel()
 	start := c.clock.Now()
@@ -1065,7 +1136,7 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 			c.mu.Lock()
 			c.stats.CapReached++
 			c.mu.Unlock()
-			return 0, false, nil
+			return 0, false, false, nil
 		}
 	} else {
 		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q),
@@ -1075,7 +1146,10 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 		}
 	}
 	if err != nil {
-		return 0, false, err
+		return 0, false, false, err
+	}
+	if q.Sched.Capped() {
+		res.Short = len(res.Tasks)+len(res.Malformed) < limit
 	}
 	switch sp := c.spread[q.ID]; {
 	case res.Contended > 0:
@@ -1104,5 +1178,5 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 	for i, t := range res.Malformed {
 		c.cfg.Malformed(q, t, res.Errors[i])
 	}
-	return len(res.Tasks) + len(res.Malformed), res.Lost, nil
+	return len(res.Tasks) + len(res.Malformed), res.Lost, res.Short, nil
 }

@@ -61,6 +61,7 @@ func (f *fakeStore) TaskClaimMany(ctx context.Context, p store.TaskClaimManyPara
 		var de *schema.DecodeError
 		switch {
 		case errors.Is(err, store.ErrNoTask):
+			res.Short = true
 			return res, nil
 		case errors.As(err, &de):
 			res.Malformed = append(res.Malformed, t)
@@ -747,6 +748,7 @@ func (b *batchStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParam
 	for ; b.left > 0 && len(res.Tasks) < p.Limit; b.left-- {
 		res.Tasks = append(res.Tasks, schema.Task{ID: bson.NewObjectID(), Queue: p.Queue, Node: p.Node, Status: schema.StatusClaimed})
 	}
+	res.Short = len(res.Tasks) < p.Limit
 	return res, nil
 }
 
@@ -1098,4 +1100,115 @@ func TestQueuesNoLongerServedAreForgotten(t *testing.T) {
 	kept := run(many)
 	require.GreaterOrEqual(t, kept, 2*len(many), "kept while served: empty, and node null's generation, at least")
 	require.LessOrEqual(t, run(many[:1]), kept/len(many), "one queue left: one queue's entries")
+}
+
+// TestQuietWhileEveryQueueHasABacklog: the node's wake-ups are let go
+// (Config.Quiet true) once every queue it serves has had a backlog for
+// QuietAfter, and wanted again (false) at the first claim that finds a
+// queue short; a queue without one, or a capped queue, keeps them.
+func TestQuietWhileEveryQueueHasABacklog(t *testing.T) {
+	t.Parallel()
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	var mu sync.Mutex
+	var heard []bool
+	said := func() []bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(heard)
+	}
+	q, other := queue("q", 2), queue("other", 2)
+	h := newHarness(t, func(c *claimer.Config) {
+		c.Clock = fake
+		c.Quiet = func(on bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			heard = append(heard, on)
+		}
+	}, q)
+	h.st.set(alwaysTask)
+	h.start()
+	h.pass()
+	require.Equal(t, 2, h.claimedCount(), "both slots taken")
+	require.Empty(t, said(), "a backlog, not yet for QuietAfter")
+	fake.Advance(claimer.QuietAfter - time.Millisecond)
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Empty(t, said(), "a backlog, for less than QuietAfter")
+	fake.Advance(time.Millisecond)
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Equal(t, []bool{true}, said(), "a backlog for QuietAfter")
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Equal(t, []bool{true}, said(), "said once")
+
+	// The queue runs dry: wake-ups are wanted again at once.
+	h.st.set(nil)
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Equal(t, []bool{true, false}, said(), "a claim found the queue short")
+
+	// Work again, beside a second queue that has none: not quiet.
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		if p.Queue == other.ID {
+			return schema.Task{}, store.ErrNoTask
+		}
+		return alwaysTask(ctx, p)
+	})
+	h.setQueues(q, other)
+	h.c.WakeAll()
+	h.pass()
+	fake.Advance(time.Hour)
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Equal(t, []bool{true, false}, said(), "the other queue has no backlog")
+
+	// A capped queue is never quiet: its room comes from other nodes'
+	// releases, which only wake-ups tell.
+	capped := queue("capped", 2)
+	capped.Sched.MaxRunning = 10
+	h.setQueues(capped)
+	h.st.set(alwaysTask)
+	h.c.WakeAll()
+	h.pass()
+	fake.Advance(time.Hour)
+	h.c.Finished(capped.ID)
+	h.pass()
+	require.Equal(t, []bool{true, false}, said(), "capped")
+}
+
+// TestQuietWithinOneLongPass: a backlog drained in one pass (each slot
+// freed as soon as its task is dispatched) lets the wake-ups go once it
+// has lasted QuietAfter, and wants them back when it runs out, before
+// the pass ends.
+func TestQuietWithinOneLongPass(t *testing.T) {
+	t.Parallel()
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	var mu sync.Mutex
+	var heard []bool
+	q := queue("q", 4)
+	var h *harness
+	h = newHarness(t, func(c *claimer.Config) {
+		c.Clock = fake
+		c.Quiet = func(on bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			heard = append(heard, on)
+		}
+		c.Dispatch = func(q claimer.Queue, _ schema.Task, _ claimer.Timing) { h.c.Finished(q.ID) }
+	}, q)
+	left := 40
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		if left == 0 {
+			return schema.Task{}, store.ErrNoTask
+		}
+		left--
+		fake.Advance(50 * time.Millisecond)
+		return alwaysTask(ctx, p)
+	})
+	h.start()
+	h.pass()
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []bool{true, false}, heard)
 }

@@ -68,6 +68,13 @@ func (s *slots) resume(reason PauseReason) bool {
 	return was
 }
 
+// isPaused reports whether a reason given to pause holds.
+func (s *slots) isPaused() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pauses) > 0
+}
+
 // take takes a slot of queue q whatever the caps.
 func (s *slots) take(q bson.ObjectID) {
 	s.mu.Lock()

@@ -71,9 +71,12 @@ type KillRequested struct {
 	Request schema.KillRequest `json:"request"`
 }
 
-// Rescan says events were lost: re-read the database.
+// Rescan says events were lost: re-read the database. Quiet: the stream
+// was closed while its node needed no wake-ups (Stream.Quiet), a routine
+// matter, not a fault.
 type Rescan struct {
 	Reason string `json:"reason"`
+	Quiet  bool   `json:"quiet,omitempty"`
 }
 
 // NewBus returns the in-process bus. Publishing blocks until every

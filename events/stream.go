@@ -42,6 +42,7 @@ type Stats struct {
 	Events  int64 // events published
 	Resumes int64 // times the stream was reopened after an error
 	Rescans int64 // rescans published
+	Quiets  int64 // quiet spells (Quiet): times the stream was closed
 }
 
 // Stream follows the node's wake-up change stream (store.StreamWakeups)
@@ -55,6 +56,12 @@ type Stream struct {
 	pastResumes atomic.Int64 // of readers of earlier runs
 	events      atomic.Int64
 	rescans     atomic.Int64
+	quiets      atomic.Int64
+
+	// quiet: the node needs no wake-ups (Quiet); quietChanged is
+	// signalled when it changes.
+	quiet        atomic.Bool
+	quietChanged chan struct{}
 
 	warnMu    sync.Mutex
 	warnedIDs map[string]bool
@@ -65,7 +72,25 @@ func New(cfg Config) *Stream {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Stream{cfg: cfg, log: cfg.Logger.With("component", "events"), warnedIDs: map[string]bool{}}
+	return &Stream{cfg: cfg, log: cfg.Logger.With("component", "events"), warnedIDs: map[string]bool{}, quietChanged: make(chan struct{}, 1)}
+}
+
+// Quiet tells the stream whether its node needs wake-ups (the claimer's
+// Config.Quiet; it does not block). While it does not (on), the stream
+// closes its server cursor: a held getMore is woken by every write to the
+// database, matching or not, and a node draining a backlog in every queue
+// it serves claims as its slots free up, so what it would hear is worth
+// nothing to it. When wake-ups are needed again the stream reopens at the
+// present and publishes a Rescan (Quiet: true): its subscribers re-read
+// the database for what it did not hear. Kill requests made meanwhile
+// reach the node by its kill sweep.
+func (s *Stream) Quiet(on bool) {
+	if s.quiet.Swap(on) != on {
+		select {
+		case s.quietChanged <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Stats returns the counters.
@@ -74,7 +99,7 @@ func (s *Stream) Stats() Stats {
 	if r := s.reader.Load(); r != nil {
 		resumes += r.Stats().Resumes
 	}
-	return Stats{Events: s.events.Load(), Resumes: resumes, Rescans: s.rescans.Load()}
+	return Stats{Events: s.events.Load(), Resumes: resumes, Rescans: s.rescans.Load(), Quiets: s.quiets.Load()}
 }
 
 // Start opens the change stream before returning, so that every change
@@ -83,10 +108,8 @@ func (s *Stream) Stats() Stats {
 // streams (a standalone mongod).
 func (s *Stream) Start(ctx context.Context) error {
 	return s.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
-		r, err := s.cfg.Store.StreamOpen(ctx, store.StreamParams{
-			Profile: store.StreamWakeups, Name: s.cfg.Name, Checkpoint: true, SaveEvery: s.cfg.SaveEvery,
-			MaxAwait: s.cfg.MaxAwait, Clock: s.cfg.Clock, Logger: s.log,
-		})
+		s.quiet.Store(false) // a new run follows until told otherwise
+		r, err := s.open(ctx, false)
 		if err != nil {
 			return err
 		}
@@ -99,13 +122,35 @@ func (s *Stream) Start(ctx context.Context) error {
 	})
 }
 
+// open opens the stream at its saved position, or at the present.
+func (s *Stream) open(ctx context.Context, present bool) (*store.StreamReader, error) {
+	return s.cfg.Store.StreamOpen(ctx, store.StreamParams{
+		Profile: store.StreamWakeups, Name: s.cfg.Name, Checkpoint: true, Present: present, SaveEvery: s.cfg.SaveEvery,
+		MaxAwait: s.cfg.MaxAwait, Clock: s.cfg.Clock, Logger: s.log,
+	})
+}
+
+// retire closes r (saving its position and killing its server cursor).
+func (s *Stream) retire(r *store.StreamReader) {
+	r.Close()
+	s.pastResumes.Add(r.Stats().Resumes)
+	s.reader.Store(nil)
+}
+
 func (s *Stream) follow(ctx context.Context, r *store.StreamReader) {
 	defer func() {
-		r.Close()
-		s.pastResumes.Add(r.Stats().Resumes)
-		s.reader.Store(nil)
+		if r != nil {
+			s.retire(r)
+		}
 	}()
 	for {
+		if s.quiet.Load() {
+			s.retire(r)
+			if r = s.quietSpell(ctx); r == nil {
+				return // stopped
+			}
+			continue
+		}
 		b, err := r.Next(ctx)
 		if err != nil {
 			return // stopped
@@ -115,6 +160,41 @@ func (s *Stream) follow(ctx context.Context, r *store.StreamReader) {
 		}
 		for _, ev := range b.Events {
 			s.handle(ctx, ev)
+		}
+	}
+}
+
+// quietSpell waits, the stream closed, until its node needs wake-ups
+// again, and reopens it at the present with a Rescan; nil when stopped
+// first.
+func (s *Stream) quietSpell(ctx context.Context) *store.StreamReader {
+	s.quiets.Add(1)
+	s.log.Debug("the node needs no wake-ups: change stream closed until it does")
+	for s.quiet.Load() {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.quietChanged:
+		}
+	}
+	clk := clock.Or(s.cfg.Clock)
+	for {
+		r, err := s.open(ctx, true)
+		if err == nil {
+			s.reader.Store(r)
+			s.publish(ctx, TopicRescan, Rescan{Reason: "wake-ups needed again after a quiet spell", Quiet: true})
+			s.rescans.Add(1)
+			s.log.Debug("wake-ups needed again: change stream reopened at the present")
+			return r
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Warn("reopening the change stream failed; retrying in 1s (the claimer's tick finds work meanwhile)", "error", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-clk.After(time.Second):
 		}
 	}
 }

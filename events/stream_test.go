@@ -545,3 +545,80 @@ func TestStreamLifecycle(t *testing.T) {
 		return events.New(events.Config{Store: st, Publisher: newBus(t), Name: "life", MaxAwait: 100 * time.Millisecond})
 	}, lifecycletest.Options{IgnoreGoroutines: mongotest.ClientGoroutines()})
 }
+
+// commandCounter counts the commands a client starts, by name.
+type commandCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *commandCounter) monitor() *event.CommandMonitor {
+	return &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.n[e.CommandName]++
+	}}
+}
+
+func (c *commandCounter) get(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[name]
+}
+
+// TestQuietClosesTheStreamUntilWakeUpsAreNeeded: told its node needs no
+// wake-ups, the stream kills its server cursor and asks nothing of the
+// server however the database is written; told they are needed again, it
+// reopens at the present (what was written meanwhile is not delivered)
+// and publishes a Rescan saying so, and follows the changes again.
+func TestQuietClosesTheStreamUntilWakeUpsAreNeeded(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	st := store.New(db, store.Options{})
+	cmds := &commandCounter{n: map[string]int{}}
+	client, err := mongo.Connect(options.Client().ApplyURI(mongotest.URI(t)).SetMonitor(cmds.monitor()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Disconnect(testContext(t, 10*time.Second)) })
+	bus := newBus(t)
+	c := collect(t, bus)
+	s := startStream(t, events.Config{Store: store.New(client.Database(db.Name()), store.Options{}), Publisher: bus, Name: "n1", MaxAwait: 100 * time.Millisecond})
+	q := bson.NewObjectID()
+	id := insertTasks(t, st, q, 1)[0]
+	requireTask(t, c.next(t, wait), events.OpInsert, id, q, statusPtr(schema.StatusQueued))
+
+	s.Quiet(true)
+	eventually(t, func() bool { return s.Stats().Quiets == 1 && cmds.get("killCursors") > 0 }, wait, 10*time.Millisecond, "the cursor killed")
+	getMores, aggregates := cmds.get("getMore"), cmds.get("aggregate")
+	skipped := insertTasks(t, st, q, 1)[0]
+	time.Sleep(500 * time.Millisecond) // five of MaxAwait: a held getMore would have gone out
+	require.Equal(t, getMores, cmds.get("getMore"), "no getMore while quiet")
+	require.Equal(t, aggregates, cmds.get("aggregate"), "not reopened while quiet")
+	s.Quiet(true) // said again: nothing changes
+	select {
+	case g := <-c.ch:
+		t.Fatalf("an event while quiet: %v", g)
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	s.Quiet(false)
+	g := c.next(t, wait)
+	require.Equal(t, events.TopicRescan, g.Topic)
+	require.True(t, g.Ev.(events.Rescan).Quiet, "a routine rescan: %+v", g.Ev)
+	id = insertTasks(t, st, q, 1)[0]
+	g, others := c.until(t, wait, taskEvent(events.OpInsert, id))
+	requireTask(t, g, events.OpInsert, id, q, statusPtr(schema.StatusQueued))
+	require.Empty(t, others, "the task inserted while quiet (%s) is not delivered: the rescan stands for it", skipped.Hex())
+	require.Equal(t, aggregates+1, cmds.get("aggregate"), "reopened once")
+	require.Equal(t, int64(1), s.Stats().Quiets)
+
+	// Stopped while quiet: Stop returns.
+	s.Quiet(true)
+	eventually(t, func() bool { return s.Stats().Quiets == 2 }, wait, 10*time.Millisecond, "quiet again")
+	stopped := make(chan struct{})
+	go func() { s.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(wait):
+		t.Fatal("Stop did not return during a quiet spell")
+	}
+}

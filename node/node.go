@@ -85,6 +85,7 @@ func New(cfg Config) (*Node, error) {
 		n.bus = newBus(log)
 		ccfg.Events = n.bus
 		n.stream = events.New(events.Config{Store: cfg.Store, Publisher: n.bus, Name: "node:" + cfg.Name, Clock: cfg.Clock, Logger: log})
+		ccfg.Quiet = n.stream.Quiet
 	}
 	// The runner gives its tasks' slots back to the claimer that took them.
 	n.runner = newRunner(runnerConfig{

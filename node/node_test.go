@@ -1280,3 +1280,28 @@ func TestClaimRunningStartsWithoutAStartWrite(t *testing.T) {
 	b.waitStatus(res.InsertedID.(bson.ObjectID), schema.StatusSucceeded, 20*time.Second)
 	require.Contains(t, b.logs.String(), "claimed_into_running=true")
 }
+
+// TestAQuietNodeLetsItsWakeUpsGo: a node draining a backlog (every claim
+// full) closes its wake-up stream, and once the backlog is gone has it
+// back: with no tick to fall back on, a task queued after the drain is
+// still picked up at once, and so is one queued while it was quiet.
+func TestAQuietNodeLetsItsWakeUpsGo(t *testing.T) {
+	b := setup(t)
+	b.rec.sleep = 5 * time.Millisecond
+	q := b.queue("work", "test", 8, schema.SortFIFO)
+	b.tasks(q, 1500, nil)
+	cfg := b.config("n1")
+	cfg.Tick = time.Hour // only wake-ups find the tasks queued later
+	n := b.start(cfg)
+	require.Eventually(t, func() bool { return n.StreamStats().Quiets > 0 }, time.Minute, 5*time.Millisecond, "never quiet while draining a backlog")
+	during := b.tasks(q, 1, nil)[0]
+	b.waitDone(bson.D{{Key: "queue", Value: q}}, 1501, 2*time.Minute)
+	after := b.tasks(q, 1, nil)[0]
+	b.waitStatus(after, schema.StatusSucceeded, 10*time.Second)
+	st := n.StreamStats()
+	require.GreaterOrEqual(t, st.Rescans, int64(1), "the stream came back with a rescan: %+v", st)
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	require.Len(t, b.rec.runs[during], 1)
+	require.Len(t, b.rec.runs[after], 1)
+}
