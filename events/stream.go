@@ -41,8 +41,8 @@ type Config struct {
 type Stats struct {
 	Events  int64 // events published
 	Resumes int64 // times the stream was reopened after an error
-	Rescans int64 // rescans published
-	Quiets  int64 // quiet spells (Quiet): times the stream was closed
+	Rescans int64 // rescans published for lost history
+	Quiets  int64 // quiet spells (Quiet): times the stream was let go (each ends with a rescan)
 }
 
 // Stream follows the node's wake-up change stream (store.StreamWakeups)
@@ -183,7 +183,6 @@ func (s *Stream) quietSpell(ctx context.Context) *store.StreamReader {
 		if err == nil {
 			s.reader.Store(r)
 			s.publish(ctx, TopicRescan, Rescan{Reason: "wake-ups needed again after a quiet spell", Quiet: true})
-			s.rescans.Add(1)
 			s.log.Debug("wake-ups needed again: change stream reopened at the present")
 			return r
 		}

@@ -148,6 +148,9 @@ var (
 		"Times the change stream was reopened after an error.", nil, nil)
 	descStreamRescans = prometheus.NewDesc("disbatch_change_stream_rescans_total",
 		"Rescans after lost change-stream history.", nil, nil)
+	descStreamQuiets = prometheus.NewDesc("disbatch_change_stream_quiet_spells_total",
+		"Times this node let its wake-up stream go while every queue it serves had a backlog (it claims as its slots free up); "+
+			"each ends with the stream reopened at the present and the queues tried again.", nil, nil)
 	descLeader = prometheus.NewDesc("disbatch_projector_leader",
 		"1 while this node holds the counter projector's lease, else 0.", nil, nil)
 	descLag = prometheus.NewDesc("disbatch_projection_lag_seconds",
@@ -172,7 +175,7 @@ var (
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons} {
+		descStreamResumes, descStreamRescans, descStreamQuiets, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons} {
 		ch <- d
 	}
 }
@@ -275,6 +278,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descStreamEvents, ss.Events)
 	counter(descStreamResumes, ss.Resumes)
 	counter(descStreamRescans, ss.Rescans)
+	counter(descStreamQuiets, ss.Quiets)
 
 	ps := src.ProjectorStats()
 	leader := 0.0

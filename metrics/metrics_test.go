@@ -192,7 +192,7 @@ func TestCollector(t *testing.T) {
 		},
 		running: map[bson.ObjectID]int{a: 2, b: 1, d1: 1, d2: 1},
 		claimer: claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3, Contended: 11},
-		stream:  events.Stats{Events: 100, Resumes: 2, Rescans: 1},
+		stream:  events.Stats{Events: 100, Resumes: 2, Rescans: 1, Quiets: 3},
 		projector: projections.Stats{Leader: true, Events: 77, DriftQueues: 0, LagP50: 40 * time.Millisecond, LagP99: 75 * time.Millisecond,
 			Reasons: map[projections.ReasonKey]int64{
 				{Queue: a, Reason: "cancelled"}: 4, {Queue: a, Reason: "retrying"}: 2,
@@ -244,6 +244,7 @@ func TestCollector(t *testing.T) {
 	require.Equal(t, 100.0, value(t, mfs, "disbatch_change_stream_events_total"))
 	require.Equal(t, 2.0, value(t, mfs, "disbatch_change_stream_resumes_total"))
 	require.Equal(t, 1.0, value(t, mfs, "disbatch_change_stream_rescans_total"))
+	require.Equal(t, 3.0, value(t, mfs, "disbatch_change_stream_quiet_spells_total"))
 	require.Equal(t, 1.0, value(t, mfs, "disbatch_projector_leader"))
 	require.Equal(t, 0.04, value(t, mfs, "disbatch_projection_lag_seconds", "quantile", "0.5"))
 	require.Equal(t, 0.075, value(t, mfs, "disbatch_projection_lag_seconds", "quantile", "0.99"))

@@ -1298,8 +1298,6 @@ func TestAQuietNodeLetsItsWakeUpsGo(t *testing.T) {
 	b.waitDone(bson.D{{Key: "queue", Value: q}}, 1501, 2*time.Minute)
 	after := b.tasks(q, 1, nil)[0]
 	b.waitStatus(after, schema.StatusSucceeded, 10*time.Second)
-	st := n.StreamStats()
-	require.GreaterOrEqual(t, st.Rescans, int64(1), "the stream came back with a rescan: %+v", st)
 	b.rec.mu.Lock()
 	defer b.rec.mu.Unlock()
 	require.Len(t, b.rec.runs[during], 1)
