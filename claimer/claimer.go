@@ -113,6 +113,8 @@ type Config struct {
 	// wake-up can tell it nothing; false as soon as one has not. Its
 	// change stream may close meanwhile (events.Stream.Quiet), and must
 	// be reopened with a Rescan: the claimer then tries every queue.
+	// While quiet the claimer reads the queues every QuietAfter, as no
+	// change of theirs is heard.
 	Quiet func(bool)
 }
 
@@ -227,6 +229,7 @@ type Claimer struct {
 	backlog   map[bson.ObjectID]bool
 	quiet     bool
 	quietFrom time.Time
+	readAt    time.Time // the queues' last read
 	// reads counts the queue reads: a pass and a claim holding copies of
 	// queues read before the last take them from c.queues again.
 	reads int
@@ -437,12 +440,20 @@ func (c *Claimer) loop(ctx context.Context) {
 	dueTimer := c.clock.NewTimer(time.Hour)
 	dueTimer.Stop()
 	defer dueTimer.Stop()
+	// While quiet, the queues are read every QuietAfter even when no
+	// claim goes out (every slot busy): their changes are not heard.
+	quietTimer := c.clock.NewTimer(time.Hour)
+	quietTimer.Stop()
+	defer quietTimer.Stop()
+	quietArmed := false
 	for {
 		byTick := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.wake:
+		case <-quietTimer.C():
+			quietArmed = false
 		case <-dueTimer.C():
 		case <-timer.C():
 			byTick = true
@@ -469,6 +480,14 @@ func (c *Claimer) loop(ctx context.Context) {
 		}
 		c.mu.Unlock()
 		c.noteQuiet()
+		switch {
+		case c.quiet && !quietArmed:
+			quietTimer.Reset(QuietAfter)
+			quietArmed = true
+		case !c.quiet && quietArmed:
+			quietTimer.Stop()
+			quietArmed = false
+		}
 		if c.cfg.Passed != nil {
 			c.cfg.Passed()
 		}
@@ -495,6 +514,12 @@ func (c *Claimer) noteQuiet() {
 		c.quiet = true
 		c.cfg.Quiet(true)
 	}
+}
+
+// quietReadDue reports whether the queues are to be read again: quiet,
+// and not read for QuietAfter (their changes are not heard meanwhile).
+func (c *Claimer) quietReadDue() bool {
+	return c.quiet && c.clock.Since(c.readAt) >= QuietAfter
 }
 
 // backlogged reports whether every queue served has a backlog that its
@@ -594,7 +619,7 @@ func (c *Claimer) pass(ctx context.Context) int {
 	c.dirty, c.all, c.refresh, c.retryBlocked, c.capped = map[bson.ObjectID]bool{}, false, false, false, false
 	c.mu.Unlock()
 
-	if refresh {
+	if refresh || c.quietReadDue() {
 		c.readQueues(ctx)
 	}
 	var open []Queue // the queues this pass tries
@@ -658,6 +683,7 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 		return false
 	}
 	c.reads++
+	c.readAt = c.clock.Now()
 	c.queues = make(map[bson.ObjectID]Queue, len(qs))
 	c.order = c.order[:0]
 	c.readHeld = make(map[bson.ObjectID]held, len(qs))
@@ -984,6 +1010,9 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		n += won
 		c.backlog[q.ID] = err == nil && won > 0 && !short
 		c.noteQuiet() // a backlog may be drained in one long claim
+		if c.quietReadDue() {
+			c.readQueues(ctx) // the loop's top takes q from it
+		}
 		switch {
 		case err != nil:
 			release(got - won)

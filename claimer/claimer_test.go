@@ -1212,3 +1212,52 @@ func TestQuietWithinOneLongPass(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, []bool{true, false}, heard)
 }
+
+// TestQuietReadsTheQueuesEveryQuietAfter: a quiet node hears no queue
+// change, so it reads the queues every QuietAfter, even with every slot
+// busy: a queue paused meanwhile (no longer returned) is claimed no more.
+func TestQuietReadsTheQueuesEveryQuietAfter(t *testing.T) {
+	t.Parallel()
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	var mu sync.Mutex
+	var heard []bool
+	said := func() []bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(heard)
+	}
+	q := queue("q", 2)
+	h := newHarness(t, func(c *claimer.Config) {
+		c.Clock = fake
+		c.Quiet = func(on bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			heard = append(heard, on)
+		}
+	}, q)
+	h.st.set(alwaysTask)
+	h.start()
+	h.pass()
+	fake.Advance(claimer.QuietAfter)
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Equal(t, []bool{true}, said())
+
+	// Every slot busy, no claim: the timer reads the queues.
+	reads := h.refreshes.Load()
+	h.st.take()
+	fake.Advance(claimer.QuietAfter)
+	h.pass()
+	require.Equal(t, reads+1, h.refreshes.Load(), "read again after QuietAfter")
+	require.Empty(t, h.st.take(), "no slot free: no claim")
+
+	// The queue is paused (the read no longer returns it).
+	h.setQueues()
+	fake.Advance(claimer.QuietAfter)
+	h.pass()
+	require.Equal(t, reads+2, h.refreshes.Load())
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Empty(t, h.st.take(), "a paused queue is claimed no more")
+	require.Equal(t, []bool{true, false}, said(), "no queue with a backlog: wake-ups wanted again")
+}

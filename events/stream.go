@@ -75,6 +75,9 @@ func New(cfg Config) *Stream {
 	return &Stream{cfg: cfg, log: cfg.Logger.With("component", "events"), warnedIDs: map[string]bool{}, quietChanged: make(chan struct{}, 1)}
 }
 
+// IsQuiet reports whether the stream is told its node needs no wake-ups.
+func (s *Stream) IsQuiet() bool { return s.quiet.Load() }
+
 // Quiet tells the stream whether its node needs wake-ups (the claimer's
 // Config.Quiet; it does not block). While it does not (on), the stream
 // closes its server cursor: a held getMore is woken by every write to the

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/events"
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/lifecycle"
@@ -39,8 +40,12 @@ type killRequests struct {
 	// pollOnly: no change stream, the sweep alone (a node without change
 	// streams).
 	pollOnly bool
-	clock    clock.Clock
-	log      *slog.Logger
+	// quiet, when set, says the wake-up stream is let go
+	// (events.Stream.Quiet): no request is heard meanwhile, so the sweep
+	// runs every claimer.QuietAfter instead of every tick.
+	quiet func() bool
+	clock clock.Clock
+	log   *slog.Logger
 	// handled, when set, is called after each kill carried out (a test
 	// signal).
 	handled func(id bson.ObjectID)
@@ -49,7 +54,17 @@ type killRequests struct {
 // Start subscribes before it returns, then listens and sweeps until Stop.
 func (s *killRequests) Start(ctx context.Context) error {
 	return s.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
-		run.Every(s.clock, s.tick, s.sweep)
+		if s.quiet == nil || s.tick <= claimer.QuietAfter {
+			run.Every(s.clock, s.tick, s.sweep)
+		} else {
+			var last time.Time
+			run.Every(s.clock, claimer.QuietAfter, func(ctx context.Context) {
+				if s.quiet() || s.clock.Since(last) >= s.tick {
+					last = s.clock.Now()
+					s.sweep(ctx)
+				}
+			})
+		}
 		if s.events == nil {
 			return nil
 		}

@@ -1303,3 +1303,45 @@ func TestAQuietNodeLetsItsWakeUpsGo(t *testing.T) {
 	require.Len(t, b.rec.runs[during], 1)
 	require.Len(t, b.rec.runs[after], 1)
 }
+
+// TestAQuietNodeStillHearsKillsAndQueueChanges: while its wake-up stream
+// is let go, a node reads its queues and sweeps kill requests every
+// claimer.QuietAfter, so with no tick to fall back on a paused queue
+// stops being claimed, and a kill still reaches a running task, within a
+// second or so.
+func TestAQuietNodeStillHearsKillsAndQueueChanges(t *testing.T) {
+	b := setup(t)
+	b.rec.sleep = 5 * time.Millisecond
+	b.reg.Register("hold", plugin.Func(func(ctx context.Context, _ plugin.Task) plugin.Result {
+		<-ctx.Done()
+		return plugin.Result{Status: schema.StatusFailed, Stderr: "stopped"}
+	}))
+	long := b.queue("long", "hold", 1, schema.SortFIFO)
+	held := b.tasks(long, 1, nil)[0]
+	q := b.queue("work", "test", 8, schema.SortFIFO)
+	b.tasks(q, 4000, nil)
+	cfg := b.config("n1")
+	cfg.Tick = time.Hour
+	n := b.start(cfg)
+	b.waitStatus(held, schema.StatusRunning, 30*time.Second)
+	closed := func() bool { return n.stream.IsQuiet() && n.StreamStats().Quiets > 0 }
+	require.Eventually(t, closed, time.Minute, time.Millisecond, "the stream never let go while draining a backlog")
+
+	// The running task's queue still has its backlog (its one claim got
+	// all it asked for): the node stays quiet with work paused.
+	paused := true
+	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: q, Paused: &paused}))
+	claimed := func() int64 {
+		return b.count(bson.D{{Key: "queue", Value: q}, {Key: "status", Value: bson.D{{Key: "$ne", Value: -2}}}})
+	}
+	time.Sleep(time.Second) // QuietAfter, with room for a slow machine
+	before := claimed()
+	time.Sleep(time.Second)
+	require.Equal(t, before, claimed(), "tasks of the paused queue still claimed")
+	require.Less(t, before, int64(4000), "the queue drained before the pause: the test proves nothing")
+	require.True(t, closed(), "still quiet")
+
+	_, err := b.store.TaskKill(context.Background(), store.TaskKillParams{Target: store.TaskTarget{IDs: []bson.ObjectID{held}}, By: "test"})
+	require.NoError(t, err)
+	b.waitStatus(held, schema.StatusFailed, 3*time.Second)
+}
