@@ -108,9 +108,12 @@ type Config struct {
 	Passed func()
 	// Quiet, when set, hears whether the node needs wake-ups: true once
 	// every queue it serves has had a backlog for QuietAfter (its last
-	// claim got every task it asked for; none capped, claims not
-	// paused), when the claimer claims as its slots free up and a
-	// wake-up can tell it nothing; false as soon as one has not. Its
+	// claim got every task it asked for; none capped, no two of one
+	// priority, claims not paused), when the claimer claims as its slots
+	// free up and a wake-up can tell it nothing; false as soon as one
+	// has not. Queues of one priority share the slots by their running
+	// tasks across the cluster, which the projector's writes to them
+	// tell at once: they keep the wake-ups. Its
 	// change stream may close meanwhile (events.Stream.Quiet), and must
 	// be reopened with a Rescan: the claimer then tries every queue.
 	// While quiet the claimer reads the queues every QuietAfter, as no
@@ -528,10 +531,16 @@ func (c *Claimer) backlogged() bool {
 	if len(c.order) == 0 || c.slots.isPaused() {
 		return false
 	}
+	priorities := make(map[float64]bool, len(c.order))
 	for _, id := range c.order {
-		if c.queues[id].Sched.Capped() || !c.backlog[id] {
+		q := c.queues[id]
+		if q.Sched.Capped() || !c.backlog[id] || priorities[q.Sched.Priority] {
+			// Queues of one priority share the slots by their running
+			// tasks across the cluster (next), which the projector's
+			// queue writes tell at once: not quiet.
 			return false
 		}
+		priorities[q.Sched.Priority] = true
 	}
 	return true
 }

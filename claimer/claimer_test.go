@@ -1105,7 +1105,8 @@ func TestQueuesNoLongerServedAreForgotten(t *testing.T) {
 // TestQuietWhileEveryQueueHasABacklog: the node's wake-ups are let go
 // (Config.Quiet true) once every queue it serves has had a backlog for
 // QuietAfter, and wanted again (false) at the first claim that finds a
-// queue short; a queue without one, or a capped queue, keeps them.
+// queue short; a queue without one, a capped queue, or two queues of one
+// priority keep them.
 func TestQuietWhileEveryQueueHasABacklog(t *testing.T) {
 	t.Parallel()
 	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
@@ -1158,7 +1159,7 @@ func TestQuietWhileEveryQueueHasABacklog(t *testing.T) {
 	h.setQueues(q, other)
 	h.c.WakeAll()
 	h.pass()
-	fake.Advance(time.Hour)
+	fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
 	h.c.Finished(q.ID)
 	h.pass()
 	require.Equal(t, []bool{true, false}, said(), "the other queue has no backlog")
@@ -1171,10 +1172,31 @@ func TestQuietWhileEveryQueueHasABacklog(t *testing.T) {
 	h.st.set(alwaysTask)
 	h.c.WakeAll()
 	h.pass()
-	fake.Advance(time.Hour)
+	fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
 	h.c.Finished(capped.ID)
 	h.pass()
 	require.Equal(t, []bool{true, false}, said(), "capped")
+
+	// Two queues of one priority share the slots by their running tasks
+	// across the cluster, which their changes tell: not quiet.
+	a, b := queue("a", 2), queue("b", 2)
+	h.setQueues(a, b)
+	h.c.WakeAll()
+	h.pass()
+	fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
+	h.c.Finished(a.ID)
+	h.pass()
+	require.Equal(t, []bool{true, false}, said(), "two queues of one priority")
+
+	// Of two priorities, both with a backlog: quiet.
+	b.Sched.Priority = 10
+	h.setQueues(a, b)
+	h.c.WakeAll()
+	h.pass()
+	fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
+	h.c.Finished(b.ID)
+	h.pass()
+	require.Equal(t, []bool{true, false, true}, said(), "two priorities")
 }
 
 // TestQuietWithinOneLongPass: a backlog drained in one pass (each slot

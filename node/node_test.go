@@ -1317,6 +1317,8 @@ func TestAQuietNodeStillHearsKillsAndQueueChanges(t *testing.T) {
 		return plugin.Result{Status: schema.StatusFailed, Stderr: "stopped"}
 	}))
 	long := b.queue("long", "hold", 1, schema.SortFIFO)
+	higher := 1.0 // queues of one priority keep the wake-ups (claimer.Config.Quiet)
+	require.NoError(t, b.store.QueueUpdate(context.Background(), store.QueueUpdateParams{ID: long, Priority: &higher}))
 	held := b.tasks(long, 1, nil)[0]
 	q := b.queue("work", "test", 8, schema.SortFIFO)
 	b.tasks(q, 4000, nil)
