@@ -1102,6 +1102,31 @@ func TestQueuesNoLongerServedAreForgotten(t *testing.T) {
 	require.LessOrEqual(t, run(many[:1]), kept/len(many), "one queue left: one queue's entries")
 }
 
+// quietHarness is a harness on a fake clock whose Config.Quiet records
+// what it hears; said returns that, in order. edit, when set, edits the
+// config further.
+func quietHarness(t *testing.T, edit func(*claimer.Config), queues ...claimer.Queue) (h *harness, fake *clock.Fake, said func() []bool) {
+	fake = clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	var mu sync.Mutex
+	var heard []bool
+	h = newHarness(t, func(c *claimer.Config) {
+		c.Clock = fake
+		c.Quiet = func(on bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			heard = append(heard, on)
+		}
+		if edit != nil {
+			edit(c)
+		}
+	}, queues...)
+	return h, fake, func() []bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(heard)
+	}
+}
+
 // TestQuietWhileEveryQueueHasABacklog: the node's wake-ups are let go
 // (Config.Quiet true) once every queue it serves has had a backlog for
 // QuietAfter, and wanted again (false) at the first claim that finds a
@@ -1109,23 +1134,8 @@ func TestQueuesNoLongerServedAreForgotten(t *testing.T) {
 // priority keep them.
 func TestQuietWhileEveryQueueHasABacklog(t *testing.T) {
 	t.Parallel()
-	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	var mu sync.Mutex
-	var heard []bool
-	said := func() []bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(heard)
-	}
 	q, other := queue("q", 2), queue("other", 2)
-	h := newHarness(t, func(c *claimer.Config) {
-		c.Clock = fake
-		c.Quiet = func(on bool) {
-			mu.Lock()
-			defer mu.Unlock()
-			heard = append(heard, on)
-		}
-	}, q)
+	h, fake, said := quietHarness(t, nil, q)
 	h.st.set(alwaysTask)
 	h.start()
 	h.pass()
@@ -1205,18 +1215,9 @@ func TestQuietWhileEveryQueueHasABacklog(t *testing.T) {
 // the pass ends.
 func TestQuietWithinOneLongPass(t *testing.T) {
 	t.Parallel()
-	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	var mu sync.Mutex
-	var heard []bool
 	q := queue("q", 4)
 	var h *harness
-	h = newHarness(t, func(c *claimer.Config) {
-		c.Clock = fake
-		c.Quiet = func(on bool) {
-			mu.Lock()
-			defer mu.Unlock()
-			heard = append(heard, on)
-		}
+	h, fake, said := quietHarness(t, func(c *claimer.Config) {
 		c.Dispatch = func(q claimer.Queue, _ schema.Task, _ claimer.Timing) { h.c.Finished(q.ID) }
 	}, q)
 	left := 40
@@ -1230,9 +1231,7 @@ func TestQuietWithinOneLongPass(t *testing.T) {
 	})
 	h.start()
 	h.pass()
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, []bool{true, false}, heard)
+	require.Equal(t, []bool{true, false}, said())
 }
 
 // TestQuietReadsTheQueuesEveryQuietAfter: a quiet node hears no queue
@@ -1240,23 +1239,8 @@ func TestQuietWithinOneLongPass(t *testing.T) {
 // busy: a queue paused meanwhile (no longer returned) is claimed no more.
 func TestQuietReadsTheQueuesEveryQuietAfter(t *testing.T) {
 	t.Parallel()
-	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	var mu sync.Mutex
-	var heard []bool
-	said := func() []bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(heard)
-	}
 	q := queue("q", 2)
-	h := newHarness(t, func(c *claimer.Config) {
-		c.Clock = fake
-		c.Quiet = func(on bool) {
-			mu.Lock()
-			defer mu.Unlock()
-			heard = append(heard, on)
-		}
-	}, q)
+	h, fake, said := quietHarness(t, nil, q)
 	h.st.set(alwaysTask)
 	h.start()
 	h.pass()
