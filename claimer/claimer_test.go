@@ -1136,6 +1136,17 @@ func TestQuietWhileEveryQueueHasABacklog(t *testing.T) {
 	t.Parallel()
 	q, other := queue("q", 2), queue("other", 2)
 	h, fake, said := quietHarness(t, nil, q)
+	// serve has the node serve qs, claim in them all, and claim in one
+	// (finished gives a slot back) QuietAfter later: what was heard then.
+	serve := func(finished claimer.Queue, qs ...claimer.Queue) []bool {
+		h.setQueues(qs...)
+		h.c.WakeAll()
+		h.pass()
+		fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
+		h.c.Finished(finished.ID)
+		h.pass()
+		return said()
+	}
 	h.st.set(alwaysTask)
 	h.start()
 	h.pass()
@@ -1166,47 +1177,23 @@ func TestQuietWhileEveryQueueHasABacklog(t *testing.T) {
 		}
 		return alwaysTask(ctx, p)
 	})
-	h.setQueues(q, other)
-	h.c.WakeAll()
-	h.pass()
-	fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
-	h.c.Finished(q.ID)
-	h.pass()
-	require.Equal(t, []bool{true, false}, said(), "the other queue has no backlog")
+	require.Equal(t, []bool{true, false}, serve(q, q, other), "the other queue has no backlog")
 
 	// A capped queue is never quiet: its room comes from other nodes'
 	// releases, which only wake-ups tell.
 	capped := queue("capped", 2)
 	capped.Sched.MaxRunning = 10
-	h.setQueues(capped)
 	h.st.set(alwaysTask)
-	h.c.WakeAll()
-	h.pass()
-	fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
-	h.c.Finished(capped.ID)
-	h.pass()
-	require.Equal(t, []bool{true, false}, said(), "capped")
+	require.Equal(t, []bool{true, false}, serve(capped, capped), "capped")
 
 	// Two queues of one priority share the slots by their running tasks
 	// across the cluster, which their changes tell: not quiet.
 	a, b := queue("a", 2), queue("b", 2)
-	h.setQueues(a, b)
-	h.c.WakeAll()
-	h.pass()
-	fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
-	h.c.Finished(a.ID)
-	h.pass()
-	require.Equal(t, []bool{true, false}, said(), "two queues of one priority")
+	require.Equal(t, []bool{true, false}, serve(a, a, b), "two queues of one priority")
 
 	// Of two priorities, both with a backlog: quiet.
 	b.Sched.Priority = 10
-	h.setQueues(a, b)
-	h.c.WakeAll()
-	h.pass()
-	fake.Advance(claimer.QuietAfter) // not the tick (an hour): no pass of its own
-	h.c.Finished(b.ID)
-	h.pass()
-	require.Equal(t, []bool{true, false, true}, said(), "two priorities")
+	require.Equal(t, []bool{true, false, true}, serve(b, a, b), "two priorities")
 }
 
 // TestQuietWithinOneLongPass: a backlog drained in one pass (each slot
