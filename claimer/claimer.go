@@ -233,6 +233,7 @@ type Claimer struct {
 	quiet     bool
 	quietFrom time.Time
 	readAt    time.Time // the queues' last read
+	mayQuiet  bool      // the queues' last read allows quiet (mayQuiet)
 	// reads counts the queue reads: a pass and a claim holding copies of
 	// queues read before the last take them from c.queues again.
 	reads int
@@ -528,21 +529,32 @@ func (c *Claimer) quietReadDue() bool {
 // backlogged reports whether every queue served has a backlog that its
 // claims find for themselves.
 func (c *Claimer) backlogged() bool {
-	if len(c.order) == 0 || c.slots.isPaused() {
+	if !c.mayQuiet || c.slots.isPaused() {
 		return false
 	}
-	priorities := make(map[float64]bool, len(c.order))
 	for _, id := range c.order {
-		q := c.queues[id]
-		if q.Sched.Capped() || !c.backlog[id] || priorities[q.Sched.Priority] {
-			// Queues of one priority share the slots by their running
-			// tasks across the cluster (next), which the projector's
-			// queue writes tell at once: not quiet.
+		if !c.backlog[id] {
+			return false
+		}
+	}
+	return true
+}
+
+// mayQuiet reports whether the queues read allow quiet at all: some
+// queue, none capped, no two of one priority (those share the slots by
+// their running tasks across the cluster, in next, which the
+// projector's writes to the queues tell at once). It depends on the
+// queues' settings alone, so readQueues sets it once per read, not each
+// claim.
+func mayQuiet(qs []Queue) bool {
+	priorities := make(map[float64]bool, len(qs))
+	for _, q := range qs {
+		if q.Sched.Capped() || priorities[q.Sched.Priority] {
 			return false
 		}
 		priorities[q.Sched.Priority] = true
 	}
-	return true
+	return len(qs) > 0
 }
 
 // newTask is a wake-up for one task queued in queue.
@@ -693,6 +705,7 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 	}
 	c.reads++
 	c.readAt = c.clock.Now()
+	c.mayQuiet = mayQuiet(qs)
 	c.queues = make(map[bson.ObjectID]Queue, len(qs))
 	c.order = c.order[:0]
 	c.readHeld = make(map[bson.ObjectID]held, len(qs))
