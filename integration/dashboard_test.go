@@ -162,10 +162,26 @@ func (b *browser) screenshot(dir, name string) {
 func (b *browser) clickConfirm(sel, wantText string) {
 	b.t.Helper()
 	var text string
-	b.run(chromedp.Click(sel, chromedp.ByQuery), chromedp.WaitVisible("#confirm-ok", chromedp.ByQuery),
-		chromedp.Text("#confirm-text", &text, chromedp.ByQuery))
+	b.click(sel)
+	b.run(chromedp.WaitVisible("#confirm-ok", chromedp.ByQuery), chromedp.Text("#confirm-text", &text, chromedp.ByQuery))
 	require.Contains(b.t, text, wantText)
-	b.run(chromedp.Click("#confirm-ok", chromedp.ByQuery))
+	b.click("#confirm-ok")
+}
+
+// click clicks sel. A live page redraws as the database changes, and a
+// redraw between chromedp's finding the element and its scrolling to it
+// fails the click with "Could not find node with given id" before any
+// mouse event is sent; a person's click has no such gap, so the click is
+// tried again on the element the page now shows.
+func (b *browser) click(sel string) {
+	b.t.Helper()
+	var err error
+	for try := 0; try < 5; try++ {
+		if err = chromedp.Run(b.ctx, chromedp.Click(sel, chromedp.ByQuery)); err == nil || !strings.Contains(err.Error(), "Could not find node with given id") {
+			break
+		}
+	}
+	require.NoError(b.t, err, "click %s", sel)
 }
 
 // webAPI calls disbatch-web's API as user.
@@ -357,10 +373,10 @@ func TestDashboard(t *testing.T) {
 	b.noErrors("queue page, live")
 
 	// Pause and resume from the page.
-	b.run(chromedp.Click("#pause", chromedp.ByQuery))
+	b.click("#pause")
 	require.Eventually(t, func() bool { return queuePaused(t, d.db, "builds") }, 5*time.Second, 20*time.Millisecond, "paused by the button")
 	b.poll(`document.querySelector('#pause')?.textContent === 'Resume' ? 1 : 0`, 5*time.Second, "the button says Resume")
-	b.run(chromedp.Click("#pause", chromedp.ByQuery))
+	b.click("#pause")
 	require.Eventually(t, func() bool { return !queuePaused(t, d.db, "builds") }, 5*time.Second, 20*time.Millisecond, "resumed by the button")
 
 	// Bulk cancel with a confirmation that counts.
@@ -386,7 +402,7 @@ func TestDashboard(t *testing.T) {
 	doc = d.waitStatus(long, 15*time.Second, func(s int32) bool { return s == 2 })
 	require.Equal(t, "killed", doc["reason"])
 	b.poll(`document.querySelector('#task-status')?.textContent === 'failed' && document.querySelector('#retry') ? 1 : 0`, 5*time.Second, "the page shows it failed")
-	b.run(chromedp.Click("#retry", chromedp.ByQuery))
+	b.click("#retry")
 	d.waitStatus(long, 15*time.Second, func(s int32) bool { return s <= 0 })
 	b.poll(`['queued', 'claimed', 'running'].includes(document.querySelector('#task-status')?.textContent) && document.querySelector('#kill') ? 1 : 0`,
 		5*time.Second, "the page shows it retried")
@@ -448,8 +464,10 @@ func TestDashboard(t *testing.T) {
 
 	// Nodes: set maxthreads, see what runs.
 	b.open("/ui/nodes", `section[data-node="n1"]`)
-	b.run(chromedp.SetValue(`section[data-node="n1"] input[type="number"]`, "6", chromedp.ByQuery),
-		chromedp.Click(`section[data-node="n1"] button.ghost`, chromedp.ByQuery))
+	// Typed as a person would: the page does not redraw under a focused input.
+	b.run(chromedp.Focus(`section[data-node="n1"] input[type="number"]`, chromedp.ByQuery),
+		chromedp.SetValue(`section[data-node="n1"] input[type="number"]`, "6", chromedp.ByQuery))
+	b.click(`section[data-node="n1"] button.ghost`)
 	require.Eventually(t, func() bool {
 		var n bson.M
 		_ = d.db.Collection("nodes").FindOne(context.Background(), bson.D{{Key: "node", Value: "n1"}}).Decode(&n)
@@ -485,7 +503,7 @@ func TestDashboard(t *testing.T) {
 	// the projected count_failed.
 	b.poll(`document.querySelector('#queues tr[data-queue="reports"] [data-col="failed"]')?.textContent === '3' ? 1 : 0`, 10*time.Second, "reports: 3 failed")
 	b.screenshot(d.shots, "overview")
-	b.run(chromedp.Click("#theme", chromedp.ByQuery))
+	b.click("#theme")
 	b.screenshot(d.shots, "overview-dark")
 	b.run(emulation.SetDeviceMetricsOverride(390, 844, 3, true), chromedp.Reload(), chromedp.WaitVisible(`#queues tr[data-queue="dag"]`, chromedp.ByQuery))
 	var overflow bool
