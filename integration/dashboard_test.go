@@ -408,7 +408,13 @@ func TestDashboard(t *testing.T) {
 		5*time.Second, "the page shows it retried")
 	b.screenshot(d.shots, "task")
 	b.noErrors("kill and retry")
+	// A live redraw keeps the keyboard focus where it was.
+	b.run(chromedp.Focus("#params", chromedp.ByQuery))
 	d.admin.must("POST", "/api/v1/tasks/"+long+"/kill", map[string]any{})
+	b.poll(`document.querySelector('#task-status')?.textContent === 'failed' ? 1 : 0`, 15*time.Second, "the page shows it killed")
+	var kept string
+	b.eval(`document.activeElement?.id || document.activeElement?.tagName || ''`, &kept)
+	require.Equal(t, "params", kept, "the focus after the page redrew")
 
 	// A 16 MiB output in GridFS opens, streamed.
 	const big = 16 << 20
