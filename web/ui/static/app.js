@@ -34,8 +34,18 @@ function h(tag, attrs, ...children) {
 }
 
 // fill replaces el's children, leaving out null, undefined and false.
+// fill replaces el's children. Live pages redraw as the database changes:
+// the element that had the keyboard focus is focused again when the new
+// content holds one of its id, so a redraw does not send a keyboard
+// user back to the page's start.
 function fill(el, ...children) {
+  const had = document.activeElement;
+  const id = had && had !== document.body && el.contains(had) ? had.id : '';
   el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+  if (id && document.activeElement !== had) {
+    const now = document.getElementById(id);
+    if (now && el.contains(now)) now.focus({ preventScroll: true });
+  }
 }
 
 class APIError extends Error {
