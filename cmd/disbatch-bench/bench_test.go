@@ -84,6 +84,7 @@ func TestParseFlags(t *testing.T) {
 		{"--only", "pickup,speed"}, {"--tasks", "0"}, {"--backlogs", "10,x"}, {"--nope"}, {"extra"}, {"--pickup-rate", "5000"},
 		{"--submit-tasks", "10001"}, {"--kill-samples", "0"}, {"--dag-edges", "0"}, {"--sched-queues", "1"}, {"--sched-tasks", "10", "--sched-queues", "20"}, {"--delay-probes", "-1"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
 		{"--members", "2"}, {"--members", "3", "--mongo-uri", "mongodb://x"}, {"--river", "--only", "throughput"},
+		{"--pairs", "-1"}, {"--pairs", "3", "--only", "lag"},
 	} {
 		_, _, err := parseFlags(bad)
 		require.Error(t, err, "%v", bad)
@@ -94,7 +95,7 @@ func TestParseFlags(t *testing.T) {
 	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
 		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "members", "river", "river-dir", "scaleout-nodes", "scaleout-maxthreads", "scaleout-tasks", "scaleout-pickups", "verbose", "cpuprofile",
 		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats",
-		"kill-samples", "delay-held", "delay-probes", "wait-rounds", "dag-edges", "sched-queues", "sched-tasks"} {
+		"kill-samples", "delay-held", "delay-probes", "wait-rounds", "dag-edges", "sched-queues", "sched-tasks", "pairs"} {
 		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)
 	}
 }
@@ -261,6 +262,39 @@ func TestSanityOnlyChecksSelectedGroups(t *testing.T) {
 	r := goodReport()
 	r.Throughput, r.Scale, r.Lag, r.WebQueues, r.WebEvents, r.WebSubmit, r.Control, r.Scheduling = nil, nil, nil, nil, nil, nil, nil, nil
 	require.Empty(t, sanity(r, c))
+}
+
+func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
+	t.Parallel()
+	c, _, err := parseFlags([]string{"--quick", "--pairs", "3"})
+	require.NoError(t, err)
+	require.Equal(t, 3, c.Pairs)
+
+	r := goodReport()
+	r.Throughput.Pairs = pairsSummary([]PairRow{
+		{Pair: 1, NodeFirst: true, Node: 2000, Raw: 2500, Complete: true, Ratio: 0.8},
+		{Pair: 2, Node: 2600, Raw: 2000, Complete: true, Ratio: 1.3},
+		{Pair: 3, NodeFirst: true, Node: 1800, Raw: 2000, Ratio: 0.9},
+	})
+	require.InDelta(t, 0.9, r.Throughput.Pairs.Median, 1e-9)
+	require.InDelta(t, 0.8, r.Throughput.Pairs.Min, 1e-9)
+	require.InDelta(t, 1.3, r.Throughput.Pairs.Max, 1e-9)
+	require.Empty(t, sanity(r, c))
+
+	out := renderTable(r)
+	require.Contains(t, out, "THROUGHPUT PAIRS: 3 node processes (--tasks) and ceiling: raw batched loop, 3 claimers x 64 (--ceiling-tasks), back to back, the order alternating")
+	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x\n`, out)
+	require.Regexp(t, `\n  2 +raw loop +2600 +2000 +yes +1\.30x\n`, out)
+	require.Regexp(t, `\n  3 +node processes +1800 +2000 +no: drain timeout +0\.90x\n`, out)
+	require.Contains(t, out, "median of 3")
+	require.Contains(t, out, "0.90x (0.80x-1.30x), goal >= 1.0 (issue 20)")
+
+	require.Contains(t, strings.Join(sanity(r, quickConfig(t)), "\n"), "pairs reported, none asked for")
+	r.Throughput.Pairs.Rows[1].Raw = 0
+	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 2, raw loop tasks/s")
+	r.Throughput.Pairs = nil
+	require.Contains(t, strings.Join(sanity(r, c), "\n"), "0 pairs, want 3 (--pairs)")
+	require.NotContains(t, renderTable(r), "THROUGHPUT PAIRS")
 }
 
 func TestRenderTable(t *testing.T) {

@@ -63,6 +63,9 @@ type config struct {
 	Tasks        int
 	CeilingTasks int
 	DrainTimeout time.Duration
+	// Pairs: throughput's extra alternating pairs of drains (3 node
+	// processes, the batched raw loop with 3 claimers).
+	Pairs int
 
 	Backlogs    []int
 	Claims      int
@@ -234,7 +237,11 @@ Figure groups (--only):
               (--maxthreads goroutines) and the batched raw loop (64 per
               batch, 1 and 3 claimers), over --ceiling-tasks tasks each. Every
               drain stops at --drain-timeout; rates are from first claim to
-              last finish.
+              last finish. With --pairs N, then N pairs of drains back to
+              back, 3 node processes and the batched raw loop with 3
+              claimers (the order alternating), and the median of their
+              ratios: a shared machine's load moves between two runs minutes
+              apart, less between two in a row.
   scale       claim latency (store TaskClaim --claims times, TaskClaimMany of
               64 a tenth as often, the backlog kept constant) and an
               in-process node's drain rate (--scale-drain tasks, timed once
@@ -338,6 +345,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.DurationVar(&c.PickupDuration, "pickup-duration", defaults.PickupDuration, "pickup: how long each of the five pickup runs submits (quick: "+quickDefaults.PickupDuration.String()+")")
 	fs.IntVar(&c.Tasks, "tasks", defaults.Tasks, "throughput: tasks queued for each node run (quick: "+strconv.Itoa(quickDefaults.Tasks)+")")
 	fs.IntVar(&c.CeilingTasks, "ceiling-tasks", defaults.CeilingTasks, "throughput: tasks queued for each raw-loop ceiling run (quick: "+strconv.Itoa(quickDefaults.CeilingTasks)+")")
+	fs.IntVar(&c.Pairs, "pairs", 0, "throughput: alternating pairs of drains, 3 node processes then (or after) the batched raw loop with 3 claimers, over --tasks and --ceiling-tasks tasks, after the rows: each pair's ratio and their median")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", defaults.DrainTimeout, "throughput and scale: longest a drain may run; the rate is of what finished by then (quick: "+quickDefaults.DrainTimeout.String()+")")
 	fs.StringVar(&backlogs, "backlogs", joinInts(defaults.Backlogs), "scale: comma-separated `counts` of queued tasks to measure claims at (quick: "+joinInts(quickDefaults.Backlogs)+")")
 	fs.IntVar(&c.Claims, "claims", defaults.Claims, "scale: timed TaskClaim calls per backlog (quick: "+strconv.Itoa(quickDefaults.Claims)+")")
@@ -508,6 +516,12 @@ func (c *config) validate() error {
 	}
 	if c.SchedTasks < c.SchedQueues {
 		errs = append(errs, fmt.Errorf("--sched-tasks %d is fewer than --sched-queues %d", c.SchedTasks, c.SchedQueues))
+	}
+	if c.Pairs < 0 {
+		errs = append(errs, fmt.Errorf("--pairs must be 0 or more, got %d", c.Pairs))
+	}
+	if c.Pairs > 0 && !c.runs(groupThroughput) {
+		errs = append(errs, errors.New("--pairs runs in the throughput group: add throughput to --only"))
 	}
 	if c.River && !c.runs(groupPickup) {
 		errs = append(errs, errors.New("--river compares with the pickup group: add pickup to --only"))

@@ -24,7 +24,7 @@ func sanity(r *Report, cfg config) []string {
 		k.pickup(r.Pickup)
 	}
 	if cfg.runs(groupThroughput) {
-		k.throughput(r.Throughput)
+		k.throughput(r.Throughput, cfg.Pairs)
 	}
 	if cfg.runs(groupLag) {
 		k.lag(r.Lag)
@@ -116,7 +116,7 @@ func (k *checker) pickup(p *PickupReport) {
 	}
 }
 
-func (k *checker) throughput(t *ThroughputReport) {
+func (k *checker) throughput(t *ThroughputReport, pairs int) {
 	if t == nil {
 		k.bad("throughput: missing")
 		return
@@ -146,6 +146,27 @@ func (k *checker) throughput(t *ThroughputReport) {
 	}
 	for _, x := range t.Ratios {
 		k.positive("throughput ratio "+x.What, x.Value)
+	}
+	switch {
+	case pairs == 0 && t.Pairs != nil:
+		k.bad("throughput: pairs reported, none asked for")
+	case pairs > 0 && (t.Pairs == nil || len(t.Pairs.Rows) != pairs):
+		n := 0
+		if t.Pairs != nil {
+			n = len(t.Pairs.Rows)
+		}
+		k.bad("throughput: %d pairs, want %d (--pairs)", n, pairs)
+	}
+	if p := t.Pairs; p != nil {
+		for _, x := range p.Rows {
+			what := fmt.Sprintf("throughput, pair %d", x.Pair)
+			k.positive(what+", node processes tasks/s", x.Node)
+			k.positive(what+", raw loop tasks/s", x.Raw)
+			k.positive(what+", ratio", x.Ratio)
+		}
+		if len(p.Rows) > 0 && !(p.Min <= p.Median && p.Median <= p.Max) {
+			k.bad("throughput, pairs: median %g outside %g-%g", p.Median, p.Min, p.Max)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -107,6 +108,41 @@ type RateRatio struct {
 type ThroughputReport struct {
 	Rows   []DrainRow  `json:"rows"`
 	Ratios []RateRatio `json:"ratios"`
+	// Pairs are --pairs drains back to back, and their ratios' median.
+	Pairs *PairsReport `json:"pairs,omitempty"`
+}
+
+// PairsReport is --pairs pairs of drains, 3 node processes and the
+// batched raw loop with 3 claimers, each pair run back to back.
+type PairsReport struct {
+	Rows   []PairRow `json:"rows"`
+	Median float64   `json:"median"`
+	Min    float64   `json:"min"`
+	Max    float64   `json:"max"`
+}
+
+// PairRow is one pair: the two drains' rates and their ratio.
+type PairRow struct {
+	Pair      int     `json:"pair"`
+	NodeFirst bool    `json:"node_first"`
+	Node      float64 `json:"node_tasks_per_s"`
+	Raw       float64 `json:"raw_tasks_per_s"`
+	Complete  bool    `json:"complete"` // both drained everything
+	Ratio     float64 `json:"ratio"`
+}
+
+// pairsSummary sets the median and range of rows' ratios.
+func pairsSummary(rows []PairRow) *PairsReport {
+	r := &PairsReport{Rows: rows}
+	if len(rows) == 0 {
+		return r
+	}
+	ratios := make([]float64, len(rows))
+	for i, x := range rows {
+		ratios[i] = x.Ratio
+	}
+	r.Median, r.Min, r.Max = median(ratios), slices.Min(ratios), slices.Max(ratios)
+	return r
 }
 
 // LagRow is the counter projector's lag during one node drain.
@@ -166,7 +202,42 @@ func (e *env) throughput(ctx context.Context, ceilings bool) (*ThroughputReport,
 		}
 	}
 	rep.Ratios = throughputRatios(rep.Rows)
+	if ceilings && e.cfg.Pairs > 0 {
+		rows, err := e.pairs(ctx)
+		rep.Pairs = pairsSummary(rows)
+		if err != nil {
+			return rep, lags, err
+		}
+	}
 	return rep, lags, nil
+}
+
+// pairs runs --pairs pairs of drains back to back: 3 node processes and
+// the batched raw loop with 3 claimers, the first of each pair
+// alternating, so that a trend in the machine's load falls on both.
+func (e *env) pairs(ctx context.Context) ([]PairRow, error) {
+	var rows []PairRow
+	for i := range e.cfg.Pairs {
+		p := PairRow{Pair: i + 1, NodeFirst: i%2 == 0}
+		var node, raw DrainRow
+		runNode := func() (err error) { node, err = e.nodeProcDrain(ctx, 3); return err }
+		runRaw := func() (err error) { raw, err = e.ceiling(ctx, whatBatched, 3, e.batchedLoop); return err }
+		steps := []func() error{runNode, runRaw}
+		if !p.NodeFirst {
+			steps[0], steps[1] = runRaw, runNode
+		}
+		for _, step := range steps {
+			if err := step(); err != nil {
+				return rows, fmt.Errorf("pair %d: %w", p.Pair, err)
+			}
+		}
+		p.Node, p.Raw, p.Complete = node.Rate, raw.Rate, node.Complete && raw.Complete
+		p.Ratio = ratio(p.Node, p.Raw)
+		e.log.Info("throughput: pair done", "pair", p.Pair, "node_first", p.NodeFirst, "node_processes_tasks_per_s", round(p.Node),
+			"raw_tasks_per_s", round(p.Raw), "ratio", p.Ratio)
+		rows = append(rows, p)
+	}
+	return rows, nil
 }
 
 // throughputRatios compares each node run with each ceiling of matching
