@@ -34,7 +34,7 @@ function h(tag, attrs, ...children) {
 }
 
 // fill replaces el's children, leaving out null, undefined and false.
-// fill replaces el's children. Live pages redraw as the database changes:
+// Live pages redraw as the database changes:
 // the element that had the keyboard focus is focused again when the new
 // content holds one of its id, so a redraw does not send a keyboard
 // user back to the page's start.
