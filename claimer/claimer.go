@@ -526,6 +526,21 @@ func (c *Claimer) quietReadDue() bool {
 	return c.quiet && c.clock.Since(c.readAt) >= QuietAfter
 }
 
+// forgetBounds sends each fifo queue's next claim to the head, not to the
+// last claim's first candidate (TaskClaimParams.From): a task queued
+// below that bound (a retry, a dead node's task requeued) is otherwise
+// found only through its event, which a quiet node does not hear. Tasks
+// with node null (Disbatch 4.103's) are still left to the claims that
+// look for them, from the tick on.
+func (c *Claimer) forgetBounds() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for q, e := range c.noNull {
+		e.from = bson.ObjectID{}
+		c.noNull[q] = e
+	}
+}
+
 // backlogged reports whether every queue served has a backlog that its
 // claims find for themselves.
 func (c *Claimer) backlogged() bool {
@@ -640,8 +655,18 @@ func (c *Claimer) pass(ctx context.Context) int {
 	c.dirty, c.all, c.refresh, c.retryBlocked, c.capped = map[bson.ObjectID]bool{}, false, false, false, false
 	c.mu.Unlock()
 
-	if refresh || c.quietReadDue() {
+	quietRead := c.quietReadDue()
+	if refresh || quietRead {
 		c.readQueues(ctx)
+	}
+	if quietRead {
+		// No event says what changed while quiet: the read stands for
+		// them all. Every queue is tried (an event would have marked the
+		// one that changed: a raised maxthreads, or, under a node-wide
+		// cap, a paused queue whose slots go to the others); one without
+		// a free slot costs no claim.
+		all = true
+		c.forgetBounds()
 	}
 	var open []Queue // the queues this pass tries
 	for _, id := range c.order {

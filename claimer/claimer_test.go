@@ -1254,3 +1254,58 @@ func TestQuietReadsTheQueuesEveryQuietAfter(t *testing.T) {
 	require.Empty(t, h.st.take(), "a paused queue is claimed no more")
 	require.Equal(t, []bool{true, false}, said(), "no queue with a backlog: wake-ups wanted again")
 }
+
+// TestAQuietReadTriesEveryQueue: no event says what changed while the
+// node is quiet, so the queue read that stands for them tries every
+// queue. A maxthreads raised meanwhile is claimed into at the read, and,
+// under a node-wide cap, the slots of a queue paused meanwhile go to the
+// queue with a backlog.
+func TestAQuietReadTriesEveryQueue(t *testing.T) {
+	t.Parallel()
+	t.Run("maxthreads raised", func(t *testing.T) {
+		t.Parallel()
+		q := queue("q", 2)
+		h, fake, said := quietHarness(t, nil, q)
+		h.st.set(alwaysTask)
+		h.start()
+		h.pass()
+		fake.Advance(claimer.QuietAfter)
+		h.c.Finished(q.ID)
+		h.pass()
+		require.Equal(t, []bool{true}, said())
+		before := h.claimedCount()
+
+		q.MaxThreads = 10
+		h.setQueues(q)
+		fake.Advance(claimer.QuietAfter)
+		h.pass()
+		require.Equal(t, before+8, h.claimedCount(), "the eight new slots claimed at the first read")
+	})
+	t.Run("a paused queue's slots under a node-wide cap", func(t *testing.T) {
+		t.Parallel()
+		q1, q2 := queue("q1", 2), queue("q2", 4)
+		q1.Sched.Priority, q2.Sched.Priority = 2, 1
+		h, fake, said := quietHarness(t, nil, q1, q2)
+		four := 4
+		h.c.SetNodeMax(&four)
+		h.st.set(alwaysTask)
+		h.start()
+		h.pass()
+		require.Equal(t, 4, h.claimedCount())
+		fake.Advance(claimer.QuietAfter)
+		h.c.Finished(q2.ID)
+		h.pass()
+		require.Equal(t, []bool{true}, said())
+
+		h.setQueues(q2) // q1 paused
+		fake.Advance(claimer.QuietAfter)
+		h.pass() // the read that finds it paused
+		h.c.Finished(q1.ID)
+		h.pass()
+		h.c.Finished(q1.ID)
+		h.pass()
+		fake.Advance(claimer.QuietAfter)
+		h.pass()
+		require.Equal(t, 4, h.c.Total(), "q2 took the node's two slots q1 freed, by the next read at the latest")
+	})
+}

@@ -401,3 +401,44 @@ func TestNodeNullInOneQueueLeavesTheOthersAlone(t *testing.T) {
 	h.pass()
 	require.Equal(t, []bool{true}, st.take(b.ID), "b does not")
 }
+
+// TestAQuietReadSendsFifoClaimsToTheHead: a task queued below a fifo
+// queue's claim bound (a retry, under an old id) is found through its
+// event, which a quiet node does not hear; its queue reads send the next
+// claims back to the head, so the task is claimed within a read, not at
+// the tick.
+func TestAQuietReadSendsFifoClaimsToTheHead(t *testing.T) {
+	t.Parallel()
+	st := &nullStore{}
+	early := bson.NewObjectID()
+	st.add(false, 400)
+	q := queue("q", 8)
+	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	var mu sync.Mutex
+	var heard []bool
+	h := newHarness(t, func(c *claimer.Config) {
+		c.Store, c.Batch, c.Stagger, c.Clock, c.Tick = st, 4, -1, fake, time.Hour
+		c.Quiet = func(on bool) { mu.Lock(); heard = append(heard, on); mu.Unlock() }
+	}, q)
+	h.start()
+	h.pass()
+	fake.Advance(claimer.QuietAfter)
+	h.c.Finished(q.ID)
+	h.pass()
+	mu.Lock()
+	require.Equal(t, []bool{true}, heard)
+	mu.Unlock()
+	st.drain()
+
+	st.insert(early, false) // requeued; its event is not heard
+	var got []bson.ObjectID
+	for range 3 { // a slot frees at each read
+		fake.Advance(claimer.QuietAfter)
+		h.c.Finished(q.ID)
+		h.pass()
+		for _, c := range st.drain() {
+			got = append(got, c.got...)
+		}
+	}
+	require.Contains(t, got, early, "%d newer tasks claimed, not the requeued one", len(got))
+}
