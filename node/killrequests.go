@@ -25,7 +25,8 @@ type killStore interface {
 // wake-up change stream the node follows), so a request reaches the plugin
 // milliseconds after it is committed; every tick it also reads the pending
 // requests (an event missed while the stream was resuming, or a request
-// older than this run), the safety net.
+// older than this run), the safety net, and it reads them at once when
+// the stream says it delivered not everything (a Rescan).
 type killRequests struct {
 	lifecycle.Base
 	node  string
@@ -72,8 +73,40 @@ func (s *killRequests) Start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		rescans, err := s.events.Subscribe(run.Context(), events.TopicRescan)
+		if err != nil {
+			return err
+		}
+		due := make(chan struct{}, 1)
 		run.Go(func(ctx context.Context) { s.listen(ctx, ch) })
+		run.Go(func(ctx context.Context) { s.listenRescans(ctx, rescans, due) })
+		run.Go(func(ctx context.Context) {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-due:
+					s.sweep(ctx)
+				}
+			}
+		})
 		return nil
+	})
+}
+
+// listenRescans asks for a sweep (on due) at every Rescan: the stream did
+// not deliver everything since its last event (history lost, or a quiet
+// spell it reopened from at the present), and a request made in that gap,
+// after the last sweep, would otherwise wait for the next one, a tick
+// away. The sweep runs apart: the bus waits for this acknowledgement.
+func (s *killRequests) listenRescans(ctx context.Context, ch <-chan *message.Message, due chan<- struct{}) {
+	events.Consume(ctx, events.TopicRescan, ch, func(ev any, err error) {
+		if _, ok := ev.(events.Rescan); ok && err == nil {
+			select {
+			case due <- struct{}{}:
+			default: // one is due already
+			}
+		}
 	})
 }
 
