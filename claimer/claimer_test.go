@@ -1127,6 +1127,21 @@ func quietHarness(t *testing.T, edit func(*claimer.Config), queues ...claimer.Qu
 	}
 }
 
+// quietOn is a quietHarness serving q alone, every claim answered, that
+// has gone quiet: a claim, then QuietAfter of backlog.
+func quietOn(t *testing.T, q claimer.Queue) (h *harness, fake *clock.Fake, said func() []bool) {
+	t.Helper()
+	h, fake, said = quietHarness(t, nil, q)
+	h.st.set(alwaysTask)
+	h.start()
+	h.pass()
+	fake.Advance(claimer.QuietAfter)
+	h.c.Finished(q.ID)
+	h.pass()
+	require.Equal(t, []bool{true}, said())
+	return h, fake, said
+}
+
 // TestQuietWhileEveryQueueHasABacklog: the node's wake-ups are let go
 // (Config.Quiet true) once every queue it serves has had a backlog for
 // QuietAfter, and wanted again (false) at the first claim that finds a
@@ -1227,14 +1242,7 @@ func TestQuietWithinOneLongPass(t *testing.T) {
 func TestQuietReadsTheQueuesEveryQuietAfter(t *testing.T) {
 	t.Parallel()
 	q := queue("q", 2)
-	h, fake, said := quietHarness(t, nil, q)
-	h.st.set(alwaysTask)
-	h.start()
-	h.pass()
-	fake.Advance(claimer.QuietAfter)
-	h.c.Finished(q.ID)
-	h.pass()
-	require.Equal(t, []bool{true}, said())
+	h, fake, said := quietOn(t, q)
 
 	// Every slot busy, no claim: the timer reads the queues.
 	reads := h.refreshes.Load()
@@ -1265,14 +1273,7 @@ func TestAQuietReadTriesEveryQueue(t *testing.T) {
 	t.Run("maxthreads raised", func(t *testing.T) {
 		t.Parallel()
 		q := queue("q", 2)
-		h, fake, said := quietHarness(t, nil, q)
-		h.st.set(alwaysTask)
-		h.start()
-		h.pass()
-		fake.Advance(claimer.QuietAfter)
-		h.c.Finished(q.ID)
-		h.pass()
-		require.Equal(t, []bool{true}, said())
+		h, fake, _ := quietOn(t, q)
 		before := h.claimedCount()
 
 		q.MaxThreads = 10
