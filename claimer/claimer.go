@@ -526,15 +526,22 @@ func (c *Claimer) quietReadDue() bool {
 	return c.quiet && c.clock.Since(c.readAt) >= QuietAfter
 }
 
-// forgetBounds sends each fifo queue's next claim to the head, not to the
-// last claim's first candidate (TaskClaimParams.From): a task queued
-// below that bound (a retry, a dead node's task requeued) is otherwise
-// found only through its event, which a quiet node does not hear. Tasks
-// with node null (Disbatch 4.103's) are still left to the claims that
-// look for them, from the tick on.
-func (c *Claimer) forgetBounds() {
+// quietRead reads the queues on a quiet node, where the read stands for
+// every event unheard since the last. No event says which queue changed,
+// so every queue is tried, by the pass that read or (a read within a
+// claim) the next one: an event would have marked the one that changed
+// (a raised maxthreads, or, under a node-wide cap, a paused queue whose
+// slots go to the others); one without a free slot costs no claim. And
+// each fifo queue's next claim starts at the head, not at the last
+// claim's first candidate (TaskClaimParams.From): a task queued below
+// that bound (a retry, a dead node's task requeued) is otherwise found
+// only through its event. Tasks with node null (Disbatch 4.103's) are
+// still left to the claims that look for them, from the tick on.
+func (c *Claimer) quietRead(ctx context.Context) {
+	c.readQueues(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.all = true
 	for q, e := range c.noNull {
 		e.from = bson.ObjectID{}
 		c.noNull[q] = e
@@ -650,23 +657,16 @@ func (c *Claimer) jittered() time.Duration {
 // pass claims in the queues marked since the last pass and returns how
 // many tasks it claimed.
 func (c *Claimer) pass(ctx context.Context) int {
+	if c.quietReadDue() {
+		c.quietRead(ctx) // this pass tries every queue
+	}
 	c.mu.Lock()
 	dirty, all, refresh, retry := c.dirty, c.all, c.refresh, c.retryBlocked
 	c.dirty, c.all, c.refresh, c.retryBlocked, c.capped = map[bson.ObjectID]bool{}, false, false, false, false
 	c.mu.Unlock()
 
-	quietRead := c.quietReadDue()
-	if refresh || quietRead {
+	if refresh {
 		c.readQueues(ctx)
-	}
-	if quietRead {
-		// No event says what changed while quiet: the read stands for
-		// them all. Every queue is tried (an event would have marked the
-		// one that changed: a raised maxthreads, or, under a node-wide
-		// cap, a paused queue whose slots go to the others); one without
-		// a free slot costs no claim.
-		all = true
-		c.forgetBounds()
 	}
 	var open []Queue // the queues this pass tries
 	for _, id := range c.order {
@@ -1058,7 +1058,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		c.backlog[q.ID] = err == nil && won > 0 && !short
 		c.noteQuiet() // a backlog may be drained in one long claim
 		if c.quietReadDue() {
-			c.readQueues(ctx) // the loop's top takes q from it
+			c.quietRead(ctx) // the loop's top takes q from it; the next pass (a slot's end, or the quiet timer) tries every queue
 		}
 		switch {
 		case err != nil:
