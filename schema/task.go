@@ -27,6 +27,12 @@ const (
 	// update-then-find claim), so the claimer reads back exactly those. It
 	// is this project's own field and means nothing once read.
 	TaskClaimToken = "claim_token"
+	// TaskPrior is where a task stood before this project's last write of
+	// its status or queue: "<queue hex> <status> <fresh id>[ <node>]"
+	// (schema.Prior), so that the change event says it without a
+	// pre-image. The fresh id makes every such write change it, so it is
+	// always among the event's updated fields. This project's own field.
+	TaskPrior = "prior"
 	// TaskKill is an operator's request to kill a task ({node, by, at,
 	// reason}): the nodes' wake-up change stream (store.StreamWakeups)
 	// delivers it to the node named in it.
