@@ -122,6 +122,7 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 				{Key: schema.TaskMTime, Value: s.nowMS()},
 				{Key: schema.TaskClaimToken, Value: token},
 				{Key: schema.TaskAdmitted, Value: true},
+				{Key: schema.TaskPrior, Value: schema.Prior{Queue: p.Queue, Status: schema.StatusQueued}.String()},
 			}}})
 		if err != nil {
 			return err

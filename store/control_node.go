@@ -200,10 +200,11 @@ func (s *Store) TaskReleaseDue(ctx context.Context, p TaskTimersParams) (int64, 
 		{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)},
 		{Key: schema.TaskNotBefore, Value: bson.D{{Key: "$lte", Value: p.Now}}},
 		notAwaitingParents,
-	}, bson.D{{Key: "$set", Value: bson.D{
+	}, bson.A{bson.D{{Key: "$set", Value: bson.D{ // a pipeline: it says where each task stood
 		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 		{Key: schema.TaskMTime, Value: s.nowMS()},
-	}}})
+		priorSet(""),
+	}}}})
 	if err != nil {
 		return 0, fmt.Errorf("queue delayed tasks: %w", err)
 	}

@@ -97,6 +97,9 @@ func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now time
 		}
 		set[i] = bson.E{Key: k, Value: v}
 	}
+	// Where each task stood, read as it was (this stage's expressions see
+	// the document before the stage): schema.TaskPrior.
+	set = append(set, priorSet(ps[0].Node))
 	pipeline := bson.A{
 		bson.D{{Key: "$set", Value: bson.D{{Key: pipedField, Value: bson.D{{Key: "$arrayElemAt", Value: bson.A{
 			bson.D{{Key: "$literal", Value: vals}},

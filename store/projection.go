@@ -522,14 +522,22 @@ func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCoun
 // collection (creating it if needed), so change events carry a task's
 // status and queue before an update or delete.
 func (s *Store) TasksPreImagesEnable(ctx context.Context) error {
-	on := bson.D{{Key: "enabled", Value: true}}
-	err := s.db.CreateCollection(ctx, schema.CollTasks, options.CreateCollection().SetChangeStreamPreAndPostImages(on))
+	return s.TasksPreImagesSet(ctx, true)
+}
+
+// TasksPreImagesSet turns changeStreamPreAndPostImages on or off for the
+// tasks collection (creating it if needed). Off, an update or delete by a
+// program that does not write schema.TaskPrior comes without the task's
+// old state (ChangeEvent.Before nil).
+func (s *Store) TasksPreImagesSet(ctx context.Context, on bool) error {
+	opt := bson.D{{Key: "enabled", Value: on}}
+	err := s.db.CreateCollection(ctx, schema.CollTasks, options.CreateCollection().SetChangeStreamPreAndPostImages(opt))
 	var ce mongo.CommandError
 	if errors.As(err, &ce) && ce.Code == 48 { // NamespaceExists
-		err = s.db.RunCommand(ctx, bson.D{{Key: "collMod", Value: schema.CollTasks}, {Key: "changeStreamPreAndPostImages", Value: on}}).Err()
+		err = s.db.RunCommand(ctx, bson.D{{Key: "collMod", Value: schema.CollTasks}, {Key: "changeStreamPreAndPostImages", Value: opt}}).Err()
 	}
 	if err != nil {
-		return fmt.Errorf("enable change stream pre-images on tasks: %w", err)
+		return fmt.Errorf("turn change stream pre-images %s on tasks: %w", map[bool]string{true: "on", false: "off"}[on], err)
 	}
 	return nil
 }

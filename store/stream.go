@@ -15,8 +15,10 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/schema"
 )
 
 // CollStreams holds change-stream resume tokens, one document per stream
@@ -46,6 +48,11 @@ type StreamParams struct {
 	// parents reads without them, and with them again from the event of
 	// a task that starts waiting (WaitsOnParents).
 	GraphEnds bool
+	// NoPreImages: a profile that carries pre-images does not ask for
+	// them (fullDocumentBeforeChange), for a reader that knows they are
+	// off: the server looks one up for every update otherwise, found or
+	// not. Events of our writes still carry Before (schema.TaskPrior).
+	NoPreImages bool
 	// Name names the stream in logs and, with Checkpoint, its saved
 	// position in disbatch_streams.
 	Name string
@@ -172,6 +179,9 @@ func (s *Store) StreamOpen(ctx context.Context, p StreamParams) (*StreamReader, 
 	shape, err := p.Profile.shape(p)
 	if err != nil {
 		return nil, err
+	}
+	if p.NoPreImages {
+		shape.preImages = false
 	}
 	if p.Name == "" {
 		p.Name = p.Profile.String()
@@ -539,6 +549,9 @@ func decodeEvent(current, token bson.Raw) ChangeEvent {
 	ev.Doc, _ = raw.Lookup("fullDocument").DocumentOK()
 	ev.Before, _ = raw.Lookup("fullDocumentBeforeChange").DocumentOK()
 	ev.Updated, _ = raw.Lookup("updateDescription", "updatedFields").DocumentOK()
+	if ev.Before == nil && ev.Op == "update" {
+		ev.Before = beforeFromPrior(ev.Updated)
+	}
 	ev.AdmissionsOnly, _ = raw.Lookup(admissionsOnly).BooleanOK()
 	if removed, ok := raw.Lookup("updateDescription", "removedFields").ArrayOK(); ok {
 		vals, _ := removed.Values()
@@ -549,6 +562,29 @@ func decodeEvent(current, token bson.Raw) ChangeEvent {
 		}
 	}
 	return ev
+}
+
+// beforeFromPrior is the part of a task's pre-image that an update of
+// ours wrote into schema.TaskPrior ({queue, status} and, when known,
+// node), or nil when it wrote none.
+func beforeFromPrior(updated bson.Raw) bson.Raw {
+	v, err := updated.LookupErr(schema.TaskPrior)
+	if err != nil {
+		return nil
+	}
+	s, ok := v.StringValueOK()
+	if !ok {
+		return nil
+	}
+	p, err := schema.ParsePrior(s)
+	if err != nil {
+		return nil
+	}
+	b := bsoncore.NewDocumentBuilder().AppendObjectID(schema.TaskQueue, p.Queue).AppendInt32(schema.TaskStatus, int32(p.Status))
+	if p.Node != "" {
+		b.AppendString(schema.TaskNode, p.Node)
+	}
+	return bson.Raw(b.Build())
 }
 
 // implausible says why a position cannot be in this deployment's history,

@@ -33,13 +33,15 @@ const (
 	// StreamCounters is what changes the queues' counters: every task
 	// insert, replace and delete, and every update of a task's status or
 	// queue (set or removed) or reason (set), with the task's queue and
-	// status before the change (pre-images: TasksPreImagesEnable); and
+	// status before the change (Before: from the write's schema.TaskPrior,
+	// or the pre-image when TasksPreImagesSet turned them on); and
 	// queue inserts and replaces (a new queue gets its counters). Events
 	// carry the task's reason as written (the projector counts reasons).
 	// The counter projector's.
 	StreamCounters
 	// StreamTransitions is every task transition (insert, delete, replace,
-	// a change of status, queue or node) with its pre-image, every queue
+	// a change of status, queue or node) with its pre-image or the
+	// write's schema.TaskPrior (Before, as StreamCounters'), every queue
 	// change, and node changes other than heartbeats (state, drain, dead,
 	// maxthreads; inserts and deletes): for live subscribers. Documents
 	// come whole but for a task's parameters and output.
@@ -204,7 +206,7 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskReason,
 				"fullDocumentBeforeChange."+schema.TaskQueue, "fullDocumentBeforeChange."+schema.TaskStatus, "fullDocumentBeforeChange."+schema.TaskReason,
 				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue,
-				"updateDescription.updatedFields."+schema.TaskReason, "updateDescription.removedFields"),
+				"updateDescription.updatedFields."+schema.TaskReason, "updateDescription.updatedFields."+schema.TaskPrior, "updateDescription.removedFields"),
 		}}, nil
 	case StreamTransitions:
 		heavy := []string{schema.TaskParameters, schema.TaskParams, schema.TaskStdout, schema.TaskStderr, schema.TaskMixedout}

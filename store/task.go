@@ -337,6 +337,7 @@ func (s *Store) TaskClaim(ctx context.Context, p TaskClaimParams) (schema.Task, 
 		{Key: schema.TaskNode, Value: p.Node},
 		{Key: schema.TaskStatus, Value: int32(claimTo(p.Start))},
 		{Key: schema.TaskMTime, Value: s.nowMS()},
+		{Key: schema.TaskPrior, Value: schema.Prior{Queue: p.Queue, Status: schema.StatusQueued}.String()},
 	}, p.Start)
 	var raw bson.Raw
 	err := mongo.ErrNoDocuments
@@ -475,6 +476,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 				{Key: schema.TaskStatus, Value: int32(claimTo(p.Start))},
 				{Key: schema.TaskMTime, Value: s.nowMS()},
 				{Key: schema.TaskClaimToken, Value: token},
+				{Key: schema.TaskPrior, Value: schema.Prior{Queue: p.Queue, Status: schema.StatusQueued}.String()},
 			}, p.Start))
 		if err != nil {
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
@@ -763,12 +765,29 @@ func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []
 	ws := make([]guardedWrite, len(ps))
 	now := s.nowMS()
 	for i, p := range ps {
-		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, guard: startable(now), update: bson.D{{Key: "$set", Value: bson.D{
-			{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
-			{Key: schema.TaskMTime, Value: now},
-		}}, startClears}}
+		// A pipeline, so that it says where the task stood (its queue is
+		// the document's own).
+		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, guard: startable(now), update: bson.A{
+			bson.D{{Key: "$set", Value: bson.D{
+				{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
+				{Key: schema.TaskMTime, Value: now},
+				priorSet(p.Node),
+			}}},
+			bson.D{{Key: "$unset", Value: schema.TaskReason}},
+		}}
 	}
 	return s.guardedMany(ctx, "start", ws, sameNode(ps))
+}
+
+// priorSet is a pipeline's $set of schema.TaskPrior: the task's queue and
+// status as they were before the stage, and node (that of the write's
+// filter). A task without a queue or a status gets null: no prior.
+func priorSet(node string) bson.E {
+	return bson.E{Key: schema.TaskPrior, Value: bson.D{{Key: "$concat", Value: bson.A{
+		bson.D{{Key: "$toString", Value: "$" + schema.TaskQueue}}, " ",
+		bson.D{{Key: "$toString", Value: "$" + schema.TaskStatus}}, " ",
+		bson.NewObjectID().Hex(), " ", bson.D{{Key: "$literal", Value: node}},
+	}}}}
 }
 
 // startClears is the start's $unset: a running task has no reason (the
@@ -791,7 +810,7 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 		switch {
 		case !p.Status.Finished():
 			errs[i] = fmt.Errorf("finish task %s: status %d is not a finished status (> 0)", p.ID.Hex(), p.Status)
-		case len(ps) == 1 || len(p.Stdout)+len(p.Stderr)+len(mixedout(p.Extra)) > s.threshold/16:
+		case len(p.Stdout)+len(p.Stderr)+len(mixedout(p.Extra)) > s.threshold/16:
 			errs[i] = s.TaskFinish(ctx, p)
 		case p.Node == ps[0].Node:
 			piped = append(piped, i)
@@ -833,7 +852,7 @@ type guardedWrite struct {
 	p        TaskTransitionParams
 	from, to schema.Status
 	guard    bson.D // more conditions, beyond {_id, node, status: from}
-	update   bson.D
+	update   any    // update operators, or a pipeline
 	// attempt, when set, guards a finish by its attempt (attemptGuard);
 	// the write counts as landed only where the task's attempt is it.
 	attempt int

@@ -100,6 +100,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"NodeDocsAndBalance", testNodeDocsAndBalance},
 		{"StreamWakeups", testStreamWakeups},
 		{"StreamCountersCarryPreImages", testStreamCountersCarryPreImages},
+		{"StreamOwnWritesSayWhereTheTaskStood", testStreamOwnWritesSayWhereTheTaskStood},
 		{"StreamTransitions", testStreamTransitions},
 		{"StreamCheckpointAndPositions", testStreamCheckpointAndPositions},
 		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},

@@ -478,3 +478,68 @@ func testStreamPaced(t *testing.T, newStore Factory) {
 	require.Len(t, b.Events, 1)
 	require.Equal(t, more[0], b.Events[0].ID.ObjectID())
 }
+
+// testStreamOwnWritesSayWhereTheTaskStood: without pre-images, an update
+// of ours still says where its task stood (schema.TaskPrior), and a write
+// of another program does not.
+func testStreamOwnWritesSayWhereTheTaskStood(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	f := openStream(t, s, store.StreamParams{Profile: store.StreamCounters})
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	f.next(isOp("insert", schema.CollQueues, q.ID))
+	ids := insertTasks(t, s, q.ID, 3)
+	for _, id := range ids {
+		f.next(isOp("insert", schema.CollTasks, id))
+	}
+	stood := func(ev store.ChangeEvent, status schema.Status, node string) {
+		t.Helper()
+		require.NotNil(t, ev.Before, "where the task stood")
+		require.Equal(t, q.ID, ev.Before.Lookup(schema.TaskQueue).ObjectID())
+		require.Equal(t, int32(status), ev.Before.Lookup(schema.TaskStatus).Int32())
+		if node == "" {
+			require.Equal(t, bson.Type(0), ev.Before.Lookup(schema.TaskNode).Type, "no node when the writer did not know it")
+			return
+		}
+		require.Equal(t, node, ev.Before.Lookup(schema.TaskNode).StringValue())
+	}
+
+	// A batched claim straight into running, then a finish of both.
+	won, err := s.TaskClaimMany(ctxT(t), store.TaskClaimManyParams{Queue: q.ID, Node: "n 1", Sort: schema.SortFIFO, Limit: 2, Start: true})
+	require.NoError(t, err)
+	require.Len(t, won.Tasks, 2)
+	for range 2 {
+		stood(f.next(isOp("update", schema.CollTasks, nil)), schema.StatusQueued, "")
+	}
+	errs := s.TaskFinishMany(ctxT(t), []store.TaskFinishParams{
+		{ID: won.Tasks[0].ID, Node: "n 1", Status: schema.StatusSucceeded},
+		{ID: won.Tasks[1].ID, Node: "n 1", Status: schema.StatusFailed},
+	})
+	require.Equal(t, []error{nil, nil}, errs)
+	for range 2 {
+		ev := f.next(isOp("update", schema.CollTasks, nil))
+		stood(ev, schema.StatusRunning, "n 1") // a node name may hold spaces
+		require.NotEqual(t, int32(schema.StatusRunning), ev.Updated.Lookup(schema.TaskStatus).Int32())
+	}
+
+	// A single claim, and its start.
+	_, err = s.TaskClaim(ctxT(t), store.TaskClaimParams{Queue: q.ID, Node: "n2", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	stood(f.next(isOp("update", schema.CollTasks, ids[2])), schema.StatusQueued, "")
+	require.NoError(t, s.TaskStart(ctxT(t), store.TaskTransitionParams{ID: ids[2], Node: "n2"}))
+	stood(f.next(isOp("update", schema.CollTasks, ids[2])), schema.StatusClaimed, "n2")
+
+	// The leader's release of a delayed task.
+	held := insertTasks(t, s, q.ID, 1)[0]
+	f.next(isOp("insert", schema.CollTasks, held))
+	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: held}}, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)}, {Key: schema.TaskNotBefore, Value: time.Now().Add(-time.Second)}})
+	f.next(isOp("update", schema.CollTasks, held))
+	n, err := s.TaskReleaseDue(ctxT(t), store.TaskTimersParams{Now: time.Now()})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	stood(f.next(isOp("update", schema.CollTasks, held)), schema.StatusBlocked, "")
+
+	// Another program's write says nothing of where the task stood.
+	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: ids[2]}}, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}, {Key: schema.TaskNode, Value: schema.Unclaimed}})
+	ev := f.next(isOp("update", schema.CollTasks, ids[2]))
+	require.Nil(t, ev.Before, "no pre-image, no prior: unknown")
+}
