@@ -48,17 +48,30 @@
 // from exactly the checkpoint the last committed batch wrote: nothing is
 // applied twice or missed.
 //
-// # Old status: pre-images
+// # Old status: the writes' own word, and pre-images
 //
-// A transition needs the status (and queue) before the change. The tasks
-// collection gets changeStreamPreAndPostImages, and the stream asks for
-// fullDocumentBeforeChange: whenAvailable. Pre-images cost storage (MongoDB
-// keeps a copy of the task before each update, in config.system.preimages,
-// until it falls out of the oplog window). When a pre-image is missing —
-// expired, or written before pre-images were enabled — the event cannot
-// be applied exactly, so the projector reconciles all queues instead. The
-// alternatives were worse: updateLookup gives the document after the
-// change, not before; remembering statuses in memory is lost with the node.
+// A transition needs the status (and queue) before the change. Our claims
+// and piped finishes write it into the task (schema.TaskPrior), and the
+// store gives their change events a ChangeEvent.Before made from it. Any
+// other change of a task's status or queue — Disbatch 4.103's nodes and
+// tools, a shell, a path of ours that does not write TaskPrior (a start
+// of a claimed task, a single finish with large output, the leader's
+// releases, kills, cancels, recovery) — and every replace and delete
+// needs a pre-image: the tasks collection's changeStreamPreAndPostImages,
+// which the stream asks for (fullDocumentBeforeChange: whenAvailable).
+// Pre-images cost MongoDB a copy of the task before each update (in
+// config.system.preimages, until it falls out of the oplog window) and a
+// read of it per event: about a fifth of a node's server time
+// (docs/scaling.md). So the leader keeps them on only while they are
+// needed: a term starts with them on; after Config.PreImagesIdle (10
+// minutes) in which no such change came, it turns them off; the first
+// one turns them on again. An event that has neither its pre-image nor
+// TaskPrior (that first one, one written while they were off, one whose
+// pre-image expired) cannot be applied exactly, so the projector
+// reconciles all queues instead; a reason such an event wrote is not
+// counted (Stats.Reasons). The alternatives were worse: updateLookup
+// gives the document after the change, not before; remembering statuses
+// in memory is lost with the node.
 //
 // # Reconcile
 //

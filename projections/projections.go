@@ -28,7 +28,7 @@ type Store interface {
 	CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error)
 	QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error)
 	QueueCounters(ctx context.Context) (map[bson.ObjectID]store.StoredCounters, error)
-	TasksPreImagesEnable(ctx context.Context) error
+	TasksPreImagesSet(ctx context.Context, on bool) error
 	LeaseSessionStart(ctx context.Context, ref store.LeaseRef) (*store.LeaseSession, error)
 	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
 }
@@ -48,9 +48,16 @@ type Config struct {
 	// at most that often (at once after a full reply).
 	MaxBatch     int
 	MaxBatchWait time.Duration
-	Clock        clock.Clock
-	Logger       *slog.Logger
+	// PreImagesIdle is how long pre-images stay on after the last change
+	// another program made (default DefaultPreImagesIdle): see "Old
+	// status: pre-images" in the package documentation.
+	PreImagesIdle time.Duration
+	Clock         clock.Clock
+	Logger        *slog.Logger
 }
+
+// DefaultPreImagesIdle is Config.PreImagesIdle's default.
+const DefaultPreImagesIdle = 10 * time.Minute
 
 // Stats are counters for metrics and tests.
 type Stats struct {
@@ -59,6 +66,9 @@ type Stats struct {
 	Events     int64 // events applied (while leader)
 	Batches    int64
 	Reconciles int64
+	// PreImages: this node's projector keeps pre-images on (it leads, and
+	// another program changed a task within Config.PreImagesIdle).
+	PreImages bool
 	// DriftQueues counts queues whose counters differed from a recount
 	// (not counting counters that were missing).
 	DriftQueues int64
@@ -104,6 +114,9 @@ func New(cfg Config) *Service {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 1000
 	}
+	if cfg.PreImagesIdle <= 0 {
+		cfg.PreImagesIdle = DefaultPreImagesIdle
+	}
 	if cfg.MaxBatchWait <= 0 {
 		cfg.MaxBatchWait = 20 * time.Millisecond
 	}
@@ -117,12 +130,9 @@ func New(cfg Config) *Service {
 	return s
 }
 
-// Start enables pre-images on tasks and starts standing for the lease.
+// Start starts standing for the lease.
 func (s *Service) Start(ctx context.Context) error {
 	return s.Base.Start(ctx, func(ctx context.Context, run *lifecycle.Run) error {
-		if err := s.cfg.Store.TasksPreImagesEnable(ctx); err != nil {
-			return err
-		}
 		if err := s.elector.Start(ctx); err != nil {
 			return err
 		}
@@ -159,6 +169,7 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 		return err
 	}
 	defer sess.End(context.Background())
+	defer s.setPreImages(false) // no longer this node's to say
 	p := &projector{s: s, ref: term.Ref(), sess: sess, token: term.Lease.Checkpoint, at: term.Lease.CheckpointTime,
 		skip: map[bson.ObjectID]bson.Timestamp{}, recount: map[bson.ObjectID]bool{}}
 	err = p.run(ctx)
@@ -180,6 +191,12 @@ func (s *Service) commit(ctx context.Context, p store.CountersApplyParams) ([]bs
 }
 
 // recorded adds a committed batch to the stats.
+func (s *Service) setPreImages(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.PreImages = on
+}
+
 func (s *Service) recorded(lags []time.Duration, events int, reasons map[ReasonKey]int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -219,6 +236,15 @@ type projector struct {
 	unknown       bool
 	lastReconcile time.Time
 	lastCommit    time.Time
+	// preImages: pre-images are on (as this term last set them); foreign:
+	// the batch being applied holds a change another program made;
+	// lastForeign: when the last such batch was applied.
+	preImages   bool
+	foreign     bool
+	foreignWhat string // the batch's first such change, for the log
+	lastForeign time.Time
+	lastSet     time.Time
+	failedAt    time.Time // the last failed switch: the next waits a minute
 }
 
 // run follows the stream from the checkpoint (or recounts and starts now)
@@ -226,6 +252,10 @@ type projector struct {
 func (p *projector) run(ctx context.Context) error {
 	clk := p.s.clock
 	p.lastCommit, p.lastReconcile = clk.Now(), clk.Now()
+	// A term starts with pre-images on: it has not yet seen whether
+	// another program writes. Off after PreImagesIdle of our writes alone.
+	p.lastForeign = clk.Now()
+	p.setPreImages(ctx, true, "a term starts with them on")
 	caughtUp := false
 	reconcileOnCatchUp := true
 	r, err := p.open(ctx)
@@ -255,6 +285,16 @@ func (p *projector) run(ctx context.Context) error {
 				}
 				return fmt.Errorf("apply a batch: %w", err) // the next term resumes from the checkpoint
 			}
+		}
+		if p.switchPreImages(ctx) {
+			// Ask for pre-images, or stop asking, from the position
+			// reached.
+			r.Close()
+			next, err := p.open(ctx)
+			if err != nil {
+				return err
+			}
+			r = next
 		}
 		if b.CaughtUp {
 			caughtUp = true
@@ -299,7 +339,7 @@ func (p *projector) open(ctx context.Context) (*store.StreamReader, error) {
 
 func (p *projector) reader(ctx context.Context, from store.Position) (*store.StreamReader, error) {
 	return p.s.cfg.Store.StreamOpen(ctx, store.StreamParams{
-		Profile: store.StreamCounters, Name: "projector", From: from,
+		Profile: store.StreamCounters, Name: "projector", From: from, NoPreImages: !p.preImages,
 		MaxAwait: 500 * time.Millisecond, MaxBatch: p.s.cfg.MaxBatch, BatchWait: p.s.cfg.MaxBatchWait, Pace: p.s.cfg.MaxBatchWait,
 		Logger: p.s.log, // paced in real time
 	})
@@ -368,8 +408,78 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	return nil
 }
 
+// switchPreImages turns pre-images on after a batch that held another
+// program's change, and off once none came for Config.PreImagesIdle. It
+// says whether they changed: the stream is then to be reopened, asking
+// for them or not.
+func (p *projector) switchPreImages(ctx context.Context) (changed bool) {
+	was := p.preImages
+	defer func() { changed = p.preImages != was }()
+	now := p.s.clock.Now()
+	if p.foreign {
+		p.lastForeign = now
+	}
+	if !p.failedAt.IsZero() && now.Sub(p.failedAt) < time.Minute {
+		return
+	}
+	switch {
+	case p.foreign:
+		p.foreign = false
+		if !p.preImages {
+			p.setPreImages(ctx, true, "a change without its prior state (another program's, or a path of ours that does not write it): "+p.foreignWhat)
+		}
+		p.foreignWhat = ""
+	case now.Sub(p.lastForeign) >= p.s.cfg.PreImagesIdle && (p.preImages || now.Sub(p.lastSet) >= p.s.cfg.PreImagesIdle):
+		// Said again every PreImagesIdle: another program (disbatch-web
+		// at its start) may have turned them on.
+		p.setPreImages(ctx, false, "no other program changed a task for "+p.s.cfg.PreImagesIdle.String())
+	}
+	return false // set by the deferred comparison
+}
+
+// setPreImages turns pre-images on or off. A failure is logged and tried
+// again after the next batch: counters stay exact either way (an event
+// without its old state is recounted), only the cost differs.
+func (p *projector) setPreImages(ctx context.Context, on bool, why string) {
+	if err := p.s.cfg.Store.TasksPreImagesSet(ctx, on); err != nil {
+		p.failedAt = p.s.clock.Now()
+		p.s.log.Warn("cannot turn change stream pre-images on or off for tasks; trying again in a minute", "on", on, "error", err)
+		return
+	}
+	p.failedAt = time.Time{}
+	changed := p.preImages != on || p.lastSet.IsZero()
+	p.preImages, p.lastSet = on, p.s.clock.Now()
+	p.s.setPreImages(on)
+	if changed {
+		p.s.log.Info("task pre-images turned "+map[bool]string{true: "on", false: "off"}[on], "why", why)
+	}
+}
+
+// foreign says whether ev is a change of a task that another program made
+// (or a path of ours that does not write schema.TaskPrior): one whose old
+// state only a pre-image gives.
+func foreign(ev store.ChangeEvent) bool {
+	if ev.Coll != schema.CollTasks {
+		return false
+	}
+	switch ev.Op {
+	case "replace", "delete":
+		return true
+	case "update":
+		v, err := ev.Updated.LookupErr(schema.TaskPrior)
+		return err != nil || v.Type != bson.TypeString
+	}
+	return false
+}
+
 // fold adds one event's effect to deltas.
 func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bson.ObjectID]*store.CounterDelta) {
+	if foreign(ev) {
+		if !p.foreign {
+			p.foreignWhat = ev.Op + " of task " + ev.ID.String()
+		}
+		p.foreign = true
+	}
 	switch ev.Op {
 	case "dropDatabase", "invalidate", "drop", "rename":
 		p.full = true

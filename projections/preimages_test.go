@@ -1,0 +1,93 @@
+package projections_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/projections"
+	"github.com/disbatch-go/disbatch/schema"
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// preImagesOn reads the tasks collection's changeStreamPreAndPostImages.
+func preImagesOn(t *testing.T, db *mongo.Database) bool {
+	t.Helper()
+	specs, err := db.ListCollectionSpecifications(context.Background(), bson.D{{Key: "name", Value: schema.CollTasks}})
+	require.NoError(t, err)
+	require.Len(t, specs, 1)
+	on, _ := specs[0].Options.Lookup("changeStreamPreAndPostImages", "enabled").BooleanOK()
+	return on
+}
+
+// TestPreImagesOnlyWhileAnotherProgramWrites: a term starts with pre-images
+// on; after PreImagesIdle of our own claims and finishes alone (which say
+// where their task stood) they go off, and the counters stay exact; a
+// change by another program turns them on again, and the counters stay
+// exact through it.
+func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	q := newQueue(t, db, "q", 0, true)
+	logs := &logBuf{}
+	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, PreImagesIdle: 300 * time.Millisecond, Logger: logger(logs)})
+	require.NoError(t, svc.Start(ctx))
+	t.Cleanup(svc.Stop)
+	require.Eventually(t, func() bool { return svc.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return svc.Stats().PreImages && preImagesOn(t, db) }, 10*time.Second, 10*time.Millisecond, "a term starts with them on")
+
+	// Our writes alone: claims straight into running, and their finishes.
+	ours := func(n int) {
+		t.Helper()
+		insertBurst(t, db, q, 0, n, func(int) any { return -2 })
+		for {
+			won, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q, Node: "n1", Sort: schema.SortFIFO, Limit: 3, Start: true})
+			require.NoError(t, err)
+			if len(won.Tasks) == 0 {
+				return
+			}
+			var fin []store.TaskFinishParams
+			for i, task := range won.Tasks {
+				fin = append(fin, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.Status(1 + i%2)})
+			}
+			for _, err := range s.TaskFinishMany(ctx, fin) {
+				require.NoError(t, err)
+			}
+		}
+	}
+	require.Eventually(t, func() bool {
+		ours(2)
+		return !svc.Stats().PreImages
+	}, 10*time.Second, 100*time.Millisecond, "pre-images never went off")
+	require.False(t, preImagesOn(t, db))
+	ours(7)
+	requireExact(t, s, 10*time.Second)
+	require.Zero(t, svc.Stats().DriftQueues, "no drift")
+
+	// Another program fails a queued task and requeues a finished one.
+	ids := insertBurst(t, db, q, 0, 2, func(int) any { return -2 })
+	tasks := db.Collection(schema.CollTasks)
+	_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[0]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 2}}}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return svc.Stats().PreImages && preImagesOn(t, db) }, 10*time.Second, 10*time.Millisecond,
+		"another program's change turns them on")
+	_, err = tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}}}})
+	require.NoError(t, err)
+	requireExact(t, s, 10*time.Second)
+	require.Zero(t, svc.Stats().DriftQueues, "no drift")
+
+	// Our writes alone again: off again.
+	require.Eventually(t, func() bool {
+		ours(2)
+		return !svc.Stats().PreImages
+	}, 10*time.Second, 100*time.Millisecond, "pre-images never went off again")
+	requireExact(t, s, 10*time.Second)
+	require.Contains(t, logs.String(), "task pre-images turned off")
+}
