@@ -103,7 +103,11 @@ type Config struct {
 	// NoProjector keeps this node out of the election of the counter
 	// projector (package projections); some node must run it.
 	NoProjector bool
-	Logger      *slog.Logger
+	// PreImagesIdle, when this node's projector leads, is how long task
+	// pre-images stay on after another program's change (0:
+	// projections.DefaultPreImagesIdle).
+	PreImagesIdle time.Duration
+	Logger        *slog.Logger
 	// Clock is the time source of the node's time-based logic (ticks,
 	// heartbeats, fencing, leases); default the real clock.
 	Clock clock.Clock

@@ -141,7 +141,7 @@ func New(cfg Config) (*Node, error) {
 	n.leader = leadership.New(leadership.Config{Lease: LeaderLease, Owner: cfg.Name, Store: cfg.Store, TTL: cfg.FenceAfter, Clock: cfg.Clock, Logger: log},
 		duties...)
 	if !cfg.NoProjector {
-		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, Clock: cfg.Clock, Logger: log})
+		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, PreImagesIdle: cfg.PreImagesIdle, Clock: cfg.Clock, Logger: log})
 	}
 	return n, nil
 }

@@ -56,6 +56,8 @@ type config struct {
 	// ClaimRunning: the nodes claim straight into running (node
 	// Config.ClaimRunning).
 	ClaimRunning bool
+	// PreImagesIdle: the nodes' node.Config.PreImagesIdle.
+	PreImagesIdle time.Duration
 
 	PickupRate     int
 	PickupDuration time.Duration
@@ -131,6 +133,7 @@ var defaults = config{
 	MaxThreads:        64,
 	ClaimBatch:        claimer.DefaultBatch,
 	ClaimRunning:      true,
+	PreImagesIdle:     100 * time.Millisecond,
 	PickupRate:        50,
 	PickupDuration:    20 * time.Second,
 	Tasks:             100_000,
@@ -340,6 +343,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.StringVar(&c.CPUProf, "cpuprofile", "", "write a CPU profile of this process (in-process nodes included) to `FILE`")
 	fs.IntVar(&c.MaxThreads, "maxthreads", defaults.MaxThreads, "queue and node maxthreads in throughput and scale; goroutines of the raw per-task loop")
 	fs.IntVar(&c.ClaimBatch, "claim-batch", defaults.ClaimBatch, "the nodes' batched-claim size on a backlog (1: one findOneAndUpdate per task, to compare)")
+	fs.DurationVar(&c.PreImagesIdle, "pre-images-idle", defaults.PreImagesIdle, "the nodes' projector turns task pre-images off after this long with no other program's change (disbatchd: 10m; the bench's drains last seconds, so its default stands for a cluster of our nodes that has run that long)")
 	fs.BoolVar(&c.ClaimRunning, "claim-running", defaults.ClaimRunning, "the nodes claim tasks straight into running, as disbatchd does by default (false: claim into -1, then a start write, to compare)")
 	fs.IntVar(&c.PickupRate, "pickup-rate", defaults.PickupRate, "pickup: tasks inserted per second, one at a time")
 	fs.DurationVar(&c.PickupDuration, "pickup-duration", defaults.PickupDuration, "pickup: how long each of the five pickup runs submits (quick: "+quickDefaults.PickupDuration.String()+")")

@@ -67,6 +67,7 @@ func runNodeProcess(args []string) int {
 	claimBatch := fs.Int("claim-batch", defaults.ClaimBatch, "the node's batched-claim size")
 	memProfile := fs.String("memprofile", "", "write a heap profile to `FILE` when asked to stop, before stopping")
 	runsFile := fs.String("runs", "", "write the id of every task the plugin ran to `FILE`, one per line, once stopped")
+	preImagesIdle := fs.Duration("pre-images-idle", 0, "node Config.PreImagesIdle")
 	pollOnly := fs.Bool("poll-only", false, "no wake-up change streams: the tick and finishes alone find work")
 	verbose := fs.Bool("verbose", false, "info logs")
 	if err := fs.Parse(args); err != nil {
@@ -112,7 +113,7 @@ func runNodeProcess(args []string) int {
 			runs = append(runs, id)
 			runsMu.Unlock()
 		}),
-		MaxThreads: maxThreads, ClaimBatch: *claimBatch, Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly,
+		MaxThreads: maxThreads, ClaimBatch: *claimBatch, Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly, PreImagesIdle: *preImagesIdle,
 	})
 	if err != nil {
 		return fail(err)
@@ -423,7 +424,8 @@ func (e *env) startNodeProc(ctx context.Context, db, name string, maxThreads int
 		return nil, err
 	}
 	args := append([]string{nodeCommand, "--db", db, "--name", name, "--maxthreads", strconv.Itoa(maxThreads),
-		"--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning), "--claim-batch", strconv.Itoa(e.cfg.ClaimBatch)}, extra...)
+		"--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning), "--claim-batch", strconv.Itoa(e.cfg.ClaimBatch),
+		"--pre-images-idle", e.cfg.PreImagesIdle.String()}, extra...)
 	if e.cfg.Verbose {
 		args = append(args, "--verbose")
 	}

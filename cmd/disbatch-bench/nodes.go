@@ -55,6 +55,7 @@ func (e *env) startNodes(ctx context.Context, spec nodeSpec) (*nodes, error) {
 			MaxThreads:     &maxThreads,
 			ClaimBatch:     e.cfg.ClaimBatch,
 			ClaimRunning:   e.cfg.ClaimRunning,
+			PreImagesIdle:  e.cfg.PreImagesIdle,
 			PollOnly:       spec.PollOnly,
 			Observer:       spec.Observer,
 			Logger:         e.nodeLog,

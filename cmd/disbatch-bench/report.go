@@ -48,6 +48,7 @@ type Conditions struct {
 	MaxThreads     int       `json:"maxthreads"`
 	ClaimBatch     int       `json:"claim_batch"`
 	ClaimRunning   bool      `json:"claim_running"`
+	PreImagesIdle  string    `json:"pre_images_idle"`
 	WriteConcerns  string    `json:"write_concerns"`
 	Counts         []Count   `json:"counts"`
 	// Load is the machine's 1-minute load average at the start and after
@@ -99,6 +100,9 @@ func renderTable(r *Report) string {
 		cond.add("machine load", "1-minute load average (/proc/loadavg) at "+strings.Join(loads, ", after "))
 	}
 	cond.add("write concerns", c.WriteConcerns)
+	if c.PreImagesIdle != "" {
+		cond.add("task pre-images", "off after "+c.PreImagesIdle+" with no other program's change (--pre-images-idle; disbatchd: 10m)")
+	}
 	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d%s; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, claimsInto(c.ClaimRunning), c.MaxThreads, ceilingBatch))
 	cond.add("tasks", "fifo queues of a no-op plugin; in-process nodes with their own client each; fresh database per measurement")
 	for _, n := range c.Counts {

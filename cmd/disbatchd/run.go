@@ -20,6 +20,7 @@ import (
 	"github.com/disbatch-go/disbatch/metrics"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/reaper"
 	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/supervisor"
@@ -56,6 +57,7 @@ type settings struct {
 	Heartbeat     duration          `json:"heartbeat"`
 	FenceAfter    duration          `json:"fence_after"`
 	DeadAfter     duration          `json:"dead_after"`
+	PreImagesIdle duration          `json:"pre_images_idle"`
 	PollOnly      bool              `json:"poll_only"`
 	// ClaimRunning is --claim-running (default on); the file turns it off
 	// with claim_running: false.
@@ -115,7 +117,7 @@ writes.
 Settings come from flags, then the environment, then --config FILE (JSON with
 the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
 plugins, plugin_timeout, grace, tick, orphan_after, heartbeat, fence_after,
-dead_after, poll_only, no_projector, output_threshold, log_format, log_level,
+dead_after, pre_images_idle, poll_only, no_projector, output_threshold, log_format, log_level,
 metrics_addr, queue_balance, no_supervise, state_dir, supervisor_pool,
 claim_running), then
 the defaults.
@@ -222,6 +224,8 @@ func run(ctx context.Context, args []string, e env) int {
 	f.Var((*durationFlag)(&s.FenceAfter), "fence-after", "with no heartbeat acknowledged this long, stop claiming and kill running tasks until MongoDB answers")
 	s.DeadAfter = duration(node.DefaultDeadAfter)
 	f.Var((*durationFlag)(&s.DeadAfter), "dead-after", "declare a node dead whose heartbeat is this old (server clock): requeue its claimed tasks, orphan its running ones")
+	s.PreImagesIdle = duration(projections.DefaultPreImagesIdle)
+	f.Var((*durationFlag)(&s.PreImagesIdle), "pre-images-idle", "while this node's projector leads, task change-stream pre-images stay on this long after the last change another program made (Disbatch 4.103, a shell): our claims and finishes say themselves where their task stood; a change with neither costs a recount of every queue")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
 	f.Func("claim-running", "claim tasks straight into running (status 0, seed 004's \"or 0 if immediately processed\"), saving each task's start write; a task so claimed whose node dies before its plugin starts (milliseconds) is orphaned, not requeued (default true; false: claim into -1, then start)", func(v string) error {
 		b, err := strconv.ParseBool(v)
@@ -339,7 +343,7 @@ func checkSettings(s settings) error {
 	}{
 		{"heartbeat", s.Heartbeat, true}, {"fence-after", s.FenceAfter, true}, {"dead-after", s.DeadAfter, true},
 		{"tick", s.Tick, true}, {"grace", s.Grace, false}, {"orphan-after", s.OrphanAfter, true},
-		{"plugin-timeout", s.PluginTimeout, false},
+		{"plugin-timeout", s.PluginTimeout, false}, {"pre-images-idle", s.PreImagesIdle, false},
 	} {
 		if d.v < 0 || (d.positive && d.v == 0) {
 			want := "must not be negative"
@@ -426,7 +430,7 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 		"plugin-timeout": {&s.PluginTimeout, &file.PluginTimeout}, "grace": {&s.Grace, &file.Grace},
 		"tick": {&s.Tick, &file.Tick}, "orphan-after": {&s.OrphanAfter, &file.OrphanAfter},
 		"heartbeat": {&s.Heartbeat, &file.Heartbeat}, "fence-after": {&s.FenceAfter, &file.FenceAfter},
-		"dead-after": {&s.DeadAfter, &file.DeadAfter},
+		"dead-after": {&s.DeadAfter, &file.DeadAfter}, "pre-images-idle": {&s.PreImagesIdle, &file.PreImagesIdle},
 	} {
 		if *pair[1] != 0 && unset(flag, "") {
 			*pair[0] = *pair[1]
@@ -573,7 +577,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		Tick: time.Duration(s.Tick), Grace: grace(time.Duration(s.Grace)), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),
-		Observer: obs, Supervise: launcher, ClaimRunning: s.ClaimRunning == nil || *s.ClaimRunning,
+		Observer: obs, Supervise: launcher, ClaimRunning: s.ClaimRunning == nil || *s.ClaimRunning, PreImagesIdle: time.Duration(s.PreImagesIdle),
 		SuperviseMongo: supervisor.Mongo{URI: s.MongoURI, Database: s.Database, OutputThreshold: s.OutputThreshold},
 	})
 	if err != nil {
