@@ -467,7 +467,11 @@ func foreign(ev store.ChangeEvent) bool {
 		return true
 	case "update":
 		v, err := ev.Updated.LookupErr(schema.TaskPrior)
-		return err != nil || v.Type != bson.TypeString
+		if err != nil || v.Type != bson.TypeString {
+			return true
+		}
+		_, err = schema.ParsePrior(v.StringValue())
+		return err != nil
 	}
 	return false
 }
