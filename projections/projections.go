@@ -190,13 +190,14 @@ func (s *Service) commit(ctx context.Context, p store.CountersApplyParams) ([]bs
 	return s.cfg.Store.CountersApply(tctx, p)
 }
 
-// recorded adds a committed batch to the stats.
+// setPreImages records in the stats whether pre-images are on.
 func (s *Service) setPreImages(on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.PreImages = on
 }
 
+// recorded adds a committed batch to the stats.
 func (s *Service) recorded(lags []time.Duration, events int, reasons map[ReasonKey]int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
