@@ -167,6 +167,8 @@ var (
 		"1 while this node holds the \"leader\" lease and runs the cluster-wide duties (stale-claim sweep, dead-node recovery), else 0.", nil, nil)
 	descDrift = prometheus.NewDesc("disbatch_projection_drift_queues_total",
 		"Queues whose counters differed from a recount (should stay 0).", nil, nil)
+	descPreImages = prometheus.NewDesc("disbatch_projection_pre_images",
+		"1 while this node's counter projector keeps the tasks collection's change-stream pre-images on (a term's start, and PreImagesIdle after another program's change), 0 otherwise.", nil, nil)
 	descReasons = prometheus.NewDesc("disbatch_task_reasons_total",
 		"Reasons written on tasks (why a task ended or is held: cancelled, killed, timeout, expired, retrying, requeued, rerun, orphaned, ...), "+
 			"by queue, whoever wrote them (a node, the CLI, the web API, another program): counted from the change stream by the counter "+
@@ -175,7 +177,7 @@ var (
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descStreamQuiets, descLeader, descLag, descProjEvents, descDrift, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons} {
+		descStreamResumes, descStreamRescans, descStreamQuiets, descLeader, descLag, descProjEvents, descDrift, descPreImages, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons} {
 		ch <- d
 	}
 }
@@ -290,6 +292,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descLag, ps.LagP99.Seconds(), "0.99")
 	counter(descProjEvents, ps.Events)
 	counter(descDrift, ps.DriftQueues)
+	gauge(descPreImages, flag(ps.PreImages))
 	// By queue name (same-named queues added up; a queue gone since is
 	// named by its id).
 	reasons := map[[2]string]int64{}
