@@ -4,10 +4,12 @@
 // A Hub follows one change stream of the database (store profile
 // StreamTransitions; never polling) and fans its events out to every
 // subscriber: it is a service (Start, Stop) and the endpoint's
-// http.Handler. Task status changes are read from the change events'
-// pre-images, so the tasks collection must have them on
-// (store.TasksPreImagesEnable; the counter projector turns them on);
-// without them, updates say "from": null and "queue": null.
+// http.Handler. Task status changes are read from what the change events
+// say of the task before the change: the write's own schema.TaskPrior
+// (our claims and batched finishes) or the pre-image. The counter
+// projector keeps pre-images on only while other programs write tasks
+// (it turns them on at their first change, which is the one without
+// either): such an update then says "from": null and "queue": null.
 //
 // # Request
 //
