@@ -530,11 +530,25 @@ func (s *Store) TasksPreImagesEnable(ctx context.Context) error {
 // program that does not write schema.TaskPrior comes without the task's
 // old state (ChangeEvent.Before nil).
 func (s *Store) TasksPreImagesSet(ctx context.Context, on bool) error {
+	// Read first: a collMod takes the collection's exclusive lock, which
+	// waits for the writes under way and holds up those that follow.
+	specs, err := s.db.ListCollectionSpecifications(ctx, bson.D{{Key: "name", Value: schema.CollTasks}})
+	if err != nil {
+		return fmt.Errorf("read the tasks collection's options: %w", err)
+	}
+	if len(specs) == 1 {
+		if now, _ := specs[0].Options.Lookup("changeStreamPreAndPostImages", "enabled").BooleanOK(); now == on {
+			return nil
+		}
+	}
 	opt := bson.D{{Key: "enabled", Value: on}}
-	err := s.db.CreateCollection(ctx, schema.CollTasks, options.CreateCollection().SetChangeStreamPreAndPostImages(opt))
+	err = s.db.CreateCollection(ctx, schema.CollTasks, options.CreateCollection().SetChangeStreamPreAndPostImages(opt))
 	var ce mongo.CommandError
 	if errors.As(err, &ce) && ce.Code == 48 { // NamespaceExists
-		err = s.db.RunCommand(ctx, bson.D{{Key: "collMod", Value: schema.CollTasks}, {Key: "changeStreamPreAndPostImages", Value: opt}}).Err()
+		// Bounded: waiting for the lock, it holds up every write to tasks
+		// that comes after it (the caller tries again later).
+		err = s.db.RunCommand(ctx, bson.D{{Key: "collMod", Value: schema.CollTasks}, {Key: "changeStreamPreAndPostImages", Value: opt},
+			{Key: "maxTimeMS", Value: 1000}}).Err()
 	}
 	if err != nil {
 		return fmt.Errorf("turn change stream pre-images %s on tasks: %w", map[bool]string{true: "on", false: "off"}[on], err)
