@@ -467,12 +467,7 @@ func foreign(ev store.ChangeEvent) bool {
 	case "replace", "delete":
 		return true
 	case "update":
-		v, err := ev.Updated.LookupErr(schema.TaskPrior)
-		if err != nil || v.Type != bson.TypeString {
-			return true
-		}
-		_, err = schema.ParsePrior(v.StringValue())
-		return err != nil
+		return !ev.Prior
 	}
 	return false
 }

@@ -113,6 +113,10 @@ type ChangeEvent struct {
 	Before  bson.Raw
 	Updated bson.Raw
 	Removed []string
+	// Prior: an update of ours that says where its task stood
+	// (schema.TaskPrior, parsed); Before is made from it when the event
+	// has no pre-image. An update without it needs a pre-image.
+	Prior bool
 	// AdmissionsOnly (StreamWakeups): a queue update that set only its
 	// admitted count (and projected counters): room under max_running
 	// moved, none of its settings did.
@@ -549,8 +553,13 @@ func decodeEvent(current, token bson.Raw) ChangeEvent {
 	ev.Doc, _ = raw.Lookup("fullDocument").DocumentOK()
 	ev.Before, _ = raw.Lookup("fullDocumentBeforeChange").DocumentOK()
 	ev.Updated, _ = raw.Lookup("updateDescription", "updatedFields").DocumentOK()
-	if ev.Before == nil && ev.Op == "update" {
-		ev.Before = beforeFromPrior(ev.Updated)
+	if ev.Op == "update" {
+		if before := beforeFromPrior(ev.Updated); before != nil {
+			ev.Prior = true
+			if ev.Before == nil {
+				ev.Before = before
+			}
+		}
 	}
 	ev.AdmissionsOnly, _ = raw.Lookup(admissionsOnly).BooleanOK()
 	if removed, ok := raw.Lookup("updateDescription", "removedFields").ArrayOK(); ok {

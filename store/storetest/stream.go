@@ -494,6 +494,7 @@ func testStreamOwnWritesSayWhereTheTaskStood(t *testing.T, newStore Factory) {
 	stood := func(ev store.ChangeEvent, status schema.Status, node string) {
 		t.Helper()
 		require.NotNil(t, ev.Before, "where the task stood")
+		require.True(t, ev.Prior, "said by the write itself")
 		require.Equal(t, q.ID, ev.Before.Lookup(schema.TaskQueue).ObjectID())
 		require.Equal(t, int32(status), ev.Before.Lookup(schema.TaskStatus).Int32())
 		if node == "" {
@@ -542,4 +543,5 @@ func testStreamOwnWritesSayWhereTheTaskStood(t *testing.T, newStore Factory) {
 	set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: ids[2]}}, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}, {Key: schema.TaskNode, Value: schema.Unclaimed}})
 	ev := f.next(isOp("update", schema.CollTasks, ids[2]))
 	require.Nil(t, ev.Before, "no pre-image, no prior: unknown")
+	require.False(t, ev.Prior)
 }
