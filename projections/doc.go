@@ -50,14 +50,14 @@
 //
 // # Old status: the writes' own word, and pre-images
 //
-// A transition needs the status (and queue) before the change. Our claims
-// and piped finishes write it into the task (schema.TaskPrior), and the
-// store gives their change events a ChangeEvent.Before made from it. Any
-// other change of a task's status or queue — Disbatch 4.103's nodes and
-// tools, a shell, a path of ours that does not write TaskPrior (a start
-// of a claimed task, a single finish with large output, the leader's
-// releases, kills, cancels, recovery) — and every replace and delete
-// needs a pre-image: the tasks collection's changeStreamPreAndPostImages,
+// A transition needs the status (and queue) before the change. Every write
+// of ours that moves a task (claims, starts, finishes, hand-backs, the
+// timers' releases and expiries, kills, cancels, retries, recovery, the
+// settling of task graphs) writes it into the task (schema.TaskPrior),
+// and the store gives its change events a ChangeEvent.Before made from
+// it (a conformance test follows every such path). Any other change of a
+// task's status or queue — Disbatch 4.103's nodes and tools, a shell —
+// and every replace and delete needs a pre-image: the tasks collection's changeStreamPreAndPostImages,
 // which the stream asks for (fullDocumentBeforeChange: whenAvailable).
 // Pre-images cost MongoDB a copy of the task before each update (in
 // config.system.preimages, until it falls out of the oplog window) and a

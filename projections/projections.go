@@ -427,7 +427,7 @@ func (p *projector) switchPreImages(ctx context.Context) (changed bool) {
 	case p.foreign:
 		p.foreign = false
 		if !p.preImages {
-			p.setPreImages(ctx, true, "a change without its prior state (another program's, or a path of ours that does not write it): "+p.foreignWhat)
+			p.setPreImages(ctx, true, "a change that does not say where its task stood (another program's): "+p.foreignWhat)
 		}
 		p.foreignWhat = ""
 	case now.Sub(p.lastForeign) >= p.s.cfg.PreImagesIdle && (p.preImages || now.Sub(p.lastSet) >= p.s.cfg.PreImagesIdle):
@@ -457,8 +457,9 @@ func (p *projector) setPreImages(ctx context.Context, on bool, why string) {
 }
 
 // foreign says whether ev is a change of a task that another program made
-// (or a path of ours that does not write schema.TaskPrior): one whose old
-// state only a pre-image gives.
+// (every write of ours that moves a task writes schema.TaskPrior; the
+// store's conformance suite holds it to that): one whose old state only a
+// pre-image gives.
 func foreign(ev store.ChangeEvent) bool {
 	if ev.Coll != schema.CollTasks {
 		return false

@@ -305,6 +305,7 @@ func endUnrun(reason, line string, more ...bson.E) mongo.Pipeline {
 		{Key: schema.TaskReason, Value: reason},
 		{Key: schema.TaskStderr, Value: appendLineExpr("$"+schema.TaskStderr, line)},
 		{Key: schema.TaskMTime, Value: "$$NOW"},
+		priorSet(""),
 	}
 	return mongo.Pipeline{
 		{{Key: "$set", Value: append(set, more...)}},
@@ -560,6 +561,7 @@ func requeue(by string) mongo.Pipeline {
 			{Key: schema.TaskReason, Value: schema.ReasonRequeued},
 			{Key: schema.TaskRequeued, Value: bson.D{{Key: schema.KillBy, Value: literal(by)}, {Key: schema.KillAt, Value: "$$NOW"}}},
 			{Key: schema.TaskMTime, Value: "$$NOW"},
+			priorSet(""),
 		}}},
 		{{Key: "$unset", Value: bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries, schema.TaskAwaitingParents, schema.TaskComplete}}},
 	}

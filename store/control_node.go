@@ -107,6 +107,7 @@ func (s *Store) settleGone(ctx context.Context, filter bson.D, claimedToo bool) 
 		{Key: schema.TaskReason, Value: schema.ReasonKilled},
 		{Key: schema.TaskStderr, Value: appendLineExpr("$"+schema.TaskStderr, "killed: its node went away before it could kill it; the kill was settled by recovery")},
 		{Key: schema.TaskMTime, Value: "$$NOW"},
+		priorSet(""),
 	}, attemptEnded(schema.StatusFailed, schema.ReasonKilled)...)}}})
 	if err != nil {
 		return settled, fmt.Errorf("settle kills: %w", err)
@@ -126,6 +127,7 @@ func (s *Store) settleGone(ctx context.Context, filter bson.D, claimedToo bool) 
 				bson.E{Key: schema.TaskReason, Value: schema.ReasonRerun},
 				bson.E{Key: schema.TaskTries, Value: bson.D{{Key: "$add", Value: bson.A{triesExpr, 1}}}},
 				bson.E{Key: schema.TaskMTime, Value: "$$NOW"},
+				priorSet(""),
 			)}}})
 		if err != nil {
 			return settled, fmt.Errorf("requeue orphans of queues with rerun_orphans: %w", err)
@@ -137,6 +139,7 @@ func (s *Store) settleGone(ctx context.Context, filter bson.D, claimedToo bool) 
 			bson.E{Key: schema.TaskStatus, Value: int32(schema.StatusOrphaned)},
 			bson.E{Key: schema.TaskReason, Value: schema.ReasonOrphaned},
 			bson.E{Key: schema.TaskMTime, Value: "$$NOW"},
+			priorSet(""),
 		)}}})
 	if err != nil {
 		return settled, fmt.Errorf("orphan tasks: %w", err)

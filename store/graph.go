@@ -705,14 +705,11 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 	}
 	if len(queue) > 0 {
 		r, err := s.tasks.UpdateMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(queue)}}}}, awaiting...),
-			bson.D{
-				{Key: "$set", Value: bson.D{
-					{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
-					{Key: schema.TaskNode, Value: schema.Unclaimed},
-					{Key: schema.TaskMTime, Value: s.nowMS()},
-				}},
-				{Key: "$unset", Value: bson.D{{Key: schema.TaskAwaitingParents, Value: ""}}},
-			})
+			setPiped("", bson.D{
+				{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+				{Key: schema.TaskNode, Value: schema.Unclaimed},
+				{Key: schema.TaskMTime, Value: s.nowMS()},
+			}, schema.TaskAwaitingParents))
 		if err != nil {
 			return nil, fmt.Errorf("queue %d children whose parents allow it: %w", len(queue), err)
 		}
@@ -762,15 +759,12 @@ func (s *Store) graphReblock(ctx context.Context, parents []bson.ObjectID) (int6
 				continue
 			}
 			r, err := s.tasks.UpdateMany(ctx, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}}, parentFailed...),
-				bson.D{
-					{Key: "$set", Value: bson.D{
-						{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)},
-						{Key: schema.TaskNode, Value: schema.Unclaimed},
-						{Key: schema.TaskAwaitingParents, Value: true},
-						{Key: schema.TaskMTime, Value: s.nowMS()},
-					}},
-					{Key: "$unset", Value: bson.D{{Key: schema.TaskReason, Value: ""}}},
-				})
+				setPiped("", bson.D{
+					{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)},
+					{Key: schema.TaskNode, Value: schema.Unclaimed},
+					{Key: schema.TaskAwaitingParents, Value: true},
+					{Key: schema.TaskMTime, Value: s.nowMS()},
+				}, schema.TaskReason))
 			if err != nil {
 				return n, fmt.Errorf("block descendants again: %w", err)
 			}

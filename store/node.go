@@ -254,11 +254,11 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 func (s *Store) foreignNodeRecover(ctx context.Context, name string) (DeadNode, error) {
 	res, err := s.tasks.UpdateMany(ctx,
 		bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}},
-		bson.D{{Key: "$set", Value: bson.D{
+		setPiped(name, bson.D{
 			{Key: schema.TaskNode, Value: schema.Unclaimed},
 			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 			{Key: schema.TaskMTime, Value: s.nowMS()},
-		}}})
+		}))
 	if err != nil {
 		return DeadNode{}, fmt.Errorf("requeue the claimed tasks of 4.103 node %q: %w", name, err)
 	}
@@ -292,11 +292,11 @@ func (s *Store) nodeDeadRecover(ctx context.Context, id bson.ObjectID, name stri
 		now := s.nowMS()
 		requeued, err := s.tasks.UpdateMany(ctx,
 			bson.D{{Key: schema.TaskNode, Value: name}, {Key: schema.TaskStatus, Value: int32(schema.StatusClaimed)}, {Key: schema.TaskKill, Value: bson.D{{Key: "$exists", Value: false}}}},
-			bson.D{{Key: "$set", Value: bson.D{
+			setPiped(name, bson.D{
 				{Key: schema.TaskNode, Value: schema.Unclaimed},
 				{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 				{Key: schema.TaskMTime, Value: now},
-			}}})
+			}))
 		if err != nil {
 			return nil, err
 		}

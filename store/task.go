@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -543,11 +544,11 @@ func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node s
 		defer cancel()
 		_, rerr := s.tasks.UpdateMany(cctx,
 			bson.D{{Key: schema.TaskClaimToken, Value: token}, {Key: schema.TaskNode, Value: node}, {Key: schema.TaskStatus, Value: int32(to)}},
-			bson.D{{Key: "$set", Value: bson.D{
+			setPiped(node, bson.D{
 				{Key: schema.TaskNode, Value: schema.Unclaimed},
 				{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 				{Key: schema.TaskMTime, Value: s.nowMS()},
-			}}})
+			}))
 		if rerr != nil {
 			err = fmt.Errorf("%w; handing them back failed too, so they stay claimed until orphaned: %v", err, rerr)
 		}
@@ -713,7 +714,7 @@ func (s *Store) guarded(ctx context.Context, what string, p TaskTransitionParams
 func (s *Store) guardedID(ctx context.Context, what string, id any, node string, from schema.Status, set bson.D) error {
 	res, err := s.tasks.UpdateOne(ctx,
 		bson.D{{Key: "_id", Value: id}, {Key: schema.TaskNode, Value: node}, {Key: schema.TaskStatus, Value: int32(from)}},
-		bson.D{{Key: "$set", Value: set}})
+		setPiped(node, set))
 	if err != nil {
 		return fmt.Errorf("%s task %s: %w", what, idText(id), err)
 	}
@@ -788,6 +789,25 @@ func priorSet(node string) bson.E {
 		bson.D{{Key: "$toString", Value: "$" + schema.TaskStatus}}, " ",
 		bson.NewObjectID().Hex(), " ", bson.D{{Key: "$literal", Value: node}},
 	}}}}
+}
+
+// setPiped is an update that sets set's values and removes unset's
+// fields, as {$set: set, $unset: unset} would, written as a pipeline so
+// that it also says where each task stood (priorSet; node as there): the
+// counter projector then needs no pre-image of the change. Every value is
+// under $literal, so none is read as an expression. New fields are added
+// in name order, as update operators add them.
+func setPiped(node string, set bson.D, unset ...string) bson.A {
+	lit := make(bson.D, 0, len(set)+1)
+	for _, e := range set {
+		lit = append(lit, bson.E{Key: e.Key, Value: literal(e.Value)})
+	}
+	slices.SortStableFunc(lit, func(a, b bson.E) int { return strings.Compare(a.Key, b.Key) })
+	stages := bson.A{bson.D{{Key: "$set", Value: append(lit, priorSet(node))}}}
+	if len(unset) > 0 {
+		stages = append(stages, bson.D{{Key: "$unset", Value: unset}})
+	}
+	return stages
 }
 
 // startClears is the start's $unset: a running task has no reason (the
@@ -1187,13 +1207,43 @@ func finishOf(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Tim
 	return c
 }
 
-// finishWrite is the guarded write of finishOf's change, as update
-// operators.
+// finishWrite is the guarded write of finishOf's change, as a pipeline
+// that says where the task stood (finishChange.pipeline).
 func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Time) guardedWrite {
 	c := finishOf(p, stdout, stderr, extra, now)
 	w := c.guarded(p)
-	w.update = c.operators()
+	w.update = c.pipeline(p.Node)
 	return w
+}
+
+// pipeline is c as an update pipeline of one task, as c.operators would
+// change it, that also writes schema.TaskPrior (priorSet; node is the
+// write's filter's): the values under $literal, the attempt counted, its
+// record appended to the attempts (a missing field as none, as $inc and
+// $push take it), new fields in name order as update operators add them.
+func (c finishChange) pipeline(node string) bson.A {
+	set := setPiped(node, append(slices.Clone(c.set),
+		bson.E{Key: schema.TaskAttempt, Value: nil}, bson.E{Key: schema.TaskAttempts, Value: nil}))
+	stage := set[0].(bson.D)[0].Value.(bson.D)
+	for i, e := range stage {
+		switch e.Key {
+		case schema.TaskAttempt:
+			stage[i].Value = bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + e.Key, 0}}}, 1}}}
+		case schema.TaskAttempts:
+			stage[i].Value = bson.D{{Key: "$slice", Value: bson.A{
+				bson.D{{Key: "$concatArrays", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + e.Key, bson.A{}}}}, bson.A{literal(c.rec)}}}},
+				-schema.MaxAttemptsKept,
+			}}}
+		}
+	}
+	if len(c.unset) > 0 {
+		keys := make([]string, len(c.unset))
+		for i, e := range c.unset {
+			keys[i] = e.Key
+		}
+		set = append(set, bson.D{{Key: "$unset", Value: keys}})
+	}
+	return set
 }
 
 // operators is c as update operators.
@@ -1422,10 +1472,10 @@ func (s *Store) TaskOrphanStale(ctx context.Context, p TaskOrphanStaleParams) (i
 }
 
 func (s *Store) orphan(ctx context.Context, filter bson.D) (int64, error) {
-	res, err := s.tasks.UpdateMany(ctx, filter, bson.D{{Key: "$set", Value: bson.D{
+	res, err := s.tasks.UpdateMany(ctx, filter, setPiped("", bson.D{
 		{Key: schema.TaskStatus, Value: int32(schema.StatusOrphaned)},
 		{Key: schema.TaskMTime, Value: s.nowMS()},
-	}}})
+	}))
 	if err != nil {
 		return 0, fmt.Errorf("orphan tasks: %w", err)
 	}

@@ -101,6 +101,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"StreamWakeups", testStreamWakeups},
 		{"StreamCountersCarryPreImages", testStreamCountersCarryPreImages},
 		{"StreamOwnWritesSayWhereTheTaskStood", testStreamOwnWritesSayWhereTheTaskStood},
+		{"StreamEveryOwnTransitionSaysWhereTheTaskStood", testStreamEveryOwnTransitionSaysWhereTheTaskStood},
 		{"StreamTransitions", testStreamTransitions},
 		{"StreamCheckpointAndPositions", testStreamCheckpointAndPositions},
 		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},
