@@ -525,6 +525,25 @@ func (s *Store) TasksPreImagesEnable(ctx context.Context) error {
 	return s.TasksPreImagesSet(ctx, true)
 }
 
+// TasksPreImages says whether the tasks collection keeps pre-images
+// (changeStreamPreAndPostImages; false when it does not exist yet).
+func (s *Store) TasksPreImages(ctx context.Context) (bool, error) {
+	on, _, err := s.tasksPreImages(ctx)
+	return on, err
+}
+
+func (s *Store) tasksPreImages(ctx context.Context) (on, exists bool, err error) {
+	specs, err := s.db.ListCollectionSpecifications(ctx, bson.D{{Key: "name", Value: schema.CollTasks}})
+	if err != nil {
+		return false, false, fmt.Errorf("read the tasks collection's options: %w", err)
+	}
+	if len(specs) != 1 {
+		return false, false, nil
+	}
+	on, _ = specs[0].Options.Lookup("changeStreamPreAndPostImages", "enabled").BooleanOK()
+	return on, true, nil
+}
+
 // TasksPreImagesSet turns changeStreamPreAndPostImages on or off for the
 // tasks collection (creating it if needed). Off, an update or delete by a
 // program that does not write schema.TaskPrior comes without the task's
@@ -532,23 +551,24 @@ func (s *Store) TasksPreImagesEnable(ctx context.Context) error {
 func (s *Store) TasksPreImagesSet(ctx context.Context, on bool) error {
 	// Read first: a collMod takes the collection's exclusive lock, which
 	// waits for the writes under way and holds up those that follow.
-	specs, err := s.db.ListCollectionSpecifications(ctx, bson.D{{Key: "name", Value: schema.CollTasks}})
+	now, exists, err := s.tasksPreImages(ctx)
 	if err != nil {
-		return fmt.Errorf("read the tasks collection's options: %w", err)
+		return err
 	}
-	if len(specs) == 1 {
-		if now, _ := specs[0].Options.Lookup("changeStreamPreAndPostImages", "enabled").BooleanOK(); now == on {
-			return nil
-		}
+	if exists && now == on {
+		return nil
 	}
 	opt := bson.D{{Key: "enabled", Value: on}}
 	err = s.db.CreateCollection(ctx, schema.CollTasks, options.CreateCollection().SetChangeStreamPreAndPostImages(opt))
 	var ce mongo.CommandError
 	if errors.As(err, &ce) && ce.Code == 48 { // NamespaceExists
 		// Bounded: waiting for the lock, it holds up every write to tasks
-		// that comes after it (the caller tries again later).
-		err = s.db.RunCommand(ctx, bson.D{{Key: "collMod", Value: schema.CollTasks}, {Key: "changeStreamPreAndPostImages", Value: opt},
-			{Key: "maxTimeMS", Value: 1000}}).Err()
+		// that comes after it (the caller tries again later). The bound
+		// is the context's, which the driver sends as maxTimeMS (one in
+		// the command as well is refused as a duplicate).
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		err = s.db.RunCommand(cctx, bson.D{{Key: "collMod", Value: schema.CollTasks}, {Key: "changeStreamPreAndPostImages", Value: opt}}).Err()
+		cancel()
 	}
 	if err != nil {
 		return fmt.Errorf("turn change stream pre-images %s on tasks: %w", map[bool]string{true: "on", false: "off"}[on], err)

@@ -214,3 +214,22 @@ func testStreamEveryOwnTransitionSaysWhereTheTaskStood(t *testing.T, newStore Fa
 	})
 	require.Equal(t, int64(schema.StatusBlocked), shadow[bson.RawValue{Type: bson.TypeObjectID, Value: c2[:]}.String()].status, "the child waits again")
 }
+
+// testTasksPreImagesSwitch: pre-images of tasks are turned on and off,
+// and read back, under a context with a deadline (which the driver sends
+// as maxTimeMS), whether the collection exists yet or not.
+func testTasksPreImagesSwitch(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	_, hasDeadline := ctx.Deadline()
+	require.True(t, hasDeadline)
+	on, err := s.TasksPreImages(ctx)
+	require.NoError(t, err)
+	require.False(t, on, "a new collection keeps none")
+	for _, want := range []bool{true, false, false, true} {
+		require.NoError(t, s.TasksPreImagesSet(ctx, want))
+		on, err := s.TasksPreImages(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, on)
+	}
+}

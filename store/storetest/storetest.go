@@ -102,6 +102,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"StreamCountersCarryPreImages", testStreamCountersCarryPreImages},
 		{"StreamOwnWritesSayWhereTheTaskStood", testStreamOwnWritesSayWhereTheTaskStood},
 		{"StreamEveryOwnTransitionSaysWhereTheTaskStood", testStreamEveryOwnTransitionSaysWhereTheTaskStood},
+		{"TasksPreImagesSwitch", testTasksPreImagesSwitch},
 		{"StreamTransitions", testStreamTransitions},
 		{"StreamCheckpointAndPositions", testStreamCheckpointAndPositions},
 		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},
