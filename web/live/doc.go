@@ -6,10 +6,14 @@
 // subscriber: it is a service (Start, Stop) and the endpoint's
 // http.Handler. Task status changes are read from what the change events
 // say of the task before the change: the write's own schema.TaskPrior
-// (our claims and batched finishes) or the pre-image. The counter
+// (every write of ours that moves a task) or the pre-image. The counter
 // projector keeps pre-images on only while other programs write tasks
 // (it turns them on at their first change, which is the one without
-// either): such an update then says "from": null and "queue": null.
+// either): such an update then says "from": null and "queue": null. The
+// hub reads whether the tasks collection keeps them every
+// Options.PreImagesCheck (10 s) and asks its streams for them only while
+// it does, reopening its stream where it was when that changes: asked
+// for, the server looks one up for every update, found or not.
 //
 // # Request
 //

@@ -21,6 +21,9 @@ import (
 // Store opens change streams; *store.Store is one.
 type Store interface {
 	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
+	// TasksPreImages says whether the tasks collection keeps pre-images
+	// (the projector turns them on while another program writes tasks).
+	TasksPreImages(ctx context.Context) (bool, error)
 }
 
 // Lookup reads queues and nodes; *store.Store is one. With it the hub
@@ -88,7 +91,15 @@ type Options struct {
 	// instead of WriteError: the web server's own writer, so that every
 	// route answers alike.
 	OnError func(w http.ResponseWriter, r *http.Request, err *Error)
+	// PreImagesCheck is how often the hub reads whether the tasks
+	// collection keeps pre-images, to ask its change streams for them
+	// only while it does (the server otherwise looks one up for every
+	// update, found or not). Default DefaultPreImagesCheck.
+	PreImagesCheck time.Duration
 }
+
+// DefaultPreImagesCheck is Options.PreImagesCheck's default.
+const DefaultPreImagesCheck = 10 * time.Second
 
 // Validate checks the options.
 func (o Options) Validate() error {
@@ -97,7 +108,7 @@ func (o Options) Validate() error {
 		return errors.New("live events: no store")
 	case o.Buffer < 0, o.History < 0:
 		return errors.New("live events: buffer and history must not be negative")
-	case o.KeepAlive < 0, o.Retry < 0, o.MaxAwait < 0, o.WriteTimeout < 0:
+	case o.KeepAlive < 0, o.Retry < 0, o.MaxAwait < 0, o.WriteTimeout < 0, o.PreImagesCheck < 0:
 		return errors.New("live events: durations must not be negative")
 	}
 	return nil
@@ -113,6 +124,7 @@ func (o *Options) defaults() {
 	def(&o.Retry, DefaultRetry)
 	def(&o.MaxAwait, DefaultMaxAwait)
 	def(&o.WriteTimeout, DefaultWriteTimeout)
+	def(&o.PreImagesCheck, DefaultPreImagesCheck)
 	if o.Buffer <= 0 {
 		o.Buffer = DefaultBuffer
 	}
@@ -133,6 +145,9 @@ type Stats struct {
 	Dropped     int64 // clients dropped for falling Buffer events behind
 	Handovers   int64 // replays handed over to the hub
 	Resets      int64 // reset events sent (positions lost, collections dropped)
+	// PreImages: the hub's streams ask for task pre-images (the tasks
+	// collection keeps them, as last read).
+	PreImages bool
 }
 
 // Hub follows one change stream (profile StreamTransitions) and fans its
@@ -159,6 +174,7 @@ type Hub struct {
 	handlers sync.WaitGroup // ServeHTTP calls that joined
 
 	published, dropped, handovers, resets atomic.Int64
+	preImages                             atomic.Bool
 }
 
 // New returns a hub; nothing runs until Start.
@@ -176,13 +192,12 @@ func (h *Hub) Start(ctx context.Context) error {
 		if err := h.opts.Validate(); err != nil {
 			return err
 		}
-		r, err := h.opts.Store.StreamOpen(ctx, store.StreamParams{
-			Profile: store.StreamTransitions, Name: "live", MaxAwait: h.opts.MaxAwait, MaxBatch: h.maxBatch, Logger: h.log,
-		})
+		h.preImages.Store(true) // unless read otherwise: an event may need one
+		h.readPreImages(ctx)
+		r, err := h.open(ctx, store.Position{})
 		if err != nil {
 			return fmt.Errorf("live events: %w", err)
 		}
-		run.Cleanup(r.Close)
 		h.learnNames(ctx)
 		h.mu.Lock()
 		h.running, h.runCtx = true, run.Context()
@@ -192,16 +207,67 @@ func (h *Hub) Start(ctx context.Context) error {
 		h.mu.Unlock()
 		run.Cleanup(h.closeAll)
 		run.Go(func(ctx context.Context) {
+			defer func() { r.Close() }()
+			checked := h.opts.Clock.Now()
+			var at bson.Raw // after the last batch published
 			for {
 				b, err := r.Next(ctx)
 				if err != nil {
 					return // stopped
 				}
 				h.publish(b)
+				if b.Token != nil {
+					at = b.Token
+				}
+				if at != nil && h.opts.Clock.Since(checked) >= h.opts.PreImagesCheck {
+					checked = h.opts.Clock.Now()
+					if h.readPreImages(ctx) {
+						r = h.reopen(ctx, r, at)
+					}
+				}
 			}
 		})
 		return nil
 	})
+}
+
+// open opens the hub's stream from (the present when zero), asking for
+// pre-images as the hub last read them kept.
+func (h *Hub) open(ctx context.Context, from store.Position) (*store.StreamReader, error) {
+	return h.opts.Store.StreamOpen(ctx, store.StreamParams{
+		Profile: store.StreamTransitions, Name: "live", MaxAwait: h.opts.MaxAwait, MaxBatch: h.maxBatch, Logger: h.log,
+		From: from, NoPreImages: !h.preImages.Load(),
+	})
+}
+
+// readPreImages reads whether the tasks collection keeps pre-images and
+// says whether that changed. A failed read keeps what was known.
+func (h *Hub) readPreImages(ctx context.Context) (changed bool) {
+	on, err := h.opts.Store.TasksPreImages(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn("live events: cannot read whether tasks keep pre-images; asking as before", "error", err)
+		}
+		return false
+	}
+	return h.preImages.Swap(on) != on
+}
+
+// reopen follows the hub's stream again from at, asking for pre-images
+// or not as just read; on failure the old stream goes on (the next check
+// tries again).
+func (h *Hub) reopen(ctx context.Context, old *store.StreamReader, at bson.Raw) *store.StreamReader {
+	next, err := h.open(ctx, store.Position{Token: at})
+	if err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn("live events: cannot reopen the change stream to follow the tasks' pre-images; going on as before", "error", err)
+		}
+		h.preImages.Store(!h.preImages.Load())
+		return old
+	}
+	old.Close()
+	h.log.Info("live events: task pre-images " + map[bool]string{true: "kept: asking for them", false: "not kept: no longer asking for them"}[h.preImages.Load()])
+	return next
 }
 
 // learnNames reads the names of queues and nodes, after the stream is open
@@ -253,7 +319,7 @@ func (h *Hub) closeAll() {
 
 // Stats returns the counters.
 func (h *Hub) Stats() Stats {
-	st := Stats{Published: h.published.Load(), Dropped: h.dropped.Load(), Handovers: h.handovers.Load(), Resets: h.resets.Load()}
+	st := Stats{Published: h.published.Load(), Dropped: h.dropped.Load(), Handovers: h.handovers.Load(), Resets: h.resets.Load(), PreImages: h.preImages.Load()}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st.Subscribers = len(h.all)

@@ -10,7 +10,7 @@ import (
 func (h *Hub) params(req request) store.StreamParams {
 	return store.StreamParams{
 		Profile: store.StreamTransitions, Name: "live-replay", MaxAwait: h.opts.MaxAwait, MaxBatch: h.maxBatch, Logger: h.log,
-		From: store.Position{Token: req.from},
+		From: store.Position{Token: req.from}, NoPreImages: !h.preImages.Load(),
 	}
 }
 
