@@ -46,7 +46,9 @@
 // counters at once). A deposed
 // leader's transaction therefore cannot commit, and a successor resumes
 // from exactly the checkpoint the last committed batch wrote: nothing is
-// applied twice or missed.
+// applied twice or missed. The next batch is read while one commits (one
+// batch ahead, dropped when the stream is reopened, which it always is
+// from what was applied).
 //
 // # Old status: the writes' own word, and pre-images
 //

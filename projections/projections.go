@@ -259,10 +259,11 @@ func (p *projector) run(ctx context.Context) error {
 	p.setPreImages(ctx, true, "a term starts with them on")
 	caughtUp := false
 	reconcileOnCatchUp := true
-	r, err := p.open(ctx)
+	first, err := p.open(ctx)
 	if err != nil {
 		return err
 	}
+	r := startPrefetch(ctx, first)
 	defer func() { r.Close() }()
 	for ctx.Err() == nil {
 		b, err := r.Next(ctx)
@@ -276,7 +277,7 @@ func (p *projector) run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			r = next
+			r = startPrefetch(ctx, next)
 			continue
 		}
 		if len(b.Events) > 0 || (b.Token != nil && clk.Since(p.lastCommit) > 10*time.Second && string(b.Token) != string(p.token)) {
@@ -295,7 +296,7 @@ func (p *projector) run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			r = next
+			r = startPrefetch(ctx, next)
 		}
 		if b.CaughtUp {
 			caughtUp = true
@@ -315,7 +316,7 @@ func (p *projector) run(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
-				r = next
+				r = startPrefetch(ctx, next)
 			case errors.Is(err, store.ErrLeaseLost) || ctx.Err() != nil:
 				return err
 			case err != nil:
