@@ -40,7 +40,7 @@ func pipedChunk(ps []TaskFinishParams, at []int) int {
 // is an operation of its own) than one statement over them all. The
 // update is a pipeline that applies each task's own finishOf change,
 // found by the task's place among the ids (under $literal, so that no
-// output is read as an expression), as finishWrite's operators would:
+// output is read as an expression), as update operators would:
 // every field one of the changes sets or removes is computed in one $set
 // stage, in name order, as update operators add new fields; a task's own
 // value where its change sets one, removed where it removes it, kept
@@ -114,7 +114,7 @@ func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now time
 	res, err := s.tasks.UpdateMany(ctx, filter, pipeline)
 	if we := (mongo.WriteException{}); errors.As(err, &we) && len(we.WriteErrors) > 0 {
 		for i, c := range changes {
-			ws[i].update = c.operators()
+			ws[i].update = c.pipeline(ps[i].Node)
 		}
 		return s.guardedMany(ctx, "finish", ws, false)
 	}

@@ -784,9 +784,14 @@ func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []
 // status as they were before the stage, and node (that of the write's
 // filter). A task without a queue or a status gets null: no prior.
 func priorSet(node string) bson.E {
+	// $convert, not $toString: a queue or status that is no scalar (a
+	// malformed task) gives null, no prior, where $toString would fail
+	// the whole update (recovery's, over every task of a node).
+	str := func(field string) bson.D {
+		return bson.D{{Key: "$convert", Value: bson.D{{Key: "input", Value: "$" + field}, {Key: "to", Value: "string"}, {Key: "onError", Value: nil}, {Key: "onNull", Value: nil}}}}
+	}
 	return bson.E{Key: schema.TaskPrior, Value: bson.D{{Key: "$concat", Value: bson.A{
-		bson.D{{Key: "$toString", Value: "$" + schema.TaskQueue}}, " ",
-		bson.D{{Key: "$toString", Value: "$" + schema.TaskStatus}}, " ",
+		str(schema.TaskQueue), " ", str(schema.TaskStatus), " ",
 		bson.NewObjectID().Hex(), " ", bson.D{{Key: "$literal", Value: node}},
 	}}}}
 }
@@ -1216,8 +1221,9 @@ func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.
 	return w
 }
 
-// pipeline is c as an update pipeline of one task, as c.operators would
-// change it, that also writes schema.TaskPrior (priorSet; node is the
+// pipeline is c as an update pipeline of one task, as update operators
+// would change it ($set, $unset, $inc of attempt, $push with $slice to
+// attempts; a null attempt or attempts counts as none), that also writes schema.TaskPrior (priorSet; node is the
 // write's filter's): the values under $literal, the attempt counted, its
 // record appended to the attempts (a missing field as none, as $inc and
 // $push take it), new fields in name order as update operators add them.
@@ -1244,20 +1250,6 @@ func (c finishChange) pipeline(node string) bson.A {
 		set = append(set, bson.D{{Key: "$unset", Value: keys}})
 	}
 	return set
-}
-
-// operators is c as update operators.
-func (c finishChange) operators() bson.D {
-	u := bson.D{
-		{Key: "$set", Value: c.set},
-		{Key: "$inc", Value: bson.D{{Key: schema.TaskAttempt, Value: 1}}},
-		{Key: "$push", Value: bson.D{{Key: schema.TaskAttempts, Value: bson.D{
-			{Key: "$each", Value: bson.A{c.rec}}, {Key: "$slice", Value: -schema.MaxAttemptsKept}}}}},
-	}
-	if len(c.unset) > 0 {
-		u = append(u, bson.E{Key: "$unset", Value: c.unset})
-	}
-	return u
 }
 
 // guarded is the guarded write of c on p's task, without its update.

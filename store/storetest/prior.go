@@ -43,7 +43,8 @@ func testStreamEveryOwnTransitionSaysWhereTheTaskStood(t *testing.T, newStore Fa
 			id := ev.ID.String()
 			switch ev.Op {
 			case "insert":
-				shadow[id] = stood{ev.Doc.Lookup(schema.TaskQueue).ObjectID(), ev.Doc.Lookup(schema.TaskStatus).AsInt64()}
+				q, _ := ev.Doc.Lookup(schema.TaskQueue).ObjectIDOK()
+				shadow[id] = stood{q, ev.Doc.Lookup(schema.TaskStatus).AsInt64()}
 			case "update":
 				was, known := shadow[id]
 				require.True(t, known, "%s: task %s seen before", what, id)
@@ -114,6 +115,19 @@ func testStreamEveryOwnTransitionSaysWhereTheTaskStood(t *testing.T, newStore Fa
 		})
 		require.Equal(t, []error{nil, nil}, errs)
 		failed = append(failed, b)
+	})
+	var bad, good bson.ObjectID
+	step("claims", true, func() { bad, good = claim("n1", true), claim("n1", true) })
+	step("a task whose attempts another program broke", false, func() {
+		set(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: bad}}, bson.D{{Key: schema.TaskAttempts, Value: "not a list"}})
+	})
+	step("a batched finish that one task fails, written again one by one", true, func() {
+		errs := s.TaskFinishMany(ctx, []store.TaskFinishParams{
+			{ID: bad, Node: "n1", Status: schema.StatusSucceeded},
+			{ID: good, Node: "n1", Status: schema.StatusSucceeded},
+		})
+		require.Error(t, errs[0])
+		require.NoError(t, errs[1])
 	})
 	queued := ids[next:]
 	step("cancel", true, func() {
@@ -231,5 +245,30 @@ func testTasksPreImagesSwitch(t *testing.T, newStore Factory) {
 		on, err := s.TasksPreImages(ctx)
 		require.NoError(t, err)
 		require.Equal(t, want, on)
+	}
+}
+
+// testRecoveryWritesSurviveAMalformedTask: a task whose queue is no
+// scalar (another program's mistake) does not fail the writes over many
+// tasks that say where each stood: a restarted node's tasks are
+// orphaned, that one with them (its change says nothing of where it
+// stood).
+func testRecoveryWritesSurviveAMalformedTask(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 1)
+	_, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n5", Sort: schema.SortFIFO, Start: true})
+	require.NoError(t, err)
+	odd := bson.NewObjectID()
+	_, err = db.Collection(schema.CollTasks).InsertOne(ctx, bson.D{{Key: "_id", Value: odd}, {Key: schema.TaskQueue, Value: bson.D{{Key: "not", Value: "an id"}}},
+		{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}, {Key: schema.TaskNode, Value: "n5"}})
+	require.NoError(t, err)
+	n, err := s.TaskOrphanNode(ctx, store.TaskOrphanNodeParams{Node: "n5"})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	for _, id := range []bson.ObjectID{ids[0], odd} {
+		st, _ := statusOf(t, db, id)
+		require.Equal(t, schema.StatusOrphaned, st)
 	}
 }

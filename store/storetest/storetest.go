@@ -103,6 +103,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"StreamOwnWritesSayWhereTheTaskStood", testStreamOwnWritesSayWhereTheTaskStood},
 		{"StreamEveryOwnTransitionSaysWhereTheTaskStood", testStreamEveryOwnTransitionSaysWhereTheTaskStood},
 		{"TasksPreImagesSwitch", testTasksPreImagesSwitch},
+		{"RecoveryWritesSurviveAMalformedTask", testRecoveryWritesSurviveAMalformedTask},
 		{"StreamTransitions", testStreamTransitions},
 		{"StreamCheckpointAndPositions", testStreamCheckpointAndPositions},
 		{"StreamLostPositionFollowsThePresent", testStreamLostPositionFollowsThePresent},

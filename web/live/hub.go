@@ -101,6 +101,9 @@ type Options struct {
 // DefaultPreImagesCheck is Options.PreImagesCheck's default.
 const DefaultPreImagesCheck = 10 * time.Second
 
+// preImagesReadTimeout bounds one read of the setting.
+const preImagesReadTimeout = 5 * time.Second
+
 // Validate checks the options.
 func (o Options) Validate() error {
 	switch {
@@ -243,6 +246,8 @@ func (h *Hub) open(ctx context.Context, from store.Position) (*store.StreamReade
 // readPreImages reads whether the tasks collection keeps pre-images and
 // says whether that changed. A failed read keeps what was known.
 func (h *Hub) readPreImages(ctx context.Context) (changed bool) {
+	ctx, cancel := context.WithTimeout(ctx, preImagesReadTimeout) // the publishing goroutine waits for it
+	defer cancel()
 	on, err := h.opts.Store.TasksPreImages(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
