@@ -77,12 +77,9 @@ func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now time
 		var v any
 		switch k {
 		case schema.TaskAttempt:
-			v = bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + k, 0}}}, 1}}}
+			v = attemptCounted
 		case schema.TaskAttempts:
-			v = bson.D{{Key: "$slice", Value: bson.A{
-				bson.D{{Key: "$concatArrays", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + k, bson.A{}}}}, bson.A{own + ".a"}}}},
-				-schema.MaxAttemptsKept,
-			}}}
+			v = attemptsWith(own + ".a")
 		default:
 			mine := own + ".s." + k
 			v = bson.D{{Key: "$cond", Value: bson.A{

@@ -766,16 +766,10 @@ func (s *Store) TaskStartMany(ctx context.Context, ps []TaskTransitionParams) []
 	ws := make([]guardedWrite, len(ps))
 	now := s.nowMS()
 	for i, p := range ps {
-		// A pipeline, so that it says where the task stood (its queue is
-		// the document's own).
-		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, guard: startable(now), update: bson.A{
-			bson.D{{Key: "$set", Value: bson.D{
-				{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
-				{Key: schema.TaskMTime, Value: now},
-				priorSet(p.Node),
-			}}},
-			bson.D{{Key: "$unset", Value: schema.TaskReason}},
-		}}
+		ws[i] = guardedWrite{p: p, from: schema.StatusClaimed, to: schema.StatusRunning, guard: startable(now), update: setPiped(p.Node, bson.D{
+			{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)},
+			{Key: schema.TaskMTime, Value: now},
+		}, schema.TaskReason)} // the reason: see startClears
 	}
 	return s.guardedMany(ctx, "start", ws, sameNode(ps))
 }
@@ -803,12 +797,17 @@ func priorSet(node string) bson.E {
 // under $literal, so none is read as an expression. New fields are added
 // in name order, as update operators add them.
 func setPiped(node string, set bson.D, unset ...string) bson.A {
-	lit := make(bson.D, 0, len(set)+1)
-	for _, e := range set {
-		lit = append(lit, bson.E{Key: e.Key, Value: literal(e.Value)})
+	lit := make(bson.D, len(set))
+	for i, e := range set {
+		lit[i] = bson.E{Key: e.Key, Value: literal(e.Value)}
 	}
-	slices.SortStableFunc(lit, func(a, b bson.E) int { return strings.Compare(a.Key, b.Key) })
-	stages := bson.A{bson.D{{Key: "$set", Value: append(lit, priorSet(node))}}}
+	return pipedSet(node, lit, unset)
+}
+
+// pipedSet is the pipeline of setPiped, its values already expressions.
+func pipedSet(node string, exprs bson.D, unset []string) bson.A {
+	slices.SortStableFunc(exprs, func(a, b bson.E) int { return strings.Compare(a.Key, b.Key) })
+	stages := bson.A{bson.D{{Key: "$set", Value: append(exprs, priorSet(node))}}}
 	if len(unset) > 0 {
 		stages = append(stages, bson.D{{Key: "$unset", Value: unset}})
 	}
@@ -877,7 +876,7 @@ type guardedWrite struct {
 	p        TaskTransitionParams
 	from, to schema.Status
 	guard    bson.D // more conditions, beyond {_id, node, status: from}
-	update   any    // update operators, or a pipeline
+	update   bson.A // a pipeline (setPiped): it says where the task stood
 	// attempt, when set, guards a finish by its attempt (attemptGuard);
 	// the write counts as landed only where the task's attempt is it.
 	attempt int
@@ -1222,34 +1221,33 @@ func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.
 }
 
 // pipeline is c as an update pipeline of one task, as update operators
-// would change it ($set, $unset, $inc of attempt, $push with $slice to
-// attempts; a null attempt or attempts counts as none), that also writes schema.TaskPrior (priorSet; node is the
-// write's filter's): the values under $literal, the attempt counted, its
-// record appended to the attempts (a missing field as none, as $inc and
-// $push take it), new fields in name order as update operators add them.
+// would change it ($set and $unset; $inc of attempt; $push to attempts,
+// keeping the last schema.MaxAttemptsKept), that also writes
+// schema.TaskPrior (priorSet; node is the write's filter's). A null
+// attempt or attempts counts as none.
 func (c finishChange) pipeline(node string) bson.A {
-	set := setPiped(node, append(slices.Clone(c.set),
-		bson.E{Key: schema.TaskAttempt, Value: nil}, bson.E{Key: schema.TaskAttempts, Value: nil}))
-	stage := set[0].(bson.D)[0].Value.(bson.D)
-	for i, e := range stage {
-		switch e.Key {
-		case schema.TaskAttempt:
-			stage[i].Value = bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + e.Key, 0}}}, 1}}}
-		case schema.TaskAttempts:
-			stage[i].Value = bson.D{{Key: "$slice", Value: bson.A{
-				bson.D{{Key: "$concatArrays", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + e.Key, bson.A{}}}}, bson.A{literal(c.rec)}}}},
-				-schema.MaxAttemptsKept,
-			}}}
-		}
+	exprs := make(bson.D, 0, len(c.set)+2)
+	for _, e := range c.set {
+		exprs = append(exprs, bson.E{Key: e.Key, Value: literal(e.Value)})
 	}
-	if len(c.unset) > 0 {
-		keys := make([]string, len(c.unset))
-		for i, e := range c.unset {
-			keys[i] = e.Key
-		}
-		set = append(set, bson.D{{Key: "$unset", Value: keys}})
+	exprs = append(exprs, bson.E{Key: schema.TaskAttempt, Value: attemptCounted}, bson.E{Key: schema.TaskAttempts, Value: attemptsWith(literal(c.rec))})
+	unset := make([]string, len(c.unset))
+	for i, e := range c.unset {
+		unset[i] = e.Key
 	}
-	return set
+	return pipedSet(node, exprs, unset)
+}
+
+// attemptCounted is the task's attempt plus one (none: 0), and
+// attemptsWith its attempts with rec appended, keeping the last
+// schema.MaxAttemptsKept: pipeline expressions of a finish.
+var attemptCounted = bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + schema.TaskAttempt, 0}}}, 1}}}
+
+func attemptsWith(rec any) bson.D {
+	return bson.D{{Key: "$slice", Value: bson.A{
+		bson.D{{Key: "$concatArrays", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + schema.TaskAttempts, bson.A{}}}}, bson.A{rec}}}},
+		-schema.MaxAttemptsKept,
+	}}}
 }
 
 // guarded is the guarded write of c on p's task, without its update.

@@ -234,12 +234,13 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 	}
 	for i, c := range cases {
 		a, b := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: alone[i]}}), rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: together[i]}})
-		// The batch also says where each task stood (schema.TaskPrior);
-		// TaskFinish, which does not know the task's queue, leaves the
-		// claim's.
-		prior, err := schema.ParsePrior(b.Lookup(schema.TaskPrior).StringValue())
-		require.NoError(t, err, c.name)
-		require.Equal(t, schema.Prior{Queue: q.ID, Status: schema.StatusRunning, Node: "n1"}, prior, c.name)
+		// Both say where each task stood (schema.TaskPrior), each with
+		// an id of its own.
+		for _, doc := range []bson.Raw{a, b} {
+			prior, err := schema.ParsePrior(doc.Lookup(schema.TaskPrior).StringValue())
+			require.NoError(t, err, c.name)
+			require.Equal(t, schema.Prior{Queue: q.ID, Status: schema.StatusRunning, Node: "n1"}, prior, c.name)
+		}
 		notPrior := func(k string) bool { return k == schema.TaskPrior }
 		require.Equal(t, fieldsOf(t, a, "_id", schema.TaskParameters, schema.TaskPrior), fieldsOf(t, b, "_id", schema.TaskParameters, schema.TaskPrior), c.name)
 		require.Equal(t, slices.DeleteFunc(keysOf(t, a), notPrior), slices.DeleteFunc(keysOf(t, b), notPrior), "%s: the fields' order", c.name)
