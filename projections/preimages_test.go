@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/projections"
@@ -16,12 +15,10 @@ import (
 )
 
 // preImagesOn reads the tasks collection's changeStreamPreAndPostImages.
-func preImagesOn(t *testing.T, db *mongo.Database) bool {
+func preImagesOn(t *testing.T, s *store.Store) bool {
 	t.Helper()
-	specs, err := db.ListCollectionSpecifications(context.Background(), bson.D{{Key: "name", Value: schema.CollTasks}})
+	on, err := s.TasksPreImages(context.Background())
 	require.NoError(t, err)
-	require.Len(t, specs, 1)
-	on, _ := specs[0].Options.Lookup("changeStreamPreAndPostImages", "enabled").BooleanOK()
 	return on
 }
 
@@ -41,7 +38,7 @@ func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 	require.NoError(t, svc.Start(ctx))
 	t.Cleanup(svc.Stop)
 	require.Eventually(t, func() bool { return svc.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return svc.Stats().PreImages && preImagesOn(t, db) }, 10*time.Second, 10*time.Millisecond, "a term starts with them on")
+	require.Eventually(t, func() bool { return svc.Stats().PreImages && preImagesOn(t, s) }, 10*time.Second, 10*time.Millisecond, "a term starts with them on")
 
 	// Our writes alone: claims straight into running, and their finishes.
 	ours := func(n int) {
@@ -66,7 +63,7 @@ func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 		ours(2)
 		return !svc.Stats().PreImages
 	}, 10*time.Second, 100*time.Millisecond, "pre-images never went off")
-	require.False(t, preImagesOn(t, db))
+	require.False(t, preImagesOn(t, s))
 	ours(7)
 	requireExact(t, s, 10*time.Second)
 	require.Zero(t, svc.Stats().DriftQueues, "no drift")
@@ -76,7 +73,7 @@ func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 	tasks := db.Collection(schema.CollTasks)
 	_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[0]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 2}}}})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return svc.Stats().PreImages && preImagesOn(t, db) }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return svc.Stats().PreImages && preImagesOn(t, s) }, 10*time.Second, 10*time.Millisecond,
 		"another program's change turns them on")
 	_, err = tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}}}})
 	require.NoError(t, err)

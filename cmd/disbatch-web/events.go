@@ -17,9 +17,10 @@ import (
 // server's metrics (the hub's among them).
 func startEvents(ctx context.Context, st *store.Store, log *slog.Logger) (*live.Hub, *prometheus.Registry, error) {
 	// Task events need the document before each change (from-status,
-	// queue): our nodes' claims and finishes say it themselves, other
-	// programs' changes need pre-images. The projector turns them on and
-	// off as other programs write; until one runs, they are on.
+	// queue): our writes say it themselves, other programs' changes need
+	// pre-images. The projector turns them on and off as other programs
+	// write, and the hub asks for them only while they are on; until a
+	// projector runs, they are on.
 	if err := st.TasksPreImagesEnable(ctx); err != nil {
 		log.Warn("cannot turn on change-stream pre-images for tasks: task events will lack their from-status and queue until a node's projector does",
 			"error", err)

@@ -225,7 +225,7 @@ func run(ctx context.Context, args []string, e env) int {
 	s.DeadAfter = duration(node.DefaultDeadAfter)
 	f.Var((*durationFlag)(&s.DeadAfter), "dead-after", "declare a node dead whose heartbeat is this old (server clock): requeue its claimed tasks, orphan its running ones")
 	s.PreImagesIdle = duration(projections.DefaultPreImagesIdle)
-	f.Var((*durationFlag)(&s.PreImagesIdle), "pre-images-idle", "while this node's projector leads, task change-stream pre-images stay on this long after the last change another program made (Disbatch 4.103, a shell): our claims and finishes say themselves where their task stood; a change with neither costs a recount of every queue")
+	f.Var((*durationFlag)(&s.PreImagesIdle), "pre-images-idle", "while this node's projector leads, task change-stream pre-images stay on this long after the last change another program made (Disbatch 4.103, a shell): every write of ours says itself where its task stood; a change with neither costs a recount of every queue")
 	f.BoolVar(&s.PollOnly, "poll-only", false, "do not use change streams; find work by the tick alone")
 	f.Func("claim-running", "claim tasks straight into running (status 0, seed 004's \"or 0 if immediately processed\"), saving each task's start write; a task so claimed whose node dies before its plugin starts (milliseconds) is orphaned, not requeued (default true; false: claim into -1, then start)", func(v string) error {
 		b, err := strconv.ParseBool(v)
