@@ -144,7 +144,8 @@ func goodReport() *Report {
 			Load: []PhaseLoad{{Phase: "start", Load1: 1.25}, {Phase: groupPickup, Load1: 2}}},
 		Pickup:     &PickupReport{Rows: rows, FloorSteps: steps, Ratios: pickupRatios(rows)},
 		Throughput: &ThroughputReport{Rows: drains, Ratios: throughputRatios(drains)},
-		Lag:        []LagRow{{Run: "drain, 1 node", Events: 3000, Batches: 10, P50: 20, P99: 80}, {Run: "drain, 3 nodes", Events: 2700, Batches: 9, P50: 25, P99: 90}},
+		Lag: []LagRow{{Run: "drain, 1 node", Events: 3000, Batches: 10, P50: 20, P99: 80}, {Run: "drain, 3 nodes", Events: 2700, Batches: 9, P50: 25, P99: 90},
+			{Run: "drain, 3 processes", Leader: "process 2 of 3", Events: 2900, Batches: 11, P50: 22, P99: 85}},
 		Scale: &ScaleReport{
 			Rows: []ScaleRow{
 				{Backlog: 1000, Claim: lat(1), ClaimMany: lat(4), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400, RawRate: 800, CatchUp: 0.3},
@@ -210,6 +211,7 @@ func TestSanityFindsProblems(t *testing.T) {
 		"missing group":        {func(r *Report) { r.Throughput = nil }, "throughput: missing"},
 		"no lag events":        {func(r *Report) { r.Lag[1].Events = 0 }, "applied no events"},
 		"lag p50 over p99":     {func(r *Report) { r.Lag[0].P50 = 100 }, "p50 100 > p99 80"},
+		"no process lag":       {func(r *Report) { r.Lag = r.Lag[:2] }, "lag: 2 runs, want 3"},
 		"missing backlog":      {func(r *Report) { r.Scale.Rows = r.Scale.Rows[:1] }, "1 backlogs measured, want 2"},
 		"missing RSS":          {func(r *Report) { r.Scale.RSS = nil }, "RSS missing"},
 		"no scale raw loop":    {func(r *Report) { r.Scale.Rows[1].RawRate = 0 }, "backlog 20000, raw loop tasks/s"},
@@ -272,29 +274,48 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 
 	r := goodReport()
 	r.Throughput.Pairs = pairsSummary([]PairRow{
-		{Pair: 1, NodeFirst: true, Node: 2000, Raw: 2500, Complete: true, Ratio: 0.8},
-		{Pair: 2, Node: 2600, Raw: 2000, Complete: true, Ratio: 1.3},
-		{Pair: 3, NodeFirst: true, Node: 1800, Raw: 2000, Ratio: 0.9},
+		{Pair: 1, NodeFirst: true, Node: 2000, Raw: 2500, Complete: true, Ratio: 0.8, LagP99: 140},
+		{Pair: 2, Node: 2600, Raw: 2000, Complete: true, Ratio: 1.3, LagP99: 95.5},
+		{Pair: 3, NodeFirst: true, Node: 1800, Raw: 2000, Ratio: 0.9, LagP99: 120.25},
 	})
 	require.InDelta(t, 0.9, r.Throughput.Pairs.Median, 1e-9)
+	require.InDelta(t, 120.25, r.Throughput.Pairs.LagMedian, 1e-9)
 	require.InDelta(t, 0.8, r.Throughput.Pairs.Min, 1e-9)
 	require.InDelta(t, 1.3, r.Throughput.Pairs.Max, 1e-9)
 	require.Empty(t, sanity(r, c))
 
 	out := renderTable(r)
 	require.Contains(t, out, "THROUGHPUT PAIRS: 3 node processes (--tasks) and ceiling: raw batched loop, 3 claimers x 64 (--ceiling-tasks), back to back, the order alternating")
-	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x\n`, out)
-	require.Regexp(t, `\n  2 +raw loop +2600 +2000 +yes +1\.30x\n`, out)
-	require.Regexp(t, `\n  3 +node processes +1800 +2000 +no: drain timeout +0\.90x\n`, out)
+	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x +140\.0\n`, out)
+	require.Regexp(t, `\n  2 +raw loop +2600 +2000 +yes +1\.30x +95\.5\n`, out)
+	require.Regexp(t, `\n  3 +node processes +1800 +2000 +no: drain timeout +0\.90x +120\.2\n`, out)
 	require.Contains(t, out, "median of 3")
-	require.Contains(t, out, "0.90x (0.80x-1.30x), goal >= 1.0 (issue 20)")
+	require.Regexp(t, `0\.90x \(0\.80x-1\.30x\), goal >= 1\.0 \(issue 20\) +120\.2, goal <= 100\n`, out)
 
 	require.Contains(t, strings.Join(sanity(r, quickConfig(t)), "\n"), "pairs reported, none asked for")
 	r.Throughput.Pairs.Rows[1].Raw = 0
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 2, raw loop tasks/s")
+	r.Throughput.Pairs.Rows[2].LagP99 = 0
+	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 3, node processes' lag p99")
 	r.Throughput.Pairs = nil
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "0 pairs, want 3 (--pairs)")
 	require.NotContains(t, renderTable(r), "THROUGHPUT PAIRS")
+}
+
+func TestProcessesLagIsTheLeadersOrNothing(t *testing.T) {
+	t.Parallel()
+	msgs := []nodeMessage{
+		{Finished: 10, Projector: &procProjector{Events: 0}},
+		{Finished: 12}, // an older program's message: no projector
+		{Finished: 9, Projector: &procProjector{Events: 4000, Batches: 30, P50: 40, P99: 90}},
+	}
+	require.Equal(t, LagRow{Run: "drain, 3 processes", Leader: "process 3 of 3", Events: 4000, Batches: 30, P50: 40, P99: 90}, procsLag("drain, 3 processes", msgs))
+	// No process led: nothing to report, which the sanity check names.
+	none := procsLag("drain, 3 processes", msgs[:2])
+	require.Equal(t, int64(0), none.Events)
+	k := &checker{}
+	k.lag([]LagRow{none, none, none})
+	require.Contains(t, strings.Join(k.problems, "\n"), "drain, 3 processes: the projector applied no events")
 }
 
 func TestRenderTable(t *testing.T) {

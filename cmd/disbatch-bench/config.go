@@ -236,7 +236,7 @@ Figure groups (--only):
               the floor: a bare driver loop insert -> change event ->
               findOneAndUpdate claim -> guarded updateOne to running.
   throughput  --tasks no-op tasks queued beforehand, drained by 1 and by 3
-              in-process nodes; beside them the ceilings: a raw per-task loop
+              in-process nodes and by 3 node processes; beside them the ceilings: a raw per-task loop
               (--maxthreads goroutines) and the batched raw loop (64 per
               batch, 1 and 3 claimers), over --ceiling-tasks tasks each. Every
               drain stops at --drain-timeout; rates are from first claim to
@@ -254,7 +254,8 @@ Figure groups (--only):
               node run as a separate process for --rss-duration against the
               largest backlog.
   lag         the counter projector's lag p50/p99 during throughput's node
-              runs (--only lag runs those without the ceilings).
+              drains, the 3 node processes' included (--only lag runs those
+              without the ceilings), and in each --pairs pair's.
   web-queues  disbatch-web's GET /queues (4.103's route) served in-process on
               a loopback port: --web-queue-count queues over --web-tasks tasks
               (inserted raw, a realistic status mix, counters set as the
@@ -349,7 +350,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.DurationVar(&c.PickupDuration, "pickup-duration", defaults.PickupDuration, "pickup: how long each of the five pickup runs submits (quick: "+quickDefaults.PickupDuration.String()+")")
 	fs.IntVar(&c.Tasks, "tasks", defaults.Tasks, "throughput: tasks queued for each node run (quick: "+strconv.Itoa(quickDefaults.Tasks)+")")
 	fs.IntVar(&c.CeilingTasks, "ceiling-tasks", defaults.CeilingTasks, "throughput: tasks queued for each raw-loop ceiling run (quick: "+strconv.Itoa(quickDefaults.CeilingTasks)+")")
-	fs.IntVar(&c.Pairs, "pairs", 0, "throughput: alternating pairs of drains, 3 node processes then (or after) the batched raw loop with 3 claimers, over --tasks and --ceiling-tasks tasks, after the rows: each pair's ratio and their median")
+	fs.IntVar(&c.Pairs, "pairs", 0, "throughput: alternating pairs of drains, 3 node processes then (or after) the batched raw loop with 3 claimers, over --tasks and --ceiling-tasks tasks, after the rows: each pair's ratio and their median, and the node processes' lag p99")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", defaults.DrainTimeout, "throughput and scale: longest a drain may run; the rate is of what finished by then (quick: "+quickDefaults.DrainTimeout.String()+")")
 	fs.StringVar(&backlogs, "backlogs", joinInts(defaults.Backlogs), "scale: comma-separated `counts` of queued tasks to measure claims at (quick: "+joinInts(quickDefaults.Backlogs)+")")
 	fs.IntVar(&c.Claims, "claims", defaults.Claims, "scale: timed TaskClaim calls per backlog (quick: "+strconv.Itoa(quickDefaults.Claims)+")")

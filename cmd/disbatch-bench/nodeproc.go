@@ -51,7 +51,18 @@ type nodeMessage struct {
 	LastFinish int64 `json:"last_finish,omitempty"`
 	// Claimer is the node's claim counters when it stopped.
 	Claimer *claimer.Stats `json:"claimer,omitempty"`
-	Error   string         `json:"error,omitempty"`
+	// Projector is its counter projector's when it was asked to stop
+	// (events 0 when another process led).
+	Projector *procProjector `json:"projector,omitempty"`
+	Error     string         `json:"error,omitempty"`
+}
+
+// procProjector is what a node process's counter projector did.
+type procProjector struct {
+	Events  int64   `json:"events"`
+	Batches int64   `json:"batches"`
+	P50     float64 `json:"lag_p50_ms"`
+	P99     float64 `json:"lag_p99_ms"`
 }
 
 // runNodeProcess is `disbatch-bench node --db DB [--maxthreads N] [--name
@@ -126,6 +137,9 @@ func runNodeProcess(args []string) int {
 	case <-ctx.Done():
 	case <-stdinClosed:
 	}
+	// As an in-process drain's: read before the node stops.
+	ps := n.ProjectorStats()
+	proj := &procProjector{Events: ps.Events, Batches: ps.Batches, P50: ms(ps.LagP50), P99: ms(ps.LagP99)}
 	if *memProfile != "" {
 		if err := writeHeapProfile(*memProfile); err != nil {
 			log.Warn("heap profile not written", "error", err)
@@ -146,7 +160,7 @@ func runNodeProcess(args []string) int {
 	finished, span := obs.result()
 	first, last := obs.times()
 	cs := n.ClaimerStats()
-	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds(), FirstClaim: first, LastFinish: last, Claimer: &cs})
+	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds(), FirstClaim: first, LastFinish: last, Claimer: &cs, Projector: proj})
 	return 0
 }
 
@@ -243,38 +257,38 @@ func parseStatusKB(status, field string) (int64, error) {
 // k disbatchd processes on one host would be), the queue paused until all
 // are ready; first claim to last finish by the processes' own clocks (one
 // host's).
-func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
+func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	db, q, drop, err := e.backlog(ctx, "pdrain", e.cfg.Tasks)
 	defer drop()
 	if err != nil {
-		return DrainRow{}, err
+		return DrainRow{}, LagRow{}, err
 	}
 	g, err := e.startProcs(ctx, db, q, k, "bench-proc", e.cfg.MaxThreads, nil)
 	defer g.stop()
 	if err != nil {
-		return DrainRow{}, err
+		return DrainRow{}, LagRow{}, err
 	}
 	cpu := e.meterCPU(ctx, g.pids())
 	if err := g.resume(); err != nil {
-		return DrainRow{}, err
+		return DrainRow{}, LagRow{}, err
 	}
 	complete := true
 	err = waitDrained(ctx, db, q, time.Now().Add(e.cfg.DrainTimeout))
 	cpu.stop(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return DrainRow{}, err
+			return DrainRow{}, LagRow{}, err
 		}
 		complete = false
 	}
 	if n, err := countStatus(ctx, db, q, schema.StatusSucceeded); err != nil {
-		return DrainRow{}, err
+		return DrainRow{}, LagRow{}, err
 	} else if n != int64(e.cfg.Tasks) {
 		complete = false
 	}
 	last, err := g.finish(ctx)
 	if err != nil {
-		return DrainRow{}, err
+		return DrainRow{}, LagRow{}, err
 	}
 	var finished int
 	var first, end int64
@@ -290,7 +304,20 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, error) {
 	span := time.Duration(end - first)
 	row := DrainRow{What: whatNodeProcs, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete && finished == e.cfg.Tasks}
 	cpu.fill(&row)
-	return row, nil
+	return row, procsLag("drain, "+conc, last), nil
+}
+
+// procsLag is the lag of the counter projector that applied the most
+// events among the processes' (the one that led; another only if the
+// lease moved).
+func procsLag(run string, msgs []nodeMessage) LagRow {
+	lag := LagRow{Run: run}
+	for i, m := range msgs {
+		if p := m.Projector; p != nil && (lag.Leader == "" || p.Events > lag.Events) {
+			lag.Leader, lag.Events, lag.Batches, lag.P50, lag.P99 = fmt.Sprintf("process %d of %d", i+1, len(msgs)), p.Events, p.Batches, p.P50, p.P99
+		}
+	}
+	return lag
 }
 
 // pids are the group's processes.

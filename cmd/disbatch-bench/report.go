@@ -160,7 +160,7 @@ func renderTable(r *Report) string {
 		t.render(&b)
 		if p := tp.Pairs; p != nil && len(p.Rows) > 0 {
 			t = table{title: fmt.Sprintf("THROUGHPUT PAIRS: 3 node processes (--tasks) and %s, %s (--ceiling-tasks), back to back, the order alternating", whatBatched, batchedConcurrency(3)),
-				header: []string{"pair", "first", "node processes tasks/s", "raw loop tasks/s", "all drained", "ratio"}}
+				header: []string{"pair", "first", "node processes tasks/s", "raw loop tasks/s", "all drained", "ratio", "their lag p99, ms"}}
 			for _, x := range p.Rows {
 				first, all := "raw loop", "yes"
 				if x.NodeFirst {
@@ -169,9 +169,10 @@ func renderTable(r *Report) string {
 				if !x.Complete {
 					all = "no: drain timeout"
 				}
-				t.add(strconv.Itoa(x.Pair), first, frate(x.Node), frate(x.Raw), all, fx(x.Ratio))
+				t.add(strconv.Itoa(x.Pair), first, frate(x.Node), frate(x.Raw), all, fx(x.Ratio), fms(x.LagP99))
 			}
-			t.add(fmt.Sprintf("median of %d", len(p.Rows)), "", "", "", "", fmt.Sprintf("%s (%s-%s), goal >= 1.0 (issue 20)", fx(p.Median), fx(p.Min), fx(p.Max)))
+			t.add(fmt.Sprintf("median of %d", len(p.Rows)), "", "", "", "", fmt.Sprintf("%s (%s-%s), goal >= 1.0 (issue 20)", fx(p.Median), fx(p.Min), fx(p.Max)),
+				fmt.Sprintf("%s, goal <= 100", fms(p.LagMedian)))
 			t.render(&b)
 		}
 	}

@@ -163,6 +163,7 @@ func (k *checker) throughput(t *ThroughputReport, pairs int) {
 			k.positive(what+", node processes tasks/s", x.Node)
 			k.positive(what+", raw loop tasks/s", x.Raw)
 			k.positive(what+", ratio", x.Ratio)
+			k.positive(what+", node processes' lag p99", x.LagP99)
 		}
 		if len(p.Rows) > 0 && !(p.Min <= p.Median && p.Median <= p.Max) {
 			k.bad("throughput, pairs: median %g outside %g-%g", p.Median, p.Min, p.Max)
@@ -171,8 +172,8 @@ func (k *checker) throughput(t *ThroughputReport, pairs int) {
 }
 
 func (k *checker) lag(lags []LagRow) {
-	if len(lags) != 2 {
-		k.bad("lag: %d runs, want 2 (1 and 3 nodes)", len(lags))
+	if len(lags) != 3 {
+		k.bad("lag: %d runs, want 3 (1 and 3 nodes, 3 node processes)", len(lags))
 	}
 	for _, l := range lags {
 		if l.Events <= 0 {
