@@ -2,6 +2,7 @@ package projections_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -87,4 +88,41 @@ func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 	}, 10*time.Second, 100*time.Millisecond, "pre-images never went off again")
 	requireExact(t, s, 10*time.Second)
 	require.Contains(t, logs.String(), "task pre-images turned off")
+}
+
+// preImagesHeld is a store whose pre-images switch waits for its caller's
+// context to end, as a switch in flight when the node stops does.
+type preImagesHeld struct {
+	*store.Store
+	entered chan struct{}
+}
+
+func (s *preImagesHeld) TasksPreImagesSet(ctx context.Context, _ bool) error {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return fmt.Errorf("read the tasks collection's options: %w", ctx.Err())
+}
+
+// TestStopDuringAPreImagesSwitchIsNoFailure: a switch cut short because
+// the term ends (Stop) is not reported as a failure to retry: an operator
+// stopping a node must not read a warning about pre-images.
+func TestStopDuringAPreImagesSwitchIsNoFailure(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	held := &preImagesHeld{Store: store.New(db, store.Options{}), entered: make(chan struct{}, 1)}
+	logs := &logBuf{}
+	svc := projections.New(projections.Config{Node: "n1", Store: held, LeaseTTL: 2 * time.Second, Logger: logger(logs)})
+	require.NoError(t, svc.Start(context.Background()))
+	select {
+	case <-held.entered: // a term starts by turning them on
+	case <-time.After(10 * time.Second):
+		svc.Stop()
+		t.Fatalf("the projector never switched pre-images; log:\n%s", logs.String())
+	}
+	svc.Stop()
+	require.Contains(t, logs.String(), "projector lease acquired", "the switch was the term's")
+	require.NotContains(t, logs.String(), "cannot turn change stream pre-images")
 }

@@ -444,6 +444,9 @@ func (p *projector) switchPreImages(ctx context.Context) (changed bool) {
 // without its old state is recounted), only the cost differs.
 func (p *projector) setPreImages(ctx context.Context, on bool, why string) {
 	if err := p.s.cfg.Store.TasksPreImagesSet(ctx, on); err != nil {
+		if ctx.Err() != nil {
+			return // the term is ending (Stop, a lost lease): no failure to report
+		}
 		p.failedAt = p.s.clock.Now()
 		p.s.log.Warn("cannot turn change stream pre-images on or off for tasks; trying again in a minute", "on", on, "error", err)
 		return
