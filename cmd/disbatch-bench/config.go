@@ -236,15 +236,16 @@ Figure groups (--only):
               the floor: a bare driver loop insert -> change event ->
               findOneAndUpdate claim -> guarded updateOne to running.
   throughput  --tasks no-op tasks queued beforehand, drained by 1 and by 3
-              in-process nodes and by 3 node processes; beside them the ceilings: a raw per-task loop
-              (--maxthreads goroutines) and the batched raw loop (64 per
-              batch, 1 and 3 claimers), over --ceiling-tasks tasks each. Every
-              drain stops at --drain-timeout; rates are from first claim to
-              last finish. With --pairs N, then N pairs of drains back to
-              back, 3 node processes and the batched raw loop with 3
-              claimers (the order alternating), and the median of their
-              ratios: a shared machine's load moves between two runs minutes
-              apart, less between two in a row.
+              in-process nodes and by 3 node processes; beside them the
+              ceilings: a raw per-task loop (--maxthreads goroutines) and the
+              batched raw loop (64 per batch, 1 and 3 claimers), over
+              --ceiling-tasks tasks each. Every drain stops at
+              --drain-timeout; rates are from first claim to last finish.
+              With --pairs N, then N pairs of drains back to back, 3 node
+              processes and the batched raw loop with 3 claimers (the order
+              alternating), and the median of their ratios: a shared
+              machine's load moves between two runs minutes apart, less
+              between two in a row.
   scale       claim latency (store TaskClaim --claims times, TaskClaimMany of
               64 a tenth as often, the backlog kept constant) and an
               in-process node's drain rate (--scale-drain tasks, timed once
