@@ -305,9 +305,9 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 func TestProcessesLagIsTheLeadersOrNothing(t *testing.T) {
 	t.Parallel()
 	msgs := []nodeMessage{
-		{Finished: 10, Projector: &procProjector{Events: 0}},
+		{Finished: 10, Projector: &LagRow{Events: 0}},
 		{Finished: 12}, // an older program's message: no projector
-		{Finished: 9, Projector: &procProjector{Events: 4000, Batches: 30, P50: 40, P99: 90}},
+		{Finished: 9, Projector: &LagRow{Events: 4000, Batches: 30, P50: 40, P99: 90}},
 	}
 	require.Equal(t, LagRow{Run: "drain, 3 processes", Leader: "process 3 of 3", Events: 4000, Batches: 30, P50: 40, P99: 90}, procsLag("drain, 3 processes", msgs))
 	// No process led: nothing to report, which the sanity check names.

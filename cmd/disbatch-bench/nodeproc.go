@@ -51,18 +51,10 @@ type nodeMessage struct {
 	LastFinish int64 `json:"last_finish,omitempty"`
 	// Claimer is the node's claim counters when it stopped.
 	Claimer *claimer.Stats `json:"claimer,omitempty"`
-	// Projector is its counter projector's when it was asked to stop
-	// (events 0 when another process led).
-	Projector *procProjector `json:"projector,omitempty"`
-	Error     string         `json:"error,omitempty"`
-}
-
-// procProjector is what a node process's counter projector did.
-type procProjector struct {
-	Events  int64   `json:"events"`
-	Batches int64   `json:"batches"`
-	P50     float64 `json:"lag_p50_ms"`
-	P99     float64 `json:"lag_p99_ms"`
+	// Projector is its counter projector's lag when it was asked to stop
+	// (events 0 when another process led; run and leader unset).
+	Projector *LagRow `json:"projector,omitempty"`
+	Error     string  `json:"error,omitempty"`
 }
 
 // runNodeProcess is `disbatch-bench node --db DB [--maxthreads N] [--name
@@ -138,8 +130,7 @@ func runNodeProcess(args []string) int {
 	case <-stdinClosed:
 	}
 	// As an in-process drain's: read before the node stops.
-	ps := n.ProjectorStats()
-	proj := &procProjector{Events: ps.Events, Batches: ps.Batches, P50: ms(ps.LagP50), P99: ms(ps.LagP99)}
+	proj := lagOf(n.ProjectorStats())
 	if *memProfile != "" {
 		if err := writeHeapProfile(*memProfile); err != nil {
 			log.Warn("heap profile not written", "error", err)
@@ -160,7 +151,7 @@ func runNodeProcess(args []string) int {
 	finished, span := obs.result()
 	first, last := obs.times()
 	cs := n.ClaimerStats()
-	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds(), FirstClaim: first, LastFinish: last, Claimer: &cs, Projector: proj})
+	_ = out.Encode(nodeMessage{Finished: finished, Seconds: span.Seconds(), FirstClaim: first, LastFinish: last, Claimer: &cs, Projector: &proj})
 	return 0
 }
 
@@ -314,7 +305,8 @@ func procsLag(run string, msgs []nodeMessage) LagRow {
 	lag := LagRow{Run: run}
 	for i, m := range msgs {
 		if p := m.Projector; p != nil && (lag.Leader == "" || p.Events > lag.Events) {
-			lag.Leader, lag.Events, lag.Batches, lag.P50, lag.P99 = fmt.Sprintf("process %d of %d", i+1, len(msgs)), p.Events, p.Batches, p.P50, p.P99
+			lag = *p
+			lag.Run, lag.Leader = run, fmt.Sprintf("process %d of %d", i+1, len(msgs))
 		}
 	}
 	return lag

@@ -6,6 +6,8 @@ import (
 	"os"
 	"slices"
 	"time"
+
+	"github.com/disbatch-go/disbatch/projections"
 )
 
 // DrainRow is one drain of a backlog of no-op tasks.
@@ -328,8 +330,14 @@ func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	e.leftover(ctx, db, "drain, "+conc)
 	row := DrainRow{What: whatNode, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete}
 	cpu.fill(&row)
-	lag := LagRow{Run: "drain, " + conc, Leader: leader, Events: proj.Events, Batches: proj.Batches, P50: ms(proj.LagP50), P99: ms(proj.LagP99)}
+	lag := lagOf(proj)
+	lag.Run, lag.Leader = "drain, "+conc, leader
 	return row, lag, nil
+}
+
+// lagOf is a projector's lag figures (Run and Leader left to the caller).
+func lagOf(st projections.Stats) LagRow {
+	return LagRow{Events: st.Events, Batches: st.Batches, P50: ms(st.LagP50), P99: ms(st.LagP99)}
 }
 
 func round(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }
