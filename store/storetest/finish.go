@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -161,7 +162,8 @@ func testTaskFinishExtraTooLarge(t *testing.T, newStore Factory) {
 // in the same order: status, output, reason, extra fields set or removed,
 // output and then_pending, the attempt counted and recorded (the history
 // capped), a retry queued or held; output that looks like an expression
-// stays text. A task the batch's
+// stays text; so do batches whose finishes write alike but for the
+// attempts' records (what they share written once). A task the batch's
 // update cannot write (attempts not a list) gets its error, and the
 // others are finished.
 func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
@@ -176,11 +178,7 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 	for i := range history {
 		history[i] = bson.D{{Key: "node", Value: "old"}, {Key: "status", Value: int32(2)}}
 	}
-	cases := []struct {
-		name   string
-		before bson.D // set on the task before it is claimed
-		p      store.TaskFinishParams
-	}{
+	cases := []finishCase{
 		{"succeeded, no output", nil, store.TaskFinishParams{Status: schema.StatusSucceeded}},
 		{"output and extra", nil, store.TaskFinishParams{Status: schema.StatusSucceeded, Stdout: "out\n", Stderr: "err\n",
 			Extra: extra(0, "out\nerr\n"), Claimed: claimed, Started: started}},
@@ -201,51 +199,74 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 			Retry: &store.TaskRetryAt{NotBefore: now.Add(time.Hour), Tries: 2}}},
 	}
 	// Each case twice: one finished alone, one among the others at once.
-	var alone, together []bson.ObjectID
-	var batch []store.TaskFinishParams
-	for range cases {
-		insertTasks(t, s, q.ID, 2)
-	}
-	// Every task is running before any finishes: a retried one is queued
-	// again, and the next claim would take it.
-	for _, c := range cases {
-		for k := range 2 {
-			id := running(t, s, q.ID)
-			if c.before != nil {
-				_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: c.before}})
-				require.NoError(t, err)
+	asOne := func(what string, cases []finishCase) (together []bson.ObjectID) {
+		t.Helper()
+		var alone []bson.ObjectID
+		var batch []store.TaskFinishParams
+		for range cases {
+			insertTasks(t, s, q.ID, 2)
+		}
+		// Every task is running before any finishes: a retried one is queued
+		// again, and the next claim would take it.
+		for _, c := range cases {
+			for k := range 2 {
+				id := running(t, s, q.ID)
+				if c.before != nil {
+					_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: c.before}})
+					require.NoError(t, err)
+				}
+				p := c.p
+				p.ID, p.Node = id, "n1"
+				if k == 0 {
+					alone = append(alone, id)
+					continue
+				}
+				batch, together = append(batch, p), append(together, id)
 			}
+		}
+		for i, c := range cases {
 			p := c.p
-			p.ID, p.Node = id, "n1"
-			if k == 0 {
-				alone = append(alone, id)
-				continue
+			p.ID, p.Node = alone[i], "n1"
+			require.NoError(t, s.TaskFinish(ctx, p), "%s: %s", what, c.name)
+		}
+		for i, err := range s.TaskFinishMany(ctx, batch) {
+			require.NoError(t, err, "%s: %s", what, cases[i].name)
+		}
+		for i, c := range cases {
+			a, b := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: alone[i]}}), rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: together[i]}})
+			// Both say where each task stood (schema.TaskPrior), each with
+			// an id of its own.
+			for _, doc := range []bson.Raw{a, b} {
+				prior, err := schema.ParsePrior(doc.Lookup(schema.TaskPrior).StringValue())
+				require.NoError(t, err, "%s: %s", what, c.name)
+				require.Equal(t, schema.Prior{Queue: q.ID, Status: schema.StatusRunning, Node: "n1"}, prior, "%s: %s", what, c.name)
 			}
-			batch, together = append(batch, p), append(together, id)
+			notPrior := func(k string) bool { return k == schema.TaskPrior }
+			require.Equal(t, fieldsOf(t, a, "_id", schema.TaskParameters, schema.TaskPrior), fieldsOf(t, b, "_id", schema.TaskParameters, schema.TaskPrior), "%s: %s", what, c.name)
+			require.Equal(t, slices.DeleteFunc(keysOf(t, a), notPrior), slices.DeleteFunc(keysOf(t, b), notPrior), "%s, %s: the fields' order", what, c.name)
 		}
+		return together
 	}
-	for i, c := range cases {
-		p := c.p
-		p.ID, p.Node = alone[i], "n1"
-		require.NoError(t, s.TaskFinish(ctx, p), c.name)
-	}
-	for i, err := range s.TaskFinishMany(ctx, batch) {
-		require.NoError(t, err, cases[i].name)
-	}
-	for i, c := range cases {
-		a, b := rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: alone[i]}}), rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: together[i]}})
-		// Both say where each task stood (schema.TaskPrior), each with
-		// an id of its own.
-		for _, doc := range []bson.Raw{a, b} {
-			prior, err := schema.ParsePrior(doc.Lookup(schema.TaskPrior).StringValue())
-			require.NoError(t, err, c.name)
-			require.Equal(t, schema.Prior{Queue: q.ID, Status: schema.StatusRunning, Node: "n1"}, prior, c.name)
-		}
-		notPrior := func(k string) bool { return k == schema.TaskPrior }
-		require.Equal(t, fieldsOf(t, a, "_id", schema.TaskParameters, schema.TaskPrior), fieldsOf(t, b, "_id", schema.TaskParameters, schema.TaskPrior), c.name)
-		require.Equal(t, slices.DeleteFunc(keysOf(t, a), notPrior), slices.DeleteFunc(keysOf(t, b), notPrior), "%s: the fields' order", c.name)
-	}
+	together := asOne("every kind", cases)
 	require.Equal(t, "$status", rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: together[6]}}).Lookup(schema.TaskStdout).StringValue())
+	// A batch whose finishes write alike but for the attempts' records
+	// (written once, as literals), one task with fields to remove, one
+	// whose attempt is not counted yet.
+	alike := store.TaskFinishParams{Status: schema.StatusSucceeded, Stdout: "same", Extra: extra(0, "same")}
+	var same []finishCase
+	for i, before := range []bson.D{nil, cases[5].before, {{Key: schema.TaskAttempt, Value: nil}}, nil} {
+		p := alike
+		p.Claimed, p.Started = claimed.Add(time.Duration(i)*time.Millisecond), started.Add(time.Duration(i)*time.Second)
+		same = append(same, finishCase{fmt.Sprintf("alike %d", i), before, p})
+	}
+	asOne("alike", same)
+	// Alike with nothing to set but the common fields, every extra field
+	// removed.
+	same = nil
+	for i := range 3 {
+		same = append(same, finishCase{fmt.Sprintf("bare %d", i), cases[5].before, store.TaskFinishParams{Status: schema.StatusFailed, Reason: schema.ReasonTimeout}})
+	}
+	asOne("bare", same)
 
 	// A task the update cannot write fails alone.
 	insertTasks(t, s, q.ID, 3)
@@ -263,6 +284,14 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 	for i, want := range []int32{1, 0, 1} {
 		require.Equal(t, want, rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: ids[i]}}).Lookup(schema.TaskStatus).Int32(), "task %d", i)
 	}
+}
+
+// finishCase is a finish of TaskFinishManyAsOne: before is set on the
+// task before it is claimed.
+type finishCase struct {
+	name   string
+	before bson.D
+	p      store.TaskFinishParams
 }
 
 // fieldsOf is doc's fields but those named in leave out, each as raw bytes
