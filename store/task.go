@@ -430,6 +430,12 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	}
 	filter := claimFilter(p.Queue, s.nowMS(), p.SkipNullNode)
 	bounded := from(filter, p.Sort, p.From)
+	// The first round reads its candidates from the claim index alone
+	// (candidateFilter): the update's filter still leaves out an expired
+	// task. A round that won nothing reads with the whole filter, so that
+	// a head of expired tasks the leader has not ended yet cannot hold
+	// the queue's claims back.
+	covered := candidateFilter(bounded)
 	var ids bson.A
 	token := bson.NewObjectID()
 	var nullNode int
@@ -447,7 +453,11 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 		if attempt == 3 {
 			return TaskClaimManyResult{Lost: true, Contended: contended, NullNode: nullNode, First: first}, nil
 		}
-		cands, err := claimCandidates(ctx, s.tasks, bounded, p.Sort, window, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskNode, Value: 1}})
+		read := bounded
+		if attempt == 0 {
+			read = covered
+		}
+		cands, err := claimCandidates(ctx, s.tasks, read, p.Sort, window, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskNode, Value: 1}})
 		if err != nil {
 			return TaskClaimManyResult{}, fmt.Errorf("claim tasks in queue %s: %w", p.Queue.Hex(), err)
 		}
@@ -594,6 +604,15 @@ func claimFilter(queue bson.ObjectID, now time.Time, skipNull bool) bson.D {
 		{Key: schema.TaskQueue, Value: queue},
 		notExpired(now),
 	}
+}
+
+// candidateFilter is filter (claimFilter's, maybe bounded by from)
+// without its expiry: what the claim index holds, so that a batched
+// claim's candidates are read from the index without a document's fetch
+// each (a claim contended by other nodes reads up to MaxClaimBatch of
+// them for the few it takes).
+func candidateFilter(filter bson.D) bson.D {
+	return slices.DeleteFunc(slices.Clone(filter), func(e bson.E) bool { return e.Key == schema.TaskExpiresAt })
 }
 
 // from bounds a fifo claim's filter below by _id (TaskClaimParams.From).

@@ -56,6 +56,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimSkipNullNode", testTaskClaimSkipNullNode},
 		{"TaskClaimFrom", testTaskClaimFrom},
 		{"TaskClaimManyPassesExpired", testTaskClaimManyPassesExpired},
+		{"TaskClaimManyReadsCandidatesFromTheIndex", testTaskClaimManyCandidatesFromTheIndex},
 		{"TaskClaimManySpreadConcurrentOnce", testTaskClaimManySpreadConcurrent},
 		{"TaskClaimCapped", testTaskClaimCapped},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
@@ -1142,6 +1143,44 @@ func testTaskClaimManyPassesExpired(t *testing.T, newStore Factory) {
 		require.Equal(t, int64(schema.StatusQueued), raw.Lookup("status").AsInt64(), "task %s", id.Hex())
 		require.Equal(t, int64(schema.Unclaimed), raw.Lookup("node").AsInt64(), "task %s", id.Hex())
 	}
+}
+
+// testTaskClaimManyCandidatesFromTheIndex: a batched claim that looks
+// for node -1 only reads its candidates from the claim index, without
+// fetching a document (the database profiler's docsExamined), however
+// many it reads for the few it takes (Spread); the update then examines
+// only those.
+func testTaskClaimManyCandidatesFromTheIndex(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 80)
+	// The head of the queue claimed, as in a drain: MongoDB then plans
+	// the read on the claim index rather than on _id.
+	_, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n0", Sort: schema.SortFIFO, Limit: 40, SkipNullNode: true})
+	require.NoError(t, err)
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 2}}).Err())
+	t.Cleanup(func() { _ = db.RunCommand(context.Background(), bson.D{{Key: "profile", Value: 0}}).Err() })
+	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Spread: 8, SkipNullNode: true})
+	require.NoError(t, err)
+	require.Len(t, res.Tasks, 4)
+	cur, err := db.Collection("system.profile").Find(ctx, bson.D{{Key: "ns", Value: db.Name() + ".tasks"}, {Key: "op", Value: bson.D{{Key: "$in", Value: bson.A{"query", "update"}}}}},
+		options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+	require.NoError(t, err)
+	var ops []struct {
+		Op           string `bson:"op"`
+		KeysExamined int    `bson:"keysExamined"`
+		DocsExamined int    `bson:"docsExamined"`
+		PlanSummary  string `bson:"planSummary"`
+	}
+	require.NoError(t, cur.All(ctx, &ops))
+	require.GreaterOrEqual(t, len(ops), 3, "the candidates' read, the update, the read-back")
+	require.Equal(t, "query", ops[0].Op)
+	require.GreaterOrEqual(t, ops[0].KeysExamined, 32, "Limit x Spread candidates read")
+	require.Zero(t, ops[0].DocsExamined, "the candidates are read from the index alone: %s", ops[0].PlanSummary)
+	require.Equal(t, "update", ops[1].Op)
+	require.Equal(t, 4, ops[1].DocsExamined, "the update examines the tasks it claims")
 }
 
 // testTaskClaimFrom: From bounds a fifo claim below by _id (a lifo one
