@@ -431,11 +431,11 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	filter := claimFilter(p.Queue, s.nowMS(), p.SkipNullNode)
 	bounded := from(filter, p.Sort, p.From)
 	// The first round reads its candidates from the claim index alone
-	// (candidateFilter): the update's filter still leaves out an expired
-	// task. A round that won nothing reads with the whole filter, so that
-	// a head of expired tasks the leader has not ended yet cannot hold
-	// the queue's claims back.
-	covered := candidateFilter(bounded)
+	// (claimKeys): the update's filter still leaves out an expired task.
+	// A round that won nothing reads with the whole filter, so that a
+	// head of expired tasks the leader has not ended yet cannot hold the
+	// queue's claims back.
+	covered := from(claimKeys(p.Queue, p.SkipNullNode), p.Sort, p.From)
 	var ids bson.A
 	token := bson.NewObjectID()
 	var nullNode int
@@ -594,6 +594,14 @@ func (s *Store) TaskStart(ctx context.Context, p TaskTransitionParams) error {
 // queue holds none took MongoDB's CPU per task from 880-1,008 to 812-888
 // µs (three alternating pairs, stop 33; docs/scaling.md).
 func claimFilter(queue bson.ObjectID, now time.Time, skipNull bool) bson.D {
+	return append(claimKeys(queue, skipNull), notExpired(now))
+}
+
+// claimKeys is claimFilter but its expiry: what the claim index holds, so
+// that a batched claim's candidates are read from the index without a
+// document's fetch each (a claim contended by other nodes reads up to
+// MaxClaimBatch of them for the few it takes).
+func claimKeys(queue bson.ObjectID, skipNull bool) bson.D {
 	var node any = unclaimed
 	if skipNull {
 		node = schema.Unclaimed
@@ -602,17 +610,7 @@ func claimFilter(queue bson.ObjectID, now time.Time, skipNull bool) bson.D {
 		{Key: schema.TaskNode, Value: node},
 		{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
 		{Key: schema.TaskQueue, Value: queue},
-		notExpired(now),
 	}
-}
-
-// candidateFilter is filter (claimFilter's, maybe bounded by from)
-// without its expiry: what the claim index holds, so that a batched
-// claim's candidates are read from the index without a document's fetch
-// each (a claim contended by other nodes reads up to MaxClaimBatch of
-// them for the few it takes).
-func candidateFilter(filter bson.D) bson.D {
-	return slices.DeleteFunc(slices.Clone(filter), func(e bson.E) bool { return e.Key == schema.TaskExpiresAt })
 }
 
 // from bounds a fifo claim's filter below by _id (TaskClaimParams.From).
