@@ -48,6 +48,13 @@ type StreamParams struct {
 	// parents reads without them, and with them again from the event of
 	// a task that starts waiting (WaitsOnParents).
 	GraphEnds bool
+	// Leader: StreamCounters carries StreamLeader's events too, with
+	// their fields (the ends it carries anyway), for a projector whose
+	// node's leader duties follow its stream instead of a stream of
+	// their own: every stream reads every oplog entry, and the leader's
+	// cost a drain about a tenth of mongod's CPU (docs/scaling.md).
+	// Readers tell the two apart with CountersMatch and LeaderMatch.
+	Leader bool
 	// NoPreImages: a profile that carries pre-images does not ask for
 	// them (fullDocumentBeforeChange), for a reader that knows they are
 	// off: the server looks one up for every update otherwise, found or

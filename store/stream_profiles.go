@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -191,23 +192,32 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				"updateDescription.updatedFields."+schema.TaskKill, "updateDescription.updatedFields."+schema.TaskNode, admissionsOnly),
 		}}, nil
 	case StreamCounters:
-		return streamShape{preImages: true, pipeline: mongo.Pipeline{
-			match(
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace", "delete", "drop", "rename")}},
-				bson.D{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
-					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: exists()}},
-					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskQueue, Value: exists()}},
-					bson.D{{Key: "updateDescription.updatedFields." + schema.TaskReason, Value: exists()}},
-					bson.D{{Key: "updateDescription.removedFields", Value: in(schema.TaskStatus, schema.TaskQueue)}},
-				}}},
-				bson.D{{Key: "ns.coll", Value: schema.CollQueues}, {Key: "operationType", Value: in("insert", "replace", "drop", "rename")}},
-				databaseEnd,
-			),
-			project("fullDocument."+schema.TaskQueue, "fullDocument."+schema.TaskStatus, "fullDocument."+schema.TaskReason,
-				"fullDocumentBeforeChange."+schema.TaskQueue, "fullDocumentBeforeChange."+schema.TaskStatus, "fullDocumentBeforeChange."+schema.TaskReason,
-				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskQueue,
-				"updateDescription.updatedFields."+schema.TaskReason, "updateDescription.updatedFields."+schema.TaskPrior, "updateDescription.removedFields"),
-		}}, nil
+		clauses := []bson.D{
+			{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace", "delete", "drop", "rename")}},
+			{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
+				bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: exists()}},
+				bson.D{{Key: "updateDescription.updatedFields." + schema.TaskQueue, Value: exists()}},
+				bson.D{{Key: "updateDescription.updatedFields." + schema.TaskReason, Value: exists()}},
+				bson.D{{Key: "updateDescription.removedFields", Value: in(schema.TaskStatus, schema.TaskQueue)}},
+			}}},
+			{{Key: "ns.coll", Value: schema.CollQueues}, {Key: "operationType", Value: in("insert", "replace", "drop", "rename")}},
+			databaseEnd,
+		}
+		fields := []string{"fullDocument." + schema.TaskQueue, "fullDocument." + schema.TaskStatus, "fullDocument." + schema.TaskReason,
+			"fullDocumentBeforeChange." + schema.TaskQueue, "fullDocumentBeforeChange." + schema.TaskStatus, "fullDocumentBeforeChange." + schema.TaskReason,
+			"updateDescription.updatedFields." + schema.TaskStatus, "updateDescription.updatedFields." + schema.TaskQueue,
+			"updateDescription.updatedFields." + schema.TaskReason, "updateDescription.updatedFields." + schema.TaskPrior, "updateDescription.removedFields"}
+		if sp.Leader {
+			// The counters carry every end already (each status change,
+			// replace and delete).
+			clauses = append(clauses, leaderClauses(false)...)
+			for _, f := range leaderFields {
+				if !slices.Contains(fields, f) {
+					fields = append(fields, f)
+				}
+			}
+		}
+		return streamShape{preImages: true, pipeline: mongo.Pipeline{match(clauses...), project(fields...)}}, nil
 	case StreamTransitions:
 		heavy := []string{schema.TaskParameters, schema.TaskParams, schema.TaskStdout, schema.TaskStderr, schema.TaskMixedout}
 		drop := bson.D{}
@@ -255,42 +265,123 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskReason),
 		}}, nil
 	case StreamLeader:
-		coll := bson.E{Key: "ns.coll", Value: schema.CollTasks}
-		op := func(ops ...any) bson.E { return bson.E{Key: "operationType", Value: in(ops...)} }
-		either := func(prefix string) bson.E {
-			return bson.E{Key: "$or", Value: bson.A{
-				bson.D{{Key: prefix + schema.TaskNotBefore, Value: exists()}},
-				bson.D{{Key: prefix + schema.TaskExpiresAt, Value: exists()}},
-			}}
-		}
-		ends := func(o, status string) []bson.D {
-			return []bson.D{
-				{coll, op(o), {Key: status, Value: bson.D{{Key: "$gt", Value: 0}}}},
-				{coll, op(o), {Key: status, Value: int32(schema.StatusOrphaned)}},
-			}
-		}
-		clauses := []bson.D{
-			{coll, op("insert", "replace"), either("fullDocument.")},
-			{coll, op("update"), either("updateDescription.updatedFields.")},
-			{coll, op("insert", "replace"), {Key: "fullDocument." + schema.TaskAwaitingParents, Value: true}},
-			{coll, op("update"), {Key: "updateDescription.updatedFields." + schema.TaskAwaitingParents, Value: true}},
-			{coll, op("drop", "rename")},
-			databaseEnd,
-		}
-		if sp.GraphEnds {
-			clauses = append(clauses, ends("update", "updateDescription.updatedFields."+schema.TaskStatus)...)
-			clauses = append(clauses, ends("replace", "fullDocument."+schema.TaskStatus)...)
-			clauses = append(clauses, bson.D{coll, op("delete")})
-		}
-		return streamShape{pipeline: mongo.Pipeline{
-			match(clauses...),
-			project("fullDocument."+schema.TaskNotBefore, "fullDocument."+schema.TaskExpiresAt, "fullDocument."+schema.TaskStatus,
-				"fullDocument."+schema.TaskAwaitingParents,
-				"updateDescription.updatedFields."+schema.TaskNotBefore, "updateDescription.updatedFields."+schema.TaskExpiresAt,
-				"updateDescription.updatedFields."+schema.TaskStatus, "updateDescription.updatedFields."+schema.TaskAwaitingParents),
-		}}, nil
+		return streamShape{pipeline: mongo.Pipeline{match(leaderClauses(sp.GraphEnds)...), project(leaderFields...)}}, nil
 	}
 	return streamShape{}, fmt.Errorf("unknown change stream profile %d", int(p))
+}
+
+// leaderClauses are StreamLeader's filter (LeaderMatch is the same in Go).
+func leaderClauses(graphEnds bool) []bson.D {
+	coll := bson.E{Key: "ns.coll", Value: schema.CollTasks}
+	op := func(ops ...any) bson.E { return bson.E{Key: "operationType", Value: in(ops...)} }
+	either := func(prefix string) bson.E {
+		return bson.E{Key: "$or", Value: bson.A{
+			bson.D{{Key: prefix + schema.TaskNotBefore, Value: exists()}},
+			bson.D{{Key: prefix + schema.TaskExpiresAt, Value: exists()}},
+		}}
+	}
+	ends := func(o, status string) []bson.D {
+		return []bson.D{
+			{coll, op(o), {Key: status, Value: bson.D{{Key: "$gt", Value: 0}}}},
+			{coll, op(o), {Key: status, Value: int32(schema.StatusOrphaned)}},
+		}
+	}
+	clauses := []bson.D{
+		{coll, op("insert", "replace"), either("fullDocument.")},
+		{coll, op("update"), either("updateDescription.updatedFields.")},
+		{coll, op("insert", "replace"), {Key: "fullDocument." + schema.TaskAwaitingParents, Value: true}},
+		{coll, op("update"), {Key: "updateDescription.updatedFields." + schema.TaskAwaitingParents, Value: true}},
+		{coll, op("drop", "rename")},
+		databaseEnd,
+	}
+	if graphEnds {
+		clauses = append(clauses, ends("update", "updateDescription.updatedFields."+schema.TaskStatus)...)
+		clauses = append(clauses, ends("replace", "fullDocument."+schema.TaskStatus)...)
+		clauses = append(clauses, bson.D{coll, op("delete")})
+	}
+	return clauses
+}
+
+// leaderFields are the fields StreamLeader's events keep.
+var leaderFields = []string{
+	"fullDocument." + schema.TaskNotBefore, "fullDocument." + schema.TaskExpiresAt, "fullDocument." + schema.TaskStatus,
+	"fullDocument." + schema.TaskAwaitingParents,
+	"updateDescription.updatedFields." + schema.TaskNotBefore, "updateDescription.updatedFields." + schema.TaskExpiresAt,
+	"updateDescription.updatedFields." + schema.TaskStatus, "updateDescription.updatedFields." + schema.TaskAwaitingParents,
+}
+
+// LeaderMatch says whether an event of StreamLeader's (with graphEnds:
+// StreamParams.GraphEnds) is one, as its filter on the server says: for
+// a reader of StreamCounters with StreamParams.Leader, which carries
+// both profiles' events.
+func LeaderMatch(ev ChangeEvent, graphEnds bool) bool {
+	switch ev.Op {
+	case "dropDatabase", "invalidate":
+		return true
+	}
+	if ev.Coll != schema.CollTasks {
+		return false
+	}
+	has := func(doc bson.Raw, f string) bool {
+		_, err := doc.LookupErr(f)
+		return err == nil
+	}
+	isTrue := func(doc bson.Raw) bool {
+		b, ok := doc.Lookup(schema.TaskAwaitingParents).BooleanOK()
+		return ok && b
+	}
+	var doc bson.Raw
+	switch ev.Op {
+	case "drop", "rename":
+		return true
+	case "insert", "replace":
+		doc = ev.Doc
+	case "update":
+		doc = ev.Updated
+	}
+	if doc != nil && (has(doc, schema.TaskNotBefore) || has(doc, schema.TaskExpiresAt) || isTrue(doc)) {
+		return true
+	}
+	return graphEnds && EndsTask(ev)
+}
+
+// CountersMatch says whether an event of StreamCounters' is one of the
+// profile's own, as its filter on the server says: with
+// StreamParams.Leader the stream carries the leader's too.
+func CountersMatch(ev ChangeEvent) bool {
+	switch ev.Op {
+	case "dropDatabase", "invalidate":
+		return true
+	}
+	switch ev.Coll {
+	case schema.CollQueues:
+		switch ev.Op {
+		case "insert", "replace", "drop", "rename":
+			return true
+		}
+		return false
+	case schema.CollTasks:
+	default:
+		return false
+	}
+	if ev.Op != "update" {
+		switch ev.Op {
+		case "insert", "replace", "delete", "drop", "rename":
+			return true
+		}
+		return false
+	}
+	for _, f := range []string{schema.TaskStatus, schema.TaskQueue, schema.TaskReason} {
+		if _, err := ev.Updated.LookupErr(f); err == nil {
+			return true
+		}
+	}
+	for _, f := range ev.Removed {
+		if f == schema.TaskStatus || f == schema.TaskQueue {
+			return true
+		}
+	}
+	return false
 }
 
 // EndsTask says whether a StreamLeader event is a task's end, as the

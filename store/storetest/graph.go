@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -556,6 +557,133 @@ func testStreamLeaderWithoutEnds(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.False(t, waiting, "the child was queued")
 	requireNoMoreEvents(t, r, "neither the parent's end nor the child's release is carried")
+}
+
+// testStreamCountersWithLeader: StreamCounters with StreamParams.Leader
+// carries exactly what StreamCounters and StreamLeader (without the ends)
+// carry, with their fields; CountersMatch picks out the counters' events
+// and LeaderMatch the leader's, with or without the ends, as the server's
+// filters do: the four streams read the same writes.
+func testStreamCountersWithLeader(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 8)
+	open := func(p store.StreamParams) *store.StreamReader {
+		p.MaxAwait = 100 * time.Millisecond
+		r, err := s.StreamOpen(ctx, p)
+		require.NoError(t, err)
+		t.Cleanup(r.Close)
+		return r
+	}
+	both := open(store.StreamParams{Profile: store.StreamCounters, Leader: true})
+	counters := open(store.StreamParams{Profile: store.StreamCounters})
+	leader := open(store.StreamParams{Profile: store.StreamLeader})
+	leaderEnds := open(store.StreamParams{Profile: store.StreamLeader, GraphEnds: true})
+
+	tasks := db.Collection("tasks")
+	set := func(id bson.ObjectID, d bson.D) {
+		t.Helper()
+		_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, d)
+		require.NoError(t, err)
+	}
+	at := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	setStatus(t, db, ids[0], schema.StatusRunning, "n1")                                               // counters
+	setStatus(t, db, ids[0], schema.StatusSucceeded, "n1")                                             // counters, an end
+	setStatus(t, db, ids[1], schema.StatusOrphaned, "n1")                                              // counters, an end
+	set(ids[2], bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskMTime, Value: time.Now()}}}})      // neither
+	set(ids[3], bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskReason, Value: "because"}}}})      // counters
+	set(ids[4], bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskNotBefore, Value: at}}}})          // the leader's only
+	set(ids[5], bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskExpiresAt, Value: at}}}})          // the leader's only
+	set(ids[6], bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskAwaitingParents, Value: true}}}})  // the leader's only
+	set(ids[6], bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskAwaitingParents, Value: false}}}}) // neither
+	set(ids[7], bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskStatus, Value: ""}}}})           // counters
+	_, err := tasks.DeleteOne(ctx, bson.D{{Key: "_id", Value: ids[1]}})                                // counters, an end
+	require.NoError(t, err)
+	parent, child := bson.NewObjectID(), bson.NewObjectID()
+	graphInsert(t, s, store.GraphTask{ID: parent, Queue: q.ID}, store.GraphTask{ID: child, Queue: q.ID, Parents: []bson.ObjectID{parent}})
+	other := newQueue(t, s, "other", schema.SortFIFO)                                                                                                        // counters
+	set(ids[3], bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskQueue, Value: other.ID}}}})                                                              // counters
+	_, err = db.Collection("queues").UpdateOne(ctx, bson.D{{Key: "_id", Value: other.ID}}, bson.D{{Key: "$set", Value: bson.D{{Key: "threads", Value: 3}}}}) // neither
+	require.NoError(t, err)
+	last := bson.NewObjectID() // every stream's: an insert with a not_before
+	_, err = tasks.InsertOne(ctx, bson.D{{Key: "_id", Value: last}, {Key: schema.TaskQueue, Value: q.ID}, {Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)},
+		{Key: schema.TaskNotBefore, Value: at}})
+	require.NoError(t, err)
+
+	// Each event as its kind, task and time, and what the leader's
+	// duties read of it.
+	// An event as the projector reads it: what changed, when, and the
+	// task's queue, status and reason before and after.
+	key := func(ev store.ChangeEvent) string {
+		id, _ := ev.ID.ObjectIDOK()
+		e := ev.Op + " " + ev.Coll + " " + id.Hex() + " " + fmt.Sprint(ev.ClusterTime)
+		for _, doc := range []bson.Raw{ev.Before, ev.Doc, ev.Updated} {
+			for _, f := range []string{schema.TaskQueue, schema.TaskStatus, schema.TaskReason} {
+				if v, err := doc.LookupErr(f); err == nil {
+					e += " " + f + "=" + v.String()
+				}
+			}
+		}
+		return e + fmt.Sprint(" removed=", ev.Removed)
+	}
+	// An event as the leader's duties read it.
+	show := func(ev store.ChangeEvent) string {
+		id, _ := ev.ID.ObjectIDOK()
+		e := ev.Op + " " + ev.Coll + " " + id.Hex() + " " + fmt.Sprint(ev.ClusterTime)
+		if store.WaitsOnParents(ev) {
+			e += " waits"
+		}
+		if store.EndsTask(ev) {
+			e += " ends"
+		}
+		for _, doc := range []bson.Raw{ev.Doc, ev.Updated} {
+			for _, f := range []string{schema.TaskNotBefore, schema.TaskExpiresAt} {
+				if v, ok := doc.Lookup(f).TimeOK(); ok {
+					e += " " + f + "=" + v.Sub(at).String()
+				}
+			}
+		}
+		return e
+	}
+	read := func(r *store.StreamReader) []store.ChangeEvent {
+		t.Helper()
+		var got []store.ChangeEvent
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			b, err := r.Next(ctx)
+			require.NoError(t, err)
+			for _, ev := range b.Events {
+				got = append(got, ev)
+				if id, _ := ev.ID.ObjectIDOK(); id == last {
+					return got
+				}
+			}
+		}
+		t.Fatalf("the last write was not heard in 20 s; heard %d events", len(got))
+		return nil
+	}
+	shown := func(evs []store.ChangeEvent, keep func(store.ChangeEvent) bool, as func(store.ChangeEvent) string) []string {
+		var out []string
+		for _, ev := range evs {
+			if keep(ev) {
+				out = append(out, as(ev))
+			}
+		}
+		return out
+	}
+	all := func(store.ChangeEvent) bool { return true }
+	gotBoth := read(both)
+	wantCounters, wantLeader, wantEnds := shown(read(counters), all, key), shown(read(leader), all, show), shown(read(leaderEnds), all, show)
+	require.Len(t, wantLeader, 5, "not_before, expires_at, awaiting_parents set by updates; the child inserted waiting; the last insert")
+	require.Len(t, wantEnds, 8, "and three ends")
+	require.Len(t, wantCounters, 11, "two claims, orphaned, reason, status removed, delete, three task inserts, a queue insert, queue set")
+	require.Empty(t, shown(gotBoth, func(ev store.ChangeEvent) bool { return !store.CountersMatch(ev) && !store.LeaderMatch(ev, false) }, show),
+		"every event is the counters' or the leader's")
+	require.Equal(t, wantCounters, shown(gotBoth, store.CountersMatch, key), "CountersMatch")
+	require.Equal(t, wantLeader, shown(gotBoth, func(ev store.ChangeEvent) bool { return store.LeaderMatch(ev, false) }, show), "LeaderMatch without the ends")
+	require.Equal(t, wantEnds, shown(gotBoth, func(ev store.ChangeEvent) bool { return store.LeaderMatch(ev, true) }, show), "LeaderMatch with the ends")
 }
 
 // testTaskGraphGet: a task's ancestors and descendants with their states.

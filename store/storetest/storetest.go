@@ -133,6 +133,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskGraphGet", testTaskGraphGet},
 		{"StreamLeader", testStreamLeader},
 		{"StreamLeaderWithoutEnds", testStreamLeaderWithoutEnds},
+		{"StreamCountersWithLeader", testStreamCountersWithLeader},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
