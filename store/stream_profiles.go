@@ -192,14 +192,26 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 				"updateDescription.updatedFields."+schema.TaskKill, "updateDescription.updatedFields."+schema.TaskNode, admissionsOnly),
 		}}, nil
 	case StreamCounters:
+		updates := bson.A{
+			bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: exists()}},
+			bson.D{{Key: "updateDescription.updatedFields." + schema.TaskQueue, Value: exists()}},
+			bson.D{{Key: "updateDescription.updatedFields." + schema.TaskReason, Value: exists()}},
+			bson.D{{Key: "updateDescription.removedFields", Value: in(schema.TaskStatus, schema.TaskQueue)}},
+		}
+		if sp.Leader {
+			// The leader's clauses that the counters' do not cover are
+			// updates that set a time or awaiting_parents (the counters
+			// carry every insert, replace, delete, drop and end). They
+			// are added as the counters' are, $exists alone (LeaderMatch
+			// keeps awaiting_parents: true): a clause of another shape
+			// made the projector's replies slower (stop 42).
+			for _, f := range []string{schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskAwaitingParents} {
+				updates = append(updates, bson.D{{Key: "updateDescription.updatedFields." + f, Value: exists()}})
+			}
+		}
 		clauses := []bson.D{
 			{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: in("insert", "replace", "delete", "drop", "rename")}},
-			{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: bson.A{
-				bson.D{{Key: "updateDescription.updatedFields." + schema.TaskStatus, Value: exists()}},
-				bson.D{{Key: "updateDescription.updatedFields." + schema.TaskQueue, Value: exists()}},
-				bson.D{{Key: "updateDescription.updatedFields." + schema.TaskReason, Value: exists()}},
-				bson.D{{Key: "updateDescription.removedFields", Value: in(schema.TaskStatus, schema.TaskQueue)}},
-			}}},
+			{{Key: "ns.coll", Value: schema.CollTasks}, {Key: "operationType", Value: "update"}, {Key: "$or", Value: updates}},
 			{{Key: "ns.coll", Value: schema.CollQueues}, {Key: "operationType", Value: in("insert", "replace", "drop", "rename")}},
 			databaseEnd,
 		}
@@ -208,9 +220,6 @@ func (p StreamProfile) shape(sp StreamParams) (streamShape, error) {
 			"updateDescription.updatedFields." + schema.TaskStatus, "updateDescription.updatedFields." + schema.TaskQueue,
 			"updateDescription.updatedFields." + schema.TaskReason, "updateDescription.updatedFields." + schema.TaskPrior, "updateDescription.removedFields"}
 		if sp.Leader {
-			// The counters carry every end already (each status change,
-			// replace and delete).
-			clauses = append(clauses, leaderClauses(false)...)
 			for _, f := range leaderFields {
 				if !slices.Contains(fields, f) {
 					fields = append(fields, f)
