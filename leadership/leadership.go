@@ -73,7 +73,17 @@ type Config struct {
 	Owner string
 	Store Store
 	// TTL is how long the lease lasts without renewal (default DefaultTTL).
-	TTL    time.Duration
+	TTL time.Duration
+	// Yield, when set, is asked before each try for the lease: while it
+	// says yes the elector tries once a TTL instead of every TTL/4 (the
+	// node it yields to may never take the lease). The projector yields
+	// to the leader's node, whose leader duties then share its stream.
+	Yield func() bool
+	// First, when set, is waited on before the first try (it returns by
+	// ctx's end): the projector waits there for the leader's elector's
+	// first try (Elector.Tried), so that of nodes started together the
+	// one that takes the leader's lease takes the projector's too.
+	First  func(ctx context.Context)
 	Clock  clock.Clock
 	Logger *slog.Logger
 }
@@ -81,8 +91,10 @@ type Config struct {
 // Status is the elector's view of the lease.
 type Status struct {
 	Leader bool
-	Epoch  int64 // the epoch of the current or last term
-	Terms  int64 // terms held since start
+	// Elsewhere: another node held the lease at this elector's last try.
+	Elsewhere bool
+	Epoch     int64 // the epoch of the current or last term
+	Terms     int64 // terms held since start
 }
 
 // Elector stands for one lease and runs its duties while it holds it.
@@ -96,6 +108,7 @@ type Elector struct {
 	mu      sync.Mutex
 	status  Status
 	abandon bool
+	tried   chan struct{} // closed once the first try is over
 }
 
 // New returns an elector for cfg's lease with its duties; nothing runs
@@ -108,8 +121,12 @@ func New(cfg Config, duties ...Duty) *Elector {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Elector{cfg: cfg, duties: duties, clock: clock.Or(cfg.Clock),
-		log: cfg.Logger.With("component", "leadership", "lease", cfg.Lease)}
+		log: cfg.Logger.With("component", "leadership", "lease", cfg.Lease), tried: make(chan struct{})}
 }
+
+// Tried is closed once the elector's first try for the lease is over,
+// whatever its outcome (Status says it).
+func (e *Elector) Tried() <-chan struct{} { return e.tried }
 
 // Start begins standing for the lease; it returns at once.
 func (e *Elector) Start(ctx context.Context) error {
@@ -150,7 +167,25 @@ func (e *Elector) setLeader(on bool, epoch int64) {
 // stand acquires the lease whenever it can and leads while it holds it.
 func (e *Elector) stand(ctx context.Context) {
 	every := e.cfg.TTL / 4
+	var yielding time.Time // since when Yield has said yes, in a row
+	if e.cfg.First != nil {
+		e.cfg.First(ctx)
+	}
 	for {
+		if e.cfg.Yield != nil && e.cfg.Yield() {
+			if yielding.IsZero() {
+				yielding = e.clock.Now()
+			}
+			if e.clock.Since(yielding) < e.cfg.TTL {
+				select {
+				case <-ctx.Done():
+					return
+				case <-e.clock.After(every):
+				}
+				continue
+			}
+		}
+		yielding = time.Time{} // a try: a new window of yielding after it
 		// Stop waits for an acquire in flight rather than cancelling it:
 		// a cancelled one may still take the lease on the server, with
 		// nobody left to release it (no leader for a TTL). One that
@@ -158,6 +193,14 @@ func (e *Elector) stand(ctx context.Context) {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(e.cfg.TTL, 5*time.Second))
 		lease, err := e.cfg.Store.LeaseAcquire(actx, store.LeaseAcquireParams{Name: e.cfg.Lease, Owner: e.cfg.Owner, TTL: e.cfg.TTL})
 		cancel()
+		e.mu.Lock()
+		e.status.Elsewhere = errors.Is(err, store.ErrLeaseHeld)
+		select {
+		case <-e.tried:
+		default:
+			close(e.tried)
+		}
+		e.mu.Unlock()
 		switch {
 		case err == nil && ctx.Err() != nil:
 			e.release(lease)

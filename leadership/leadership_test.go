@@ -295,3 +295,67 @@ func TestEveryRunsAtOnceThenEachPeriod(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+// TestYieldLeavesAFreeLeaseForATTL: an elector whose Yield says yes does
+// not take a free lease until it has yielded a TTL; one that finds the
+// lease held says so (Status.Elsewhere), the holder does not.
+func TestYieldLeavesAFreeLeaseForATTL(t *testing.T) {
+	t.Parallel()
+	s := store.New(mongotest.Database(t), store.Options{})
+	fake := clock.NewFake(time.Now())
+	const ttl = time.Minute
+	ctx := context.Background()
+	ts := newTerms()
+	var yield atomic.Bool
+	yield.Store(true)
+	y := leadership.New(leadership.Config{Lease: "projector", Owner: "y", Store: s, TTL: ttl, Clock: fake, Yield: yield.Load}, ts.duty)
+	require.NoError(t, y.Start(ctx))
+	t.Cleanup(y.Stop)
+	for range 4 {
+		// Blocked on the clock: it decided, and a free lease it took
+		// would show.
+		require.NoError(t, fake.BlockUntil(ctx, 1))
+		require.False(t, y.Status().Leader, "it took a lease it yields")
+		fake.Advance(ttl / 4)
+	}
+	require.Eventually(t, func() bool { return y.Status().Leader }, 10*time.Second, 5*time.Millisecond, "it yielded a free lease for more than a TTL")
+	require.False(t, y.Status().Elsewhere)
+
+	o := leadership.New(leadership.Config{Lease: "projector", Owner: "o", Store: s, TTL: ttl, Clock: fake}, ts.duty)
+	require.NoError(t, o.Start(ctx))
+	t.Cleanup(o.Stop)
+	require.Eventually(t, func() bool { return o.Status().Elsewhere }, 10*time.Second, 5*time.Millisecond, "the other does not say the lease is held elsewhere")
+	require.False(t, o.Status().Leader)
+}
+
+// TestFirstIsWaitedOnBeforeTheFirstTry: an elector with First tries for
+// its lease only once First returned; Tried is closed after its first try.
+func TestFirstIsWaitedOnBeforeTheFirstTry(t *testing.T) {
+	t.Parallel()
+	s := store.New(mongotest.Database(t), store.Options{})
+	ts := newTerms()
+	release := make(chan struct{})
+	e := leadership.New(leadership.Config{Lease: "projector", Owner: "e", Store: s, TTL: time.Minute,
+		First: func(ctx context.Context) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}}, ts.duty)
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(e.Stop)
+	time.Sleep(200 * time.Millisecond)
+	require.False(t, e.Status().Leader, "it tried before First returned")
+	select {
+	case <-e.Tried():
+		t.Fatal("Tried closed before any try")
+	default:
+	}
+	close(release)
+	select {
+	case <-e.Tried():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Tried not closed after the first try")
+	}
+	require.Eventually(t, func() bool { return e.Status().Leader }, 10*time.Second, 5*time.Millisecond)
+}
