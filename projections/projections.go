@@ -52,8 +52,36 @@ type Config struct {
 	// another program made (default DefaultPreImagesIdle): see "Old
 	// status: pre-images" in the package documentation.
 	PreImagesIdle time.Duration
-	Clock         clock.Clock
-	Logger        *slog.Logger
+	// Rider, when set, follows the projector's stream while this
+	// projector leads: the stream carries StreamLeader's events too
+	// (store.StreamParams.Leader), and every batch read is handed to it.
+	// The node's leader duties read it instead of a stream of their own
+	// when the node holds both leases (docs/architecture.md, "One stream
+	// for the projector and the leader").
+	Rider Rider
+	// Yield, when set, is asked before each try for the lease: while it
+	// says yes the projector tries once a LeaseTTL instead of every
+	// LeaseTTL/4, leaving a free lease to the node it yields to
+	// (leadership.Config.Yield).
+	Yield func() bool
+	// First, when set, is waited on before the first try for the lease
+	// (leadership.Config.First).
+	First  func(ctx context.Context)
+	Clock  clock.Clock
+	Logger *slog.Logger
+}
+
+// Rider follows the projector's stream (Config.Rider). Its methods are
+// called from the projector's goroutine and must not block.
+type Rider interface {
+	// Board: a stream starts (a term's first, or one reopened); what
+	// follows continues no batch handed before.
+	Board()
+	// Ride hands over the next batch read, whole: store.LeaderMatch
+	// picks out the leader's events.
+	Ride(b store.StreamBatch)
+	// Alight: the term's stream has ended.
+	Alight()
 }
 
 // DefaultPreImagesIdle is Config.PreImagesIdle's default.
@@ -125,7 +153,7 @@ func New(cfg Config) *Service {
 	}
 	s := &Service{cfg: cfg, log: cfg.Logger.With("component", "projector"), clock: clock.Or(cfg.Clock), lags: make([]time.Duration, 0, 8192)}
 	s.elector = leadership.New(leadership.Config{
-		Lease: LeaseName, Owner: cfg.Node, Store: cfg.Store, TTL: cfg.LeaseTTL, Clock: cfg.Clock, Logger: cfg.Logger,
+		Lease: LeaseName, Owner: cfg.Node, Store: cfg.Store, TTL: cfg.LeaseTTL, Yield: cfg.Yield, First: cfg.First, Clock: cfg.Clock, Logger: cfg.Logger,
 	}, s.lead)
 	return s
 }
@@ -170,6 +198,9 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 	}
 	defer sess.End(context.Background())
 	defer s.setPreImages(false) // no longer this node's to say
+	if s.cfg.Rider != nil {
+		defer s.cfg.Rider.Alight()
+	}
 	p := &projector{s: s, ref: term.Ref(), sess: sess, token: term.Lease.Checkpoint, at: term.Lease.CheckpointTime,
 		skip: map[bson.ObjectID]bson.Timestamp{}, recount: map[bson.ObjectID]bool{}}
 	err = p.run(ctx)
@@ -270,6 +301,10 @@ func (p *projector) run(ctx context.Context) error {
 		if err != nil {
 			return nil // ctx ended
 		}
+		if rider := p.s.cfg.Rider; rider != nil {
+			rider.Ride(b)
+			b.Events = countersOnly(b.Events)
+		}
 		if b.Lost != "" {
 			p.s.log.Warn("projector position lost (no longer in the oplog, or cannot be from this deployment): recounting", "why", b.Lost)
 			r.Close()
@@ -340,11 +375,34 @@ func (p *projector) open(ctx context.Context) (*store.StreamReader, error) {
 }
 
 func (p *projector) reader(ctx context.Context, from store.Position) (*store.StreamReader, error) {
-	return p.s.cfg.Store.StreamOpen(ctx, store.StreamParams{
-		Profile: store.StreamCounters, Name: "projector", From: from, NoPreImages: !p.preImages,
+	r, err := p.s.cfg.Store.StreamOpen(ctx, store.StreamParams{
+		Profile: store.StreamCounters, Name: "projector", From: from, NoPreImages: !p.preImages, Leader: p.s.cfg.Rider != nil,
 		MaxAwait: 500 * time.Millisecond, MaxBatch: p.s.cfg.MaxBatch, BatchWait: p.s.cfg.MaxBatchWait, Pace: p.s.cfg.MaxBatchWait,
 		Logger: p.s.log, // paced in real time
 	})
+	if err == nil && p.s.cfg.Rider != nil {
+		p.s.cfg.Rider.Board()
+	}
+	return r, err
+}
+
+// countersOnly is evs without the events the stream carries for its
+// rider alone (store.CountersMatch): a new slice when it drops any, as
+// the rider holds the batch.
+func countersOnly(evs []store.ChangeEvent) []store.ChangeEvent {
+	for i, ev := range evs {
+		if store.CountersMatch(ev) {
+			continue
+		}
+		out := append(make([]store.ChangeEvent, 0, len(evs)-1), evs[:i]...)
+		for _, ev := range evs[i+1:] {
+			if store.CountersMatch(ev) {
+				out = append(out, ev)
+			}
+		}
+		return out
+	}
+	return evs
 }
 
 // restart recounts every queue at the present, sets the counters, and

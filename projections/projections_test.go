@@ -447,3 +447,86 @@ func TestReasonsAreCountedWhoeverWritesThem(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	require.Equal(t, want, svc.Stats().Reasons)
 }
+
+// rider records what a projector hands its Rider.
+type rider struct {
+	mu      sync.Mutex
+	boarded int
+	alit    int
+	events  []store.ChangeEvent
+}
+
+func (r *rider) Board()  { r.mu.Lock(); r.boarded++; r.mu.Unlock() }
+func (r *rider) Alight() { r.mu.Lock(); r.alit++; r.mu.Unlock() }
+func (r *rider) Ride(b store.StreamBatch) {
+	r.mu.Lock()
+	r.events = append(r.events, b.Events...)
+	r.mu.Unlock()
+}
+
+// heard says whether the rider was handed an update of id that set f
+// (f empty: any event of id).
+func (r *rider) heard(id bson.ObjectID, f string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range r.events {
+		if got, _ := ev.ID.ObjectIDOK(); got != id {
+			continue
+		}
+		if f == "" {
+			return true
+		}
+		if _, err := ev.Updated.LookupErr(f); err == nil && ev.Op == "update" {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRiderIsHandedTheLeadersEventsWhichTheCountersSkip: with a Rider the
+// projector's stream carries the leader's events too (a time or
+// awaiting_parents set, no status changed); the rider is handed them,
+// the projection applies only its own (CountersMatch), and the counters
+// stay exact. The rider boards when the stream opens and alights when
+// the term ends.
+func TestRiderIsHandedTheLeadersEventsWhichTheCountersSkip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	q := newQueue(t, db, "q", 0, true)
+	rd := &rider{}
+	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, Rider: rd})
+	require.NoError(t, svc.Start(ctx))
+	require.Eventually(t, func() bool { return svc.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
+	// Writes the first recount covers are not events: wait until the
+	// projector follows the stream.
+	require.Eventually(t, func() bool {
+		insertBurst(t, db, q, 0, 1, func(int) any { return -2 })
+		return svc.Stats().Events > 0
+	}, 10*time.Second, 100*time.Millisecond, "the projector never applied an event")
+	ids := insertBurst(t, db, q, 0, 2, func(int) any { return -2 })
+	require.Eventually(t, func() bool { return rd.heard(ids[1].(bson.ObjectID), "") }, 10*time.Second, 10*time.Millisecond,
+		"the rider was not handed the inserts")
+	requireExact(t, s, 10*time.Second) // every insert applied: no event of ours left to come
+	before := svc.Stats().Events
+	tasks := db.Collection("tasks")
+	for _, f := range []string{schema.TaskNotBefore, schema.TaskExpiresAt} {
+		_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[0]}}, bson.D{{Key: "$set", Value: bson.D{{Key: f, Value: time.Now().Add(time.Hour)}}}})
+		require.NoError(t, err)
+	}
+	_, err := tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskAwaitingParents, Value: true}}}})
+	require.NoError(t, err)
+	insertBurst(t, db, q, 2, 1, func(int) any { return -2 }) // the counters' own, after them
+	require.Eventually(t, func() bool { return svc.Stats().Events > before }, 10*time.Second, 10*time.Millisecond, "the last insert was not applied")
+	require.Equal(t, before+1, svc.Stats().Events, "the projection applied the leader's events")
+	require.True(t, rd.heard(ids[0].(bson.ObjectID), schema.TaskNotBefore), "the rider was not handed not_before set")
+	require.True(t, rd.heard(ids[0].(bson.ObjectID), schema.TaskExpiresAt), "the rider was not handed expires_at set")
+	require.True(t, rd.heard(ids[1].(bson.ObjectID), schema.TaskAwaitingParents), "the rider was not handed awaiting_parents set")
+	requireExact(t, s, 10*time.Second)
+	svc.Stop()
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	require.GreaterOrEqual(t, rd.boarded, 1)
+	require.Equal(t, 1, rd.alit, "the term's end")
+}
