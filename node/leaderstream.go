@@ -40,13 +40,18 @@ const endsCheckEvery = time.Minute
 // one-node drain, 16 µs with three nodes (docs/scaling.md). It ends when
 // every duty has ended;
 // one ending with an error ends the others, and that error is returned.
-func sharedStream(st leaderStreamStore, log *slog.Logger, duties ...streamDuty) leadership.Duty {
+//
+// With a ride (nil: none), the duties follow the projector's stream
+// instead while this node's projector leads (see ride).
+func sharedStream(st leaderStreamStore, log *slog.Logger, rd *ride, duties ...streamDuty) leadership.Duty {
 	return func(ctx context.Context, term leadership.Term) error {
-		src := &leaderSource{st: st, log: log, ends: true}
-		if err := src.open(ctx, store.Position{}); err != nil {
+		src := &leaderSource{st: st, log: log, ends: true, ride: rd}
+		if off, ok := src.join(); ok {
+			src.off = off
+		} else if err := src.open(ctx, store.Position{}); err != nil {
 			return err
 		}
-		defer func() { src.r.Close() }()
+		defer src.close()
 		return teeRun(ctx, term, src, duties)
 	}
 }
@@ -71,6 +76,42 @@ type leaderSource struct {
 	// a reopen succeeds.
 	want   bool
 	resume bson.Raw
+	// ride: the projector's stream, followed instead of r while off is
+	// not nil (nil: never).
+	ride *ride
+	off  <-chan struct{}
+}
+
+// join follows the projector's stream if it is up, with the ends (a
+// Lost comes first: what the duties missed is re-read, and whether a
+// task waits is asked at the first batch).
+func (l *leaderSource) join() (<-chan struct{}, bool) {
+	if l.ride == nil {
+		return nil, false
+	}
+	off, ok := l.ride.join()
+	if ok {
+		l.ends, l.checked, l.want, l.resume = true, time.Time{}, false, nil
+	}
+	return off, ok
+}
+
+// close ends the reading of either stream.
+func (l *leaderSource) close() {
+	if l.r != nil {
+		l.r.Close()
+		l.r = nil
+	}
+	if l.off != nil {
+		l.ride.leave()
+		l.off = nil
+	}
+}
+
+// switched is the batch that says the duties now follow another stream:
+// they re-read what they might have missed between the two.
+func switched(to string) store.StreamBatch {
+	return store.StreamBatch{Lost: "the leader's duties now follow " + to}
 }
 
 // open replaces the reader by one from `from` (zero: now) with or
@@ -88,9 +129,20 @@ func (l *leaderSource) open(ctx context.Context, from store.Position) error {
 	return nil
 }
 
-// Next is the stream's next batch; between batches it switches the ends
-// on or off.
+// Next is the next batch of the stream followed: the projector's while
+// it is up (switching to it between batches of its own, which come at
+// least every MaxAwait), else its own. Between batches it switches the
+// ends on or off.
 func (l *leaderSource) Next(ctx context.Context) (store.StreamBatch, error) {
+	if l.off != nil {
+		return l.nextRiding(ctx)
+	}
+	if off, ok := l.join(); ok {
+		l.r.Close()
+		l.r, l.off = nil, off
+		l.log.Debug("leader stream: following the projector's stream")
+		return switched("the projector's stream"), nil
+	}
 	b, err := l.r.Next(ctx)
 	if err != nil {
 		return b, err
@@ -129,6 +181,52 @@ func (l *leaderSource) Next(ctx context.Context) (store.StreamBatch, error) {
 		l.log.Debug("leader stream: a task waits on its parents, so the tasks' ends are read again")
 	}
 	return b, nil
+}
+
+// nextRiding is the next batch of the projector's stream, only the
+// leader's events in it (store.LeaderMatch: the ends while a task may
+// wait on its parents, as the stream of its own would carry them). When
+// that stream ends it opens its own at the present.
+func (l *leaderSource) nextRiding(ctx context.Context) (store.StreamBatch, error) {
+	var b store.StreamBatch
+	select {
+	case <-ctx.Done():
+		return b, ctx.Err()
+	case <-l.off:
+		l.ride.leave()
+		l.off = nil
+		l.ends, l.want, l.resume = true, false, nil
+		if err := l.open(ctx, store.Position{}); err != nil {
+			return b, err
+		}
+		l.checked = time.Time{} // ask at the first batch whether the ends are needed
+		l.log.Debug("leader stream: the projector's stream ended; following one of its own")
+		return switched("a stream of their own"), nil
+	case b = <-l.ride.ch:
+	}
+	if b.Lost != "" {
+		l.ends, l.checked = true, time.Time{}
+		return b, nil
+	}
+	kept := b
+	kept.Events = nil
+	for _, ev := range b.Events {
+		if !l.ends && store.WaitsOnParents(ev) {
+			l.ends, l.checked = true, time.Now()
+			l.log.Debug("leader stream: a task waits on its parents, so the tasks' ends are read again")
+		}
+		if store.LeaderMatch(ev, l.ends) {
+			kept.Events = append(kept.Events, ev)
+		}
+	}
+	if l.ends && time.Since(l.checked) >= endsCheckEvery {
+		l.checked = time.Now()
+		if waiting, err := l.st.TaskGraphAnyWaiting(ctx); err == nil && !waiting {
+			l.ends = false
+			l.log.Debug("leader stream: no task waits on its parents, so the tasks' ends are left out until one does")
+		}
+	}
+	return kept, nil
 }
 
 // teeRun runs duties, each on its own copy of src's batches, until every

@@ -3,14 +3,19 @@ package node
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/leadership"
+	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
@@ -113,4 +118,142 @@ func TestSharedStreamEndsWithItsContext(t *testing.T) {
 		t.Fatal("teeRun did not end with its context")
 	}
 	require.Zero(t, src.inNext.Load())
+}
+
+// TestLeaderFollowsTheProjectorsStreamWhileItIsUp: the leader's duties
+// read a stream of their own until the projector's is up, then that one
+// (their own closed: no change stream left on the server), hearing a Lost
+// at each switch and only the leader's events (LeaderMatch: the ends only
+// while a task may wait on its parents); when the projector's ends they
+// read their own again.
+func TestLeaderFollowsTheProjectorsStreamWhileItIsUp(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	st := store.New(db, store.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	rd := newRide()
+	heard := make(chan store.StreamBatch, 100)
+	duty := func(ctx context.Context, _ leadership.Term, src batchSource) error {
+		for {
+			b, err := src.Next(ctx)
+			if err != nil {
+				return nil
+			}
+			if b.Lost != "" || len(b.Events) > 0 {
+				heard <- b
+			}
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- sharedStream(st, slog.New(slog.DiscardHandler), rd, duty)(ctx, leadership.Term{}) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		require.Empty(t, mongotest.ChangeStreamCursors(t, db), "a stream left open")
+	})
+	next := func(what string) store.StreamBatch {
+		t.Helper()
+		select {
+		case b := <-heard:
+			return b
+		case <-time.After(20 * time.Second):
+			t.Fatalf("nothing heard: %s", what)
+			return store.StreamBatch{}
+		}
+	}
+	delayed := func() bson.ObjectID {
+		t.Helper()
+		id := bson.NewObjectID()
+		_, err := db.Collection(schema.CollTasks).InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: schema.TaskQueue, Value: bson.NewObjectID()},
+			{Key: schema.TaskStatus, Value: int32(schema.StatusBlocked)}, {Key: schema.TaskNotBefore, Value: time.Now().Add(time.Hour)}})
+		require.NoError(t, err)
+		return id
+	}
+	idOf := func(b store.StreamBatch) []bson.ObjectID {
+		var ids []bson.ObjectID
+		for _, ev := range b.Events {
+			id, _ := ev.ID.ObjectIDOK()
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 1 }, 20*time.Second, 10*time.Millisecond,
+		"the leader's own stream is not open")
+	own := delayed()
+	require.Equal(t, []bson.ObjectID{own}, idOf(next("a delayed task on the leader's own stream")))
+
+	rd.Board()
+	require.Contains(t, next("the switch to the projector's stream").Lost, "the projector's stream")
+	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 0 }, 20*time.Second, 10*time.Millisecond,
+		"the leader's own stream is still open")
+	delayed() // only the projector's stream would carry it, and it is fed by hand here
+	event := func(op string, updated bson.D) store.ChangeEvent {
+		raw, err := bson.Marshal(updated)
+		require.NoError(t, err)
+		return store.ChangeEvent{Op: op, Coll: schema.CollTasks, ID: bson.RawValue{Type: bson.TypeObjectID, Value: func() []byte { id := bson.NewObjectID(); return id[:] }()}, Updated: raw}
+	}
+	timer := event("update", bson.D{{Key: schema.TaskNotBefore, Value: time.Now()}})
+	claim := event("update", bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}})
+	end := event("update", bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusSucceeded)}})
+	// The first batch after a switch asks whether a task waits on its
+	// parents (none does), so ends are left out from the next one.
+	rd.Ride(store.StreamBatch{Events: []store.ChangeEvent{claim, end, timer}})
+	require.Equal(t, []bson.ObjectID{mustID(end), mustID(timer)}, idOf(next("the leader's events of the projector's batch, with the ends")))
+	rd.Ride(store.StreamBatch{Events: []store.ChangeEvent{claim, end, timer}})
+	require.Equal(t, []bson.ObjectID{mustID(timer)}, idOf(next("the leader's events of the projector's batch, without the ends")))
+	rd.Board() // reopened: a Lost first
+	rd.Ride(store.StreamBatch{Events: []store.ChangeEvent{timer}})
+	require.Contains(t, next("a reopened projector's stream").Lost, "reopened")
+	require.Equal(t, []bson.ObjectID{mustID(timer)}, idOf(next("the batch after the reopening")))
+
+	rd.Alight()
+	require.Contains(t, next("the switch back").Lost, "of their own")
+	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 1 }, 20*time.Second, 10*time.Millisecond,
+		"the leader's own stream is not open again")
+	again := delayed()
+	require.Equal(t, []bson.ObjectID{again}, idOf(next("a delayed task on the leader's own stream again")))
+}
+
+func mustID(ev store.ChangeEvent) bson.ObjectID {
+	id, _ := ev.ID.ObjectIDOK()
+	return id
+}
+
+// TestNodesStartedTogetherHoldBothLeasesOnOne: of nodes started at once,
+// the one that takes the leader's lease takes the projector's too (the
+// projectors wait for their leader's first try and yield to a leader
+// elsewhere), so its leader duties can follow the projector's stream.
+func TestNodesStartedTogetherHoldBothLeasesOnOne(t *testing.T) {
+	b := setup(t)
+	nodes := make([]*Node, 3)
+	for i := range nodes {
+		n, err := New(b.config("n" + strconv.Itoa(i)))
+		require.NoError(t, err)
+		nodes[i] = n
+	}
+	errs := make(chan error, len(nodes))
+	for _, n := range nodes {
+		go func() { errs <- n.Start(context.Background()) }()
+	}
+	for range nodes {
+		require.NoError(t, <-errs)
+	}
+	for _, n := range nodes {
+		t.Cleanup(n.Stop)
+	}
+	holder := func(lease func(n *Node) bool) int {
+		for i, n := range nodes {
+			if lease(n) {
+				return i
+			}
+		}
+		return -1
+	}
+	leader := func(n *Node) bool { return n.LeaderStatus().Leader }
+	projector := func(n *Node) bool { return n.ProjectorStats().Leader }
+	require.Eventually(t, func() bool { return holder(leader) >= 0 && holder(projector) >= 0 }, 20*time.Second, 10*time.Millisecond,
+		"both leases taken")
+	require.Equal(t, holder(leader), holder(projector), "the leases went to different nodes")
+	require.Eventually(t, func() bool { return strings.Contains(b.logs.String(), "following the projector's stream") }, 20*time.Second, 10*time.Millisecond,
+		"the leader's duties do not follow the projector's stream")
 }

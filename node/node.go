@@ -134,16 +134,38 @@ func New(cfg Config) (*Node, error) {
 			return n.graph.Lead(ctx, term, src)
 		})
 	}
-	duties := []leadership.Duty{n.reaper.Lead, sharedStream(cfg.Store, log, following...), n.admits.Lead, n.contin.Lead, n.chain.Lead}
+	var rd *ride
+	if !cfg.NoProjector {
+		rd = newRide()
+	}
+	duties := []leadership.Duty{n.reaper.Lead, sharedStream(cfg.Store, log, rd, following...), n.admits.Lead, n.contin.Lead, n.chain.Lead}
 	if cfg.QueueBalance {
 		duties = append(duties, queuebalance.New(queuebalance.Config{Store: cfg.Store, Pretend: cfg.QueueBalancePretend, Clock: cfg.Clock, Logger: log}).Lead)
 	}
 	n.leader = leadership.New(leadership.Config{Lease: LeaderLease, Owner: cfg.Name, Store: cfg.Store, TTL: cfg.FenceAfter, Clock: cfg.Clock, Logger: log},
 		duties...)
 	if !cfg.NoProjector {
-		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, PreImagesIdle: cfg.PreImagesIdle, Clock: cfg.Clock, Logger: log})
+		// The projector stands for its lease on the leader's node first
+		// (Yield), whose leader duties then follow the projector's
+		// stream (Rider) instead of one of their own.
+		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, PreImagesIdle: cfg.PreImagesIdle, Clock: cfg.Clock, Logger: log,
+			Rider: rd, Yield: func() bool { return n.leader.Status().Elsewhere }, First: n.leaderTried})
 	}
 	return n, nil
+}
+
+// leaderTried returns once the leader's elector has made its first try
+// for its lease (it starts after the projector's), or after 5 s, or when
+// ctx ends: the projector's first try then knows whether to yield. (Real
+// time: a bound on a start-up, not a schedule.)
+func (n *Node) leaderTried(ctx context.Context) {
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case <-n.leader.Tried():
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // Start brings the node up (see the package doc for the order) and returns
