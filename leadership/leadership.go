@@ -170,6 +170,9 @@ func (e *Elector) stand(ctx context.Context) {
 	var yielding time.Time // since when Yield has said yes, in a row
 	if e.cfg.First != nil {
 		e.cfg.First(ctx)
+		if ctx.Err() != nil {
+			return
+		}
 	}
 	for {
 		if e.cfg.Yield != nil && e.cfg.Yield() {

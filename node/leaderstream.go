@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/leadership"
@@ -46,7 +47,7 @@ const endsCheckEvery = time.Minute
 func sharedStream(st leaderStreamStore, log *slog.Logger, rd *ride, duties ...streamDuty) leadership.Duty {
 	return func(ctx context.Context, term leadership.Term) error {
 		src := &leaderSource{st: st, log: log, ends: true, ride: rd}
-		if off, ok := src.join(); ok {
+		if off, ok := src.join(ctx); ok {
 			src.off = off
 		} else if err := src.open(ctx, store.Position{}); err != nil {
 			return err
@@ -77,23 +78,40 @@ type leaderSource struct {
 	want   bool
 	resume bson.Raw
 	// ride: the projector's stream, followed instead of r while off is
-	// not nil (nil: never).
-	ride *ride
-	off  <-chan struct{}
+	// not nil (nil: never); taken: its batches taken, not yet returned.
+	ride  *ride
+	off   <-chan struct{}
+	taken []store.StreamBatch
 }
 
-// join follows the projector's stream if it is up, with the ends (a
-// Lost comes first: what the duties missed is re-read, and whether a
-// task waits is asked at the first batch).
-func (l *leaderSource) join() (<-chan struct{}, bool) {
+// join follows the projector's stream if it is up (a Lost comes first:
+// what the duties missed is re-read), with the ends if a task waits on
+// its parents.
+func (l *leaderSource) join(ctx context.Context) (<-chan struct{}, bool) {
 	if l.ride == nil {
 		return nil, false
 	}
 	off, ok := l.ride.join()
 	if ok {
-		l.ends, l.checked, l.want, l.resume = true, time.Time{}, false, nil
+		l.log.Debug("leader stream: following the projector's stream")
+		l.ends, l.want, l.resume, l.taken = true, false, nil, nil
+		l.checkEnds(ctx)
 	}
 	return off, ok
+}
+
+// checkEnds asks whether a task waits on its parents, and reads the ends
+// of the projector's stream only if one does (or the answer is unknown).
+// Events from the moment of the question on tell it when one starts to
+// (WaitsOnParents).
+func (l *leaderSource) checkEnds(ctx context.Context) {
+	l.checked = time.Now()
+	waiting, err := l.st.TaskGraphAnyWaiting(ctx)
+	was := l.ends
+	l.ends = err != nil || waiting
+	if was && !l.ends {
+		l.log.Debug("leader stream: no task waits on its parents, so the tasks' ends are left out until one does")
+	}
 }
 
 // close ends the reading of either stream.
@@ -104,7 +122,7 @@ func (l *leaderSource) close() {
 	}
 	if l.off != nil {
 		l.ride.leave()
-		l.off = nil
+		l.off, l.taken = nil, nil
 	}
 }
 
@@ -112,6 +130,29 @@ func (l *leaderSource) close() {
 // they re-read what they might have missed between the two.
 func switched(to string) store.StreamBatch {
 	return store.StreamBatch{Lost: "the leader's duties now follow " + to}
+}
+
+// openOwn opens a stream of its own at the present once the projector's
+// has ended, retrying until ctx ends: mid-term nothing else would (the
+// duties do not end with their stream).
+func (l *leaderSource) openOwn(ctx context.Context) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 50*time.Millisecond, 5*time.Second, 0
+	for {
+		err := l.open(ctx, store.Position{})
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		wait := b.NextBackOff()
+		l.log.Warn("leader stream: cannot open a stream of its own; retrying", "in", wait, "error", err)
+		t := time.NewTimer(wait) // real time, as the stream's pace
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // open replaces the reader by one from `from` (zero: now) with or
@@ -137,10 +178,9 @@ func (l *leaderSource) Next(ctx context.Context) (store.StreamBatch, error) {
 	if l.off != nil {
 		return l.nextRiding(ctx)
 	}
-	if off, ok := l.join(); ok {
+	if off, ok := l.join(ctx); ok {
 		l.r.Close()
 		l.r, l.off = nil, off
-		l.log.Debug("leader stream: following the projector's stream")
 		return switched("the projector's stream"), nil
 	}
 	b, err := l.r.Next(ctx)
@@ -188,24 +228,29 @@ func (l *leaderSource) Next(ctx context.Context) (store.StreamBatch, error) {
 // wait on its parents, as the stream of its own would carry them). When
 // that stream ends it opens its own at the present.
 func (l *leaderSource) nextRiding(ctx context.Context) (store.StreamBatch, error) {
-	var b store.StreamBatch
-	select {
-	case <-ctx.Done():
-		return b, ctx.Err()
-	case <-l.off:
-		l.ride.leave()
-		l.off = nil
-		l.ends, l.want, l.resume = true, false, nil
-		if err := l.open(ctx, store.Position{}); err != nil {
-			return b, err
+	for len(l.taken) == 0 {
+		select {
+		case <-ctx.Done():
+			return store.StreamBatch{}, ctx.Err()
+		case <-l.off:
+			l.ride.leave()
+			l.off, l.taken = nil, nil
+			l.ends, l.want, l.resume = true, false, nil
+			if err := l.openOwn(ctx); err != nil {
+				return store.StreamBatch{}, err
+			}
+			l.checked = time.Time{} // ask at the first batch whether the ends are needed
+			l.log.Debug("leader stream: the projector's stream ended; following one of its own")
+			return switched("a stream of their own"), nil
+		case <-l.ride.ready:
+			l.taken = l.ride.take()
 		}
-		l.checked = time.Time{} // ask at the first batch whether the ends are needed
-		l.log.Debug("leader stream: the projector's stream ended; following one of its own")
-		return switched("a stream of their own"), nil
-	case b = <-l.ride.ch:
 	}
+	b := l.taken[0]
+	l.taken = l.taken[1:]
 	if b.Lost != "" {
-		l.ends, l.checked = true, time.Time{}
+		l.ends = true // a task that started waiting may be among what was missed
+		l.checkEnds(ctx)
 		return b, nil
 	}
 	kept := b
@@ -220,11 +265,7 @@ func (l *leaderSource) nextRiding(ctx context.Context) (store.StreamBatch, error
 		}
 	}
 	if l.ends && time.Since(l.checked) >= endsCheckEvery {
-		l.checked = time.Now()
-		if waiting, err := l.st.TaskGraphAnyWaiting(ctx); err == nil && !waiting {
-			l.ends = false
-			l.log.Debug("leader stream: no task waits on its parents, so the tasks' ends are left out until one does")
-		}
+		l.checkEnds(ctx)
 	}
 	return kept, nil
 }

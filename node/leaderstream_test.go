@@ -187,20 +187,16 @@ func TestLeaderFollowsTheProjectorsStreamWhileItIsUp(t *testing.T) {
 	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 0 }, 20*time.Second, 10*time.Millisecond,
 		"the leader's own stream is still open")
 	delayed() // only the projector's stream would carry it, and it is fed by hand here
-	event := func(op string, updated bson.D) store.ChangeEvent {
-		raw, err := bson.Marshal(updated)
-		require.NoError(t, err)
-		return store.ChangeEvent{Op: op, Coll: schema.CollTasks, ID: bson.RawValue{Type: bson.TypeObjectID, Value: func() []byte { id := bson.NewObjectID(); return id[:] }()}, Updated: raw}
-	}
-	timer := event("update", bson.D{{Key: schema.TaskNotBefore, Value: time.Now()}})
-	claim := event("update", bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}})
-	end := event("update", bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusSucceeded)}})
-	// The first batch after a switch asks whether a task waits on its
-	// parents (none does), so ends are left out from the next one.
-	rd.Ride(store.StreamBatch{Events: []store.ChangeEvent{claim, end, timer}})
-	require.Equal(t, []bson.ObjectID{mustID(end), mustID(timer)}, idOf(next("the leader's events of the projector's batch, with the ends")))
+	timer := updateEvent(t, bson.D{{Key: schema.TaskNotBefore, Value: time.Now()}})
+	claim := updateEvent(t, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}})
+	end := updateEvent(t, bson.D{{Key: schema.TaskStatus, Value: int32(schema.StatusSucceeded)}})
+	waits := updateEvent(t, bson.D{{Key: schema.TaskAwaitingParents, Value: true}})
+	// No task waits on its parents (asked at the switch): the ends are
+	// left out, until an event says one starts to.
 	rd.Ride(store.StreamBatch{Events: []store.ChangeEvent{claim, end, timer}})
 	require.Equal(t, []bson.ObjectID{mustID(timer)}, idOf(next("the leader's events of the projector's batch, without the ends")))
+	rd.Ride(store.StreamBatch{Events: []store.ChangeEvent{end, waits, end, claim}})
+	require.Equal(t, []bson.ObjectID{mustID(waits), mustID(end)}, idOf(next("the ends from the task that starts waiting on")))
 	rd.Board() // reopened: a Lost first
 	rd.Ride(store.StreamBatch{Events: []store.ChangeEvent{timer}})
 	require.Contains(t, next("a reopened projector's stream").Lost, "reopened")

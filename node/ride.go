@@ -6,39 +6,46 @@ import (
 	"github.com/disbatch-go/disbatch/store"
 )
 
-// rideSlack is how many of the projector's batches wait for the leader's
-// duties before the ride drops them and tells the leader it missed some.
-const rideSlack = 64
+// rideMost is how many events the ride keeps for a reader that is behind
+// before it drops them and tells the reader it missed some.
+const rideMost = 100_000
 
 // ride is the projector's stream as this node's leader duties follow it
 // (projections.Rider): while the node's projector leads, its stream
 // carries the leader's events too (store.StreamParams.Leader), and the
 // leader's source reads them here instead of opening a stream of its
 // own. Every stream makes the server filter every oplog entry again: one
-// fewer cut mongod's CPU a task by a tenth in a drain (docs/scaling.md).
-// The projector hands batches over without waiting; what the leader
-// cannot take in time, or what a reopened stream may not continue, it
-// hears as a Lost batch, on which its duties re-read the database.
+// fewer cut mongod's CPU a task by up to a tenth in a drain
+// (docs/scaling.md). The projector hands batches over without waiting,
+// only those with events the leader may keep (store.LeaderMatch with the
+// ends); they queue for the reader, which a slow duty (a long graph
+// sweep) may hold back. What a reopened stream may not continue, or what
+// the reader fell too far behind to be kept, it hears as a Lost batch,
+// on which its duties re-read the database.
 type ride struct {
 	mu      sync.Mutex
 	on      bool // the projector's stream is up
 	reading bool // a leader source takes the batches
-	gap     string
-	ch      chan store.StreamBatch
+	most    int  // rideMost
+	queue   []store.StreamBatch
+	queued  int           // events in queue
+	ready   chan struct{} // a batch was queued (1 slot)
 	off     chan struct{} // closed when the stream that is up ends
 }
 
 func newRide() *ride {
-	return &ride{ch: make(chan store.StreamBatch, rideSlack), off: make(chan struct{})}
+	return &ride{most: rideMost, ready: make(chan struct{}, 1), off: make(chan struct{})}
 }
 
-// Board: the projector's stream (re)starts.
+// Board: the projector's stream (re)starts; a reader hears a Lost before
+// its batches.
 func (r *ride) Board() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.on {
-		r.gap = "the projector's stream was reopened"
-	} else {
+	if r.reading {
+		r.pushLocked(store.StreamBatch{Lost: "the projector's stream was reopened"})
+	}
+	if !r.on {
 		r.off = make(chan struct{})
 	}
 	r.on = true
@@ -54,26 +61,44 @@ func (r *ride) Alight() {
 	r.on = false
 }
 
-// Ride offers a batch to the reader, if there is one, without waiting.
+// Ride queues a batch for the reader, if there is one, without waiting.
 func (r *ride) Ride(b store.StreamBatch) {
+	if b.Lost == "" {
+		b.Events = store.OnlyEvents(b.Events, func(ev store.ChangeEvent) bool { return store.LeaderMatch(ev, true) })
+		if len(b.Events) == 0 {
+			return
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.reading {
 		return
 	}
-	if r.gap != "" {
-		select {
-		case r.ch <- store.StreamBatch{Lost: r.gap}:
-			r.gap = ""
-		default:
-			return // still full: the gap grows
-		}
+	if r.queued+len(b.Events) > r.most {
+		// They re-read the database on the Lost: what was queued
+		// adds nothing.
+		r.queue, r.queued = nil, 0
+		b = store.StreamBatch{Lost: "the leader's duties fell behind the projector's stream"}
 	}
+	r.pushLocked(b)
+}
+
+func (r *ride) pushLocked(b store.StreamBatch) {
+	r.queue = append(r.queue, b)
+	r.queued += len(b.Events)
 	select {
-	case r.ch <- b:
+	case r.ready <- struct{}{}:
 	default:
-		r.gap = "the leader's duties fell behind the projector's stream"
 	}
+}
+
+// take returns the batches queued, oldest first, and empties the queue.
+func (r *ride) take() []store.StreamBatch {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.queue
+	r.queue, r.queued = nil, 0
+	return q
 }
 
 // join starts a reader if the projector's stream is up: batches from now
@@ -85,8 +110,8 @@ func (r *ride) join() (off <-chan struct{}, ok bool) {
 	if !r.on {
 		return nil, false
 	}
-	r.drainLocked()
-	r.reading, r.gap = true, ""
+	r.clearLocked()
+	r.reading = true
 	return r.off, true
 }
 
@@ -94,16 +119,14 @@ func (r *ride) join() (off <-chan struct{}, ok bool) {
 func (r *ride) leave() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.drainLocked()
-	r.reading, r.gap = false, ""
+	r.clearLocked()
+	r.reading = false
 }
 
-func (r *ride) drainLocked() {
-	for {
-		select {
-		case <-r.ch:
-		default:
-			return
-		}
+func (r *ride) clearLocked() {
+	r.queue, r.queued = nil, 0
+	select {
+	case <-r.ready:
+	default:
 	}
 }

@@ -303,7 +303,7 @@ func (p *projector) run(ctx context.Context) error {
 		}
 		if rider := p.s.cfg.Rider; rider != nil {
 			rider.Ride(b)
-			b.Events = countersOnly(b.Events)
+			b.Events = store.OnlyEvents(b.Events, store.CountersMatch) // the rider's alone dropped
 		}
 		if b.Lost != "" {
 			p.s.log.Warn("projector position lost (no longer in the oplog, or cannot be from this deployment): recounting", "why", b.Lost)
@@ -384,25 +384,6 @@ func (p *projector) reader(ctx context.Context, from store.Position) (*store.Str
 		p.s.cfg.Rider.Board()
 	}
 	return r, err
-}
-
-// countersOnly is evs without the events the stream carries for its
-// rider alone (store.CountersMatch): a new slice when it drops any, as
-// the rider holds the batch.
-func countersOnly(evs []store.ChangeEvent) []store.ChangeEvent {
-	for i, ev := range evs {
-		if store.CountersMatch(ev) {
-			continue
-		}
-		out := append(make([]store.ChangeEvent, 0, len(evs)-1), evs[:i]...)
-		for _, ev := range evs[i+1:] {
-			if store.CountersMatch(ev) {
-				out = append(out, ev)
-			}
-		}
-		return out
-	}
-	return evs
 }
 
 // restart recounts every queue at the present, sets the counters, and

@@ -354,6 +354,25 @@ func LeaderMatch(ev ChangeEvent, graphEnds bool) bool {
 	return graphEnds && EndsTask(ev)
 }
 
+// OnlyEvents is evs without the events keep refuses: evs itself when it
+// refuses none, else a new slice (a batch handed to two readers is
+// shared).
+func OnlyEvents(evs []ChangeEvent, keep func(ChangeEvent) bool) []ChangeEvent {
+	for i, ev := range evs {
+		if keep(ev) {
+			continue
+		}
+		out := append(make([]ChangeEvent, 0, len(evs)-1), evs[:i]...)
+		for _, ev := range evs[i+1:] {
+			if keep(ev) {
+				out = append(out, ev)
+			}
+		}
+		return out
+	}
+	return evs
+}
+
 // CountersMatch says whether an event of StreamCounters' is one of the
 // profile's own, as its filter on the server says: with
 // StreamParams.Leader the stream carries the leader's too.
