@@ -492,24 +492,31 @@ func leaderEvents(t *testing.T, r *store.StreamReader, n int, at time.Time) []st
 		require.NoError(t, err)
 		for _, ev := range b.Events {
 			id, _ := ev.ID.ObjectIDOK()
-			e := ev.Op + " " + id.Hex()
-			if store.WaitsOnParents(ev) {
-				e += " waits"
-			}
-			if store.EndsTask(ev) {
-				e += " ends"
-			}
-			for _, doc := range []bson.Raw{ev.Doc, ev.Updated} {
-				for _, f := range []string{schema.TaskNotBefore, schema.TaskExpiresAt} {
-					if v, ok := doc.Lookup(f).TimeOK(); ok {
-						e += " " + f + "=" + v.Sub(at).String()
-					}
-				}
-			}
-			got = append(got, e)
+			got = append(got, ev.Op+" "+id.Hex()+leaderMarks(ev, at))
 		}
 	}
 	return got
+}
+
+// leaderMarks is what the leader's duties read of an event: " waits"
+// (WaitsOnParents), " ends" (EndsTask) and the times it carries, as
+// offsets from at.
+func leaderMarks(ev store.ChangeEvent, at time.Time) string {
+	e := ""
+	if store.WaitsOnParents(ev) {
+		e += " waits"
+	}
+	if store.EndsTask(ev) {
+		e += " ends"
+	}
+	for _, doc := range []bson.Raw{ev.Doc, ev.Updated} {
+		for _, f := range []string{schema.TaskNotBefore, schema.TaskExpiresAt} {
+			if v, ok := doc.Lookup(f).TimeOK(); ok {
+				e += " " + f + "=" + v.Sub(at).String()
+			}
+		}
+	}
+	return e
 }
 
 // requireNoMoreEvents: r delivers no event for 500 ms.
@@ -631,21 +638,7 @@ func testStreamCountersWithLeader(t *testing.T, newStore Factory) {
 	// An event as the leader's duties read it.
 	show := func(ev store.ChangeEvent) string {
 		id, _ := ev.ID.ObjectIDOK()
-		e := ev.Op + " " + ev.Coll + " " + id.Hex() + " " + fmt.Sprint(ev.ClusterTime)
-		if store.WaitsOnParents(ev) {
-			e += " waits"
-		}
-		if store.EndsTask(ev) {
-			e += " ends"
-		}
-		for _, doc := range []bson.Raw{ev.Doc, ev.Updated} {
-			for _, f := range []string{schema.TaskNotBefore, schema.TaskExpiresAt} {
-				if v, ok := doc.Lookup(f).TimeOK(); ok {
-					e += " " + f + "=" + v.Sub(at).String()
-				}
-			}
-		}
-		return e
+		return ev.Op + " " + ev.Coll + " " + id.Hex() + " " + fmt.Sprint(ev.ClusterTime) + leaderMarks(ev, at)
 	}
 	read := func(r *store.StreamReader) []store.ChangeEvent {
 		t.Helper()
