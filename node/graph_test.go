@@ -192,17 +192,31 @@ func TestChildrenOfAFailureRetriedBeforeTheSettleWait(t *testing.T) {
 // program ends (not a node, whose finish settles its children itself)
 // releases its child within seconds, not at the minute's sweep.
 func TestLeaderReadsTheEndsOnlyWhileATaskWaits(t *testing.T) {
+	t.Run("ProjectorsStream", func(t *testing.T) { leaderReadsTheEnds(t, false) })
+	t.Run("OwnStream", func(t *testing.T) { leaderReadsTheEnds(t, true) })
+}
+
+// leaderReadsTheEnds: the leader's duties follow the projector's stream
+// (the node holds both leases) or, without a projector, one of their own;
+// either way they leave the ends out while no task waits.
+func leaderReadsTheEnds(t *testing.T, noProjector bool) {
 	b := setup(t)
 	q := b.queue("q", "test", 1, schema.SortFIFO)
 	elsewhere := b.queue("elsewhere", "Nobody::Here", 1, schema.SortFIFO) // no plugin here: not served
-	b.start(b.config("n1"))
-	// The node holds both leases: its leader's duties follow the
-	// projector's stream (from at most a second after it is up).
+	cfg := b.config("n1")
+	cfg.NoProjector = noProjector
+	b.start(cfg)
 	require.Eventually(t, func() bool {
 		logs := b.logs.String()
 		i := strings.Index(logs, "following the projector's stream")
+		if noProjector {
+			i = 0
+		}
 		return i >= 0 && strings.Contains(logs[i:], "the tasks' ends are left out")
-	}, 20*time.Second, 20*time.Millisecond, "the leader follows the projector's stream, leaving the ends out while no task waits")
+	}, 20*time.Second, 20*time.Millisecond, "the leader leaves the ends out while no task waits")
+	if noProjector {
+		require.NotContains(t, b.logs.String(), "following the projector's stream")
+	}
 	parent, child := bson.NewObjectID(), bson.NewObjectID()
 	b.graphInsert([]store.GraphTask{{ID: parent, Queue: elsewhere}, {ID: child, Queue: q, Parents: []bson.ObjectID{parent}}})
 	require.Eventually(t, func() bool { return strings.Contains(b.logs.String(), "the tasks' ends are read again") },

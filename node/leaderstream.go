@@ -100,15 +100,20 @@ func (l *leaderSource) join(ctx context.Context) (<-chan struct{}, bool) {
 	return off, ok
 }
 
-// checkEnds asks whether a task waits on its parents, and reads the ends
-// of the projector's stream only if one does (or the answer is unknown).
-// Events from the moment of the question on tell it when one starts to
-// (WaitsOnParents).
-func (l *leaderSource) checkEnds(ctx context.Context) {
+// endsNeeded asks whether a task waits on its parents (true when the
+// answer is unknown). Events from the moment of the question on tell
+// when one starts to (WaitsOnParents).
+func (l *leaderSource) endsNeeded(ctx context.Context) bool {
 	l.checked = time.Now()
 	waiting, err := l.st.TaskGraphAnyWaiting(ctx)
+	return err != nil || waiting
+}
+
+// checkEnds keeps the ends of the projector's stream only if they are
+// needed (endsNeeded).
+func (l *leaderSource) checkEnds(ctx context.Context) {
 	was := l.ends
-	l.ends = err != nil || waiting
+	l.ends = l.endsNeeded(ctx)
 	if was && !l.ends {
 		l.log.Debug("leader stream: no task waits on its parents, so the tasks' ends are left out until one does")
 	}
@@ -199,10 +204,8 @@ func (l *leaderSource) Next(ctx context.Context) (store.StreamBatch, error) {
 			l.want, l.resume = true, b.Token // unknown changes: read the ends until a check
 		}
 	case l.ends && time.Since(l.checked) >= endsCheckEvery:
-		l.checked = time.Now()
-		waiting, err := l.st.TaskGraphAnyWaiting(ctx)
-		if err != nil || waiting {
-			break // keep the ends
+		if l.endsNeeded(ctx) {
+			break
 		}
 		l.ends = false
 		if err := l.open(ctx, store.Position{Token: b.Token}); err != nil {

@@ -381,23 +381,13 @@ func CountersMatch(ev ChangeEvent) bool {
 	case "dropDatabase", "invalidate":
 		return true
 	}
-	switch ev.Coll {
-	case schema.CollQueues:
-		switch ev.Op {
-		case "insert", "replace", "drop", "rename":
-			return true
-		}
+	switch {
+	case ev.Coll == schema.CollQueues:
+		return slices.Contains([]string{"insert", "replace", "drop", "rename"}, ev.Op)
+	case ev.Coll != schema.CollTasks:
 		return false
-	case schema.CollTasks:
-	default:
-		return false
-	}
-	if ev.Op != "update" {
-		switch ev.Op {
-		case "insert", "replace", "delete", "drop", "rename":
-			return true
-		}
-		return false
+	case ev.Op != "update":
+		return slices.Contains([]string{"insert", "replace", "delete", "drop", "rename"}, ev.Op)
 	}
 	for _, f := range []string{schema.TaskStatus, schema.TaskQueue, schema.TaskReason} {
 		if _, err := ev.Updated.LookupErr(f); err == nil {
