@@ -163,7 +163,7 @@ func (r *runner) dispatch(q claimer.Queue, t schema.Task, claim claimer.Timing) 
 		})
 		return
 	}
-	log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
+	log := taskLogger(r.log, q.Name, t.ID.Hex())
 	log.Info("claimed a task this node still handles from an earlier claim: starting it once that is over, if it is still this claim's")
 	r.wg.Add(1)
 	go func() {
@@ -345,7 +345,7 @@ func (r *runner) holds(id bson.ObjectID) bool {
 // malformed is the claimer's Malformed: fail the task with the reason.
 func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
 	r.handle(q, t, func() []func() {
-		log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
+		log := taskLogger(r.log, q.Name, t.ID.Hex())
 		p := store.TaskFailParams{ID: t.ID, Node: r.cfg.Name, From: t.Status, Reason: "disbatchd: malformed task document: " + derr.Error()}
 		if t.ID.IsZero() {
 			// Its _id is not an ObjectId: fail it by the _id it has.
@@ -489,7 +489,7 @@ func (r *runner) unfence() {
 // to after, for once its slot is free.
 func (r *runner) run(q claimer.Queue, t schema.Task, claimed time.Time, steps taskSteps, after *[]func()) string {
 	cfg := r.cfg
-	log := r.log.With("queue", q.Name, "task_id", t.ID.Hex())
+	log := taskLogger(r.log, q.Name, t.ID.Hex())
 	if cfg.beforeStart != nil {
 		cfg.beforeStart(t)
 	}
