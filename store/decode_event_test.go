@@ -81,6 +81,8 @@ func changeEvents(t testing.TB) []bson.Raw {
 		eventDoc(t, append(common("delete", "tasks"), bson.E{Key: "fullDocument", Value: nil})),
 		eventDoc(t, bson.D{{Key: "_id", Value: bson.D{{Key: "_data", Value: "82"}}}, {Key: "operationType", Value: "invalidate"}, {Key: "clusterTime", Value: bson.Timestamp{T: 1, I: 1}}}),
 		eventDoc(t, bson.D{}),
+		// Not what a server sends: fields of the wrong type read as absent.
+		eventDoc(t, bson.D{{Key: "operationType", Value: 7}, {Key: "ns", Value: "tasks"}, {Key: "documentKey", Value: bson.A{1}}, {Key: "updateDescription", Value: 1}}),
 	}
 }
 

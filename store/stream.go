@@ -558,9 +558,11 @@ func decodeEvent(current, token bson.Raw) ChangeEvent {
 		case "operationType":
 			ev.Op, _ = v.StringValueOK()
 		case "ns":
-			ev.Coll, _ = v.Document().Lookup("coll").StringValueOK()
+			ns, _ := v.DocumentOK() // nil when not a document: no panic
+			ev.Coll, _ = ns.Lookup("coll").StringValueOK()
 		case "documentKey":
-			ev.ID = v.Document().Lookup("_id")
+			key, _ := v.DocumentOK()
+			ev.ID = key.Lookup("_id")
 		case "clusterTime":
 			if t, i, ok := v.TimestampOK(); ok {
 				ev.ClusterTime = bson.Timestamp{T: t, I: i}
