@@ -165,14 +165,21 @@ func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Tim
 		begin = t.CTime
 	}
 	ctx, task := tracer.Start(tracing.Extract(context.Background(), t.TraceParent, t.TraceState), "disbatch.task",
-		trace.WithTimestamp(begin), trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("disbatch.task.id", t.ID.Hex()),
-			attribute.String("disbatch.queue", q.Name),
-			attribute.String("disbatch.queue.id", q.ID.Hex()),
-			attribute.String("disbatch.constructor", q.Constructor),
-			attribute.String("disbatch.node", node),
-		))
+		trace.WithTimestamp(begin), trace.WithSpanKind(trace.SpanKindConsumer))
+	// Attributes and the queued span only for a span that records (the
+	// sampler, parent-based, does not read them): without tracing they
+	// were built for every task and dropped (BenchmarkNewTaskTrace).
+	if !task.IsRecording() {
+		_, claimSpan := tracer.Start(ctx, "disbatch.claim", trace.WithTimestamp(claim.Start))
+		return &taskTrace{ctx: ctx, constructor: q.Constructor, task: task, claim: claimSpan}
+	}
+	task.SetAttributes(
+		attribute.String("disbatch.task.id", t.ID.Hex()),
+		attribute.String("disbatch.queue", q.Name),
+		attribute.String("disbatch.queue.id", q.ID.Hex()),
+		attribute.String("disbatch.constructor", q.Constructor),
+		attribute.String("disbatch.node", node),
+	)
 	if !t.CTime.IsZero() {
 		wait := claim.Start.Sub(t.CTime)
 		task.SetAttributes(attribute.Float64("disbatch.queue.wait_ms", float64(wait.Microseconds())/1000))

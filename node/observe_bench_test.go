@@ -1,0 +1,25 @@
+package node
+
+import (
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/schema"
+)
+
+// BenchmarkNewTaskTrace is a task's trace as the runner begins it, with
+// tracing off (no tracer provider installed, as disbatchd without an
+// OTLP endpoint).
+func BenchmarkNewTaskTrace(b *testing.B) {
+	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "Demo"}
+	t := schema.Task{ID: bson.NewObjectID(), CTime: time.Now().Add(-time.Second)}
+	claim := claimer.Timing{Start: time.Now()}
+	b.ReportAllocs()
+	for b.Loop() {
+		tt := newTaskTrace("n1", q, t, claim)
+		tt.started()
+	}
+}
