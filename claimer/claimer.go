@@ -820,11 +820,7 @@ func (c *Claimer) withHigherPriorities(open []Queue) []Queue {
 
 // next picks the queue to claim from (seed 001's scheduler): the highest
 // priority; among equal priorities the one whose running tasks for its
-// weight would be fewest with one more; of those, the heavier weight (a
-// task too many there is the smallest error against its share: name
-// order gave the lightest queue every tie, and with counts a task stale
-// it ran a slot over its share; stop 43), then the earlier in name
-// order. limit is how many to
+// weight would be fewest with one more (ties: the earlier in name order). limit is how many to
 // claim from it before choosing again: its part of this node's free slots
 // when they are shared out among the queues of its priority so that
 // their shares (running/weight) come out as even as can be (water
@@ -854,8 +850,7 @@ func (c *Claimer) next(open []Queue) (i, limit int) {
 	best := 0
 	for j := 1; j < len(open); j++ {
 		a, b := open[j].Sched.Priority, open[best].Sched.Priority
-		if a > b || (a == b && (nb.share[j] < nb.share[best] ||
-			nb.share[j] == nb.share[best] && open[j].Sched.Weight > open[best].Sched.Weight)) {
+		if a > b || (a == b && nb.share[j] < nb.share[best]) {
 			best = j
 		}
 	}

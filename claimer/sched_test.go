@@ -70,25 +70,6 @@ func TestWeightsShareTheSlots(t *testing.T) {
 	require.Equal(t, []int{2, 4, 8}, []int{h.c.Running(a.ID), h.c.Running(b.ID), h.c.Running(c.ID)})
 }
 
-// TestATieGoesToTheHeavierWeight: two queues of one priority whose shares
-// with one more task are equal (1+1 for weight 1, (7+1)/4 for weight 4)
-// give a single free slot to the heavier one, though the lighter comes
-// first by name: one task too many is 1/8 of its share there, a whole
-// share in the lighter.
-func TestATieGoesToTheHeavierWeight(t *testing.T) {
-	t.Parallel()
-	light, heavy := sched("a-light", 100, 0, 1), sched("b-heavy", 100, 0, 4)
-	one, seven := int64(1), int64(7)
-	light.CountRunning, heavy.CountRunning = &one, &seven
-	h := newHarness(t, func(c *claimer.Config) { c.Batch = 1 }, light, heavy)
-	h.st.set(alwaysTask)
-	slot := 1
-	require.True(t, h.c.SetNodeMax(&slot))
-	h.start()
-	h.pass()
-	require.Equal(t, ids(heavy), h.st.take(), "the tie goes to the heavier weight")
-}
-
 // TestMaxGetworkBoundsEachClaim: a queue's max_getwork bounds each batch.
 func TestMaxGetworkBoundsEachClaim(t *testing.T) {
 	t.Parallel()
