@@ -12,7 +12,8 @@ import (
 
 // BenchmarkNewTaskTrace is a task's trace as the runner begins it, with
 // tracing off (no tracer provider installed, as disbatchd without an
-// OTLP endpoint).
+// OTLP endpoint). Run it alone (-run '^$'): this package's tracing tests
+// install a recording provider, which it would then measure.
 func BenchmarkNewTaskTrace(b *testing.B) {
 	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "Demo"}
 	t := schema.Task{ID: bson.NewObjectID(), CTime: time.Now().Add(-time.Second)}

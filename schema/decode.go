@@ -64,7 +64,9 @@ func newReader(coll string, raw bson.Raw) *reader {
 	for rest := raw[4 : len(raw)-1]; len(rest) > 0; {
 		e, next, ok := bsoncore.ReadElement(rest)
 		if !ok {
-			break // not reached: the document is valid
+			// The document's final 0, when bytes follow it (Validate
+			// lets bytes past the length by): never read past.
+			break
 		}
 		key := uint32(len(e.KeyBytes()))
 		end := at + uint32(len(e))

@@ -11,7 +11,8 @@ import (
 // TestReaderFieldsFindWhatLookupFinds: the reader's one pass over a
 // document finds, for every name, the value Raw.LookupErr finds (the first
 // of duplicate keys, nulls, nested documents and arrays whole, the empty
-// key, a key longer than the buffer holds), and nothing for absent names.
+// key, more fields than the buffer holds), and nothing for absent names;
+// bytes past the document's length are not read.
 func TestReaderFieldsFindWhatLookupFinds(t *testing.T) {
 	t.Parallel()
 	d := bsoncore.NewDocumentBuilder().
@@ -37,6 +38,14 @@ func TestReaderFieldsFindWhatLookupFinds(t *testing.T) {
 	for _, e := range elems {
 		names = append(names, e.Key())
 	}
+	// Bytes past the length, which Validate lets by: not fields.
+	padded := append(append(bson.Raw(nil), raw...), 0x10, 'x', 0, 1, 0, 0, 0)
+	require.NoError(t, padded.Validate())
+	p := newReader(CollTasks, padded)
+	require.NoError(t, p.err)
+	require.Len(t, p.fields, 39)
+	_, ok := p.field("x")
+	require.False(t, ok)
 	for _, name := range names {
 		want, err := raw.LookupErr(name)
 		got, ok := r.field(name)
