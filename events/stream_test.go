@@ -515,14 +515,17 @@ func TestStepDown(t *testing.T) {
 }
 
 func TestStopLeavesNoGoroutines(t *testing.T) {
-	// Not parallel: goleak must see only this stream's goroutines.
+	// Not parallel: goleak must see only this stream's goroutines. The
+	// shared client's server monitors may start a heartbeat read (after an
+	// earlier test's failover, say) at any time: goleak ignores those, and
+	// the server is asked instead whether the stream's cursor is gone.
 	ctx := testContext(t, time.Minute)
 	db := mongotest.Database(t)
 	st := store.New(db, store.Options{})
 	bus := newBus(t)
 	c := collect(t, bus)
 	require.NoError(t, db.Client().Ping(ctx, nil))
-	opts := []goleak.Option{goleak.IgnoreCurrent()}
+	opts := append(mongotest.ClientGoroutines(), goleak.IgnoreCurrent())
 
 	s := events.New(events.Config{Store: st, Publisher: bus, Name: "n1", SaveEvery: 10 * time.Millisecond, MaxAwait: 100 * time.Millisecond})
 	require.NoError(t, s.Start(ctx))
@@ -530,9 +533,12 @@ func TestStopLeavesNoGoroutines(t *testing.T) {
 	id := insertTasks(t, st, q, 1)[0]
 	requireTask(t, c.next(t, wait), events.OpInsert, id, q, statusPtr(schema.StatusQueued))
 	time.Sleep(300 * time.Millisecond) // a few empty getMores and saves
+	require.NotEmpty(t, mongotest.ChangeStreamCursors(t, db), "the running stream's cursor is open")
 	s.Stop()
 	s.Stop() // idempotent
 	goleak.VerifyNone(t, opts...)
+	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 0 }, 2*time.Second, 10*time.Millisecond,
+		"the stream's cursor is still open on the server")
 	_, err := st.StreamTokenGet(ctx, "n1")
 	require.NoError(t, err)
 }
