@@ -86,6 +86,16 @@ type Config struct {
 	// Batch is the most tasks one batched claim takes (default
 	// DefaultBatch; 1 turns batching off). See claim.
 	Batch int
+	// Linger is how long a batched claim on a quiet node (every queue
+	// backlogged, see Quiet) may wait for half a batch of free slots
+	// before it claims what is free (0: never waits). A busy node's
+	// slots free up a few at a time, as its finishes come back, and a
+	// claim for each few costs the server and the node three round
+	// trips; the tasks it takes have waited in a backlog, so a few
+	// milliseconds more cost them nothing, and a slot idles at most
+	// Linger a claim. docs/scaling.md, "Claims that wait for half a
+	// batch", has what it pays.
+	Linger time.Duration
 	// Stagger spaces the nodes' answers to the wake-up for one new task
 	// (default DefaultStagger; negative: none). Every node serving the
 	// queue hears it; each ranks itself among the queue's Peers by a hash
@@ -158,6 +168,10 @@ type Stats struct {
 	// clock), queue reads and claims included.
 	Passes   int64
 	PassTime time.Duration
+	// Lingers and LingerTime: batched claims that waited for free slots
+	// (Config.Linger), and their wait in all (on the clock).
+	Lingers    int64
+	LingerTime time.Duration
 }
 
 // Claimer runs the claim loop, and counts the node's tasks (claimed or
@@ -955,6 +969,36 @@ func (c *Claimer) clusterRunningFrom(q Queue, now held) int {
 	return max(int(*q.CountRunning)+q.nodes()*claimed-finished, now.running)
 }
 
+// linger waits, on a quiet node and at most Config.Linger, until q has
+// room for goal tasks (the loop goroutine, before a batched claim).
+func (c *Claimer) linger(ctx context.Context, q Queue, goal int) {
+	if c.cfg.Linger <= 0 || !c.quiet {
+		return
+	}
+	goal = min(goal, c.slots.capacity(q.MaxThreads))
+	if c.slots.isPaused() || c.slots.room(q.ID, q.MaxThreads) >= goal {
+		return
+	}
+	start := c.clock.Now()
+	timer := c.clock.NewTimer(c.cfg.Linger)
+	defer timer.Stop()
+wait:
+	for c.slots.room(q.ID, q.MaxThreads) < goal {
+		select {
+		case <-ctx.Done():
+			break wait
+		case <-timer.C():
+			break wait
+		case <-c.slots.freed:
+		}
+	}
+	took := c.clock.Since(start)
+	c.mu.Lock()
+	c.stats.Lingers++
+	c.stats.LingerTime += took
+	c.mu.Unlock()
+}
+
 // claim takes up to limit tasks of q into its free slots. The first claim
 // of a pass is one findOneAndUpdate, the fastest way to take a task that
 // just arrived. Once a claim succeeded and slots are still free, a backlog
@@ -996,6 +1040,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		want := 1
 		if batched {
 			want = min(batch, limit-n)
+			c.linger(ctx, q, min(want, (batch+1)/2))
 		}
 		got := 0
 		for got < want && c.slots.tryAcquire(q.ID, q.MaxThreads) {

@@ -38,6 +38,7 @@ type fakeStore struct {
 	mu     sync.Mutex
 	calls  []store.TaskClaimParams
 	capped []store.TaskClaimCappedParams // the capped claims asked
+	limits []int                         // the batched claims' limits
 	claim  func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error)
 }
 
@@ -55,6 +56,9 @@ func (f *fakeStore) TaskClaim(ctx context.Context, p store.TaskClaimParams) (sch
 // TaskClaimMany answers like that many TaskClaim calls, stopping at the
 // first that finds nothing.
 func (f *fakeStore) TaskClaimMany(ctx context.Context, p store.TaskClaimManyParams) (store.TaskClaimManyResult, error) {
+	f.mu.Lock()
+	f.limits = append(f.limits, p.Limit)
+	f.mu.Unlock()
 	var res store.TaskClaimManyResult
 	for range p.Limit {
 		t, err := f.TaskClaim(ctx, store.TaskClaimParams{Queue: p.Queue, Node: p.Node, Sort: p.Sort})
@@ -104,6 +108,15 @@ func (f *fakeStore) take() []bson.ObjectID {
 	}
 	f.calls = nil
 	return qs
+}
+
+// takeLimits returns the batched claims' limits since the last call.
+func (f *fakeStore) takeLimits() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := f.limits
+	f.limits = nil
+	return l
 }
 
 // alwaysTask answers every claim with a new task of the queue.
@@ -1309,4 +1322,90 @@ func TestAQuietReadTriesEveryQueue(t *testing.T) {
 		h.pass()
 		require.Equal(t, 4, h.c.Total(), "q2 took the node's two slots q1 freed, by the next read at the latest")
 	})
+}
+
+// TestAQuietNodesBatchedClaimsLingerForHalfABatch: on a quiet node a
+// batched claim waits, at most Config.Linger on the clock, until half a
+// batch of slots is free, instead of claiming the few that are; a node
+// that is not quiet, or has no Linger, claims what is free at once.
+func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
+	t.Parallel()
+	const linger = 5 * time.Millisecond
+	ctx := context.Background()
+	setup := func(t *testing.T, linger time.Duration) (*harness, *clock.Fake, claimer.Queue) {
+		q := queue("q", 8)
+		h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Batch = 8; c.Linger = linger }, q)
+		h.st.set(alwaysTask)
+		h.start()
+		h.pass()
+		require.Equal(t, []int{7}, h.st.takeLimits(), "not quiet: one claim, then a batch for the seven free slots, at once")
+		fake.Advance(claimer.QuietAfter)
+		waiters := fake.Waiters()
+		h.c.Finished(q.ID)
+		if linger > 0 {
+			// Quiet from the pass's first claim: the batched one after
+			// it lingers, every slot taken, until the clock says.
+			require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+			fake.Advance(linger)
+		}
+		h.pass()
+		require.Equal(t, []bool{true}, said())
+		h.st.takeLimits()
+		return h, fake, q
+	}
+
+	t.Run("until half a batch is free", func(t *testing.T) {
+		t.Parallel()
+		h, fake, q := setup(t, linger)
+		waiters := fake.Waiters()
+		before := h.c.Stats()
+		h.c.Finished(q.ID) // the pass's first claim takes this one alone
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "the batched claim after it lingers")
+		for range 3 {
+			h.c.Finished(q.ID)
+		}
+		h.noPass()
+		require.Empty(t, h.st.takeLimits(), "three free slots: still waiting")
+		h.c.Finished(q.ID)
+		require.Equal(t, []int{4}, limitsSoon(t, h), "the fourth freed: one claim of four")
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "the next batched claim lingers in turn")
+		fake.Advance(linger) // nothing frees: the linger ends, with no slot to claim into
+		h.pass()
+		require.Empty(t, h.st.takeLimits())
+		s := h.c.Stats()
+		require.Equal(t, before.Lingers+2, s.Lingers)
+		require.Equal(t, before.LingerTime+linger, s.LingerTime, "the first ended by the slots, the second by the clock")
+	})
+	t.Run("at most Linger", func(t *testing.T) {
+		t.Parallel()
+		h, fake, q := setup(t, linger)
+		waiters := fake.Waiters()
+		h.c.Finished(q.ID)
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+		h.c.Finished(q.ID)
+		h.c.Finished(q.ID)
+		fake.Advance(linger - time.Millisecond)
+		h.noPass()
+		require.Empty(t, h.st.takeLimits(), "two free slots, within Linger: waiting")
+		fake.Advance(time.Millisecond)
+		require.Equal(t, []int{2}, limitsSoon(t, h), "Linger passed: the two free slots claimed")
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "the next batched claim lingers in turn")
+		fake.Advance(linger)
+		h.pass()
+	})
+	t.Run("no Linger", func(t *testing.T) {
+		t.Parallel()
+		h, _, q := setup(t, 0)
+		h.c.Finished(q.ID)
+		h.pass() // on its own: no claim waits for the clock
+		require.Zero(t, h.c.Stats().Lingers)
+	})
+}
+
+// limitsSoon waits for a batched claim and returns the limits asked.
+func limitsSoon(t *testing.T, h *harness) []int {
+	t.Helper()
+	var l []int
+	require.Eventually(t, func() bool { l = append(l, h.st.takeLimits()...); return len(l) > 0 }, wait, time.Millisecond, "no batched claim")
+	return l
 }

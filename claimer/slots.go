@@ -28,10 +28,39 @@ type slots struct {
 	all      int
 	nodeMax  *int
 	pauses   map[PauseReason]bool // reasons no slot may be taken
+	// freed is signalled (without blocking) when a slot is given back:
+	// a lingering claim waits on it.
+	freed chan struct{}
 }
 
 func newSlots() *slots {
-	return &slots{perQueue: map[bson.ObjectID]int{}, released: map[bson.ObjectID]int{}}
+	return &slots{perQueue: map[bson.ObjectID]int{}, released: map[bson.ObjectID]int{}, freed: make(chan struct{}, 1)}
+}
+
+// room returns how many slots q could take now: what its limit and the
+// node-wide cap leave, 0 while paused.
+func (s *slots) room(q bson.ObjectID, queueMax int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pauses) > 0 {
+		return 0
+	}
+	r := queueMax - s.perQueue[q]
+	if s.nodeMax != nil {
+		r = min(r, *s.nodeMax-s.all)
+	}
+	return max(0, r)
+}
+
+// capacity returns the most slots q could ever hold at once: its limit,
+// or the node-wide cap when lower.
+func (s *slots) capacity(queueMax int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nodeMax != nil {
+		return min(queueMax, *s.nodeMax)
+	}
+	return queueMax
 }
 
 // tryAcquire takes a slot for queue q if both limits allow.
@@ -91,6 +120,10 @@ func (s *slots) release(q bson.ObjectID) {
 		s.perQueue[q]--
 		s.all--
 		s.released[q]++
+		select {
+		case s.freed <- struct{}{}:
+		default:
+		}
 	}
 	if s.perQueue[q] == 0 {
 		delete(s.perQueue, q)
