@@ -23,6 +23,10 @@ const (
 	DefaultGrace      = 30 * time.Second
 	DefaultFenceAfter = 10 * time.Second
 	DefaultDeadAfter  = reaper.DefaultDeadAfter
+	// DefaultClaimLinger is the default Config.ClaimLinger.
+	DefaultClaimLinger = 3 * time.Millisecond
+	// NoClaimLinger is a ClaimLinger of none: claims never wait.
+	NoClaimLinger time.Duration = -1
 	// FenceMargin is the least time between a silent node fencing itself
 	// and the other nodes declaring it dead: killing its plugins takes
 	// milliseconds, and the rest covers a failover to a primary whose
@@ -62,6 +66,10 @@ type Config struct {
 	// ClaimBatch is the most tasks one batched claim takes on a backlog
 	// (default claimer.DefaultBatch; 1 claims one task at a time).
 	ClaimBatch int
+	// ClaimLinger is how long a batched claim on a busy node (every queue
+	// it serves backlogged) may wait for half a batch of free slots
+	// (claimer.Config.Linger; 0: DefaultClaimLinger, NoClaimLinger: none).
+	ClaimLinger time.Duration
 	// ClaimRunning claims tasks straight into running (seed 004's "status
 	// 0 if immediately processed"): one write per task fewer (the start),
 	// with its change event, pre-image and projection. The cost: a task
@@ -183,6 +191,12 @@ func (c *Config) Validate() error {
 	}
 	if c.FenceAfter > 0 && c.DeadAfter > 0 && c.Heartbeat > 0 {
 		errs = append(errs, CheckTiming(c.Heartbeat, c.FenceAfter, c.DeadAfter))
+	}
+	switch {
+	case c.ClaimLinger == 0:
+		c.ClaimLinger = DefaultClaimLinger
+	case c.ClaimLinger < 0 && c.ClaimLinger != NoClaimLinger:
+		errs = append(errs, errors.New("claim linger must not be negative (NoClaimLinger turns it off)"))
 	}
 	if c.PluginTimeout < 0 || c.OrphanAfter < 0 {
 		errs = append(errs, errors.New("plugin timeout and orphan-after must not be negative"))

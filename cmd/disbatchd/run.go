@@ -61,13 +61,16 @@ type settings struct {
 	PollOnly      bool              `json:"poll_only"`
 	// ClaimRunning is --claim-running (default on); the file turns it off
 	// with claim_running: false.
-	ClaimRunning    *bool  `json:"claim_running"`
-	NoProjector     bool   `json:"no_projector"`
-	OutputThreshold int    `json:"output_threshold"`
-	LogFormat       string `json:"log_format"`
-	LogLevel        string `json:"log_level"`
-	MetricsAddr     string `json:"metrics_addr"`
-	QueueBalance    bool   `json:"queue_balance"`
+	ClaimRunning *bool `json:"claim_running"`
+	// ClaimLinger is --claim-linger (nil: node.DefaultClaimLinger); a
+	// pointer, so that the file's "0s" turns it off.
+	ClaimLinger     *duration `json:"claim_linger"`
+	NoProjector     bool      `json:"no_projector"`
+	OutputThreshold int       `json:"output_threshold"`
+	LogFormat       string    `json:"log_format"`
+	LogLevel        string    `json:"log_level"`
+	MetricsAddr     string    `json:"metrics_addr"`
+	QueueBalance    bool      `json:"queue_balance"`
 	// Supervise is --supervise (default on); the file turns it off with
 	// no_supervise: true.
 	Supervise   bool   `json:"-"`
@@ -119,7 +122,7 @@ the keys mongo_uri, database, node, maxthreads, label, enable_plugins,
 plugins, plugin_timeout, grace, tick, orphan_after, heartbeat, fence_after,
 dead_after, pre_images_idle, poll_only, no_projector, output_threshold, log_format, log_level,
 metrics_addr, queue_balance, no_supervise, state_dir, supervisor_pool,
-claim_running), then
+claim_running, claim_linger), then
 the defaults.
 
 --metrics-addr ADDR (env DISBATCH_METRICS_ADDR; off unless given) serves
@@ -236,6 +239,17 @@ func run(ctx context.Context, args []string, e env) int {
 		return nil
 	})
 	f.Lookup("claim-running").NoOptDefVal = "true"
+	f.Func("claim-linger", "while every queue this node serves has a backlog, a batched claim waits up to this long for half a batch of free slots (fewer, larger claims: more tasks a second from the same server); a slot idles at most this long a claim; 0: claims never wait (default "+node.DefaultClaimLinger.String()+")", func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("want a duration such as %q, got %q", node.DefaultClaimLinger.String(), v)
+		}
+		if d < 0 {
+			return errors.New("must not be negative")
+		}
+		s.ClaimLinger = (*duration)(&d)
+		return nil
+	})
 	f.BoolVar(&s.Supervise, "supervise", true, "run exec, shell and --plugin tasks each under a supervisor process of its own, so that stopping, killing or upgrading disbatchd leaves them running and its next start (same --node, same --state-dir) adopts them; false: they run inside the node and die with it")
 	f.StringVar(&s.StateDir, "state-dir", "", "where supervisors keep their sockets and results (default $STATE_DIRECTORY/NODE under systemd, else $TMPDIR/disbatchd-UID/NODE); must survive the node's restarts")
 	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), func(v string) error {
@@ -353,6 +367,9 @@ func checkSettings(s settings) error {
 			return fmt.Errorf("--%s (config key %s) %s, got %s", d.name, strings.ReplaceAll(d.name, "-", "_"), want, time.Duration(d.v))
 		}
 	}
+	if s.ClaimLinger != nil && *s.ClaimLinger < 0 {
+		return fmt.Errorf("--claim-linger (config key claim_linger) must not be negative, got %s", time.Duration(*s.ClaimLinger))
+	}
 	if s.OutputThreshold <= 0 && s.OutputThreshold != store.OutputAlways {
 		return fmt.Errorf("--output-threshold (config key output_threshold) must be a positive number of bytes, got %d", s.OutputThreshold)
 	}
@@ -438,6 +455,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	}
 	if file.ClaimRunning != nil && unset("claim-running", "") {
 		s.ClaimRunning = file.ClaimRunning
+	}
+	if file.ClaimLinger != nil && unset("claim-linger", "") {
+		s.ClaimLinger = file.ClaimLinger
 	}
 	if file.PollOnly && unset("poll-only", "") {
 		s.PollOnly = true
@@ -577,7 +597,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		Tick: time.Duration(s.Tick), Grace: grace(time.Duration(s.Grace)), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),
-		Observer: obs, Supervise: launcher, ClaimRunning: s.ClaimRunning == nil || *s.ClaimRunning, PreImagesIdle: time.Duration(s.PreImagesIdle),
+		Observer: obs, Supervise: launcher, ClaimRunning: s.ClaimRunning == nil || *s.ClaimRunning, ClaimLinger: claimLinger(s.ClaimLinger), PreImagesIdle: time.Duration(s.PreImagesIdle),
 		SuperviseMongo: supervisor.Mongo{URI: s.MongoURI, Database: s.Database, OutputThreshold: s.OutputThreshold},
 	})
 	if err != nil {
@@ -663,4 +683,16 @@ func grace(d time.Duration) time.Duration {
 func isExecutable(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+// claimLinger is the node's ClaimLinger for the setting: the default when
+// not given, none for 0.
+func claimLinger(d *duration) time.Duration {
+	switch {
+	case d == nil:
+		return node.DefaultClaimLinger
+	case *d == 0:
+		return node.NoClaimLinger
+	}
+	return time.Duration(*d)
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/supervisor"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
@@ -52,6 +53,7 @@ func flagsSet(t *testing.T, args ...string) *cobra.Command {
 	f.Int("output-threshold", 0, "")
 	f.Int("supervisor-pool", 0, "")
 	f.Bool("claim-running", true, "")
+	f.Duration("claim-linger", 0, "")
 	require.NoError(t, f.Parse(args))
 	return cmd
 }
@@ -274,4 +276,27 @@ func TestClaimRunningSetting(t *testing.T) {
 	s.ClaimRunning = &on
 	require.NoError(t, applyConfigFile(flagsSet(t, "--claim-running"), writeConfig(t, `{"claim_running": false}`), &s, &maxThreads, &external, noEnv))
 	require.True(t, *s.ClaimRunning, "the flag wins")
+}
+
+func TestClaimLingerSetting(t *testing.T) {
+	var maxThreads string
+	var external []string
+	s := defaults()
+	require.Nil(t, s.ClaimLinger)
+	require.Equal(t, node.DefaultClaimLinger, claimLinger(s.ClaimLinger), "not given: the default")
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"claim_linger": "0s"}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, node.NoClaimLinger, claimLinger(s.ClaimLinger), "the file's 0 turns it off")
+	s = defaults()
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"claim_linger": "7ms"}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 7*time.Millisecond, claimLinger(s.ClaimLinger))
+	s = defaults()
+	two := duration(2 * time.Millisecond)
+	s.ClaimLinger = &two
+	require.NoError(t, applyConfigFile(flagsSet(t, "--claim-linger", "2ms"), writeConfig(t, `{"claim_linger": "7ms"}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 2*time.Millisecond, claimLinger(s.ClaimLinger), "the flag wins")
+	s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(10*time.Second), duration(30*time.Second)
+	require.NoError(t, checkSettings(s))
+	neg := duration(-time.Millisecond)
+	s.ClaimLinger = &neg
+	require.ErrorContains(t, checkSettings(s), "claim_linger", "a file's negative linger")
 }

@@ -1,0 +1,28 @@
+package node_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/disbatch-go/disbatch/node"
+)
+
+// TestClaimLingerDefaultsAndNone: a ClaimLinger of 0 is the default,
+// NoClaimLinger stays none, and another negative one is refused.
+func TestClaimLingerDefaultsAndNone(t *testing.T) {
+	t.Parallel()
+	var c node.Config
+	err := c.Validate()
+	require.Error(t, err, "no name, store or plugins")
+	require.NotContains(t, err.Error(), "claim linger")
+	require.Equal(t, node.DefaultClaimLinger, c.ClaimLinger)
+
+	c = node.Config{ClaimLinger: node.NoClaimLinger}
+	require.NotContains(t, c.Validate().Error(), "claim linger")
+	require.Equal(t, node.NoClaimLinger, c.ClaimLinger)
+
+	c = node.Config{ClaimLinger: -5 * time.Millisecond}
+	require.ErrorContains(t, c.Validate(), "claim linger must not be negative")
+}
