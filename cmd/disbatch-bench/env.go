@@ -141,6 +141,7 @@ func (e *env) conditions(ctx context.Context) Conditions {
 		Driver:        driverVersion(),
 		MaxThreads:    e.cfg.MaxThreads,
 		ClaimBatch:    e.cfg.ClaimBatch,
+		ClaimLinger:   e.cfg.ClaimLinger.String(),
 		ClaimRunning:  e.cfg.ClaimRunning,
 		PreImagesIdle: e.cfg.PreImagesIdle.String(),
 		WriteConcerns: "nodes, store and raw loops: majority; pickup submitter: majority and w:1 " +

@@ -68,6 +68,7 @@ func runNodeProcess(args []string) int {
 	name := fs.String("name", "bench-rss", "node name")
 	claimRunning := fs.Bool("claim-running", defaults.ClaimRunning, "claim straight into running")
 	claimBatch := fs.Int("claim-batch", defaults.ClaimBatch, "the node's batched-claim size")
+	claimLinger := fs.Duration("claim-linger", defaults.ClaimLinger, "how long the node's batched claims on a backlog may wait for free slots (0: never)")
 	memProfile := fs.String("memprofile", "", "write a heap profile to `FILE` when asked to stop, before stopping")
 	runsFile := fs.String("runs", "", "write the id of every task the plugin ran to `FILE`, one per line, once stopped")
 	preImagesIdle := fs.Duration("pre-images-idle", 0, "node Config.PreImagesIdle")
@@ -116,7 +117,7 @@ func runNodeProcess(args []string) int {
 			runs = append(runs, id)
 			runsMu.Unlock()
 		}),
-		MaxThreads: maxThreads, ClaimBatch: *claimBatch, Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly, PreImagesIdle: *preImagesIdle,
+		MaxThreads: maxThreads, ClaimBatch: *claimBatch, ClaimLinger: nodeLinger(*claimLinger), Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly, PreImagesIdle: *preImagesIdle,
 	})
 	if err != nil {
 		return fail(err)
@@ -444,6 +445,7 @@ func (e *env) startNodeProc(ctx context.Context, db, name string, maxThreads int
 	}
 	args := append([]string{nodeCommand, "--db", db, "--name", name, "--maxthreads", strconv.Itoa(maxThreads),
 		"--claim-running=" + strconv.FormatBool(e.cfg.ClaimRunning), "--claim-batch", strconv.Itoa(e.cfg.ClaimBatch),
+		"--claim-linger", e.cfg.ClaimLinger.String(),
 		"--pre-images-idle", e.cfg.PreImagesIdle.String()}, extra...)
 	if e.cfg.Verbose {
 		args = append(args, "--verbose")

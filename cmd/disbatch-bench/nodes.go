@@ -54,6 +54,7 @@ func (e *env) startNodes(ctx context.Context, spec nodeSpec) (*nodes, error) {
 			Plugins:        spec.Plugins,
 			MaxThreads:     &maxThreads,
 			ClaimBatch:     e.cfg.ClaimBatch,
+			ClaimLinger:    nodeLinger(e.cfg.ClaimLinger),
 			ClaimRunning:   e.cfg.ClaimRunning,
 			PreImagesIdle:  e.cfg.PreImagesIdle,
 			PollOnly:       spec.PollOnly,
@@ -183,4 +184,13 @@ func (o *drainObserver) wait(ctx context.Context, timeout time.Duration) (bool, 
 	case <-ctx.Done():
 		return false, ctx.Err()
 	}
+}
+
+// nodeLinger is the node Config.ClaimLinger of the bench's --claim-linger,
+// whose 0 is none (the node's 0 is its default).
+func nodeLinger(d time.Duration) time.Duration {
+	if d <= 0 {
+		return node.NoClaimLinger
+	}
+	return d
 }

@@ -47,6 +47,7 @@ type Conditions struct {
 	GC             string    `json:"gc"`
 	MaxThreads     int       `json:"maxthreads"`
 	ClaimBatch     int       `json:"claim_batch"`
+	ClaimLinger    string    `json:"claim_linger"`
 	ClaimRunning   bool      `json:"claim_running"`
 	PreImagesIdle  string    `json:"pre_images_idle"`
 	WriteConcerns  string    `json:"write_concerns"`
@@ -103,7 +104,7 @@ func renderTable(r *Report) string {
 	if c.PreImagesIdle != "" {
 		cond.add("task pre-images", "off after "+c.PreImagesIdle+" with no other program's change (--pre-images-idle; disbatchd: 10m)")
 	}
-	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d%s; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, claimsInto(c.ClaimRunning), c.MaxThreads, ceilingBatch))
+	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d (lingering %s for half of it on a backlog)%s; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, c.ClaimLinger, claimsInto(c.ClaimRunning), c.MaxThreads, ceilingBatch))
 	cond.add("tasks", "fifo queues of a no-op plugin; in-process nodes with their own client each; fresh database per measurement")
 	for _, n := range c.Counts {
 		cond.add(n.Group+": "+n.What, fmt.Sprint(n.Value))
