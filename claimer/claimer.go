@@ -970,12 +970,14 @@ func (c *Claimer) clusterRunningFrom(q Queue, now held) int {
 }
 
 // linger waits, on a quiet node and at most Config.Linger, until q has
-// room for goal tasks (the loop goroutine, before a batched claim).
-func (c *Claimer) linger(ctx context.Context, q Queue, goal int) {
+// room for half the most a claim of it could take (a batch, or fewer
+// slots), or for want when less (the loop goroutine, before a batched
+// claim).
+func (c *Claimer) linger(ctx context.Context, q Queue, want, batch int) {
 	if c.cfg.Linger <= 0 || !c.quiet {
 		return
 	}
-	goal = min(goal, c.slots.capacity(q.MaxThreads))
+	goal := min(want, (min(batch, c.slots.capacity(q.MaxThreads))+1)/2)
 	if c.slots.isPaused() || c.slots.room(q.ID, q.MaxThreads) >= goal {
 		return
 	}
@@ -1040,7 +1042,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		want := 1
 		if batched {
 			want = min(batch, limit-n)
-			c.linger(ctx, q, min(want, (batch+1)/2))
+			c.linger(ctx, q, want, batch)
 		}
 		got := 0
 		for got < want && c.slots.tryAcquire(q.ID, q.MaxThreads) {

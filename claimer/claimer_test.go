@@ -1332,9 +1332,9 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 	t.Parallel()
 	const linger = 5 * time.Millisecond
 	ctx := context.Background()
-	setup := func(t *testing.T, linger time.Duration) (*harness, *clock.Fake, claimer.Queue) {
+	setup := func(t *testing.T, linger time.Duration, batch int) (*harness, *clock.Fake, claimer.Queue) {
 		q := queue("q", 8)
-		h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Batch = 8; c.Linger = linger }, q)
+		h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Batch = batch; c.Linger = linger }, q)
 		h.st.set(alwaysTask)
 		h.start()
 		h.pass()
@@ -1356,7 +1356,7 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 
 	t.Run("until half a batch is free", func(t *testing.T) {
 		t.Parallel()
-		h, fake, q := setup(t, linger)
+		h, fake, q := setup(t, linger, 8)
 		waiters := fake.Waiters()
 		before := h.c.Stats()
 		h.c.Finished(q.ID) // the pass's first claim takes this one alone
@@ -1378,7 +1378,7 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 	})
 	t.Run("at most Linger", func(t *testing.T) {
 		t.Parallel()
-		h, fake, q := setup(t, linger)
+		h, fake, q := setup(t, linger, 8)
 		waiters := fake.Waiters()
 		h.c.Finished(q.ID)
 		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
@@ -1393,9 +1393,23 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		fake.Advance(linger)
 		h.pass()
 	})
+	t.Run("half the queue's slots when fewer than a batch", func(t *testing.T) {
+		t.Parallel()
+		h, fake, q := setup(t, linger, 64)
+		waiters := fake.Waiters()
+		h.c.Finished(q.ID)
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+		for range 4 {
+			h.c.Finished(q.ID)
+		}
+		require.Equal(t, []int{4}, limitsSoon(t, h), "eight slots: four free are half of what a claim could take")
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+		fake.Advance(linger)
+		h.pass()
+	})
 	t.Run("no Linger", func(t *testing.T) {
 		t.Parallel()
-		h, _, q := setup(t, 0)
+		h, _, q := setup(t, 0, 8)
 		h.c.Finished(q.ID)
 		h.pass() // on its own: no claim waits for the clock
 		require.Zero(t, h.c.Stats().Lingers)
