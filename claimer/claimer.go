@@ -87,14 +87,15 @@ type Config struct {
 	// DefaultBatch; 1 turns batching off). See claim.
 	Batch int
 	// Linger is how long a batched claim on a quiet node (every queue
-	// backlogged, see Quiet) may wait for half a batch of free slots
-	// before it claims what is free (0: never waits). A busy node's
-	// slots free up a few at a time, as its finishes come back, and a
-	// claim for each few costs the server and the node three round
-	// trips; the tasks it takes have waited in a backlog, so a few
-	// milliseconds more cost them nothing, and a slot idles at most
-	// Linger a claim. docs/scaling.md, "Claims that wait for half a
-	// batch", has what it pays.
+	// backlogged, see Quiet; never without Quiet) may wait for half a
+	// batch of free slots before it claims what is free (0: never
+	// waits). A busy node's slots free up a few at a time, as the tasks
+	// it dispatched get a core and end, and a claim for each few costs
+	// the server and the node three round trips; the tasks it takes
+	// have waited in a backlog, so a few milliseconds more cost them
+	// nothing, and a slot idles at most Linger a claim.
+	// docs/scaling.md, "Claims that wait for half a batch", has what it
+	// pays.
 	Linger time.Duration
 	// Stagger spaces the nodes' answers to the wake-up for one new task
 	// (default DefaultStagger; negative: none). Every node serving the
@@ -169,9 +170,11 @@ type Stats struct {
 	Passes   int64
 	PassTime time.Duration
 	// Lingers and LingerTime: batched claims that waited for free slots
-	// (Config.Linger), and their wait in all (on the clock).
-	Lingers    int64
-	LingerTime time.Duration
+	// (Config.Linger), and their wait in all (on the clock);
+	// LingersTimedOut: those that waited the whole Linger.
+	Lingers         int64
+	LingerTime      time.Duration
+	LingersTimedOut int64
 }
 
 // Claimer runs the claim loop, and counts the node's tasks (claimed or
@@ -248,6 +251,11 @@ type Claimer struct {
 	quietFrom time.Time
 	readAt    time.Time // the queues' last read
 	mayQuiet  bool      // the queues' last read allows quiet (mayQuiet)
+	// lingerRest: how long claims did not wait after the last linger
+	// that waited in vain (0: that one did not); lingerFrom: when they
+	// may wait again.
+	lingerRest time.Duration
+	lingerFrom time.Time
 	// reads counts the queue reads: a pass and a claim holding copies of
 	// queues read before the last take them from c.queues again.
 	reads int
@@ -969,12 +977,23 @@ func (c *Claimer) clusterRunningFrom(q Queue, now held) int {
 	return max(int(*q.CountRunning)+q.nodes()*claimed-finished, now.running)
 }
 
+// LingerRests and MaxLingerRest: after a linger that waited its whole
+// Config.Linger in vain, the node's slots free up too slowly for waiting
+// to pay (its tasks run, rather than wait for a core), and its claims do
+// not wait for LingerRests x Linger, twice as long after each further
+// linger in vain, at most MaxLingerRest. A linger that gets its slots
+// ends the rests.
+const (
+	LingerRests   = 10
+	MaxLingerRest = time.Second
+)
+
 // linger waits, on a quiet node and at most Config.Linger, until q has
 // room for half the most a claim of it could take (a batch, or fewer
 // slots), or for want when less (the loop goroutine, before a batched
 // claim).
 func (c *Claimer) linger(ctx context.Context, q Queue, want, batch int) {
-	if c.cfg.Linger <= 0 || !c.quiet {
+	if c.cfg.Linger <= 0 || !c.quiet || c.clock.Now().Before(c.lingerFrom) {
 		return
 	}
 	goal := min(want, (min(batch, c.slots.capacity(q.MaxThreads))+1)/2)
@@ -984,20 +1003,32 @@ func (c *Claimer) linger(ctx context.Context, q Queue, want, batch int) {
 	start := c.clock.Now()
 	timer := c.clock.NewTimer(c.cfg.Linger)
 	defer timer.Stop()
+	timedOut := false
 wait:
 	for c.slots.room(q.ID, q.MaxThreads) < goal {
 		select {
 		case <-ctx.Done():
 			break wait
 		case <-timer.C():
+			timedOut = true
 			break wait
 		case <-c.slots.freed:
 		}
 	}
 	took := c.clock.Since(start)
+	switch {
+	case timedOut:
+		c.lingerRest = min(MaxLingerRest, max(LingerRests*c.cfg.Linger, 2*c.lingerRest))
+		c.lingerFrom = c.clock.Now().Add(c.lingerRest)
+	case ctx.Err() == nil:
+		c.lingerRest = 0
+	}
 	c.mu.Lock()
 	c.stats.Lingers++
 	c.stats.LingerTime += took
+	if timedOut {
+		c.stats.LingersTimedOut++
+	}
 	c.mu.Unlock()
 }
 

@@ -1325,12 +1325,15 @@ func TestAQuietReadTriesEveryQueue(t *testing.T) {
 }
 
 // TestAQuietNodesBatchedClaimsLingerForHalfABatch: on a quiet node a
-// batched claim waits, at most Config.Linger on the clock, until half a
-// batch of slots is free, instead of claiming the few that are; a node
-// that is not quiet, or has no Linger, claims what is free at once.
+// batched claim waits, at most Config.Linger on the clock, until half of
+// what it could take is free, instead of claiming the few that are; a
+// node that is not quiet, or has no Linger, claims what is free at once;
+// after a linger in vain the claims rest from waiting.
 func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 	t.Parallel()
-	const linger = 5 * time.Millisecond
+	// Small, so that the fake clock's advances stay within QuietAfter of
+	// the quiet timer's arming (its pass would come between).
+	const linger = 2 * time.Millisecond
 	ctx := context.Background()
 	setup := func(t *testing.T, linger time.Duration, batch int) (*harness, *clock.Fake, claimer.Queue) {
 		q := queue("q", 8)
@@ -1344,12 +1347,13 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		h.c.Finished(q.ID)
 		if linger > 0 {
 			// Quiet from the pass's first claim: the batched one after
-			// it lingers, every slot taken, until the clock says.
+			// it lingers, every slot taken, in vain.
 			require.NoError(t, fake.BlockUntil(ctx, waiters+1))
 			fake.Advance(linger)
 		}
 		h.pass()
 		require.Equal(t, []bool{true}, said())
+		fake.Advance(claimer.LingerRests * linger) // the rest after it
 		h.st.takeLimits()
 		return h, fake, q
 	}
@@ -1375,8 +1379,9 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		s := h.c.Stats()
 		require.Equal(t, before.Lingers+2, s.Lingers)
 		require.Equal(t, before.LingerTime+linger, s.LingerTime, "the first ended by the slots, the second by the clock")
+		require.Equal(t, before.LingersTimedOut+1, s.LingersTimedOut)
 	})
-	t.Run("at most Linger", func(t *testing.T) {
+	t.Run("at most Linger, then a rest", func(t *testing.T) {
 		t.Parallel()
 		h, fake, q := setup(t, linger, 8)
 		waiters := fake.Waiters()
@@ -1389,7 +1394,26 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		require.Empty(t, h.st.takeLimits(), "two free slots, within Linger: waiting")
 		fake.Advance(time.Millisecond)
 		require.Equal(t, []int{2}, limitsSoon(t, h), "Linger passed: the two free slots claimed")
-		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "the next batched claim lingers in turn")
+		idle(h) // the next batched claim rests: no wait, no slot, the pass ends
+
+		// The second linger in vain in a row (the setup's was the
+		// first): a rest twice as long.
+		rest := 2 * claimer.LingerRests * linger
+		lingers, claimed := h.c.Stats().Lingers, h.claimedCount()
+		fake.Advance(rest - time.Millisecond)
+		h.c.Finished(q.ID)
+		require.Eventually(t, func() bool { return h.claimedCount() == claimed+1 }, wait, time.Millisecond)
+		idle(h)
+		require.Equal(t, lingers, h.c.Stats().Lingers, "resting: no claim waits")
+		require.Equal(t, waiters, fake.Waiters())
+		fake.Advance(time.Millisecond)
+		h.c.Finished(q.ID)
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "rested: the batched claim lingers again")
+		for range 4 {
+			h.c.Finished(q.ID)
+		}
+		require.Equal(t, []int{4}, limitsSoon(t, h))
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "a linger that got its slots ends the rests")
 		fake.Advance(linger)
 		h.pass()
 	})
@@ -1414,6 +1438,19 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		h.pass() // on its own: no claim waits for the clock
 		require.Zero(t, h.c.Stats().Lingers)
 	})
+}
+
+// idle waits until the claimer has had nothing to do for a while, and
+// forgets the passes it ran meanwhile.
+func idle(h *harness) {
+	time.Sleep(quiet)
+	for {
+		select {
+		case <-h.passes:
+		default:
+			return
+		}
+	}
 }
 
 // limitsSoon waits for a batched claim and returns the limits asked.

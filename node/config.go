@@ -24,7 +24,7 @@ const (
 	DefaultFenceAfter = 10 * time.Second
 	DefaultDeadAfter  = reaper.DefaultDeadAfter
 	// DefaultClaimLinger is the default Config.ClaimLinger.
-	DefaultClaimLinger = 3 * time.Millisecond
+	DefaultClaimLinger = time.Millisecond
 	// NoClaimLinger is a ClaimLinger of none: claims never wait.
 	NoClaimLinger time.Duration = -1
 	// FenceMargin is the least time between a silent node fencing itself
