@@ -86,10 +86,12 @@ type Config struct {
 	// Batch is the most tasks one batched claim takes (default
 	// DefaultBatch; 1 turns batching off). See claim.
 	Batch int
-	// Linger is how long a batched claim on a quiet node (every queue
-	// backlogged, see Quiet; never without Quiet) may wait for half a
-	// batch of free slots before it claims what is free (0: never
-	// waits). A busy node's slots free up a few at a time, as the tasks
+	// Linger is how long a batched claim on a quiet node that serves
+	// one queue (backlogged, see Quiet; never without Quiet) may wait
+	// for half a batch of free slots before it claims what is free (0:
+	// never waits; at most a tenth of QuietAfter). With more queues a
+	// wait for one would hold back the others' slots, and with them the
+	// priorities. A busy node's slots free up a few at a time, as the tasks
 	// it dispatched get a core and end, and a claim for each few costs
 	// the server and the node three round trips; the tasks it takes
 	// have waited in a backlog, so a few milliseconds more cost them
@@ -532,6 +534,7 @@ func (c *Claimer) noteQuiet() {
 		c.quietFrom = time.Time{}
 		if c.quiet {
 			c.quiet = false
+			c.lingerRest, c.lingerFrom = 0, time.Time{} // a new spell waits afresh
 			c.cfg.Quiet(false)
 		}
 	case c.quietFrom.IsZero():
@@ -988,12 +991,19 @@ const (
 	MaxLingerRest = time.Second
 )
 
+// MaxLinger is the longest Config.Linger: longer waits would hold the
+// claim loop (and the quiet reads it makes) too long.
+const MaxLinger = QuietAfter / 10
+
 // linger waits, on a quiet node and at most Config.Linger, until q has
 // room for half the most a claim of it could take (a batch, or fewer
 // slots), or for want when less (the loop goroutine, before a batched
 // claim).
 func (c *Claimer) linger(ctx context.Context, q Queue, want, batch int) {
-	if c.cfg.Linger <= 0 || !c.quiet || c.clock.Now().Before(c.lingerFrom) {
+	// One queue served, and the node still quiet by the last queue read
+	// (a read within this pass may have ended it before noteQuiet runs).
+	if c.cfg.Linger <= 0 || batch <= 1 || !c.quiet || len(c.order) != 1 || !c.backlogged() ||
+		c.clock.Now().Before(c.lingerFrom) {
 		return
 	}
 	goal := min(want, (min(batch, c.slots.capacity(q.MaxThreads))+1)/2)
@@ -1001,18 +1011,19 @@ func (c *Claimer) linger(ctx context.Context, q Queue, want, batch int) {
 		return
 	}
 	start := c.clock.Now()
-	timer := c.clock.NewTimer(c.cfg.Linger)
+	timer := c.clock.NewTimer(min(c.cfg.Linger, MaxLinger))
 	defer timer.Stop()
 	timedOut := false
 wait:
-	for c.slots.room(q.ID, q.MaxThreads) < goal {
+	for c.slots.room(q.ID, q.MaxThreads) < goal && !c.slots.isPaused() {
 		select {
 		case <-ctx.Done():
 			break wait
 		case <-timer.C():
-			timedOut = true
+			// The last slot may have come with the clock.
+			timedOut = c.slots.room(q.ID, q.MaxThreads) < goal && !c.slots.isPaused()
 			break wait
-		case <-c.slots.freed:
+		case <-c.slots.changed:
 		}
 	}
 	took := c.clock.Since(start)

@@ -1431,6 +1431,38 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		fake.Advance(linger)
 		h.pass()
 	})
+	t.Run("a pause ends it, not in vain", func(t *testing.T) {
+		t.Parallel()
+		h, fake, q := setup(t, linger, 8)
+		waiters := fake.Waiters()
+		before := h.c.Stats()
+		h.c.Finished(q.ID)
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+		h.c.Pause(claimer.PauseDraining)
+		h.pass() // on its own: the pause ends the wait, and nothing is claimed
+		require.Empty(t, h.st.takeLimits())
+		s := h.c.Stats()
+		require.Equal(t, before.Lingers+1, s.Lingers)
+		require.Equal(t, before.LingersTimedOut, s.LingersTimedOut, "a pause is no wait in vain")
+	})
+	t.Run("not with two queues", func(t *testing.T) {
+		t.Parallel()
+		// Both backlogged, of two priorities: quiet. A wait for one
+		// would hold back the slots the other could take meanwhile.
+		q1, q2 := queue("q1", 8), queue("q2", 8)
+		q1.Sched.Priority = 2
+		h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Batch = 8; c.Linger = linger }, q1, q2)
+		h.st.set(alwaysTask)
+		h.start()
+		h.pass()
+		fake.Advance(claimer.QuietAfter)
+		h.c.Finished(q1.ID)
+		h.pass()
+		require.Equal(t, []bool{true}, said())
+		h.c.Finished(q1.ID)
+		h.pass() // on its own
+		require.Zero(t, h.c.Stats().Lingers)
+	})
 	t.Run("no Linger", func(t *testing.T) {
 		t.Parallel()
 		h, _, q := setup(t, 0, 8)

@@ -28,13 +28,22 @@ type slots struct {
 	all      int
 	nodeMax  *int
 	pauses   map[PauseReason]bool // reasons no slot may be taken
-	// freed is signalled (without blocking) when a slot is given back:
-	// a lingering claim waits on it.
-	freed chan struct{}
+	// changed is signalled (without blocking) when a slot is given back,
+	// a pause starts or ends, or the node-wide cap changes: a lingering
+	// claim waits on it.
+	changed chan struct{}
 }
 
 func newSlots() *slots {
-	return &slots{perQueue: map[bson.ObjectID]int{}, released: map[bson.ObjectID]int{}, freed: make(chan struct{}, 1)}
+	return &slots{perQueue: map[bson.ObjectID]int{}, released: map[bson.ObjectID]int{}, changed: make(chan struct{}, 1)}
+}
+
+// signal tells a lingering claim that something changed (s.mu held).
+func (s *slots) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
 }
 
 // room returns how many slots q could take now: what its limit and the
@@ -85,6 +94,7 @@ func (s *slots) pause(reason PauseReason) bool {
 	}
 	was := s.pauses[reason]
 	s.pauses[reason] = true
+	s.signal()
 	return !was
 }
 
@@ -94,6 +104,7 @@ func (s *slots) resume(reason PauseReason) bool {
 	defer s.mu.Unlock()
 	was := s.pauses[reason]
 	delete(s.pauses, reason)
+	s.signal()
 	return was
 }
 
@@ -120,10 +131,7 @@ func (s *slots) release(q bson.ObjectID) {
 		s.perQueue[q]--
 		s.all--
 		s.released[q]++
-		select {
-		case s.freed <- struct{}{}:
-		default:
-		}
+		s.signal()
 	}
 	if s.perQueue[q] == 0 {
 		delete(s.perQueue, q)
@@ -141,6 +149,7 @@ func (s *slots) setNodeMax(max *int) bool {
 		max = &m
 	}
 	s.nodeMax = max
+	s.signal()
 	return changed
 }
 

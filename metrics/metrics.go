@@ -163,6 +163,8 @@ var (
 		"Tasks a batched claim of this node read that another node took first (claim conflicts between nodes).", nil, nil)
 	descBatches = prometheus.NewDesc("disbatch_claim_batches_total",
 		"Batched claims (update-then-find, on a backlog) that won tasks.", nil, nil)
+	descLingers = prometheus.NewDesc("disbatch_claim_lingers_total",
+		"Batched claims that waited for free slots (--claim-linger), and those whose wait ran out in vain (then claims rest from waiting).", []string{"end"}, nil)
 	descClusterLeader = prometheus.NewDesc("disbatch_cluster_leader",
 		"1 while this node holds the \"leader\" lease and runs the cluster-wide duties (stale-claim sweep, dead-node recovery), else 0.", nil, nil)
 	descDrift = prometheus.NewDesc("disbatch_projection_drift_queues_total",
@@ -177,7 +179,7 @@ var (
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descStreamQuiets, descLeader, descLag, descProjEvents, descDrift, descPreImages, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons} {
+		descStreamResumes, descStreamRescans, descStreamQuiets, descLeader, descLag, descProjEvents, descDrift, descPreImages, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons, descLingers} {
 		ch <- d
 	}
 }
@@ -263,6 +265,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descPasses, cs.TickPasses, "tick")
 	counter(descBatches, cs.Batches)
 	counter(descConflicts, cs.Contended)
+	counter(descLingers, cs.Lingers-cs.LingersTimedOut, "slots")
+	counter(descLingers, cs.LingersTimedOut, "in_vain")
 
 	fenced, draining := src.Fenced(), src.Draining()
 	flag := func(b bool) float64 {

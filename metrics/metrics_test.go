@@ -191,7 +191,7 @@ func TestCollector(t *testing.T) {
 			{ID: g, Name: "recent", CountTodo: ptr[int64](2), CountTotal: ptr[int64](5), CountRunning: ptr[int64](1)},
 		},
 		running: map[bson.ObjectID]int{a: 2, b: 1, d1: 1, d2: 1},
-		claimer: claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3, Contended: 11},
+		claimer: claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3, Contended: 11, Lingers: 7, LingersTimedOut: 2},
 		stream:  events.Stats{Events: 100, Resumes: 2, Rescans: 1, Quiets: 3},
 		projector: projections.Stats{Leader: true, Events: 77, DriftQueues: 0, LagP50: 40 * time.Millisecond, LagP99: 75 * time.Millisecond,
 			Reasons: map[projections.ReasonKey]int64{
@@ -253,6 +253,8 @@ func TestCollector(t *testing.T) {
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_projection_drift_queues_total"))
 	require.Equal(t, 3.0, value(t, mfs, "disbatch_claim_batches_total"))
 	require.Equal(t, 11.0, value(t, mfs, "disbatch_claim_conflicts_total"))
+	require.Equal(t, 5.0, value(t, mfs, "disbatch_claim_lingers_total", "end", "slots"))
+	require.Equal(t, 2.0, value(t, mfs, "disbatch_claim_lingers_total", "end", "in_vain"))
 	require.Equal(t, 1.0, value(t, mfs, "disbatch_node_state", "state", "serving"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_node_state", "state", "fenced"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_cluster_leader"))

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/reaper"
@@ -66,9 +67,10 @@ type Config struct {
 	// ClaimBatch is the most tasks one batched claim takes on a backlog
 	// (default claimer.DefaultBatch; 1 claims one task at a time).
 	ClaimBatch int
-	// ClaimLinger is how long a batched claim on a busy node (every queue
-	// it serves backlogged) may wait for half a batch of free slots
-	// (claimer.Config.Linger; 0: DefaultClaimLinger, NoClaimLinger: none).
+	// ClaimLinger is how long a batched claim on a busy node (the one
+	// queue it serves backlogged) may wait for half a batch of free slots
+	// (claimer.Config.Linger; 0: DefaultClaimLinger, NoClaimLinger: none;
+	// at most claimer.MaxLinger).
 	ClaimLinger time.Duration
 	// ClaimRunning claims tasks straight into running (seed 004's "status
 	// 0 if immediately processed"): one write per task fewer (the start),
@@ -197,6 +199,8 @@ func (c *Config) Validate() error {
 		c.ClaimLinger = DefaultClaimLinger
 	case c.ClaimLinger < 0 && c.ClaimLinger != NoClaimLinger:
 		errs = append(errs, errors.New("claim linger must not be negative (NoClaimLinger turns it off)"))
+	case c.ClaimLinger > claimer.MaxLinger:
+		errs = append(errs, fmt.Errorf("claim linger must be at most %v, got %v", claimer.MaxLinger, c.ClaimLinger))
 	}
 	if c.PluginTimeout < 0 || c.OrphanAfter < 0 {
 		errs = append(errs, errors.New("plugin timeout and orphan-after must not be negative"))

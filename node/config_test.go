@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/node"
 )
 
@@ -25,4 +26,8 @@ func TestClaimLingerDefaultsAndNone(t *testing.T) {
 
 	c = node.Config{ClaimLinger: -5 * time.Millisecond}
 	require.ErrorContains(t, c.Validate(), "claim linger must not be negative")
+	c = node.Config{ClaimLinger: claimer.MaxLinger + time.Millisecond}
+	require.ErrorContains(t, c.Validate(), "claim linger must be at most")
+	c = node.Config{ClaimLinger: claimer.MaxLinger}
+	require.NotContains(t, c.Validate().Error(), "claim linger")
 }

@@ -477,8 +477,8 @@ func (c *config) validate() error {
 	}
 	positive("maxthreads", c.MaxThreads)
 	positive("claim-batch", c.ClaimBatch)
-	if c.ClaimLinger < 0 {
-		errs = append(errs, fmt.Errorf("--claim-linger must not be negative, got %v", c.ClaimLinger))
+	if c.ClaimLinger < 0 || c.ClaimLinger > claimer.MaxLinger {
+		errs = append(errs, fmt.Errorf("--claim-linger must be 0 to %v, got %v", claimer.MaxLinger, c.ClaimLinger))
 	}
 	positive("pickup-rate", c.PickupRate)
 	positive("tasks", c.Tasks)

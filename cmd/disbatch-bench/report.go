@@ -104,7 +104,7 @@ func renderTable(r *Report) string {
 	if c.PreImagesIdle != "" {
 		cond.add("task pre-images", "off after "+c.PreImagesIdle+" with no other program's change (--pre-images-idle; disbatchd: 10m)")
 	}
-	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d (lingering %s for half of it on a backlog)%s; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, c.ClaimLinger, claimsInto(c.ClaimRunning), c.MaxThreads, ceilingBatch))
+	cond.add("concurrency", fmt.Sprintf("queue and node maxthreads %d, node claim batch %d (%s)%s; raw per-task loop %d goroutines; raw batched loop 1 and 3 claimers x %d", c.MaxThreads, c.ClaimBatch, lingerText(c.ClaimLinger), claimsInto(c.ClaimRunning), c.MaxThreads, ceilingBatch))
 	cond.add("tasks", "fifo queues of a no-op plugin; in-process nodes with their own client each; fresh database per measurement")
 	for _, n := range c.Counts {
 		cond.add(n.Group+": "+n.What, fmt.Sprint(n.Value))
@@ -318,4 +318,12 @@ func fcpu(us float64) string {
 		return "-"
 	}
 	return frate(us)
+}
+
+// lingerText says how the nodes' claims waited (--claim-linger).
+func lingerText(linger string) string {
+	if d, err := time.ParseDuration(linger); err == nil && d > 0 {
+		return "a claim on a backlog waiting up to " + linger + " for half of it"
+	}
+	return "claims never waiting for free slots"
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/internal/cmdline"
 	"github.com/disbatch-go/disbatch/internal/gctarget"
 	"github.com/disbatch-go/disbatch/metrics"
@@ -239,13 +240,13 @@ func run(ctx context.Context, args []string, e env) int {
 		return nil
 	})
 	f.Lookup("claim-running").NoOptDefVal = "true"
-	f.Func("claim-linger", "while every queue this node serves has a backlog, a batched claim waits up to this long for half a batch of free slots (fewer, larger claims: more tasks a second from the same server); a slot idles at most this long a claim; 0: claims never wait (default "+node.DefaultClaimLinger.String()+")", func(v string) error {
+	f.Func("claim-linger", "while the one queue this node serves has a backlog, a batched claim waits up to this long for half a batch of free slots (fewer, larger claims: more tasks a second from the same server); a freed slot idles at most this long a claim, and after a wait in vain claims stop waiting for a while; 0: claims never wait; at most "+claimer.MaxLinger.String()+" (default "+node.DefaultClaimLinger.String()+")", func(v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil {
 			return fmt.Errorf("want a duration such as %q, got %q", node.DefaultClaimLinger.String(), v)
 		}
-		if d < 0 {
-			return errors.New("must not be negative")
+		if d < 0 || d > claimer.MaxLinger {
+			return fmt.Errorf("want 0 to %v, got %v", claimer.MaxLinger, d)
 		}
 		s.ClaimLinger = (*duration)(&d)
 		return nil
@@ -367,8 +368,8 @@ func checkSettings(s settings) error {
 			return fmt.Errorf("--%s (config key %s) %s, got %s", d.name, strings.ReplaceAll(d.name, "-", "_"), want, time.Duration(d.v))
 		}
 	}
-	if s.ClaimLinger != nil && *s.ClaimLinger < 0 {
-		return fmt.Errorf("--claim-linger (config key claim_linger) must not be negative, got %s", time.Duration(*s.ClaimLinger))
+	if s.ClaimLinger != nil && (*s.ClaimLinger < 0 || time.Duration(*s.ClaimLinger) > claimer.MaxLinger) {
+		return fmt.Errorf("--claim-linger (config key claim_linger) must be 0 to %v, got %s", claimer.MaxLinger, time.Duration(*s.ClaimLinger))
 	}
 	if s.OutputThreshold <= 0 && s.OutputThreshold != store.OutputAlways {
 		return fmt.Errorf("--output-threshold (config key output_threshold) must be a positive number of bytes, got %d", s.OutputThreshold)

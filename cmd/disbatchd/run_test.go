@@ -198,6 +198,10 @@ func TestRunUsageErrors(t *testing.T) {
 		{"--supervisor-pool", "two"},
 		{"--supervisor-pool", "-1"},
 		{"--claim-running=maybe"},
+		{"--claim-linger", "-1ms"},
+		{"--claim-linger", "1s"},
+		{"--claim-linger", "soon"},
+		{"--config", writeConfig(t, `{"claim_linger": "1s"}`)},
 	} {
 		code, _, stderr := runNoMongo(t, append(nowhere, args...), nil)
 		require.Equal(t, 2, code, "%v: %s", args, stderr)
@@ -299,4 +303,7 @@ func TestClaimLingerSetting(t *testing.T) {
 	neg := duration(-time.Millisecond)
 	s.ClaimLinger = &neg
 	require.ErrorContains(t, checkSettings(s), "claim_linger", "a file's negative linger")
+	long := duration(time.Second)
+	s.ClaimLinger = &long
+	require.ErrorContains(t, checkSettings(s), "claim_linger", "a file's linger above the most")
 }
