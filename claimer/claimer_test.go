@@ -1357,14 +1357,21 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		h.st.takeLimits()
 		return h, fake, q
 	}
+	// lingering is setup, then a slot freed: the pass's first claim takes
+	// it alone, and the batched claim after it lingers (every slot
+	// taken). waiters is the fake clock's count before the linger.
+	lingering := func(t *testing.T, batch int) (h *harness, fake *clock.Fake, q claimer.Queue, waiters int) {
+		h, fake, q = setup(t, linger, batch)
+		waiters = fake.Waiters()
+		h.c.Finished(q.ID)
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "the batched claim lingers")
+		return h, fake, q, waiters
+	}
 
 	t.Run("until half a batch is free", func(t *testing.T) {
 		t.Parallel()
-		h, fake, q := setup(t, linger, 8)
-		waiters := fake.Waiters()
-		before := h.c.Stats()
-		h.c.Finished(q.ID) // the pass's first claim takes this one alone
-		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "the batched claim after it lingers")
+		h, fake, q, waiters := lingering(t, 8)
+		before := h.c.Stats() // the linger in progress is counted at its end
 		for range 3 {
 			h.c.Finished(q.ID)
 		}
@@ -1383,10 +1390,7 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 	})
 	t.Run("at most Linger, then a rest", func(t *testing.T) {
 		t.Parallel()
-		h, fake, q := setup(t, linger, 8)
-		waiters := fake.Waiters()
-		h.c.Finished(q.ID)
-		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+		h, fake, q, waiters := lingering(t, 8)
 		h.c.Finished(q.ID)
 		h.c.Finished(q.ID)
 		fake.Advance(linger - time.Millisecond)
@@ -1419,10 +1423,7 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 	})
 	t.Run("half the queue's slots when fewer than a batch", func(t *testing.T) {
 		t.Parallel()
-		h, fake, q := setup(t, linger, 64)
-		waiters := fake.Waiters()
-		h.c.Finished(q.ID)
-		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+		h, fake, q, waiters := lingering(t, 64)
 		for range 4 {
 			h.c.Finished(q.ID)
 		}
@@ -1433,11 +1434,8 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 	})
 	t.Run("a pause ends it, not in vain", func(t *testing.T) {
 		t.Parallel()
-		h, fake, q := setup(t, linger, 8)
-		waiters := fake.Waiters()
+		h, _, _, _ := lingering(t, 8)
 		before := h.c.Stats()
-		h.c.Finished(q.ID)
-		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
 		h.c.Pause(claimer.PauseDraining)
 		h.pass() // on its own: the pause ends the wait, and nothing is claimed
 		require.Empty(t, h.st.takeLimits())
