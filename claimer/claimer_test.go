@@ -1144,12 +1144,19 @@ func quietHarness(t *testing.T, edit func(*claimer.Config), queues ...claimer.Qu
 // has gone quiet: a claim, then QuietAfter of backlog.
 func quietOn(t *testing.T, q claimer.Queue) (h *harness, fake *clock.Fake, said func() []bool) {
 	t.Helper()
-	h, fake, said = quietHarness(t, nil, q)
+	return quietOnWith(t, nil, q)
+}
+
+// quietOnWith is quietOn with the config edited and qs served (the
+// first of them claimed in after QuietAfter).
+func quietOnWith(t *testing.T, edit func(*claimer.Config), qs ...claimer.Queue) (h *harness, fake *clock.Fake, said func() []bool) {
+	t.Helper()
+	h, fake, said = quietHarness(t, edit, qs...)
 	h.st.set(alwaysTask)
 	h.start()
 	h.pass()
 	fake.Advance(claimer.QuietAfter)
-	h.c.Finished(q.ID)
+	h.c.Finished(qs[0].ID)
 	h.pass()
 	require.Equal(t, []bool{true}, said())
 	return h, fake, said
@@ -1449,14 +1456,7 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		// would hold back the slots the other could take meanwhile.
 		q1, q2 := queue("q1", 8), queue("q2", 8)
 		q1.Sched.Priority = 2
-		h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Batch = 8; c.Linger = linger }, q1, q2)
-		h.st.set(alwaysTask)
-		h.start()
-		h.pass()
-		fake.Advance(claimer.QuietAfter)
-		h.c.Finished(q1.ID)
-		h.pass()
-		require.Equal(t, []bool{true}, said())
+		h, _, _ := quietOnWith(t, func(c *claimer.Config) { c.Batch = 8; c.Linger = linger }, q1, q2)
 		h.c.Finished(q1.ID)
 		h.pass() // on its own
 		require.Zero(t, h.c.Stats().Lingers)
