@@ -106,7 +106,7 @@ func TestWaitForTracesFailure(t *testing.T) {
 }
 
 // TestEarlyExitReported: a Jaeger that exits before the cleanup fails the
-// test.
+// test, saying how it exited and showing its log.
 func TestEarlyExitReported(t *testing.T) {
 	f := runFake(t, func(tb testing.TB) {
 		j := Start(tb)
@@ -117,6 +117,9 @@ func TestEarlyExitReported(t *testing.T) {
 	})
 	require.Empty(t, f.fatal)
 	require.Len(t, f.errors, 1)
-	require.Contains(t, f.errors[0], "exited before the test's cleanup: exit status 0")
-	require.Contains(t, f.errors[0], "Received signal from OS")
+	// Jaeger is ready (it answers) a moment before its own signal
+	// handler is installed: an interrupt in between ends it by the
+	// signal (a CI run saw it), later it exits cleanly, saying so.
+	require.Regexp(t, `exited before the test's cleanup: (exit status 0\n(?s:.*)Received signal from OS|signal: interrupt\n)`, f.errors[0])
+	require.Contains(t, f.errors[0], "jaeger log (tail):")
 }
