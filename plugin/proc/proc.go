@@ -161,7 +161,8 @@ func (c Command) Run(ctx context.Context) Result {
 		}
 	}
 	switch {
-	case ctx.Err() != nil && cmd.Process != nil:
+	case ctx.Err() != nil && (cmd.Process != nil || errors.Is(err, ctx.Err())):
+		// Killed, or killed before it started (the kill came first).
 		r.Killed = CauseOf(context.Cause(ctx))
 	case cmd.ProcessState == nil: // not started, or (cannot happen) not waited for
 		r.StartErr = "no exit status"
