@@ -13,7 +13,9 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -106,4 +108,39 @@ func TestTaskLifecycleIsOneTraceJoinedToTheSubmitter(t *testing.T) {
 	require.Equal(t, codes.Error, failedChildren["disbatch.run"].Status().Code)
 	require.Contains(t, failedChildren["disbatch.run"].Status().Description, "cry")
 	require.Equal(t, "failed", attrs(failed)["disbatch.outcome"].AsString())
+}
+
+// A task whose span does not record (its submitter's trace was not
+// sampled, or tracing is off) starts no child spans: the task span stands
+// in for each of them, as any child of it would record nothing either.
+func TestATaskSpanThatDoesNotRecordStartsNoChildren(t *testing.T) {
+	rec, _ := recorded()
+	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: plugin.DemoConstructor}
+	task := schema.Task{ID: bson.NewObjectID(), CTime: time.Now().Add(-time.Second),
+		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"} // not sampled
+
+	tt := newTaskTrace("n1", q, task, claimer.Timing{Start: time.Now()})
+	require.False(t, tt.task.IsRecording())
+	tt.started()
+	tt.ran(plugin.Result{Status: schema.StatusFailed, Stderr: "cry"})
+	tt.finished(plugin.Result{Status: schema.StatusFailed}, nil)
+	tt.end("failed")
+
+	id := tt.task.SpanContext().SpanID()
+	for name, s := range map[string]interface{ SpanContext() trace.SpanContext }{"claim": tt.claim, "run": tt.run, "complete": tt.complete} {
+		require.Equal(t, id, s.SpanContext().SpanID(), "the %s span is the task span", name)
+	}
+	for _, s := range rec.Ended() {
+		require.NotEqual(t, task.TraceParent[3:35], s.SpanContext().TraceID().String(), "%s recorded", s.Name())
+	}
+
+	// A task span that records has children of its own.
+	tt = newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()})
+	require.True(t, tt.task.IsRecording())
+	tt.started()
+	require.NotEqual(t, tt.task.SpanContext().SpanID(), tt.claim.SpanContext().SpanID())
+	require.NotEqual(t, tt.task.SpanContext().SpanID(), tt.run.SpanContext().SpanID())
+	tt.ran(plugin.Result{Status: schema.StatusSucceeded})
+	tt.finished(plugin.Result{Status: schema.StatusSucceeded}, nil)
+	tt.end("succeeded")
 }
