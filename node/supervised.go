@@ -53,9 +53,10 @@ func (r *runner) launch(log *slog.Logger, t schema.Task, p plugin.Plugin) *launc
 		return nil
 	}
 	l := &launched{done: make(chan struct{})}
+	id := t.ID
 	go func() {
 		defer close(l.done)
-		pending, err := r.cfg.Supervise.Launch(t.ID.Hex())
+		pending, err := r.cfg.Supervise.Launch(id.Hex())
 		if err != nil {
 			log.Warn("cannot fork the task's supervisor ahead of its start; trying again after", "error", err)
 			return
