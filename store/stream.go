@@ -379,6 +379,12 @@ func (r *StreamReader) Next(ctx context.Context) (StreamBatch, error) {
 		r.track()
 		if next {
 			ev := decodeEvent(r.cs.Current, r.cs.ResumeToken())
+			if batch == nil {
+				// Room for the reply's events: grown from nothing, a
+				// projector's batch of 200 copied its 232-byte events
+				// eight times, 590 bytes an event.
+				batch = make([]ChangeEvent, 0, min(r.p.MaxBatch, r.cs.RemainingBatchLength()+1))
+			}
 			batch = append(batch, ev)
 			r.replied++
 			if first.IsZero() {
