@@ -168,12 +168,14 @@ func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Tim
 	}
 	ctx, task := tracer.Start(tracing.Extract(context.Background(), t.TraceParent, t.TraceState), "disbatch.task",
 		trace.WithTimestamp(begin), trace.WithSpanKind(trace.SpanKindConsumer))
-	// Attributes and child spans only for a span that records. The
-	// sampler is parent-based, so a child of a span that does not record
-	// records nothing either: it stands in for each of them (End, events
-	// and attributes on it do nothing). Without tracing, the attributes
-	// and three child spans were built for every task and dropped, 1 KB
-	// a task (BenchmarkNewTaskTrace).
+	// Attributes and child spans only for a span that records. Under any
+	// sampler disbatchd can be given (parent-based by default; the
+	// OTEL_TRACES_SAMPLER ones decide by the parent or the trace id), a
+	// child of a span that does not record records nothing either: it
+	// stands in for each of them (End, events and attributes on it do
+	// nothing). Without tracing, the attributes and three child spans
+	// were built for every task and dropped, 1 KB a task
+	// (BenchmarkNewTaskTrace).
 	if !task.IsRecording() {
 		return &taskTrace{ctx: ctx, constructor: q.Constructor, task: task, claim: task, quiet: true}
 	}

@@ -671,8 +671,9 @@ func (r *runner) runWritingResult(log *slog.Logger, q claimer.Queue, t schema.Ta
 		return "released"
 	}
 	if limit, from := timeLimit(q, t); limit > 0 {
+		id := t.ID
 		deadline := time.AfterFunc(limit, func() {
-			r.kill(t.ID, &controlKill{reason: schema.ReasonTimeout, text: fmt.Sprintf("timeout of %s (%s)", limit, from)})
+			r.kill(id, &controlKill{reason: schema.ReasonTimeout, text: fmt.Sprintf("timeout of %s (%s)", limit, from)})
 		})
 		defer deadline.Stop()
 	}

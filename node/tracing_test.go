@@ -34,7 +34,9 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 // provider that records every span: tests filter them by task id.
 var recorded = sync.OnceValues(func() (*tracetest.SpanRecorder, *sdktrace.TracerProvider) {
 	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	// The sampler set, not left to OTEL_TRACES_SAMPLER: every root span
+	// records, and a child as its parent does.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
 	otel.SetTracerProvider(tp)
 	return rec, tp
 })
