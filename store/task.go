@@ -521,7 +521,10 @@ func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node s
 	// Read back what was won. The token, not node and status, says which:
 	// one of these ids could have been requeued and claimed by this node
 	// through another path in between.
-	ro := options.Find()
+	// One reply, as claimCandidates': the limit (no more can match) lets
+	// the server close the cursor once it has them all, where a batch
+	// size alone left it open for an empty getMore.
+	ro := options.Find().SetLimit(int64(len(ids))).SetBatchSize(int32(len(ids)))
 	if order := claimOrder(sort); order != nil {
 		ro.SetSort(order)
 	}
@@ -670,7 +673,11 @@ func claimPhases(filter bson.D, sort schema.Sort) []claimPhase {
 func claimCandidates(ctx context.Context, tasks *mongo.Collection, filter bson.D, sort schema.Sort, limit int, projection bson.D) ([]bson.Raw, error) {
 	var out []bson.Raw
 	for _, ph := range claimPhases(filter, sort) {
-		fo := options.Find().SetLimit(int64(limit - len(out))).SetProjection(projection)
+		// The batch size as the limit: the server's first reply holds 101
+		// documents unless told, so a contended queue's spread read (up to
+		// MaxClaimBatch) took a getMore, a fourth round trip per claim.
+		want := limit - len(out)
+		fo := options.Find().SetLimit(int64(want)).SetBatchSize(int32(want)).SetProjection(projection)
 		if ph.order != nil {
 			fo.SetSort(ph.order)
 		}

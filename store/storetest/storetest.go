@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimFrom", testTaskClaimFrom},
 		{"TaskClaimManyPassesExpired", testTaskClaimManyPassesExpired},
 		{"TaskClaimManyReadsCandidatesFromTheIndex", testTaskClaimManyCandidatesFromTheIndex},
+		{"TaskClaimManyReadsInOneReplyEach", testTaskClaimManyOneReplyPerRead},
 		{"TaskClaimManySpreadConcurrentOnce", testTaskClaimManySpreadConcurrent},
 		{"TaskClaimCapped", testTaskClaimCapped},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
@@ -1182,6 +1183,47 @@ func testTaskClaimManyCandidatesFromTheIndex(t *testing.T, newStore Factory) {
 	require.Zero(t, ops[0].DocsExamined, "the candidates are read from the index alone: %s", ops[0].PlanSummary)
 	require.Equal(t, "update", ops[1].Op)
 	require.Equal(t, 4, ops[1].DocsExamined, "the update examines the tasks it claims")
+}
+
+// testTaskClaimManyOneReplyPerRead: a batched claim is three round trips
+// however many tasks it reads: its candidates and its read-back come in
+// one reply each, never followed by a getMore (the server's first reply
+// holds 101 documents unless told), so a contended queue's spread read of
+// up to MaxClaimBatch candidates, or a batch above 101, costs no fourth.
+func testTaskClaimManyOneReplyPerRead(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 600)
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 2}}).Err())
+	t.Cleanup(func() { _ = db.RunCommand(context.Background(), bson.D{{Key: "profile", Value: 0}}).Err() })
+	for _, c := range []struct {
+		name          string
+		limit, spread int
+	}{{"a spread read of 256", 40, 8}, {"a batch of 200", 200, 1}} {
+		from, err := db.RunCommand(ctx, bson.D{{Key: "isMaster", Value: 1}}).Raw()
+		require.NoError(t, err)
+		at := from.Lookup("localTime").Time()
+		res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: c.limit, Spread: c.spread, SkipNullNode: true})
+		require.NoError(t, err)
+		require.Len(t, res.Tasks, c.limit, c.name)
+		cur, err := db.Collection("system.profile").Find(ctx, bson.D{{Key: "ns", Value: db.Name() + ".tasks"}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: at}}}},
+			options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+		require.NoError(t, err)
+		var ops []struct {
+			Op        string `bson:"op"`
+			NReturned int    `bson:"nreturned"`
+		}
+		require.NoError(t, cur.All(ctx, &ops))
+		var names []string
+		for _, op := range ops {
+			names = append(names, op.Op)
+		}
+		require.Equal(t, []string{"query", "update", "query"}, names, "%s: the candidates, the claim, the read-back", c.name)
+		require.Equal(t, min(c.limit*c.spread, store.MaxClaimBatch), ops[0].NReturned, "%s: every candidate in the first reply", c.name)
+		require.Equal(t, c.limit, ops[2].NReturned, "%s: every task claimed in the first reply", c.name)
+	}
 }
 
 // testTaskClaimFrom: From bounds a fifo claim below by _id (a lifo one
