@@ -1153,17 +1153,13 @@ func testTaskClaimManyPassesExpired(t *testing.T, newStore Factory) {
 // many it reads for the few it takes (Spread); the update then examines
 // only those.
 func testTaskClaimManyCandidatesFromTheIndex(t *testing.T, newStore Factory) {
-	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
-	require.NoError(t, s.IndexesEnsure(ctx))
-	q := newQueue(t, s, "q", schema.SortFIFO)
-	insertTasks(t, s, q.ID, 80)
+	s, db, q := indexedQueue(ctx, t, newStore, 80)
 	// The head of the queue claimed, as in a drain: MongoDB then plans
 	// the read on the claim index rather than on _id.
 	_, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n0", Sort: schema.SortFIFO, Limit: 40, SkipNullNode: true})
 	require.NoError(t, err)
-	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 2}}).Err())
-	t.Cleanup(func() { _ = db.RunCommand(context.Background(), bson.D{{Key: "profile", Value: 0}}).Err() })
+	profileAll(ctx, t, db)
 	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Spread: 8, SkipNullNode: true})
 	require.NoError(t, err)
 	require.Len(t, res.Tasks, 4)
@@ -1191,13 +1187,9 @@ func testTaskClaimManyCandidatesFromTheIndex(t *testing.T, newStore Factory) {
 // holds 101 documents unless told), so a contended queue's spread read of
 // up to MaxClaimBatch candidates, or a batch above 101, costs no fourth.
 func testTaskClaimManyOneReplyPerRead(t *testing.T, newStore Factory) {
-	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
-	require.NoError(t, s.IndexesEnsure(ctx))
-	q := newQueue(t, s, "q", schema.SortFIFO)
-	insertTasks(t, s, q.ID, 600)
-	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 2}}).Err())
-	t.Cleanup(func() { _ = db.RunCommand(context.Background(), bson.D{{Key: "profile", Value: 0}}).Err() })
+	s, db, q := indexedQueue(ctx, t, newStore, 600)
+	profileAll(ctx, t, db)
 	for _, c := range []struct {
 		name          string
 		limit, spread int
@@ -1224,6 +1216,22 @@ func testTaskClaimManyOneReplyPerRead(t *testing.T, newStore Factory) {
 		require.Equal(t, min(c.limit*c.spread, store.MaxClaimBatch), ops[0].NReturned, "%s: every candidate in the first reply", c.name)
 		require.Equal(t, c.limit, ops[2].NReturned, "%s: every task claimed in the first reply", c.name)
 	}
+}
+
+// indexedQueue is a store with its indexes and a fifo queue of n tasks.
+func indexedQueue(ctx context.Context, t *testing.T, newStore Factory, n int) (*store.Store, *mongo.Database, schema.Queue) {
+	s, db := newStore(t, store.Options{})
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, n)
+	return s, db, q
+}
+
+// profileAll has the database profiler record every operation on db
+// until the test ends.
+func profileAll(ctx context.Context, t *testing.T, db *mongo.Database) {
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 2}}).Err())
+	t.Cleanup(func() { _ = db.RunCommand(context.Background(), bson.D{{Key: "profile", Value: 0}}).Err() })
 }
 
 // testTaskClaimFrom: From bounds a fifo claim below by _id (a lifo one
