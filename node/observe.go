@@ -156,9 +156,10 @@ type taskTrace struct {
 	claim       trace.Span
 	run         trace.Span
 	complete    trace.Span
-	// quiet: task does not record, and is every child span too.
-	quiet bool
 }
+
+// quiet: the task span does not record, and stands in for every child.
+func (tt *taskTrace) quiet() bool { return !tt.task.IsRecording() }
 
 func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Timing) *taskTrace {
 	tracer := tracing.Tracer()
@@ -177,7 +178,7 @@ func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Tim
 	// were built for every task and dropped, 1 KB a task
 	// (BenchmarkNewTaskTrace).
 	if !task.IsRecording() {
-		return &taskTrace{ctx: ctx, constructor: q.Constructor, task: task, claim: task, quiet: true}
+		return &taskTrace{ctx: ctx, constructor: q.Constructor, task: task, claim: task}
 	}
 	task.SetAttributes(
 		attribute.String("disbatch.task.id", t.ID.Hex()),
@@ -209,7 +210,7 @@ func (tt *taskTrace) startFailed(err error) {
 
 func (tt *taskTrace) started() {
 	tt.claim.End()
-	if tt.quiet {
+	if tt.quiet() {
 		tt.run = tt.task
 		return
 	}
@@ -227,7 +228,7 @@ func (tt *taskTrace) ran(res plugin.Result) {
 		tt.run.SetStatus(codes.Error, "task "+res.Status.String()+": "+lastLine(res.Stderr))
 	}
 	tt.run.End()
-	if tt.quiet {
+	if tt.quiet() {
 		tt.complete = tt.task
 		return
 	}
