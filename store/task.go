@@ -379,6 +379,12 @@ type TaskClaimManyParams struct {
 	// tasks, for an order loosened within that window. 0 or 1: the first
 	// Limit, in order.
 	Spread int
+	// Prefer, when set and the spread read more candidates than Limit,
+	// takes the candidates it prefers first (the first Limit of them, in
+	// claim order) and only as many others, at random, as it lacks: nodes
+	// that share a queue's tasks out among themselves by it (the
+	// claimer's rendezvous hashing) then seldom read the same ones.
+	Prefer func(id bson.ObjectID) bool
 	// SkipNullNode and From: as TaskClaimParams'.
 	SkipNullNode bool
 	From         bson.ObjectID
@@ -447,6 +453,13 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	if p.Spread > 1 {
 		window = min(p.Limit*p.Spread, MaxClaimBatch)
 	}
+	var prefer func(bson.Raw) bool
+	if p.Prefer != nil {
+		prefer = func(c bson.Raw) bool {
+			id, ok := c.Lookup("_id").ObjectIDOK()
+			return ok && p.Prefer(id)
+		}
+	}
 	// Other claimers may win every candidate between the find and the
 	// update; then the queue may still hold tasks, so look again.
 	for attempt := 0; won == 0; attempt++ {
@@ -475,7 +488,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 			return TaskClaimManyResult{NullNode: nullNode, First: first, Short: true}, nil
 		}
 		short = len(cands) < p.Limit
-		cands = pickInOrder(cands, p.Limit)
+		cands = pickInOrder(cands, p.Limit, prefer)
 		ids = make(bson.A, len(cands))
 		for i, c := range cands {
 			ids[i] = c.Lookup("_id")
@@ -500,13 +513,29 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	return out, err
 }
 
-// pickInOrder returns n of cands picked at random, in their order (all
-// of them when there are no more than n).
-func pickInOrder[T any](cands []T, n int) []T {
+// pickInOrder returns n of cands, in their order (all of them when there
+// are no more than n): with prefer, the first n it prefers, and as many
+// others as it lacks picked at random; without, n picked at random.
+func pickInOrder[T any](cands []T, n int, prefer func(T) bool) []T {
 	if len(cands) <= n {
 		return cands
 	}
-	keep := rand.Perm(len(cands))[:n]
+	var keep []int
+	if prefer != nil {
+		var rest []int
+		for i, c := range cands {
+			if len(keep) < n && prefer(c) {
+				keep = append(keep, i)
+			} else {
+				rest = append(rest, i)
+			}
+		}
+		for _, j := range rand.Perm(len(rest))[:n-len(keep)] {
+			keep = append(keep, rest[j])
+		}
+	} else {
+		keep = rand.Perm(len(cands))[:n]
+	}
 	slices.Sort(keep)
 	out := make([]T, n)
 	for i, j := range keep {

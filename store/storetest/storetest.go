@@ -53,6 +53,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimManyOrderAndGuard", testTaskClaimMany},
 		{"TaskClaimManyConcurrentOnce", testTaskClaimManyConcurrent},
 		{"TaskClaimManySpread", testTaskClaimManySpread},
+		{"TaskClaimManyPrefer", testTaskClaimManyPrefer},
 		{"TaskClaimSkipNullNode", testTaskClaimSkipNullNode},
 		{"TaskClaimFrom", testTaskClaimFrom},
 		{"TaskClaimManyPassesExpired", testTaskClaimManyPassesExpired},
@@ -1341,6 +1342,38 @@ func testTaskClaimManySpread(t *testing.T, newStore Factory) {
 		got[i] = task.ID
 	}
 	require.Equal(t, few, got, "all three, in order")
+}
+
+// A spread claim with Prefer takes the first Limit candidates it prefers,
+// in claim order; short of them, it takes the ones it prefers and others
+// of the window to make up Limit.
+func testTaskClaimManyPrefer(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 24)
+	odd := map[bson.ObjectID]bool{}
+	for i := 1; i < len(ids); i += 2 {
+		odd[ids[i]] = true
+	}
+	prefer := func(id bson.ObjectID) bool { return odd[id] }
+	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Spread: 4, Prefer: prefer})
+	require.NoError(t, err)
+	require.Equal(t, []bson.ObjectID{ids[1], ids[3], ids[5], ids[7]}, claimedIDs(res), "the first four it prefers")
+
+	// Still queued, oldest first: 0 2 4 6 8 9 10 ... The window of 16 ends
+	// at ids[19]; it prefers ids[9] and ids[23] (beyond the window) only.
+	only := func(id bson.ObjectID) bool { return id == ids[9] || id == ids[23] }
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Spread: 4, Prefer: only})
+	require.NoError(t, err)
+	got := claimedIDs(res)
+	require.Len(t, got, 4)
+	require.Contains(t, got, ids[9], "the one it prefers within the window")
+	require.True(t, slices.IsSortedFunc(got, func(a, b bson.ObjectID) int { return strings.Compare(a.Hex(), b.Hex()) }), "in claim order: %v", got)
+	window := append([]bson.ObjectID{ids[0], ids[2], ids[4], ids[6], ids[8]}, ids[9:20]...)
+	for _, id := range got {
+		require.Contains(t, window, id, "the others from the window of 16")
+	}
 }
 
 // Spread claims by concurrent nodes still claim each task once.
