@@ -264,7 +264,9 @@ type Claimer struct {
 	// spread: the queue's batched claims pick at random among this many
 	// times as many candidates (store.TaskClaimManyParams.Spread), doubled
 	// (up to maxSpread) after a claim other nodes contended, halved after
-	// one they did not; 1 (no entry) claims in order.
+	// one they did not; 1 (no entry) claims in order. A queue with peers
+	// reads at least as many times as it has nodes, up to maxSpread
+	// (claimMany).
 	spread map[bson.ObjectID]int
 	// readHeld is this node's slots per queue when the queues were last
 	// read: claims and finishes since count on top of count_running.
@@ -654,24 +656,45 @@ func (c *Claimer) stagger() (next time.Duration, ok bool) {
 // hashing, so every node computes the same order, and each node comes
 // first for its share of the tasks.
 func rank(task bson.ObjectID, node string, peers []string) int {
-	score := func(name string) uint64 {
-		h := fnv.New64a()
-		h.Write([]byte(name))
-		h.Write(task[:])
-		// splitmix64's finalizer: FNV alone orders ids that differ in a
-		// counter's last bytes unevenly.
-		x := h.Sum64()
-		x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-		x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-		return x ^ (x >> 31)
-	}
-	mine, r := score(node), 0
+	mine, r := score(task, node), 0
 	for _, p := range peers {
-		if sp := score(p); sp < mine || (sp == mine && p < node) {
+		if before(task, p, mine, node) {
 			r++
 		}
 	}
 	return r
+}
+
+// first says whether node comes first among peers for task (rank 0),
+// asking no more peers than it must.
+func first(task bson.ObjectID, node string, peers []string) bool {
+	mine := score(task, node)
+	for _, p := range peers {
+		if before(task, p, mine, node) {
+			return false
+		}
+	}
+	return true
+}
+
+// before says whether peer comes before node (whose score is mine) for
+// task.
+func before(task bson.ObjectID, peer string, mine uint64, node string) bool {
+	sp := score(task, peer)
+	return sp < mine || (sp == mine && peer < node)
+}
+
+// score is node's place in the order of task's nodes.
+func score(task bson.ObjectID, node string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(node))
+	h.Write(task[:])
+	// splitmix64's finalizer: FNV alone orders ids that differ in a
+	// counter's last bytes unevenly.
+	x := h.Sum64()
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
 }
 
 func (c *Claimer) jittered() time.Duration {
@@ -1292,6 +1315,14 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 	defer cancel()
 	start := c.clock.Now()
 	var res store.TaskClaimManyResult
+	spread := c.spread[q.ID]
+	var prefer func(bson.ObjectID) bool
+	if len(q.Peers) > 0 {
+		// Each node takes first the tasks it comes first for among the
+		// queue's nodes (rank, as the wake-ups' stagger), from a read
+		// wide enough to hold a batch of them (up to maxSpread nodes).
+		spread, prefer = max(spread, min(q.nodes(), maxSpread)), func(id bson.ObjectID) bool { return first(id, c.cfg.Node, q.Peers) }
+	}
 	if q.Sched.Capped() {
 		// max_running: the claim and its admissions are one transaction.
 		res, err = c.cfg.Store.TaskClaimCapped(ctx, store.TaskClaimCappedParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Max: q.Sched.MaxRunning})
@@ -1305,7 +1336,7 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 		}
 	} else {
 		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q),
-			Spread: c.spread[q.ID], SkipNullNode: nc.skip, From: nc.from})
+			Spread: spread, Prefer: prefer, SkipNullNode: nc.skip, From: nc.from})
 		if err == nil {
 			c.nullSeen(q.ID, nc, res.NullNode, len(res.Tasks)+len(res.Malformed) == 0 && !res.Lost, res.First)
 		}
@@ -1318,7 +1349,7 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 	}
 	switch sp := c.spread[q.ID]; {
 	case res.Contended > 0:
-		c.spread[q.ID] = min(maxSpread, max(2, 2*sp))
+		c.spread[q.ID] = min(maxSpread, max(2, 2*spread))
 	case sp > 1:
 		c.spread[q.ID] = sp / 2
 	}

@@ -716,6 +716,7 @@ type batchStore struct {
 	// spreads records the Spread each asked.
 	contended []int
 	spreads   []int
+	prefers   []func(bson.ObjectID) bool // each batch claim's Prefer
 }
 
 func (b *batchStore) TaskClaimCapped(_ context.Context, p store.TaskClaimCappedParams) (store.TaskClaimManyResult, error) {
@@ -750,6 +751,7 @@ func (b *batchStore) TaskClaimMany(_ context.Context, p store.TaskClaimManyParam
 	b.limits = append(b.limits, p.Limit)
 	b.skips = append(b.skips, p.SkipNullNode)
 	b.spreads = append(b.spreads, p.Spread)
+	b.prefers = append(b.prefers, p.Prefer)
 	var res store.TaskClaimManyResult
 	if len(b.contended) > 0 {
 		res.Contended, b.contended = b.contended[0], b.contended[1:]
@@ -869,6 +871,48 @@ func TestContendedClaimsSpread(t *testing.T) {
 	defer bs.mu.Unlock()
 	require.GreaterOrEqual(t, len(bs.spreads), 8)
 	require.Equal(t, []int{0, 2, 4, 8, 8, 4, 2, 1}, bs.spreads[:8])
+}
+
+// TestPeersClaimTheirShareFirst: with peers, a queue's batches read at
+// least one batch per node (Spread, doubled as before once contended)
+// and prefer the tasks this node ranks first for, as the wake-ups' stagger
+// ranks them; alone, a node prefers none.
+func TestPeersClaimTheirShareFirst(t *testing.T) {
+	t.Parallel()
+	bs := &batchStore{left: 1000, contended: []int{0, 0, 5, 0, 0}}
+	q := queue("q", 100)
+	q.Peers = []string{"n0", "n2"}
+	h := newHarness(t, func(c *claimer.Config) { c.Store = bs; c.Batch = 4 }, q)
+	h.start()
+	h.pass()
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	require.GreaterOrEqual(t, len(bs.spreads), 6)
+	require.Equal(t, []int{3, 3, 3, 6, 3, 3}, bs.spreads[:6], "three nodes: three batches' worth at least, doubled after a contended one, then halved back")
+	first := 0
+	for range 300 {
+		id := bson.NewObjectID()
+		mine := claimer.Rank(id, "n1", q.Peers) == 0
+		for i, prefer := range bs.prefers {
+			require.NotNil(t, prefer, "batch %d", i)
+			require.Equal(t, mine, prefer(id), "batch %d prefers the tasks n1 ranks first for", i)
+		}
+		if mine {
+			first++
+		}
+	}
+	require.InDelta(t, 100, first, 40, "n1 first for about a third")
+
+	alone := &batchStore{left: 100}
+	h = newHarness(t, func(c *claimer.Config) { c.Store = alone; c.Batch = 4 }, queue("alone", 20))
+	h.start()
+	h.pass()
+	alone.mu.Lock()
+	defer alone.mu.Unlock()
+	require.NotEmpty(t, alone.prefers)
+	for _, prefer := range alone.prefers {
+		require.Nil(t, prefer, "no peers: no preference")
+	}
 }
 
 // TestStaggerRanksArePermutations: for every task the nodes rank

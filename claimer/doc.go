@@ -24,6 +24,10 @@
 // all race for it, each ranks itself among the queue's live peers for that
 // task (rendezvous hashing on the task's id and the nodes' names) and tries
 // rank x Config.Stagger later, 2 ms a rank and at most 20 ms: the first
-// with a free slot takes it alone. And nodes whose batched claims were
-// contended spread the next ones over more candidates (Spread).
+// with a free slot takes it alone. A backlog is shared out the same way:
+// a node's batched claim reads a batch per node serving the queue and
+// takes first the tasks it ranks first for (Prefer), so that nodes
+// claiming at once seldom try for the same tasks; nodes whose batched
+// claims were contended all the same spread the next ones over more
+// candidates (Spread).
 package claimer
