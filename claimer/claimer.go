@@ -265,8 +265,8 @@ type Claimer struct {
 	// times as many candidates (store.TaskClaimManyParams.Spread), doubled
 	// (up to maxSpread) after a claim other nodes contended, halved after
 	// one they did not; 1 (no entry) claims in order. A queue with peers
-	// reads at least as many times as it has nodes, up to maxSpread
-	// (claimMany).
+	// (not sorted by priority) reads at least as many times as it has
+	// nodes, up to maxSpread (claimMany).
 	spread map[bson.ObjectID]int
 	// readHeld is this node's slots per queue when the queues were last
 	// read: claims and finishes since count on top of count_running.
@@ -1192,8 +1192,9 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 	}
 }
 
-// maxSpread bounds the spread of a contended queue's claims: a batch
-// picks among at most 8 times as many candidates (and MaxClaimBatch).
+// maxSpread bounds the spread of a queue's claims, contended or shared
+// with peers: a batch picks among at most 8 times as many candidates (and
+// MaxClaimBatch).
 const maxSpread = 8
 
 // ClaimTimeout bounds one claim. A claim is not cancelled by Stop: one the
@@ -1316,13 +1317,6 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 	start := c.clock.Now()
 	var res store.TaskClaimManyResult
 	spread := c.spread[q.ID]
-	var prefer func(bson.ObjectID) bool
-	if len(q.Peers) > 0 {
-		// Each node takes first the tasks it comes first for among the
-		// queue's nodes (rank, as the wake-ups' stagger), from a read
-		// wide enough to hold a batch of them (up to maxSpread nodes).
-		spread, prefer = max(spread, min(q.nodes(), maxSpread)), func(id bson.ObjectID) bool { return first(id, c.cfg.Node, q.Peers) }
-	}
 	if q.Sched.Capped() {
 		// max_running: the claim and its admissions are one transaction.
 		res, err = c.cfg.Store.TaskClaimCapped(ctx, store.TaskClaimCappedParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Max: q.Sched.MaxRunning})
@@ -1335,6 +1329,16 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 			return 0, false, false, nil
 		}
 	} else {
+		var prefer func(bson.ObjectID) bool
+		if len(q.Peers) > 0 && q.Sort != schema.SortPriority {
+			// Each node takes first the tasks it comes first for among
+			// the queue's nodes (rank, as the wake-ups' stagger), from a
+			// read wide enough to hold a batch of them (up to maxSpread
+			// nodes). Not by priority: there a node would take its own
+			// lower-priority tasks before others' higher ones.
+			node, peers := c.cfg.Node, q.Peers
+			spread, prefer = max(spread, min(q.nodes(), maxSpread)), func(id bson.ObjectID) bool { return first(id, node, peers) }
+		}
 		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q),
 			Spread: spread, Prefer: prefer, SkipNullNode: nc.skip, From: nc.from})
 		if err == nil {

@@ -876,7 +876,7 @@ func TestContendedClaimsSpread(t *testing.T) {
 // TestPeersClaimTheirShareFirst: with peers, a queue's batches read at
 // least one batch per node (Spread, doubled as before once contended)
 // and prefer the tasks this node ranks first for, as the wake-ups' stagger
-// ranks them; alone, a node prefers none.
+// ranks them; alone, or by priority, a node prefers none.
 func TestPeersClaimTheirShareFirst(t *testing.T) {
 	t.Parallel()
 	bs := &batchStore{left: 1000, contended: []int{0, 0, 5, 0, 0}}
@@ -903,15 +903,23 @@ func TestPeersClaimTheirShareFirst(t *testing.T) {
 	}
 	require.InDelta(t, 100, first, 40, "n1 first for about a third")
 
-	alone := &batchStore{left: 100}
-	h = newHarness(t, func(c *claimer.Config) { c.Store = alone; c.Batch = 4 }, queue("alone", 20))
-	h.start()
-	h.pass()
-	alone.mu.Lock()
-	defer alone.mu.Unlock()
-	require.NotEmpty(t, alone.prefers)
-	for _, prefer := range alone.prefers {
-		require.Nil(t, prefer, "no peers: no preference")
+	for name, mod := range map[string]func(*claimer.Queue){
+		"no peers":           func(*claimer.Queue) {},
+		"sorted by priority": func(q *claimer.Queue) { q.Peers, q.Sort = []string{"n0", "n2"}, schema.SortPriority },
+	} {
+		other := &batchStore{left: 100}
+		q := queue("other", 20)
+		mod(&q)
+		h := newHarness(t, func(c *claimer.Config) { c.Store = other; c.Batch = 4 }, q)
+		h.start()
+		h.pass()
+		other.mu.Lock()
+		require.NotEmpty(t, other.prefers, name)
+		for i, prefer := range other.prefers {
+			require.Nil(t, prefer, "%s: no preference", name)
+			require.Zero(t, other.spreads[i], "%s: no spread uncontended", name)
+		}
+		other.mu.Unlock()
 	}
 }
 

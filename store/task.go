@@ -530,8 +530,10 @@ func pickInOrder[T any](cands []T, n int, prefer func(T) bool) []T {
 				rest = append(rest, i)
 			}
 		}
-		for _, j := range rand.Perm(len(rest))[:n-len(keep)] {
-			keep = append(keep, rest[j])
+		if lack := n - len(keep); lack > 0 {
+			for _, j := range rand.Perm(len(rest))[:lack] {
+				keep = append(keep, rest[j])
+			}
 		}
 	} else {
 		keep = rand.Perm(len(cands))[:n]
