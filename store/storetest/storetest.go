@@ -1352,11 +1352,7 @@ func testTaskClaimManyPrefer(t *testing.T, newStore Factory) {
 	ctx := ctxT(t)
 	q := newQueue(t, s, "q", schema.SortFIFO)
 	ids := insertTasks(t, s, q.ID, 24)
-	odd := map[bson.ObjectID]bool{}
-	for i := 1; i < len(ids); i += 2 {
-		odd[ids[i]] = true
-	}
-	prefer := func(id bson.ObjectID) bool { return odd[id] }
+	prefer := func(id bson.ObjectID) bool { return slices.Index(ids, id)%2 == 1 } // the odd ones
 	res, err := s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Spread: 4, Prefer: prefer})
 	require.NoError(t, err)
 	require.Equal(t, []bson.ObjectID{ids[1], ids[3], ids[5], ids[7]}, claimedIDs(res), "the first four it prefers")
