@@ -383,7 +383,7 @@ type TaskClaimManyParams struct {
 	// takes the candidates it prefers first (the first Limit of them, in
 	// claim order) and only as many others, at random, as it lacks: nodes
 	// that share a queue's tasks out among themselves by it (the
-	// claimer's rendezvous hashing) then seldom read the same ones.
+	// claimer's rendezvous hashing) then seldom try for the same ones.
 	Prefer func(id bson.ObjectID) bool
 	// SkipNullNode and From: as TaskClaimParams'.
 	SkipNullNode bool
