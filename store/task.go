@@ -524,10 +524,10 @@ func pickInOrder[T any](cands []T, n int, prefer func(T) bool) []T {
 	if prefer != nil {
 		var rest []int
 		for i, c := range cands {
-			if len(keep) < n && prefer(c) {
-				keep = append(keep, i)
-			} else {
+			if !prefer(c) {
 				rest = append(rest, i)
+			} else if keep = append(keep, i); len(keep) == n {
+				break // the others are not needed
 			}
 		}
 		if lack := n - len(keep); lack > 0 {
