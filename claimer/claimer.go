@@ -266,7 +266,7 @@ type Claimer struct {
 	// (up to maxSpread) after a claim other nodes contended, halved after
 	// one they did not; 1 (no entry) claims in order. A queue with peers
 	// (not sorted by priority) reads at least as many times as it has
-	// nodes, up to maxSpread (claimMany).
+	// nodes, up to MaxClaimBatch candidates (claimMany).
 	spread map[bson.ObjectID]int
 	// readHeld is this node's slots per queue when the queues were last
 	// read: claims and finishes since count on top of count_running.
@@ -1192,9 +1192,9 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 	}
 }
 
-// maxSpread bounds the spread of a queue's claims, contended or shared
-// with peers: a batch picks among at most 8 times as many candidates (and
-// MaxClaimBatch).
+// maxSpread bounds the spread a contended claim doubles up to: a batch
+// picks among at most 8 times as many candidates (and MaxClaimBatch). A
+// queue shared with peers reads wider when it has more nodes (claimMany).
 const maxSpread = 8
 
 // ClaimTimeout bounds one claim. A claim is not cancelled by Stop: one the
@@ -1333,11 +1333,14 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 		if len(q.Peers) > 0 && q.Sort != schema.SortPriority {
 			// Each node takes first the tasks it comes first for among
 			// the queue's nodes (rank, as the wake-ups' stagger), from a
-			// read wide enough to hold a batch of them (up to maxSpread
-			// nodes). Not by priority: there a node would take its own
-			// lower-priority tasks before others' higher ones.
+			// read wide enough to hold a batch for each node (as far as
+			// MaxClaimBatch goes: fifty nodes claiming 8 each read 256,
+			// where a read capped at maxSpread held a fifth of a batch of
+			// a node's own and they fought over the rest). Not by
+			// priority: there a node would take its own lower-priority
+			// tasks before others' higher ones.
 			node, peers := c.cfg.Node, q.Peers
-			spread, prefer = max(spread, min(q.nodes(), maxSpread)), func(id bson.ObjectID) bool { return first(id, node, peers) }
+			spread, prefer = max(spread, min(q.nodes(), store.MaxClaimBatch/limit)), func(id bson.ObjectID) bool { return first(id, node, peers) }
 		}
 		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q),
 			Spread: spread, Prefer: prefer, SkipNullNode: nc.skip, From: nc.from})

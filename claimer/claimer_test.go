@@ -903,6 +903,24 @@ func TestPeersClaimTheirShareFirst(t *testing.T) {
 	}
 	require.InDelta(t, 100, first, 40, "n1 first for about a third")
 
+	// Many nodes read a batch for each, as far as store.MaxClaimBatch
+	// candidates go.
+	for _, tc := range []struct{ peers, batch, spread int }{{30, 4, 31}, {30, 16, 16}, {30, 64, 4}} {
+		many := &batchStore{left: 100}
+		q := queue("many", 100)
+		for i := range tc.peers {
+			q.Peers = append(q.Peers, fmt.Sprintf("p%d", i))
+		}
+		h := newHarness(t, func(c *claimer.Config) { c.Store = many; c.Batch = tc.batch }, q)
+		h.start()
+		h.pass()
+		many.mu.Lock()
+		require.NotEmpty(t, many.spreads)
+		require.Equal(t, tc.batch, many.limits[0], "batch %d", tc.batch)
+		require.Equal(t, tc.spread, many.spreads[0], "%d nodes claiming %d each", tc.peers+1, tc.batch)
+		many.mu.Unlock()
+	}
+
 	for name, mod := range map[string]func(*claimer.Queue){
 		"no peers":           func(*claimer.Queue) {},
 		"sorted by priority": func(q *claimer.Queue) { q.Peers, q.Sort = []string{"n0", "n2"}, schema.SortPriority },
