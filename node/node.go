@@ -69,7 +69,7 @@ func New(cfg Config) (*Node, error) {
 	cfg.Store = cfg.Store.ForNode(cfg.Name)
 	n := &Node{cfg: cfg, log: log, clock: cfg.Clock} // Validate set the default
 	n.queues = &queueSet{node: cfg.Name, label: cfg.Label, store: cfg.Store, plugins: cfg.Plugins, log: log, live: cfg.FenceAfter,
-		active: cfg.ActiveQueues, ignore: cfg.IgnoreQueues}
+		active: cfg.ActiveQueues, ignore: cfg.IgnoreQueues, clock: cfg.Clock}
 	ccfg := claimer.Config{
 		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Linger: max(0, cfg.ClaimLinger), Clock: cfg.Clock, Logger: log,
 		Refresh: n.queues.refresh, Passed: cfg.passed,
