@@ -1340,7 +1340,7 @@ func (c *Claimer) claimMany(ctx context.Context, q Queue, limit int, nc nullChoi
 			// priority: there a node would take its own lower-priority
 			// tasks before others' higher ones.
 			node, peers := c.cfg.Node, q.Peers
-			spread, prefer = max(spread, min(q.nodes(), store.MaxClaimBatch/limit)), func(id bson.ObjectID) bool { return first(id, node, peers) }
+			spread, prefer = max(spread, min(q.nodes(), (store.MaxClaimBatch+limit-1)/limit)), func(id bson.ObjectID) bool { return first(id, node, peers) }
 		}
 		res, err = c.cfg.Store.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: q.ID, Node: c.cfg.Node, Sort: q.Sort, Limit: limit, Start: c.startAtClaim(q),
 			Spread: spread, Prefer: prefer, SkipNullNode: nc.skip, From: nc.from})

@@ -904,10 +904,10 @@ func TestPeersClaimTheirShareFirst(t *testing.T) {
 	require.InDelta(t, 100, first, 40, "n1 first for about a third")
 
 	// Many nodes read a batch for each, as far as store.MaxClaimBatch
-	// candidates go.
-	for _, tc := range []struct{ peers, batch, spread int }{{30, 4, 31}, {30, 16, 16}, {30, 64, 4}} {
+	// candidates go (rounded up: the store caps the read itself).
+	for _, tc := range []struct{ peers, batch, spread int }{{30, 4, 31}, {30, 16, 16}, {30, 64, 4}, {2, 100, 3}, {30, 37, 7}, {1, 200, 2}} {
 		many := &batchStore{left: 100}
-		q := queue("many", 100)
+		q := queue("many", store.MaxClaimBatch)
 		for i := range tc.peers {
 			q.Peers = append(q.Peers, fmt.Sprintf("p%d", i))
 		}

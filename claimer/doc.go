@@ -26,9 +26,9 @@
 // rank x Config.Stagger later, 2 ms a rank and at most 20 ms: the first
 // with a free slot takes it alone. A backlog is shared out the same way:
 // a node's batched claim reads a batch per node serving the queue (as
-// far as store.MaxClaimBatch candidates) and takes first the tasks it ranks first for (Prefer), so that
-// nodes claiming at once seldom try for the same tasks; the queue's
-// order is loosened within that read. Not for capped queues (their
+// far as store.MaxClaimBatch candidates) and takes first the tasks it
+// ranks first for (Prefer), so that nodes claiming at once seldom try
+// for the same tasks; the queue's order is loosened within that read. Not for capped queues (their
 // claims are transactions) nor queues sorted by priority (a node would
 // take its own lower-priority tasks first). Nodes whose batched claims
 // were contended all the same spread the next ones over more candidates
