@@ -28,9 +28,9 @@
 // a node's batched claim reads a batch per node serving the queue (as
 // far as store.MaxClaimBatch candidates) and takes first the tasks it
 // ranks first for (Prefer), so that nodes claiming at once seldom try
-// for the same tasks; the queue's order is loosened within that read. Not for capped queues (their
-// claims are transactions) nor queues sorted by priority (a node would
-// take its own lower-priority tasks first). Nodes whose batched claims
-// were contended all the same spread the next ones over more candidates
-// (Spread).
+// for the same tasks; the queue's order is loosened within that read.
+// Not for capped queues (their claims are transactions) nor queues
+// sorted by priority (a node would take its own lower-priority tasks
+// first). Nodes whose batched claims were contended all the same spread
+// the next ones over more candidates (Spread).
 package claimer

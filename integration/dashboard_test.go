@@ -194,11 +194,10 @@ func (b *browser) click(sel string) {
 			window.__clickProbe = (e) => { if (e.target instanceof Element && e.target.closest(window.__clickSel)) window.__clickHit = true; };
 			document.addEventListener('click', window.__clickProbe, true);
 		}
-		return true;
 	})()`, q)
 	for try := 0; try < 5; try++ {
-		var armed, hit bool
-		b.run(chromedp.Evaluate(arm, &armed))
+		var hit bool
+		b.run(chromedp.Evaluate(arm, nil))
 		err = chromedp.Run(b.ctx, chromedp.Click(sel, chromedp.ByQuery))
 		if err != nil && strings.Contains(err.Error(), "Could not find node with given id") {
 			continue

@@ -137,7 +137,6 @@ func (qs *queueSet) liveOthers(ctx context.Context) map[string]map[string]bool {
 	if !qs.othersAt.IsZero() && now.Sub(qs.othersAt) < othersFresh {
 		return qs.others
 	}
-	qs.others, qs.othersAt = nil, time.Time{}
 	res, err := qs.store.NodeList(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
