@@ -11,6 +11,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -110,6 +111,19 @@ type Config struct {
 	// maxStaggerRank x Stagger, so a busy first choice delays a task by
 	// milliseconds, never to the next tick.
 	Stagger time.Duration
+	// Listeners is how many of a queue's nodes keep their wake-up stream
+	// for it (default DefaultListeners; negative, or without Quiet: every
+	// node). With more
+	// nodes than that, the ones ranked first by a hash of their names
+	// listen (the same ones for every queue the same nodes serve), and
+	// the rest let their streams go (Config.Quiet hears true while no
+	// queue they serve has them among its listeners) and find work by the
+	// tick and their own finishes: every stream reads every oplog entry,
+	// so fifty listening nodes cost the server fifty reads of every
+	// write, and every new task a claim from each. A wake-up is staggered
+	// among the queue's listeners; a node that hears one for a queue it
+	// does not listen for tries last (maxStaggerRank).
+	Listeners int
 	// StartAtClaim, when it says so for a queue, claims its tasks
 	// straight into running (store.TaskClaimParams.Start): Dispatch then
 	// gets tasks in status 0, to start at once without a start write.
@@ -150,6 +164,17 @@ const DefaultStagger = 2 * time.Millisecond
 
 // maxStaggerRank bounds a wake-up's delay to maxStaggerRank x Stagger.
 const maxStaggerRank = 10
+
+// DefaultListeners is the default Config.Listeners: three streams, so
+// that a queue's wake-ups outlast one listener's death (its peers count
+// it live for a FenceAfter), and a new task on a busy listener has two
+// more to go to before the tick.
+const DefaultListeners = 3
+
+// listenKey is the "task" whose rank among a queue's nodes picks its
+// listeners (rank, score): one key for every queue, so that nodes that
+// serve the same queues pick the same few.
+var listenKey bson.ObjectID
 
 // Timing is when a claim was sent and when its answer came.
 type Timing struct{ Start, End time.Time }
@@ -251,8 +276,15 @@ type Claimer struct {
 	backlog   map[bson.ObjectID]bool
 	quiet     bool
 	quietFrom time.Time
-	readAt    time.Time // the queues' last read
-	mayQuiet  bool      // the queues' last read allows quiet (mayQuiet)
+	// deaf: the last read of the queues found this node among the
+	// listeners of none (Config.Listeners); told is what Config.Quiet
+	// heard last (quiet or deaf). wakers are each queue's listeners other
+	// than this node, and whether it is one of them.
+	deaf     bool
+	told     bool
+	wakers   map[bson.ObjectID]wakers
+	readAt   time.Time // the queues' last read
+	mayQuiet bool      // the queues' last read allows quiet (mayQuiet)
 	// lingerRest: how long claims did not wait after the last linger
 	// that waited in vain (0: that one did not); lingerFrom: when they
 	// may wait again.
@@ -286,6 +318,12 @@ func New(cfg Config) *Claimer {
 	if cfg.Stagger == 0 {
 		cfg.Stagger = DefaultStagger
 	}
+	switch {
+	case cfg.Quiet == nil:
+		cfg.Listeners = -1 // a stream that is never let go hears every wake-up
+	case cfg.Listeners == 0:
+		cfg.Listeners = DefaultListeners
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -315,6 +353,7 @@ func (c *Claimer) Start(ctx context.Context) error {
 		c.mu.Unlock()
 		// A new run's stream starts with its wake-ups.
 		c.backlog, c.quiet, c.quietFrom = map[bson.ObjectID]bool{}, false, time.Time{}
+		c.deaf, c.told = false, false
 		if c.cfg.Events != nil {
 			// Each topic gets its listener as soon as it is subscribed: the
 			// bus blocks a publisher (holding its subscriber lock) until every
@@ -537,14 +576,52 @@ func (c *Claimer) noteQuiet() {
 		if c.quiet {
 			c.quiet = false
 			c.lingerRest, c.lingerFrom = 0, time.Time{} // a new spell waits afresh
-			c.cfg.Quiet(false)
 		}
 	case c.quietFrom.IsZero():
 		c.quietFrom = now
 	case !c.quiet && now.Sub(c.quietFrom) >= QuietAfter:
 		c.quiet = true
-		c.cfg.Quiet(true)
 	}
+	if tell := c.quiet || c.deaf; tell != c.told {
+		c.told = tell
+		c.cfg.Quiet(tell)
+	}
+}
+
+// wakers are a queue's listeners (Config.Listeners) other than this
+// node, and whether this node is one.
+type wakers struct {
+	peers   []string
+	listens bool
+}
+
+// listeners picks q's listeners: every node when it has at most k (or k
+// is negative), else the k ranked first for listenKey.
+func listeners(node string, q Queue, k int) wakers {
+	if k < 0 || q.nodes() <= k {
+		return wakers{peers: q.Peers, listens: true}
+	}
+	type scored struct {
+		name  string
+		score uint64
+	}
+	all := make([]scored, 0, q.nodes())
+	all = append(all, scored{node, score(listenKey, node)})
+	for _, n := range q.Peers {
+		all = append(all, scored{n, score(listenKey, n)})
+	}
+	slices.SortFunc(all, func(a, b scored) int { // before's order
+		return cmp.Or(cmp.Compare(a.score, b.score), strings.Compare(a.name, b.name))
+	})
+	w := wakers{peers: make([]string, 0, k)}
+	for _, n := range all[:k] {
+		if n.name == node {
+			w.listens = true
+		} else {
+			w.peers = append(w.peers, n.name)
+		}
+	}
+	return w
 }
 
 // quietReadDue reports whether the queues are to be read again: quiet,
@@ -622,7 +699,11 @@ func (c *Claimer) stagger() (next time.Duration, ok bool) {
 		if at, ok := c.due[w.queue]; ok && !at.After(now) {
 			continue // already due now: no rank comes sooner (a bulk insert's events stop ranking at the first 0)
 		}
-		at := now.Add(time.Duration(min(rank(w.task, c.cfg.Node, c.queues[w.queue].Peers), maxStaggerRank)) * c.cfg.Stagger)
+		r := maxStaggerRank // heard, though not a listener of the queue: after them
+		if wk := c.wakers[w.queue]; wk.listens {
+			r = min(rank(w.task, c.cfg.Node, wk.peers), maxStaggerRank)
+		}
+		at := now.Add(time.Duration(r) * c.cfg.Stagger)
 		if cur, ok := c.due[w.queue]; !ok || at.Before(cur) {
 			c.due[w.queue] = at
 		}
@@ -782,8 +863,13 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 	c.queues = make(map[bson.ObjectID]Queue, len(qs))
 	c.order = c.order[:0]
 	c.readHeld = make(map[bson.ObjectID]held, len(qs))
+	c.wakers = make(map[bson.ObjectID]wakers, len(qs))
+	c.deaf = len(qs) > 0
 	for _, q := range qs {
 		c.queues[q.ID] = q
+		wk := listeners(c.cfg.Node, q, c.cfg.Listeners)
+		c.wakers[q.ID] = wk
+		c.deaf = c.deaf && !wk.listens
 		c.order = append(c.order, q.ID)
 		var h held
 		h.running, h.released = c.slots.held(q.ID)

@@ -1127,6 +1127,108 @@ func TestStaggeredWakeUpsAreBoundedAndTheEarliestWins(t *testing.T) {
 	require.Equal(t, ids(q), h.st.take(), "the earlier turn (5 ms) stands, not the later (30 ms)")
 }
 
+// TestOnlyAQueuesFirstListenersKeepTheirWakeUps: with more nodes than
+// Listeners, a node that is none of its queues' listeners lets its
+// stream go (Quiet hears true) with no backlog at all, and wants it back
+// once it listens for one queue; with at most Listeners nodes, every
+// node listens. A listener staggers a wake-up among the listeners alone;
+// a node that hears one for a queue it does not listen for tries after
+// them, at maxStaggerRank (10) x Stagger.
+func TestOnlyAQueuesFirstListenersKeepTheirWakeUps(t *testing.T) {
+	t.Parallel()
+	// peersWhere finds 12 peers among whom n1 listens for a queue, or not.
+	peersWhere := func(listens bool) claimer.Queue {
+		for i := range 1000 {
+			q := queue(fmt.Sprintf("q%d", i), 1)
+			for j := range 12 {
+				q.Peers = append(q.Peers, fmt.Sprintf("p%d-%02d", i, j))
+			}
+			if _, ok := claimer.Listens("n1", q, 3); ok == listens {
+				return q
+			}
+		}
+		t.Fatalf("no queue of 1,000 has n1 listening: %v", listens)
+		return claimer.Queue{}
+	}
+	deaf, heard := peersWhere(false), peersWhere(true)
+	few := queue("few", 1)
+	few.Peers = []string{"p1", "p2"}
+	peers, ok := claimer.Listens("n1", few, 3)
+	require.True(t, ok, "three nodes: all listen")
+	require.Equal(t, few.Peers, peers)
+	peers, _ = claimer.Listens("n1", heard, 3)
+	require.Len(t, peers, 2, "n1 and two of its twelve peers")
+	peers, _ = claimer.Listens("n1", deaf, 3)
+	require.Len(t, peers, 3)
+	// Every node picks the same three.
+	listenersOf := func(q claimer.Queue) []string {
+		var out []string
+		for _, n := range append([]string{"n1"}, q.Peers...) {
+			others := slices.DeleteFunc(append([]string{"n1"}, q.Peers...), func(m string) bool { return m == n })
+			if _, ok := claimer.Listens(n, claimer.Queue{Peers: others}, 3); ok {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	require.Len(t, listenersOf(heard), 3)
+	require.Contains(t, listenersOf(heard), "n1")
+	require.NotContains(t, listenersOf(deaf), "n1")
+
+	bus := newBus(t)
+	h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Events = bus; c.Stagger = 5 * time.Millisecond }, deaf)
+	h.start()
+	h.pass()
+	require.Equal(t, ids(deaf), h.st.take(), "tried by the first pass, as ever")
+	require.Equal(t, []bool{true}, said(), "no queue's listener: no wake-ups wanted, backlog or not")
+
+	h.setQueues(deaf, heard)
+	h.c.WakeAll()
+	h.pass()
+	h.st.take()
+	require.Equal(t, []bool{true, false}, said(), "a listener of one queue")
+
+	queued := schema.StatusQueued
+	others, _ := claimer.Listens("n1", heard, 3)
+	task := func(ok func(id bson.ObjectID) bool) bson.ObjectID {
+		for {
+			if id := bson.NewObjectID(); ok(id) {
+				return id
+			}
+		}
+	}
+	wake := func(q claimer.Queue, id bson.ObjectID) {
+		publish(t, bus, events.TopicTasks, events.TaskChanged{Op: events.OpInsert, ID: id, Queue: q.ID, Status: &queued})
+		h.pass() // the wake-up's own pass: nothing due yet
+		require.Empty(t, h.st.take())
+	}
+	wake(heard, task(func(id bson.ObjectID) bool {
+		return claimer.Rank(id, "n1", others) == 2 && claimer.Rank(id, "n1", heard.Peers) >= 6
+	}))
+	fake.Advance(9 * time.Millisecond)
+	h.noPass()
+	fake.Advance(time.Millisecond)
+	h.pass()
+	require.Equal(t, ids(heard), h.st.take(), "third among the listeners, sixth or later among all: 2 x 5 ms")
+
+	wake(deaf, task(func(id bson.ObjectID) bool { return claimer.Rank(id, "n1", deaf.Peers) == 0 }))
+	fake.Advance(49 * time.Millisecond)
+	h.noPass()
+	fake.Advance(time.Millisecond)
+	h.pass()
+	require.Equal(t, ids(deaf), h.st.take(), "not its listener, first for the task among all: after the listeners, 10 x 5 ms")
+
+	serve := func(q claimer.Queue) []bool {
+		h.setQueues(q)
+		h.c.WakeAll()
+		h.pass()
+		h.st.take()
+		return said()
+	}
+	require.Equal(t, []bool{true, false, true}, serve(deaf), "no queue's listener again")
+	require.Equal(t, []bool{true, false, true, false}, serve(few), "three nodes: every one listens")
+}
+
 // TestAnAdmissionsOnlyChangeWakesTheQueueWithoutAReread: a release (or a
 // capped claim) moves only a queue's admissions: the queue is tried, and
 // its settings are not read again, neither before the pass nor before

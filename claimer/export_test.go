@@ -12,3 +12,10 @@ func (c *Claimer) Remembered() int {
 	defer c.slots.mu.Unlock()
 	return len(c.empty) + len(c.due) + len(c.spread) + len(c.noNull) + len(c.queueGen) + len(c.slots.released) + len(c.slots.perQueue)
 }
+
+// Listens is listeners, for the tests: q's listeners other than node, and
+// whether node is one.
+func Listens(node string, q Queue, k int) ([]string, bool) {
+	w := listeners(node, q, k)
+	return w.peers, w.listens
+}

@@ -43,10 +43,14 @@ type killRequests struct {
 	pollOnly bool
 	// quiet, when set, says the wake-up stream is let go
 	// (events.Stream.Quiet): no request is heard meanwhile, so the sweep
-	// runs every claimer.QuietAfter instead of every tick.
-	quiet func() bool
-	clock clock.Clock
-	log   *slog.Logger
+	// runs every claimer.QuietAfter instead of every tick while the node
+	// holds a task (holding), there being nothing to kill otherwise: a
+	// node that is no queue's listener (claimer.Config.Listeners) lets
+	// its stream go idle too.
+	quiet   func() bool
+	holding func() bool
+	clock   clock.Clock
+	log     *slog.Logger
 	// handled, when set, is called after each kill carried out (a test
 	// signal).
 	handled func(id bson.ObjectID)
@@ -60,7 +64,7 @@ func (s *killRequests) Start(ctx context.Context) error {
 		} else {
 			var last time.Time
 			run.Every(s.clock, claimer.QuietAfter, func(ctx context.Context) {
-				if s.quiet() || s.clock.Since(last) >= s.tick {
+				if (s.quiet() && s.holding()) || s.clock.Since(last) >= s.tick {
 					last = s.clock.Now()
 					s.sweep(ctx)
 				}

@@ -103,7 +103,7 @@ func New(cfg Config) (*Node, error) {
 	n.kills = &killRequests{node: cfg.Name, store: cfg.Store, kill: n.runner.kill, tick: cfg.Tick,
 		clock: n.clock, log: log.With("component", "kills"), handled: cfg.killHandled}
 	if n.bus != nil {
-		n.kills.events, n.kills.quiet = n.bus, n.stream.IsQuiet
+		n.kills.events, n.kills.quiet, n.kills.holding = n.bus, n.stream.IsQuiet, n.runner.holdsAny
 	}
 	n.strays = &strays{node: cfg.Name, store: cfg.Store, holds: n.runner.holds, claimRunning: cfg.ClaimRunning, fenced: n.live.isFenced, clock: n.clock, log: log}
 	n.reaper = reaper.New(reaper.Config{

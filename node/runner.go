@@ -348,6 +348,13 @@ func (r *runner) holds(id bson.ObjectID) bool {
 	return ok
 }
 
+// holdsAny reports whether the node holds a task.
+func (r *runner) holdsAny() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.held) > 0
+}
+
 // malformed is the claimer's Malformed: fail the task with the reason.
 func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
 	r.handle(q, t, func() []func() {
