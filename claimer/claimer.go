@@ -51,8 +51,8 @@ type Queue struct {
 	CountRunning *int64
 	// Peers names the live other nodes that may serve the queue (their
 	// heartbeats list it; nodes_pin and nodes_ignore let them), in any
-	// order: a wake-up for a new task is staggered among them and this
-	// node (Stagger), and the weights' correction is shared with them
+	// order: the queue's listeners are picked among them and this node
+	// (Listeners), and the weights' correction is shared with them
 	// (nodes).
 	Peers []string
 }
@@ -101,10 +101,10 @@ type Config struct {
 	// pays.
 	Linger time.Duration
 	// Stagger spaces the nodes' answers to the wake-up for one new task
-	// (default DefaultStagger; negative: none). Every node serving the
-	// queue hears it; each ranks itself among the queue's Peers by a hash
-	// of the task's id and the nodes' names, and the node ranked r tries
-	// the queue r x Stagger later (r at most maxStaggerRank). The first
+	// (default DefaultStagger; negative: none). The queue's listeners
+	// (Listeners) hear it; each ranks itself among them by a hash of the
+	// task's id and the nodes' names, and the node ranked r tries the
+	// queue r x Stagger later (r at most maxStaggerRank). The first
 	// with a free slot takes the task alone, where all of them would race
 	// for it: with fifty idle nodes the race cost pickup p50 30 ms and
 	// p99 134 ms. A node ranked last still tries within
@@ -113,16 +113,15 @@ type Config struct {
 	Stagger time.Duration
 	// Listeners is how many of a queue's nodes keep their wake-up stream
 	// for it (default DefaultListeners; negative, or without Quiet: every
-	// node). With more
-	// nodes than that, the ones ranked first by a hash of their names
-	// listen (the same ones for every queue the same nodes serve), and
-	// the rest let their streams go (Config.Quiet hears true while no
-	// queue they serve has them among its listeners) and find work by the
-	// tick and their own finishes: every stream reads every oplog entry,
-	// so fifty listening nodes cost the server fifty reads of every
-	// write, and every new task a claim from each. A wake-up is staggered
-	// among the queue's listeners; a node that hears one for a queue it
-	// does not listen for tries last (maxStaggerRank).
+	// node). With more nodes than that, the ones ranked first by a hash
+	// of their names listen (the same ones for every queue the same nodes
+	// serve), and the rest let their streams go (Config.Quiet hears true
+	// while no queue they serve has them among its listeners) and find
+	// work by the tick and their own finishes: every stream reads every
+	// oplog entry, so fifty listening nodes cost the server fifty reads
+	// of every write, and every new task a claim from each. A node that
+	// hears a wake-up for a queue it does not listen for (it listens for
+	// another) tries after the listeners (maxStaggerRank).
 	Listeners int
 	// StartAtClaim, when it says so for a queue, claims its tasks
 	// straight into running (store.TaskClaimParams.Start): Dispatch then
@@ -699,9 +698,11 @@ func (c *Claimer) stagger() (next time.Duration, ok bool) {
 		if at, ok := c.due[w.queue]; ok && !at.After(now) {
 			continue // already due now: no rank comes sooner (a bulk insert's events stop ranking at the first 0)
 		}
-		r := maxStaggerRank // heard, though not a listener of the queue: after them
-		if wk := c.wakers[w.queue]; wk.listens {
+		r := 0 // a queue not read yet: at once
+		if wk, read := c.wakers[w.queue]; read && wk.listens {
 			r = min(rank(w.task, c.cfg.Node, wk.peers), maxStaggerRank)
+		} else if read {
+			r = maxStaggerRank // heard, though not its listener: after them
 		}
 		at := now.Add(time.Duration(r) * c.cfg.Stagger)
 		if cur, ok := c.due[w.queue]; !ok || at.Before(cur) {

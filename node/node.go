@@ -71,7 +71,7 @@ func New(cfg Config) (*Node, error) {
 	n.queues = &queueSet{node: cfg.Name, label: cfg.Label, store: cfg.Store, plugins: cfg.Plugins, log: log, live: cfg.FenceAfter,
 		active: cfg.ActiveQueues, ignore: cfg.IgnoreQueues, clock: cfg.Clock}
 	ccfg := claimer.Config{
-		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Linger: max(0, cfg.ClaimLinger), Clock: cfg.Clock, Logger: log,
+		Node: cfg.Name, Store: cfg.Store, Tick: cfg.Tick, Batch: cfg.ClaimBatch, Linger: max(0, cfg.ClaimLinger), Listeners: cfg.WakeupListeners, Clock: cfg.Clock, Logger: log,
 		Refresh: n.queues.refresh, Passed: cfg.passed,
 	}
 	if cfg.ClaimRunning {

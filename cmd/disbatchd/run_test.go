@@ -54,6 +54,7 @@ func flagsSet(t *testing.T, args ...string) *cobra.Command {
 	f.Int("supervisor-pool", 0, "")
 	f.Bool("claim-running", true, "")
 	f.Duration("claim-linger", 0, "")
+	f.Int("wakeup-listeners", 0, "")
 	require.NoError(t, f.Parse(args))
 	return cmd
 }
@@ -202,6 +203,9 @@ func TestRunUsageErrors(t *testing.T) {
 		{"--claim-linger", "1s"},
 		{"--claim-linger", "soon"},
 		{"--config", writeConfig(t, `{"claim_linger": "1s"}`)},
+		{"--wakeup-listeners", "-1"},
+		{"--wakeup-listeners", "few"},
+		{"--config", writeConfig(t, `{"wakeup_listeners": -2}`)},
 	} {
 		code, _, stderr := runNoMongo(t, append(nowhere, args...), nil)
 		require.Equal(t, 2, code, "%v: %s", args, stderr)
@@ -280,6 +284,24 @@ func TestClaimRunningSetting(t *testing.T) {
 	s.ClaimRunning = &on
 	require.NoError(t, applyConfigFile(flagsSet(t, "--claim-running"), writeConfig(t, `{"claim_running": false}`), &s, &maxThreads, &external, noEnv))
 	require.True(t, *s.ClaimRunning, "the flag wins")
+}
+
+func TestWakeupListenersSetting(t *testing.T) {
+	var maxThreads string
+	var external []string
+	s := defaults()
+	require.Nil(t, s.WakeupListeners)
+	require.Equal(t, 0, wakeupListeners(s.WakeupListeners), "not given: the claimer's default")
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 0}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, node.EveryNodeListens, wakeupListeners(s.WakeupListeners), "the file's 0: every node")
+	s = defaults()
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 5}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 5, wakeupListeners(s.WakeupListeners))
+	s = defaults()
+	two := 2
+	s.WakeupListeners = &two
+	require.NoError(t, applyConfigFile(flagsSet(t, "--wakeup-listeners", "2"), writeConfig(t, `{"wakeup_listeners": 5}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 2, wakeupListeners(s.WakeupListeners), "the flag wins")
 }
 
 func TestClaimLingerSetting(t *testing.T) {
