@@ -1347,3 +1347,35 @@ func TestAQuietNodeStillHearsKillsAndQueueChanges(t *testing.T) {
 	require.NoError(t, err)
 	b.waitStatus(held, schema.StatusFailed, 3*time.Second)
 }
+
+// TestOnlyAQueuesListenersKeepTheirStreams: with WakeupListeners 1, of
+// two nodes serving a queue one keeps its wake-up stream and the other
+// lets it go with no backlog at all; a task queued while the listener is
+// stopped is run by the other, found by its tick.
+func TestOnlyAQueuesListenersKeepTheirStreams(t *testing.T) {
+	b := setup(t)
+	q := b.queue("q", "test", 2, schema.SortFIFO)
+	var nodes []*Node
+	for _, name := range []string{"n1", "n2"} {
+		cfg := b.config(name)
+		cfg.WakeupListeners = 1
+		nodes = append(nodes, b.start(cfg))
+	}
+	// Each finds the other among the queue's peers once it has read the
+	// other's heartbeat (at most a second old) on a queue read.
+	require.Eventually(t, func() bool { return nodes[0].stream.IsQuiet() != nodes[1].stream.IsQuiet() }, 20*time.Second, 10*time.Millisecond,
+		"one node's stream let go, the other's kept")
+	time.Sleep(time.Second) // a few ticks and queue reads more
+	deaf, listener := nodes[0], nodes[1]
+	if listener.stream.IsQuiet() {
+		deaf, listener = listener, deaf
+	}
+	require.True(t, deaf.stream.IsQuiet(), "still let go")
+	require.False(t, listener.stream.IsQuiet(), "still kept")
+	require.Zero(t, listener.StreamStats().Quiets, "never let go: no backlog, and it listens")
+
+	listener.Stop()
+	id := b.tasks(q, 1, nil)[0]
+	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
+	require.Equal(t, deaf.cfg.Name, b.task(id).Lookup("node").StringValue())
+}
