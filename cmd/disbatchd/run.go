@@ -254,24 +254,10 @@ func run(ctx context.Context, args []string, e env) int {
 		s.ClaimLinger = (*duration)(&d)
 		return nil
 	})
-	f.Func("wakeup-listeners", fmt.Sprintf("how many of a queue's nodes follow a change stream for its new tasks: a queue served by more keeps the streams of the ones ranked first by a hash of their names, and the others find its tasks by their tick (of fifty nodes, one of the 47 others ticks about every 20 ms; of four, the one other every second) and as their own tasks end; every stream reads every write the server makes, so fifty listening nodes cost it fifty reads of each (0: every node listens; default %d)", claimer.DefaultListeners), func(v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return fmt.Errorf("want a count of 0 or more, got %q", v)
-		}
-		s.WakeupListeners = &n
-		return nil
-	})
+	f.Func("wakeup-listeners", fmt.Sprintf("how many of a queue's nodes follow a change stream for its new tasks: a queue served by more keeps the streams of the ones ranked first by a hash of their names, and the others find its tasks by their tick (of fifty nodes, one of the 47 others ticks about every 20 ms; of four, the one other every second) and as their own tasks end; every stream reads every write the server makes, so fifty listening nodes cost it fifty reads of each (0: every node listens; default %d)", claimer.DefaultListeners), countFlag(&s.WakeupListeners))
 	f.BoolVar(&s.Supervise, "supervise", true, "run exec, shell and --plugin tasks each under a supervisor process of its own, so that stopping, killing or upgrading disbatchd leaves them running and its next start (same --node, same --state-dir) adopts them; false: they run inside the node and die with it")
 	f.StringVar(&s.StateDir, "state-dir", "", "where supervisors keep their sockets and results (default $STATE_DIRECTORY/NODE under systemd, else $TMPDIR/disbatchd-UID/NODE); must survive the node's restarts")
-	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), func(v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return fmt.Errorf("want a count of 0 or more, got %q", v)
-		}
-		s.SupervisorPool = &n
-		return nil
-	})
+	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), countFlag(&s.SupervisorPool))
 	f.StringSliceVar(&s.PerlPlugins, "perl-plugin", nil, "run the tasks of this constructor (a Disbatch::Plugin::* Perl plugin) through Disbatch 4.103's task_runner, which marks them running and writes their result as 4.103 does (repeatable or comma-separated; needs --perl-config, whose file task_runner reads, and --node equal to this host's name, which task_runner claims by)")
 	f.StringVar(&s.TaskRunner, "task-runner", "", "4.103's task_runner for --perl-plugin (default: the --perl-config file's task_runner, else /usr/bin/task_runner)")
 	f.BoolVar(&s.QueueBalance, "queue-balance", false, "when this node leads, apply Disbatch 4.103's QueueBalance document (collection balance: caps on groups of queues by day and time) through max_running, every 30 s (4.103's balance.enabled with --perl-config)")
@@ -389,6 +375,18 @@ func checkSettings(s settings) error {
 		return fmt.Errorf("--output-threshold (config key output_threshold) must be a positive number of bytes, got %d", s.OutputThreshold)
 	}
 	return nil
+}
+
+// countFlag parses a flag's count of 0 or more into *dst.
+func countFlag(dst **int) func(string) error {
+	return func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a count of 0 or more, got %q", v)
+		}
+		*dst = &n
+		return nil
+	}
 }
 
 type durationFlag time.Duration
