@@ -111,17 +111,23 @@ type Config struct {
 	// maxStaggerRank x Stagger, so a busy first choice delays a task by
 	// milliseconds, never to the next tick.
 	Stagger time.Duration
-	// Listeners is how many of a queue's nodes keep their wake-up stream
-	// for it (default DefaultListeners; negative, or without Quiet: every
-	// node). With more nodes than that, the ones ranked first by a hash
-	// of their names listen (the same ones for every queue the same nodes
-	// serve), and the rest let their streams go (Config.Quiet hears true
-	// while no queue they serve has them among its listeners) and find
-	// work by the tick and their own finishes: every stream reads every
-	// oplog entry, so fifty listening nodes cost the server fifty reads
-	// of every write, and every new task a claim from each. A node that
-	// hears a wake-up for a queue it does not listen for (it listens for
-	// another) tries after the listeners (maxStaggerRank).
+	// Listeners, when positive, is how many of a queue's nodes keep their
+	// wake-up stream for it (0, or without Quiet: every node). With more
+	// nodes than that, the ones ranked first by a hash of their names
+	// listen (the same ones for every queue the same nodes serve), and
+	// the rest let their streams go (Config.Quiet hears true while no
+	// queue they serve has them among its listeners, none capped and no
+	// two of one priority, as for quiet) and find work by the tick and
+	// their own finishes, reading the queues every QuietAfter while they
+	// hold a task: every stream reads every oplog entry, so fifty
+	// listening nodes cost the server fifty reads of every write, and
+	// every new task a claim from each. A node that hears a wake-up for a
+	// queue it does not listen for (it listens for another) tries after
+	// the listeners (maxStaggerRank). The peers ranked are the queue's
+	// Peers, whose heartbeats list every queue they can read: a node that
+	// cannot run the queue (no plugin for it, --poll-only) may be picked,
+	// so only nodes that serve the same queues, with streams, should
+	// limit their listeners (SuggestedListeners).
 	Listeners int
 	// StartAtClaim, when it says so for a queue, claims its tasks
 	// straight into running (store.TaskClaimParams.Start): Dispatch then
@@ -139,11 +145,12 @@ type Config struct {
 	// free up and a wake-up can tell it nothing; false as soon as one
 	// has not. Queues of one priority share the slots by their running
 	// tasks across the cluster, which the projector's writes to them
-	// tell at once: they keep the wake-ups. Its
-	// change stream may close meanwhile (events.Stream.Quiet), and must
-	// be reopened with a Rescan: the claimer then tries every queue.
-	// While quiet the claimer reads the queues every QuietAfter, as no
-	// change of theirs is heard.
+	// tell at once: they keep the wake-ups. True also, with Listeners,
+	// while the node listens for none of its queues. Its change stream
+	// may close meanwhile (events.Stream.Quiet), and must be reopened
+	// with a Rescan: the claimer then tries every queue. While quiet (or
+	// not a listener and holding a task) the claimer reads the queues
+	// every QuietAfter, as no change of theirs is heard.
 	Quiet func(bool)
 }
 
@@ -164,11 +171,12 @@ const DefaultStagger = 2 * time.Millisecond
 // maxStaggerRank bounds a wake-up's delay to maxStaggerRank x Stagger.
 const maxStaggerRank = 10
 
-// DefaultListeners is the default Config.Listeners: three streams, so
-// that a queue's wake-ups outlast one listener's death (its peers count
-// it live for a FenceAfter), and a new task on a busy listener has two
-// more to go to before the tick.
-const DefaultListeners = 3
+// SuggestedListeners is the Config.Listeners suggested for many nodes
+// that serve the same queues: three streams, so that a queue's wake-ups
+// outlast one listener's death (its peers count it live for a
+// FenceAfter), and a new task on a busy listener has two more to go to
+// before the tick.
+const SuggestedListeners = 3
 
 // listenKey is the "task" whose rank among a queue's nodes picks its
 // listeners (rank, score): one key for every queue, so that nodes that
@@ -269,9 +277,9 @@ type Claimer struct {
 	queues map[bson.ObjectID]Queue
 	order  []bson.ObjectID
 	empty  map[bson.ObjectID]bool // last claim found nothing
-	// backlog: the queue's last claim got every task it asked for; quiet
-	// is what Config.Quiet heard last, quietFrom since when every queue
-	// has had one (zero: not now).
+	// backlog: the queue's last claim got every task it asked for; quiet:
+	// every queue has had one for QuietAfter, quietFrom since when every
+	// queue has had one (zero: not now).
 	backlog   map[bson.ObjectID]bool
 	quiet     bool
 	quietFrom time.Time
@@ -317,11 +325,8 @@ func New(cfg Config) *Claimer {
 	if cfg.Stagger == 0 {
 		cfg.Stagger = DefaultStagger
 	}
-	switch {
-	case cfg.Quiet == nil:
-		cfg.Listeners = -1 // a stream that is never let go hears every wake-up
-	case cfg.Listeners == 0:
-		cfg.Listeners = DefaultListeners
+	if cfg.Quiet == nil {
+		cfg.Listeners = 0 // a stream that is never let go hears every wake-up
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -352,7 +357,7 @@ func (c *Claimer) Start(ctx context.Context) error {
 		c.mu.Unlock()
 		// A new run's stream starts with its wake-ups.
 		c.backlog, c.quiet, c.quietFrom = map[bson.ObjectID]bool{}, false, time.Time{}
-		c.deaf, c.told = false, false
+		c.deaf, c.told, c.wakers = false, false, nil
 		if c.cfg.Events != nil {
 			// Each topic gets its listener as soon as it is subscribed: the
 			// bus blocks a publisher (holding its subscriber lock) until every
@@ -549,10 +554,10 @@ func (c *Claimer) loop(ctx context.Context) {
 		c.mu.Unlock()
 		c.noteQuiet()
 		switch {
-		case c.quiet && !quietArmed:
+		case c.readsQuietly() && !quietArmed:
 			quietTimer.Reset(QuietAfter)
 			quietArmed = true
-		case !c.quiet && quietArmed:
+		case !c.readsQuietly() && quietArmed:
 			quietTimer.Stop()
 			quietArmed = false
 		}
@@ -563,8 +568,9 @@ func (c *Claimer) loop(ctx context.Context) {
 }
 
 // noteQuiet tells Config.Quiet whether every queue has had a backlog
-// for QuietAfter, when that changed (the loop goroutine: after each
-// claim, as one claim may drain a whole backlog, and after each pass).
+// for QuietAfter, or the node listens for none (deaf), when that changed
+// (the loop goroutine: after each claim, as one claim may drain a whole
+// backlog, and after each pass).
 func (c *Claimer) noteQuiet() {
 	if c.cfg.Quiet == nil {
 		return
@@ -581,7 +587,7 @@ func (c *Claimer) noteQuiet() {
 	case !c.quiet && now.Sub(c.quietFrom) >= QuietAfter:
 		c.quiet = true
 	}
-	if tell := c.quiet || c.deaf; tell != c.told {
+	if tell := c.quiet || (c.deaf && c.mayQuiet); tell != c.told {
 		c.told = tell
 		c.cfg.Quiet(tell)
 	}
@@ -595,9 +601,9 @@ type wakers struct {
 }
 
 // listeners picks q's listeners: every node when it has at most k (or k
-// is negative), else the k ranked first for listenKey.
+// is 0), else the k ranked first for listenKey.
 func listeners(node string, q Queue, k int) wakers {
-	if k < 0 || q.nodes() <= k {
+	if k <= 0 || q.nodes() <= k {
 		return wakers{peers: q.Peers, listens: true}
 	}
 	type scored struct {
@@ -624,9 +630,17 @@ func listeners(node string, q Queue, k int) wakers {
 }
 
 // quietReadDue reports whether the queues are to be read again: quiet,
-// and not read for QuietAfter (their changes are not heard meanwhile).
+// or deaf (its stream let go) and holding a task whose end may claim
+// more, and not read for QuietAfter (their changes are not heard
+// meanwhile). A deaf node that holds none claims by its tick, which
+// reads them first.
 func (c *Claimer) quietReadDue() bool {
-	return c.quiet && c.clock.Since(c.readAt) >= QuietAfter
+	return c.readsQuietly() && c.clock.Since(c.readAt) >= QuietAfter
+}
+
+// readsQuietly reports whether the queues are read every QuietAfter.
+func (c *Claimer) readsQuietly() bool {
+	return c.quiet || (c.told && c.slots.total() > 0)
 }
 
 // quietRead reads the queues on a quiet node, where the read stands for

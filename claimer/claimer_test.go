@@ -1127,13 +1127,15 @@ func TestStaggeredWakeUpsAreBoundedAndTheEarliestWins(t *testing.T) {
 	require.Equal(t, ids(q), h.st.take(), "the earlier turn (5 ms) stands, not the later (30 ms)")
 }
 
-// TestOnlyAQueuesFirstListenersKeepTheirWakeUps: with more nodes than
-// Listeners, a node that is none of its queues' listeners lets its
-// stream go (Quiet hears true) with no backlog at all, and wants it back
-// once it listens for one queue; with at most Listeners nodes, every
-// node listens. A listener staggers a wake-up among the listeners alone;
-// a node that hears one for a queue it does not listen for tries after
-// them, at maxStaggerRank (10) x Stagger.
+// TestOnlyAQueuesFirstListenersKeepTheirWakeUps: with Listeners 3 and
+// more nodes than that, a node that is none of its queues' listeners
+// lets its stream go (Quiet hears true) with no backlog at all, and
+// wants it back once it listens for one queue; with at most Listeners
+// nodes every node listens, and queues that keep a quiet node's
+// wake-ups (two of one priority) keep a non-listener's too. A listener
+// staggers a wake-up among the listeners alone; a node that hears one
+// for a queue it does not listen for tries after them, at maxStaggerRank
+// (10) x Stagger. Without Listeners, every node listens.
 func TestOnlyAQueuesFirstListenersKeepTheirWakeUps(t *testing.T) {
 	t.Parallel()
 	// peersWhere finds 12 peers among whom n1 listens for a queue, or not.
@@ -1151,11 +1153,15 @@ func TestOnlyAQueuesFirstListenersKeepTheirWakeUps(t *testing.T) {
 		return claimer.Queue{}
 	}
 	deaf, heard := peersWhere(false), peersWhere(true)
+	heard.Sched.Priority = 10 // two priorities: quiet may let their wake-ups go
 	few := queue("few", 1)
 	few.Peers = []string{"p1", "p2"}
 	peers, ok := claimer.Listens("n1", few, 3)
 	require.True(t, ok, "three nodes: all listen")
 	require.Equal(t, few.Peers, peers)
+	peers, ok = claimer.Listens("n1", deaf, 0)
+	require.True(t, ok, "no limit: all listen")
+	require.Equal(t, deaf.Peers, peers)
 	peers, _ = claimer.Listens("n1", heard, 3)
 	require.Len(t, peers, 2, "n1 and two of its twelve peers")
 	peers, _ = claimer.Listens("n1", deaf, 3)
@@ -1176,7 +1182,7 @@ func TestOnlyAQueuesFirstListenersKeepTheirWakeUps(t *testing.T) {
 	require.NotContains(t, listenersOf(deaf), "n1")
 
 	bus := newBus(t)
-	h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Events = bus; c.Stagger = 5 * time.Millisecond }, deaf)
+	h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Events = bus; c.Stagger = 5 * time.Millisecond; c.Listeners = 3 }, deaf)
 	h.start()
 	h.pass()
 	require.Equal(t, ids(deaf), h.st.take(), "tried by the first pass, as ever")
@@ -1218,8 +1224,8 @@ func TestOnlyAQueuesFirstListenersKeepTheirWakeUps(t *testing.T) {
 	h.pass()
 	require.Equal(t, ids(deaf), h.st.take(), "not its listener, first for the task among all: after the listeners, 10 x 5 ms")
 
-	serve := func(q claimer.Queue) []bool {
-		h.setQueues(q)
+	serve := func(qs ...claimer.Queue) []bool {
+		h.setQueues(qs...)
 		h.c.WakeAll()
 		h.pass()
 		h.st.take()
@@ -1227,6 +1233,56 @@ func TestOnlyAQueuesFirstListenersKeepTheirWakeUps(t *testing.T) {
 	}
 	require.Equal(t, []bool{true, false, true}, serve(deaf), "no queue's listener again")
 	require.Equal(t, []bool{true, false, true, false}, serve(few), "three nodes: every one listens")
+	other := deaf
+	other.ID, other.Name = bson.NewObjectID(), "other"
+	require.Equal(t, []bool{true, false, true, false}, serve(deaf, other), "two queues of one priority keep the wake-ups")
+
+	// Without Listeners, n1 keeps its wake-ups among twelve peers.
+	h2, _, said2 := quietHarness(t, nil, deaf)
+	h2.start()
+	h2.pass()
+	require.Empty(t, said2())
+}
+
+// TestANonListenerReadsTheQueuesEveryQuietAfterWhileItHoldsATask: its
+// stream let go, a node that is no queue's listener hears no queue
+// change; while it holds a task (whose end claims more) it reads the
+// queues every QuietAfter, as a quiet node does, and holding none it
+// claims only by the tick, which reads them first.
+func TestANonListenerReadsTheQueuesEveryQuietAfterWhileItHoldsATask(t *testing.T) {
+	t.Parallel()
+	q := queue("q", 2)
+	for j := range 12 {
+		q.Peers = append(q.Peers, fmt.Sprintf("p%02d", j))
+	}
+	for i := 0; ; i++ {
+		if _, ok := claimer.Listens("n1", q, 3); !ok {
+			break
+		}
+		require.Less(t, i, 1000, "no name makes n1 a non-listener")
+		q.Peers[0] = fmt.Sprintf("x%03d", i)
+	}
+	h, fake, said := quietHarness(t, func(c *claimer.Config) { c.Listeners = 3 }, q)
+	h.start()
+	h.pass() // the queue is empty
+	require.Equal(t, []bool{true}, said())
+	reads := h.refreshes.Load()
+	fake.Advance(3 * claimer.QuietAfter)
+	h.noPass()
+	require.Equal(t, reads, h.refreshes.Load(), "holding nothing: no read before the tick (an hour)")
+
+	// A task arrives; the node claims and holds it.
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		h.st.set(nil) // one task
+		return alwaysTask(ctx, p)
+	})
+	h.c.WakeAll()
+	h.pass()
+	require.Equal(t, 1, h.claimedCount())
+	reads = h.refreshes.Load()
+	fake.Advance(claimer.QuietAfter)
+	h.pass()
+	require.Equal(t, reads+1, h.refreshes.Load(), "holding a task: read again after QuietAfter")
 }
 
 // TestAnAdmissionsOnlyChangeWakesTheQueueWithoutAReread: a release (or a

@@ -20,16 +20,16 @@
 // only a queue's admissions under max_running (a release, a capped claim)
 // wakes the queue and reads nothing again: its settings stand.
 //
-// A queue's listeners hear of each new task: every node serving it, up to
-// Config.Listeners (3); with more, the three ranked first by a hash of
-// their names, the others letting their streams go (Config.Quiet) and
-// finding work by the tick. So that the listeners do not all race for
-// a task, each ranks itself among them for that task (rendezvous hashing
-// on the task's id and the nodes' names) and tries rank x Config.Stagger
-// later, 2 ms a rank: the first with a free slot takes it alone. A
-// backlog is shared out the same way: a node's batched claim reads a
-// batch per node serving the queue (as far as store.MaxClaimBatch
-// candidates) and takes first the tasks it
+// A queue's listeners hear of each new task: every node serving it, or
+// with Config.Listeners (disbatchd's --wakeup-listeners) the few ranked
+// first by a hash of their names, the others letting their streams go
+// (Config.Quiet) and finding work by the tick. So that the listeners do
+// not all race for a task, each ranks itself among them for that task
+// (rendezvous hashing on the task's id and the nodes' names) and tries
+// rank x Config.Stagger later, 2 ms a rank: the first with a free slot
+// takes it alone. A backlog is shared out the same way: a node's batched
+// claim reads a batch per node serving the queue (as far as
+// store.MaxClaimBatch candidates) and takes first the tasks it
 // ranks first for (Prefer), so that nodes claiming at once seldom try
 // for the same tasks; the queue's order is loosened within that read.
 // Not for capped queues (their claims are transactions) nor queues

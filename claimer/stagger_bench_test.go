@@ -17,6 +17,7 @@ func BenchmarkStaggerBulkInsert(b *testing.B) {
 	}
 	c := New(Config{Node: "node-me"})
 	c.queues[q] = Queue{ID: q, Peers: peers}
+	c.wakers = map[bson.ObjectID]wakers{q: listeners("node-me", c.queues[q], c.cfg.Listeners)} // as a read sets them
 	c.dirty = map[bson.ObjectID]bool{}
 	tasks := make([]newTask, 1000)
 	for i := range tasks {

@@ -28,8 +28,6 @@ const (
 	DefaultClaimLinger = time.Millisecond
 	// NoClaimLinger is a ClaimLinger of none: claims never wait.
 	NoClaimLinger time.Duration = -1
-	// EveryNodeListens is a WakeupListeners of no limit.
-	EveryNodeListens = -1
 	// FenceMargin is the least time between a silent node fencing itself
 	// and the other nodes declaring it dead: killing its plugins takes
 	// milliseconds, and the rest covers a failover to a primary whose
@@ -74,9 +72,8 @@ type Config struct {
 	// (claimer.Config.Linger; 0: DefaultClaimLinger, NoClaimLinger: none;
 	// at most claimer.MaxLinger).
 	ClaimLinger time.Duration
-	// WakeupListeners is how many of a queue's nodes keep a wake-up
-	// stream for it (claimer.Config.Listeners; 0: claimer.DefaultListeners,
-	// EveryNodeListens: no limit).
+	// WakeupListeners, when positive, is how many of a queue's nodes keep
+	// a wake-up stream for it (claimer.Config.Listeners; 0: every node).
 	WakeupListeners int
 	// ClaimRunning claims tasks straight into running (seed 004's "status
 	// 0 if immediately processed"): one write per task fewer (the start),

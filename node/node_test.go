@@ -1350,10 +1350,12 @@ func TestAQuietNodeStillHearsKillsAndQueueChanges(t *testing.T) {
 
 // TestOnlyAQueuesListenersKeepTheirStreams: with WakeupListeners 1, of
 // two nodes serving a queue one keeps its wake-up stream and the other
-// lets it go with no backlog at all; a task queued while the listener is
-// stopped is run by the other, found by its tick.
+// lets it go with no backlog at all; tasks queued meanwhile are run by
+// both, the other finding them by its tick and its own tasks' ends, its
+// stream let go throughout.
 func TestOnlyAQueuesListenersKeepTheirStreams(t *testing.T) {
 	b := setup(t)
+	b.rec.sleep = 50 * time.Millisecond
 	q := b.queue("q", "test", 2, schema.SortFIFO)
 	var nodes []*Node
 	for _, name := range []string{"n1", "n2"} {
@@ -1373,9 +1375,21 @@ func TestOnlyAQueuesListenersKeepTheirStreams(t *testing.T) {
 	require.True(t, deaf.stream.IsQuiet(), "still let go")
 	require.False(t, listener.stream.IsQuiet(), "still kept")
 	require.Zero(t, listener.StreamStats().Quiets, "never let go: no backlog, and it listens")
+	spells := deaf.StreamStats().Quiets
 
-	listener.Stop()
-	id := b.tasks(q, 1, nil)[0]
-	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
-	require.Equal(t, deaf.cfg.Name, b.task(id).Lookup("node").StringValue())
+	ids := b.tasks(q, 40, nil)
+	b.waitDone(bson.D{{Key: "queue", Value: q}}, 40, 30*time.Second)
+	ran := map[string]int{}
+	for _, id := range ids {
+		ran[b.task(id).Lookup("node").StringValue()]++
+	}
+	require.Positive(t, ran[deaf.cfg.Name], "the node without a stream ran some: %v", ran)
+	require.Positive(t, ran[listener.cfg.Name], "%v", ran)
+	require.True(t, deaf.stream.IsQuiet(), "its stream still let go")
+	require.Equal(t, spells, deaf.StreamStats().Quiets, "never reopened")
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	for _, id := range ids {
+		require.Len(t, b.rec.runs[id], 1, "task %s", id.Hex())
+	}
 }

@@ -88,6 +88,8 @@ type config struct {
 	// ScaleoutPollOnly runs the processes without wake-up streams, to
 	// tell what the streams cost.
 	ScaleoutPollOnly bool
+	// ScaleoutListeners is each process's WakeupListeners (0: every node).
+	ScaleoutListeners int
 	// NodeMemProf: the RSS node process writes a heap profile there.
 	NodeMemProf string
 
@@ -392,6 +394,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.IntVar(&c.ScaleoutThreads, "scaleout-maxthreads", defaults.ScaleoutThreads, "scaleout: maxthreads of each node process")
 	fs.IntVar(&c.ScaleoutTasks, "scaleout-tasks", defaults.ScaleoutTasks, "scaleout: tasks queued for each row's drain (quick: "+strconv.Itoa(quickDefaults.ScaleoutTasks)+")")
 	fs.IntVar(&c.ScaleoutPickups, "scaleout-pickups", defaults.ScaleoutPickups, "scaleout: tasks inserted one at a time after each drain, with every node process idle, for the pickup (quick: "+strconv.Itoa(quickDefaults.ScaleoutPickups)+")")
+	fs.IntVar(&c.ScaleoutListeners, "scaleout-listeners", claimer.SuggestedListeners, "scaleout: how many of the queue's node processes keep a wake-up stream (disbatchd's --wakeup-listeners; 0: every one)")
 	fs.BoolVar(&c.ScaleoutPollOnly, "scaleout-poll-only", false, "scaleout: the node processes open no wake-up change streams (the 1 s tick and their own finishes find work), to compare")
 	fs.IntVar(&c.OplogMiB, "oplog-mib", defaults.OplogMiB, "the started mongod's --oplogSize in MiB")
 	fs.BoolVar(&c.River, "river", false, "also measure River on PostgreSQL (the peer group: go run in --river-dir, which needs Debian's postgresql package and the Go module proxy) right after the pickup group, and compare pickups")
@@ -488,6 +491,9 @@ func (c *config) validate() error {
 	positive("scaleout-maxthreads", c.ScaleoutThreads)
 	positive("scaleout-tasks", c.ScaleoutTasks)
 	positive("scaleout-pickups", c.ScaleoutPickups)
+	if c.ScaleoutListeners < 0 {
+		errs = append(errs, fmt.Errorf("--scaleout-listeners must be 0 (every process) or more, got %d", c.ScaleoutListeners))
+	}
 	positive("oplog-mib", c.OplogMiB)
 	positive("web-queue-count", c.WebQueues)
 	positive("dash-queues", c.DashQueues)

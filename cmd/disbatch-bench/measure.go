@@ -149,7 +149,7 @@ func counts(cfg config) []Count {
 	add(groupScale, "tasks drained by the node per backlog", cfg.ScaleDrain)
 	add(groupScale, "node process RSS sampled for", cfg.RSSDuration.String())
 	add(groupScaleout, "node processes per row", joinInts(cfg.ScaleoutNodes))
-	add(groupScaleout, "each", fmt.Sprintf("this program's node subcommand, maxthreads %d, its own client and Go runtime; the queue paused until every one is ready", cfg.ScaleoutThreads))
+	add(groupScaleout, "each", fmt.Sprintf("this program's node subcommand, maxthreads %d, its own client and Go runtime; the queue paused until every one is ready; wake-up listeners %s", cfg.ScaleoutThreads, listenersSaid(cfg.ScaleoutListeners)))
 	add(groupScaleout, "tasks drained per row", cfg.ScaleoutTasks)
 	add(groupScaleout, "pickups per row", fmt.Sprintf("%d, one every %s, every process idle", cfg.ScaleoutPickups, scaleoutPickupGap))
 	add(groupWebQueues, "queues, tasks", fmt.Sprintf("%d queues, %d tasks spread evenly, inserted raw (InsertMany of %d, %d at once, majority)", cfg.WebQueues, cfg.WebTasks, webQueuesInsertBatch, webQueuesInsertParallel))
@@ -175,4 +175,12 @@ func counts(cfg config) []Count {
 	add(groupScheduling, "max_running", fmt.Sprintf("%d no-op tasks queued beforehand in one queue, drained by %d in-process nodes (maxthreads %d each): no max_running, %d, %d; every status change replayed from a change stream (projected to id and status) until a write made after the nodes stopped; drain timeout %s", cfg.SchedTasks, schedCapNodes, cfg.MaxThreads, 2*schedCapNodes*cfg.MaxThreads, max(1, cfg.MaxThreads/4), cfg.DrainTimeout))
 	add(groupWebSubmit, "tasks per submit, submits each way", fmt.Sprintf("%d, %d (after 1 of each not counted), alternating, into one queue", cfg.SubmitTasks, cfg.SubmitRepeats))
 	return out
+}
+
+// listenersSaid says a WakeupListeners setting.
+func listenersSaid(n int) string {
+	if n <= 0 {
+		return "every process"
+	}
+	return fmt.Sprintf("%d per queue (--scaleout-listeners)", n)
 }

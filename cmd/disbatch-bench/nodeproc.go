@@ -73,6 +73,7 @@ func runNodeProcess(args []string) int {
 	runsFile := fs.String("runs", "", "write the id of every task the plugin ran to `FILE`, one per line, once stopped")
 	preImagesIdle := fs.Duration("pre-images-idle", 0, "node Config.PreImagesIdle")
 	pollOnly := fs.Bool("poll-only", false, "no wake-up change streams: the tick and finishes alone find work")
+	listeners := fs.Int("wakeup-listeners", 0, "node Config.WakeupListeners (0: every node)")
 	verbose := fs.Bool("verbose", false, "info logs")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -118,6 +119,7 @@ func runNodeProcess(args []string) int {
 			runsMu.Unlock()
 		}),
 		MaxThreads: maxThreads, ClaimBatch: *claimBatch, ClaimLinger: nodeLinger(*claimLinger), Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly, PreImagesIdle: *preImagesIdle,
+		WakeupListeners: *listeners,
 	})
 	if err != nil {
 		return fail(err)

@@ -131,7 +131,8 @@ func (e *env) scaleoutRow(ctx context.Context, k int) (ScaleoutRow, error) {
 	defer os.RemoveAll(dir)
 	started := time.Now()
 	g, err := e.startProcs(ctx, db, q, k, "bench-out", e.cfg.ScaleoutThreads, func(i int) []string {
-		return []string{"--runs", filepath.Join(dir, strconv.Itoa(i)), "--poll-only=" + strconv.FormatBool(e.cfg.ScaleoutPollOnly)}
+		return []string{"--runs", filepath.Join(dir, strconv.Itoa(i)), "--poll-only=" + strconv.FormatBool(e.cfg.ScaleoutPollOnly),
+			"--wakeup-listeners", strconv.Itoa(e.cfg.ScaleoutListeners)}
 	})
 	defer g.stop()
 	if err != nil {

@@ -66,9 +66,8 @@ type settings struct {
 	// ClaimLinger is --claim-linger (nil: node.DefaultClaimLinger); a
 	// pointer, so that the file's "0s" turns it off.
 	ClaimLinger *duration `json:"claim_linger"`
-	// WakeupListeners is --wakeup-listeners (nil: claimer.DefaultListeners);
-	// a pointer, so that the file's 0 means every node.
-	WakeupListeners *int   `json:"wakeup_listeners"`
+	// WakeupListeners is --wakeup-listeners (0: every node).
+	WakeupListeners int    `json:"wakeup_listeners"`
 	NoProjector     bool   `json:"no_projector"`
 	OutputThreshold int    `json:"output_threshold"`
 	LogFormat       string `json:"log_format"`
@@ -254,10 +253,17 @@ func run(ctx context.Context, args []string, e env) int {
 		s.ClaimLinger = (*duration)(&d)
 		return nil
 	})
-	f.Func("wakeup-listeners", fmt.Sprintf("how many of a queue's nodes follow a change stream for its new tasks: a queue served by more keeps the streams of the ones ranked first by a hash of their names, and the others find its tasks by their tick (of fifty nodes, one of the 47 others ticks about every 20 ms; of four, the one other every second) and as their own tasks end; every stream reads every write the server makes, so fifty listening nodes cost it fifty reads of each (0: every node listens; default %d)", claimer.DefaultListeners), countFlag(&s.WakeupListeners))
+	f.IntVar(&s.WakeupListeners, "wakeup-listeners", 0, fmt.Sprintf("how many of a queue's nodes follow a change stream for its new tasks (0: every node): a queue served by more keeps the streams of the ones ranked first by a hash of their names, and the others find its tasks by their tick (of fifty nodes, one of the 47 others ticks about every 20 ms; of four, the one other every second) and as their own tasks end; every stream reads every write the server makes, so fifty listening nodes cost it fifty reads of each. For many nodes that all serve the same queues and follow streams (%d suggested): every live node whose heartbeat lists a queue may be picked, even one without its plugin or with --poll-only, and the others then wait for ticks", claimer.SuggestedListeners))
 	f.BoolVar(&s.Supervise, "supervise", true, "run exec, shell and --plugin tasks each under a supervisor process of its own, so that stopping, killing or upgrading disbatchd leaves them running and its next start (same --node, same --state-dir) adopts them; false: they run inside the node and die with it")
 	f.StringVar(&s.StateDir, "state-dir", "", "where supervisors keep their sockets and results (default $STATE_DIRECTORY/NODE under systemd, else $TMPDIR/disbatchd-UID/NODE); must survive the node's restarts")
-	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), countFlag(&s.SupervisorPool))
+	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a count of 0 or more, got %q", v)
+		}
+		s.SupervisorPool = &n
+		return nil
+	})
 	f.StringSliceVar(&s.PerlPlugins, "perl-plugin", nil, "run the tasks of this constructor (a Disbatch::Plugin::* Perl plugin) through Disbatch 4.103's task_runner, which marks them running and writes their result as 4.103 does (repeatable or comma-separated; needs --perl-config, whose file task_runner reads, and --node equal to this host's name, which task_runner claims by)")
 	f.StringVar(&s.TaskRunner, "task-runner", "", "4.103's task_runner for --perl-plugin (default: the --perl-config file's task_runner, else /usr/bin/task_runner)")
 	f.BoolVar(&s.QueueBalance, "queue-balance", false, "when this node leads, apply Disbatch 4.103's QueueBalance document (collection balance: caps on groups of queues by day and time) through max_running, every 30 s (4.103's balance.enabled with --perl-config)")
@@ -368,25 +374,13 @@ func checkSettings(s settings) error {
 	if s.ClaimLinger != nil && (*s.ClaimLinger < 0 || time.Duration(*s.ClaimLinger) > claimer.MaxLinger) {
 		return fmt.Errorf("--claim-linger (config key claim_linger) must be 0 to %v, got %s", claimer.MaxLinger, time.Duration(*s.ClaimLinger))
 	}
-	if s.WakeupListeners != nil && *s.WakeupListeners < 0 {
-		return fmt.Errorf("--wakeup-listeners (config key wakeup_listeners) must be 0 (every node) or more, got %d", *s.WakeupListeners)
+	if s.WakeupListeners < 0 {
+		return fmt.Errorf("--wakeup-listeners (config key wakeup_listeners) must be 0 (every node) or more, got %d", s.WakeupListeners)
 	}
 	if s.OutputThreshold <= 0 && s.OutputThreshold != store.OutputAlways {
 		return fmt.Errorf("--output-threshold (config key output_threshold) must be a positive number of bytes, got %d", s.OutputThreshold)
 	}
 	return nil
-}
-
-// countFlag parses a flag's count of 0 or more into *dst.
-func countFlag(dst **int) func(string) error {
-	return func(v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return fmt.Errorf("want a count of 0 or more, got %q", v)
-		}
-		*dst = &n
-		return nil
-	}
 }
 
 type durationFlag time.Duration
@@ -472,7 +466,7 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	if file.ClaimLinger != nil && unset("claim-linger", "") {
 		s.ClaimLinger = file.ClaimLinger
 	}
-	if file.WakeupListeners != nil && unset("wakeup-listeners", "") {
+	if file.WakeupListeners != 0 && unset("wakeup-listeners", "") {
 		s.WakeupListeners = file.WakeupListeners
 	}
 	if file.PollOnly && unset("poll-only", "") {
@@ -613,7 +607,7 @@ func serve(ctx context.Context, s settings, reg *plugin.Registry, log *slog.Logg
 		Tick: time.Duration(s.Tick), Grace: grace(time.Duration(s.Grace)), PluginTimeout: time.Duration(s.PluginTimeout),
 		OrphanAfter: time.Duration(s.OrphanAfter), NoProjector: s.NoProjector || s.PollOnly, Logger: log,
 		Heartbeat: time.Duration(s.Heartbeat), FenceAfter: time.Duration(s.FenceAfter), DeadAfter: time.Duration(s.DeadAfter),
-		Observer: obs, Supervise: launcher, ClaimRunning: s.ClaimRunning == nil || *s.ClaimRunning, ClaimLinger: claimLinger(s.ClaimLinger), WakeupListeners: wakeupListeners(s.WakeupListeners), PreImagesIdle: time.Duration(s.PreImagesIdle),
+		Observer: obs, Supervise: launcher, ClaimRunning: s.ClaimRunning == nil || *s.ClaimRunning, ClaimLinger: claimLinger(s.ClaimLinger), WakeupListeners: s.WakeupListeners, PreImagesIdle: time.Duration(s.PreImagesIdle),
 		SuperviseMongo: supervisor.Mongo{URI: s.MongoURI, Database: s.Database, OutputThreshold: s.OutputThreshold},
 	})
 	if err != nil {
@@ -699,18 +693,6 @@ func grace(d time.Duration) time.Duration {
 func isExecutable(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
-}
-
-// wakeupListeners is the node's WakeupListeners for the setting: the
-// default when not given, no limit for 0.
-func wakeupListeners(n *int) int {
-	switch {
-	case n == nil:
-		return 0
-	case *n == 0:
-		return node.EveryNodeListens
-	}
-	return *n
 }
 
 // claimLinger is the node's ClaimLinger for the setting: the default when

@@ -290,18 +290,17 @@ func TestWakeupListenersSetting(t *testing.T) {
 	var maxThreads string
 	var external []string
 	s := defaults()
-	require.Nil(t, s.WakeupListeners)
-	require.Equal(t, 0, wakeupListeners(s.WakeupListeners), "not given: the claimer's default")
-	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 0}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, node.EveryNodeListens, wakeupListeners(s.WakeupListeners), "the file's 0: every node")
+	require.Zero(t, s.WakeupListeners, "not given: every node")
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 3}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 3, s.WakeupListeners)
 	s = defaults()
-	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 5}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 5, wakeupListeners(s.WakeupListeners))
-	s = defaults()
-	two := 2
-	s.WakeupListeners = &two
+	s.WakeupListeners = 2
 	require.NoError(t, applyConfigFile(flagsSet(t, "--wakeup-listeners", "2"), writeConfig(t, `{"wakeup_listeners": 5}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 2, wakeupListeners(s.WakeupListeners), "the flag wins")
+	require.Equal(t, 2, s.WakeupListeners, "the flag wins")
+	s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(10*time.Second), duration(30*time.Second)
+	require.NoError(t, checkSettings(s))
+	s.WakeupListeners = -1
+	require.ErrorContains(t, checkSettings(s), "wakeup_listeners", "a file's negative count")
 }
 
 func TestClaimLingerSetting(t *testing.T) {
