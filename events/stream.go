@@ -84,8 +84,9 @@ func (s *Stream) IsQuiet() bool { return s.quiet.Load() }
 // database, matching or not, and a node draining a backlog in every queue
 // it serves claims as its slots free up, so what it would hear is worth
 // nothing to it (nor to one that is none of its queues' listeners, with
-// claimer.Config.Listeners: it finds work by its tick). When wake-ups are needed again the stream reopens at the
-// present and publishes a Rescan (Quiet: true): its subscribers re-read
+// claimer.Config.Listeners: it finds work by its tick). When wake-ups
+// are needed again the stream reopens at the present and publishes a
+// Rescan (Quiet: true): its subscribers re-read
 // the database for what it did not hear. Kill requests made meanwhile
 // reach the node by its kill sweep.
 func (s *Stream) Quiet(on bool) {

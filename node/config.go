@@ -205,6 +205,9 @@ func (c *Config) Validate() error {
 	case c.ClaimLinger > claimer.MaxLinger:
 		errs = append(errs, fmt.Errorf("claim linger must be at most %v, got %v", claimer.MaxLinger, c.ClaimLinger))
 	}
+	if c.WakeupListeners < 0 {
+		errs = append(errs, fmt.Errorf("wake-up listeners must be 0 (every node) or more, got %d", c.WakeupListeners))
+	}
 	if c.PluginTimeout < 0 || c.OrphanAfter < 0 {
 		errs = append(errs, errors.New("plugin timeout and orphan-after must not be negative"))
 	}

@@ -31,3 +31,13 @@ func TestClaimLingerDefaultsAndNone(t *testing.T) {
 	c = node.Config{ClaimLinger: claimer.MaxLinger}
 	require.NotContains(t, c.Validate().Error(), "claim linger")
 }
+
+func TestWakeupListenersAreACountOrZero(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{0, 1, 3} {
+		c := node.Config{WakeupListeners: n}
+		require.NotContains(t, c.Validate().Error(), "wake-up listeners", "%d", n)
+	}
+	c := node.Config{WakeupListeners: -1}
+	require.ErrorContains(t, c.Validate(), "wake-up listeners must be 0 (every node) or more")
+}
