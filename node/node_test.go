@@ -1375,6 +1375,10 @@ func TestOnlyAQueuesListenersKeepTheirStreams(t *testing.T) {
 	require.True(t, deaf.stream.IsQuiet(), "still let go")
 	require.False(t, listener.stream.IsQuiet(), "still kept")
 	require.Zero(t, listener.StreamStats().Quiets, "never let go: no backlog, and it listens")
+	// The spell is counted once the stream's reader has let its cursor
+	// go, after the getMore it was waiting on returns (IsQuiet turns at
+	// once).
+	require.Eventually(t, func() bool { return deaf.StreamStats().Quiets > 0 }, 20*time.Second, 10*time.Millisecond, "its stream let go")
 	spells := deaf.StreamStats().Quiets
 
 	ids := b.tasks(q, 40, nil)
