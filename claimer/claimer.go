@@ -49,12 +49,19 @@ type Queue struct {
 	// in -1/0, a projection), nil when unknown: weights compare
 	// cluster-wide shares with it.
 	CountRunning *int64
-	// Peers names the live other nodes that may serve the queue (their
-	// heartbeats list it; nodes_pin and nodes_ignore let them), in any
+	// Peers names the live other nodes that serve the queue (their
+	// heartbeats say so; nodes_pin and nodes_ignore let them), in any
 	// order: the queue's listeners are picked among them and this node
 	// (Listeners), and the weights' correction is shared with them
 	// (nodes).
 	Peers []string
+	// Deaf names the Peers without a wake-up stream (--poll-only): they
+	// are never picked to listen. Full names the nodes, this one too,
+	// whose slots for the queue were all taken at their last heartbeat:
+	// picked to listen only after the others. Every node ranks every
+	// node by its heartbeat, its own included, so that they pick the same
+	// listeners (up to a heartbeat's age).
+	Deaf, Full []string
 }
 
 // nodes is how many live nodes serve q, this one included. Every node
@@ -123,11 +130,8 @@ type Config struct {
 	// listening nodes cost the server fifty reads of every write, and
 	// every new task a claim from each. A node that hears a wake-up for a
 	// queue it does not listen for (it listens for another) tries after
-	// the listeners (maxStaggerRank). The peers ranked are the queue's
-	// Peers, whose heartbeats list every queue they can read: a node that
-	// cannot run the queue (no plugin for it, --poll-only) may be picked,
-	// so only nodes that serve the same queues, with streams, should
-	// limit their listeners (SuggestedListeners).
+	// the listeners (maxStaggerRank). The nodes ranked are this one and
+	// the queue's Peers but its Deaf (SuggestedListeners).
 	Listeners int
 	// StartAtClaim, when it says so for a queue, claims its tasks
 	// straight into running (store.TaskClaimParams.Start): Dispatch then
@@ -171,11 +175,12 @@ const DefaultStagger = 2 * time.Millisecond
 // maxStaggerRank bounds a wake-up's delay to maxStaggerRank x Stagger.
 const maxStaggerRank = 10
 
-// SuggestedListeners is the Config.Listeners suggested for many nodes
-// that serve the same queues: three streams, so that a queue's wake-ups
-// outlast one listener's death (its peers count it live for a
-// FenceAfter), and a new task on a busy listener has two more to go to
-// before the tick.
+// SuggestedListeners is the Config.Listeners suggested (disbatchd's
+// default): three streams, so that a queue's wake-ups outlast one
+// listener's death (its peers count it live for a FenceAfter), and a new
+// task on a busy listener has two more to go to before the tick. A
+// listener whose heartbeat says it has no free slot for the queue is
+// passed over (Queue.Deaf) within a heartbeat or two.
 const SuggestedListeners = 3
 
 // listenKey is the "task" whose rank among a queue's nodes picks its
@@ -600,22 +605,38 @@ type wakers struct {
 	listens bool
 }
 
-// listeners picks q's listeners: every node when it has at most k (or k
-// is 0), else the k ranked first for listenKey.
+// listeners picks q's listeners among the nodes that have a stream:
+// every one when they are at most k (or k is 0), else the k ranked first
+// for listenKey, the Full ones after the others (so that while all are
+// full the same k listen). A wake-up is staggered among the listeners
+// alone: a node without a stream never hears one.
 func listeners(node string, q Queue, k int) wakers {
-	if k <= 0 || q.nodes() <= k {
-		return wakers{peers: q.Peers, listens: true}
+	if k <= 0 || q.nodes()-len(q.Deaf) <= k {
+		peers := q.Peers
+		if len(q.Deaf) > 0 {
+			peers = slices.DeleteFunc(slices.Clone(peers), func(n string) bool { return slices.Contains(q.Deaf, n) })
+		}
+		return wakers{peers: peers, listens: true}
 	}
 	type scored struct {
 		name  string
+		full  bool
 		score uint64
 	}
 	all := make([]scored, 0, q.nodes())
-	all = append(all, scored{node, score(listenKey, node)})
+	all = append(all, scored{node, slices.Contains(q.Full, node), score(listenKey, node)})
 	for _, n := range q.Peers {
-		all = append(all, scored{n, score(listenKey, n)})
+		if !slices.Contains(q.Deaf, n) {
+			all = append(all, scored{n, slices.Contains(q.Full, n), score(listenKey, n)})
+		}
 	}
-	slices.SortFunc(all, func(a, b scored) int { // before's order
+	slices.SortFunc(all, func(a, b scored) int { // before's order, the full last
+		switch {
+		case a.full && !b.full:
+			return 1
+		case b.full && !a.full:
+			return -1
+		}
 		return cmp.Or(cmp.Compare(a.score, b.score), strings.Compare(a.name, b.name))
 	})
 	w := wakers{peers: make([]string, 0, k)}

@@ -1127,6 +1127,91 @@ func TestStaggeredWakeUpsAreBoundedAndTheEarliestWins(t *testing.T) {
 	require.Equal(t, ids(q), h.st.take(), "the earlier turn (5 ms) stands, not the later (30 ms)")
 }
 
+// TestNodesWithoutAStreamNeverListenAndFullOnesListenLast: a queue's Deaf
+// peers (no wake-up stream) are skipped when its listeners are picked, so
+// the nodes ranked after them listen, and they count for nothing in a
+// wake-up's stagger; they remain peers (the weights' shares). Full peers
+// (no free slot at their last heartbeat), and this node when full, rank
+// after the others, so that while every node is full the same three
+// listen.
+func TestNodesWithoutAStreamNeverListenAndFullOnesListenLast(t *testing.T) {
+	t.Parallel()
+	q := queue("q", 1)
+	for j := range 12 {
+		q.Peers = append(q.Peers, fmt.Sprintf("p%02d", j))
+	}
+	first, ok := claimer.Listens("n1", q, 3)
+	require.False(t, ok, "these names rank n1 after three of its peers")
+	require.Len(t, first, 3)
+	q.Deaf = first[:2]
+	then, _ := claimer.Listens("n1", q, 3)
+	require.Len(t, then, 3, "two nodes fewer to rank, still three listeners")
+	require.NotContains(t, then, first[0])
+	require.NotContains(t, then, first[1])
+	require.Contains(t, then, first[2], "the one with a stream still listens")
+
+	q.Deaf, q.Full = nil, first[:1]
+	then, ok = claimer.Listens("n1", q, 3)
+	require.False(t, ok)
+	require.Equal(t, first[1:], then[:2], "the full one steps back")
+	require.NotContains(t, then, first[0])
+	q.Full = q.Peers
+	_, ok = claimer.Listens("n1", q, 3)
+	require.True(t, ok, "every peer full and n1 not: n1 listens")
+	q.Full = append(slices.Clone(q.Peers), "n1")
+	then, ok = claimer.Listens("n1", q, 3)
+	require.False(t, ok, "all full: the order by hash stands")
+	require.Equal(t, first, then)
+
+	few := queue("few", 1)
+	few.Peers, few.Deaf = []string{"p1", "p2", "p3", "p4"}, []string{"p2", "p4"}
+	peers, ok := claimer.Listens("n1", few, 3)
+	require.True(t, ok, "three nodes with streams: all listen")
+	require.Equal(t, []string{"p1", "p3"}, peers, "the stagger ranks the nodes that hear wake-ups")
+	peers, ok = claimer.Listens("n1", few, 0)
+	require.True(t, ok)
+	require.Equal(t, []string{"p1", "p3"}, peers, "without a limit too")
+	require.Equal(t, []string{"p1", "p2", "p3", "p4"}, few.Peers, "the queue's peers are left as they are")
+}
+
+// TestAListenerThatFillsUpStepsBack: a node that listens for a queue only
+// because a peer ranked before it is full lets its stream go once its own
+// heartbeat says it is full too, and wants it back once it says a slot
+// is free, each seen at its next read of the queues.
+func TestAListenerThatFillsUpStepsBack(t *testing.T) {
+	t.Parallel()
+	var q claimer.Queue
+	for i := 0; q.Full == nil; i++ { // peers among whom n1 ranks fourth
+		require.Less(t, i, 1000, "no name set of 1,000 ranks n1 fourth")
+		q = queue("q", 1)
+		for j := range 12 {
+			q.Peers = append(q.Peers, fmt.Sprintf("p%d-%02d", i, j))
+		}
+		first, ok := claimer.Listens("n1", q, 3)
+		q.Full = first[:1]
+		if _, now := claimer.Listens("n1", q, 3); ok || !now {
+			q.Full = nil
+		}
+	}
+	full := q
+	full.Full = append(slices.Clone(q.Full), "n1")
+	_, ok := claimer.Listens("n1", full, 3)
+	require.False(t, ok, "full itself: after the three")
+
+	h, _, said := quietHarness(t, func(c *claimer.Config) { c.Listeners = 3 }, q)
+	h.start()
+	h.pass()
+	require.Empty(t, said(), "a listener at its read")
+	h.setQueues(full)
+	h.c.WakeAll()
+	h.pass()
+	require.Equal(t, []bool{true}, said(), "full at the next read: the stream let go")
+	h.setQueues(q)
+	h.c.WakeAll()
+	h.pass()
+	require.Equal(t, []bool{true, false}, said(), "a free slot again: a listener again")
+}
+
 // TestOnlyAQueuesFirstListenersKeepTheirWakeUps: with Listeners 3 and
 // more nodes than that, a node that is none of its queues' listeners
 // lets its stream go (Quiet hears true) with no backlog at all, and

@@ -55,11 +55,14 @@ type livenessConfig struct {
 	Name       string
 	Store      heartbeatStore
 	MaxThreads *int // the node's own cap (--maxthreads)
-	Heartbeat  time.Duration
-	FenceAfter time.Duration
-	DeadAfter  time.Duration
-	beatFault  func(ctx context.Context) error // test signal: a heartbeat (its write's ctx) fails with this error when non-nil
-	beaten     func()                          // test signal: a heartbeat was acknowledged
+	// WakeupStream: the node follows a change stream for new tasks (not
+	// --poll-only); its heartbeat says so (schema.NodeWakeupStream).
+	WakeupStream bool
+	Heartbeat    time.Duration
+	FenceAfter   time.Duration
+	DeadAfter    time.Duration
+	beatFault    func(ctx context.Context) error // test signal: a heartbeat (its write's ctx) fails with this error when non-nil
+	beaten       func()                          // test signal: a heartbeat was acknowledged
 }
 
 // heartbeatStore writes the node document.
@@ -69,8 +72,9 @@ type heartbeatStore interface {
 
 // livenessTarget is what liveness acts on: the rest of the node.
 type livenessTarget interface {
-	// heartbeatQueues returns the heartbeat's queues[] entries.
-	heartbeatQueues() []schema.NodeQueue
+	// heartbeatQueues returns the heartbeat's queues[] entries and the
+	// ids of the queues served (schema.NodeServes).
+	heartbeatQueues() (queues []schema.NodeQueue, serves []string)
 	// fence stops claiming and kills the running tasks; rejoin undoes it.
 	fence(silence time.Duration)
 	rejoin()
@@ -163,8 +167,9 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 			return err
 		}
 	}
+	queues, serves := l.target.heartbeatQueues()
 	before, err := l.cfg.Store.NodeUpsert(ctx, store.NodeUpsertParams{
-		Node: l.cfg.Name, Queues: l.target.heartbeatQueues(), State: state, ClearDrain: first,
+		Node: l.cfg.Name, Queues: queues, Serves: serves, WakeupStream: l.cfg.WakeupStream, State: state, ClearDrain: first,
 	})
 	var de *schema.DecodeError
 	if errors.As(err, &de) {

@@ -97,7 +97,7 @@ func New(cfg Config) (*Node, error) {
 	ccfg.Dispatch, ccfg.Malformed = n.runner.dispatch, n.runner.malformed
 	n.claimer = claimer.New(ccfg)
 	n.live = newLiveness(livenessConfig{
-		Name: cfg.Name, Store: cfg.Store, MaxThreads: cfg.MaxThreads,
+		Name: cfg.Name, Store: cfg.Store, MaxThreads: cfg.MaxThreads, WakeupStream: !cfg.PollOnly,
 		Heartbeat: cfg.Heartbeat, FenceAfter: cfg.FenceAfter, DeadAfter: cfg.DeadAfter, beatFault: cfg.beatFault, beaten: cfg.beaten,
 	}, (*nodeTarget)(n), cfg.Clock, log)
 	n.kills = &killRequests{node: cfg.Name, store: cfg.Store, kill: n.runner.kill, tick: cfg.Tick,
@@ -372,7 +372,9 @@ func (n *Node) LeaderStatus() leadership.Status { return n.leader.Status() }
 // fencing, rejoining, draining and the node-wide cap mean here.
 type nodeTarget Node
 
-func (t *nodeTarget) heartbeatQueues() []schema.NodeQueue { return t.queues.stats(t.claimer.Running) }
+func (t *nodeTarget) heartbeatQueues() ([]schema.NodeQueue, []string) {
+	return t.queues.stats(t.claimer.Running)
+}
 
 func (t *nodeTarget) fence(silence time.Duration) {
 	t.claimer.Pause(claimer.PauseFenced)

@@ -711,7 +711,36 @@ func TestNodeDocumentAndOperatorMaxThreads(t *testing.T) {
 	require.Equal(t, int64(3), entry.Lookup("tasks_doing").AsInt64())
 	require.Equal(t, int64(1), entry.Lookup("preemptive").AsInt64())
 	require.Equal(t, int64(0), entry.Lookup("tasks_backfill").AsInt64())
+	require.True(t, raw.Lookup("wakeup_stream").Boolean(), "follows a stream")
+
+	// A queue it has no plugin for: listed in queues (seed 000: every
+	// queue), not in serves, which other nodes read to pick listeners. A
+	// queue that runs nothing for now (maxthreads 0) is in serves: every
+	// node would serve it but for that.
+	other := b.queue("other", "nope", 10, schema.SortFIFO)
+	idle := b.queue("idle", "block", 0, schema.SortFIFO)
+	require.Eventually(t, func() bool {
+		raw, err = b.db.Collection("nodes").FindOne(ctx, bson.D{{Key: "node", Value: "n1"}}).Raw()
+		arr, ok := raw.Lookup("queues").ArrayOK()
+		vals, _ := arr.Values()
+		return err == nil && ok && len(vals) == 3
+	}, 3*time.Second, 50*time.Millisecond, "the three queues listed")
+	var serves []string
+	require.NoError(t, raw.Lookup("serves").Unmarshal(&serves))
+	require.ElementsMatch(t, []string{q.Hex(), idle.Hex()}, serves, "not %s", other.Hex())
 	close(blk.release)
+
+	// A node without a stream says so.
+	cfg := b.config("n2")
+	cfg.PollOnly = true
+	b.start(cfg)
+	require.Eventually(t, func() bool {
+		raw, err = b.db.Collection("nodes").FindOne(ctx, bson.D{{Key: "node", Value: "n2"}}).Raw()
+		return err == nil
+	}, 3*time.Second, 50*time.Millisecond, "n2's heartbeat")
+	stream, ok := raw.Lookup("wakeup_stream").BooleanOK()
+	require.True(t, ok, "written")
+	require.False(t, stream, "--poll-only")
 }
 
 func TestStopLeavesNoGoroutines(t *testing.T) {

@@ -34,7 +34,8 @@ type queueSet struct {
 	plugins *plugin.Registry
 	log     *slog.Logger
 	// live: a node whose heartbeat is at most this old (by the server's
-	// clock) counts as serving the queues its heartbeat lists.
+	// clock) counts as serving the queues its heartbeat says it serves
+	// (liveOthers).
 	live time.Duration
 	// active and ignore, when either is set, replace the config
 	// document's activequeues and ignorequeues (Config.ActiveQueues).
@@ -44,13 +45,21 @@ type queueSet struct {
 	// others is liveOthers' last read of the nodes, at othersAt (zero:
 	// none to reuse), under othersMu.
 	othersMu sync.Mutex
-	others   map[string]map[string]bool
+	others   map[string]peer
 	othersAt time.Time
 
 	mu     sync.Mutex
 	all    []schema.Queue // every readable queue, for the heartbeat
 	served map[bson.ObjectID]claimer.Queue
-	said   map[string]string // queue id (or document) -> last reason logged
+	// mine are the ids (hex, sorted) of the queues this node would serve
+	// but for what stops every node alike (a pause, maxthreads 0): its
+	// heartbeat's serves, so that its peers know it at once on a resume.
+	mine []string
+	// fullHere are the queues (hex ids) whose slots this node's last
+	// heartbeat said were all taken: it ranks itself for listening as its
+	// peers do, by its heartbeat (claimer.Queue.Full).
+	fullHere map[string]bool
+	said     map[string]string // queue id (or document) -> last reason logged
 }
 
 // refresh is the claimer's Refresh.
@@ -82,7 +91,11 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		qs.sayOnce(key, "malformed queue ignored", m.Error())
 	}
 	others := qs.liveOthers(ctx)
+	qs.mu.Lock()
+	fullHere := qs.fullHere
+	qs.mu.Unlock()
 	var served []claimer.Queue
+	var mine []string
 	for _, q := range res.Queues {
 		key := q.ID.Hex()
 		seen[key] = true
@@ -90,16 +103,26 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 			seen[key+"/"+w] = true
 			qs.sayOnce(key+"/"+w, "queue", w, "queue", q.Name)
 		}
-		if why := qs.ignoreReason(q, cfg); why != "" {
+		why := qs.notThisNode(q, cfg)
+		if why == "" {
+			mine = append(mine, key)
+			why = notNow(q)
+		}
+		if why != "" {
 			qs.sayOnce(key, "queue ignored", why, "queue", q.Name)
 			continue
 		}
 		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
-		peers := serving(q, others)
+		peers, deaf, full := serving(q, others)
+		if fullHere[key] {
+			full = append(full, qs.node)
+		}
 		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads,
-			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning, Peers: peers})
+			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning, Peers: peers, Deaf: deaf, Full: full})
 	}
+	slices.Sort(mine)
 	qs.mu.Lock()
+	qs.mine = mine
 	qs.all = res.Queues
 	qs.served = make(map[bson.ObjectID]claimer.Queue, len(served))
 	for _, q := range served {
@@ -123,14 +146,26 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 // its last.
 const othersFresh = time.Second
 
-// liveOthers are the other live nodes of this project, by name, and the
-// queues each heartbeat lists (every queue the node can read): not dead,
-// running, a heartbeat at most live old by the server's clock, as read
-// at most othersFresh ago. Disbatch 4.103 nodes (no state) are left out:
-// they do not share by weight. None when the nodes cannot be read (each
-// node then corrects alone, as with one node), and the next call reads
-// again.
-func (qs *queueSet) liveOthers(ctx context.Context) map[string]map[string]bool {
+// peer is what another live node's heartbeat says of it: the queues it
+// serves (by hex id), whether it follows a wake-up stream, and the
+// queues whose slots it had all taken (full: its tasks_doing at the
+// queue's maxthreads, or all its queues' at the node's maxthreads).
+type peer struct {
+	serves map[string]bool
+	stream bool
+	full   map[string]bool
+}
+
+// liveOthers are the other live nodes of this project, by name: not dead,
+// running, a heartbeat at most live old by the server's clock, as read at
+// most othersFresh ago. A heartbeat with serves tells which queues its node
+// serves and whether it has a stream; one without (this project's nodes
+// before serves was written) is taken to serve every queue it lists in
+// queues (every queue it can read), with a stream. Disbatch 4.103 nodes
+// (no state) are left out: they do not share by weight. None when the
+// nodes cannot be read (each node then corrects alone, as with one node),
+// and the next call reads again.
+func (qs *queueSet) liveOthers(ctx context.Context) map[string]peer {
 	qs.othersMu.Lock()
 	defer qs.othersMu.Unlock()
 	now := qs.clock.Now()
@@ -144,35 +179,69 @@ func (qs *queueSet) liveOthers(ctx context.Context) map[string]map[string]bool {
 		}
 		return nil
 	}
-	out := map[string]map[string]bool{}
+	out := map[string]peer{}
 	for _, n := range res.Nodes {
 		if n.Node == qs.node || n.Dead || n.State != schema.NodeStateRunning || res.Now.Sub(n.Timestamp) > qs.live {
 			continue
 		}
-		listed := make(map[string]bool, len(n.Queues))
-		for _, q := range n.Queues {
-			listed[q.ID] = true
+		p := peer{serves: make(map[string]bool, len(n.Queues)), stream: true, full: fullQueues(n)}
+		if n.Serves == nil {
+			for _, q := range n.Queues {
+				p.serves[q.ID] = true
+			}
+		} else {
+			p.stream = n.WakeupStream
+			for _, id := range n.Serves {
+				p.serves[id] = true
+			}
 		}
-		out[n.Node] = listed
+		out[n.Node] = p
 	}
 	qs.others, qs.othersAt = out, now
 	return out
 }
 
-// serving names the live other nodes that may serve q, in no order: their
-// heartbeat lists it and the queue's nodes_pin and nodes_ignore let them.
-func serving(q schema.Queue, others map[string]map[string]bool) []string {
-	var names []string
-	for name, listed := range others {
+// fullQueues names the queues (by hex id) whose slots n's heartbeat says
+// are all taken; nil when none.
+func fullQueues(n schema.Node) map[string]bool {
+	var doing int64
+	for _, q := range n.Queues {
+		doing += q.TasksDoing
+	}
+	var full map[string]bool
+	for _, q := range n.Queues {
+		if (q.MaxThreads != nil && q.TasksDoing >= int64(*q.MaxThreads)) || (n.MaxThreads != nil && doing >= int64(*n.MaxThreads)) {
+			if full == nil {
+				full = map[string]bool{}
+			}
+			full[q.ID] = true
+		}
+	}
+	return full
+}
+
+// serving names the live other nodes that serve q, in no order: their
+// heartbeat says so (liveOthers) and the queue's nodes_pin and
+// nodes_ignore let them (the claimer's Peers); those of them without a
+// wake-up stream (Deaf); and those with one whose slots for q were all
+// taken at their last heartbeat (Full).
+func serving(q schema.Queue, others map[string]peer) (names, deaf, full []string) {
+	for name, p := range others {
 		switch {
-		case !listed[q.ID.Hex()]:
+		case !p.serves[q.ID.Hex()]:
 		case len(q.NodesPin) > 0 && !slices.Contains(q.NodesPin, name):
 		case len(q.NodesPin) == 0 && slices.Contains(q.NodesIgnore, name):
 		default:
 			names = append(names, name)
+			switch {
+			case !p.stream:
+				deaf = append(deaf, name)
+			case p.full[q.ID.Hex()]:
+				full = append(full, name)
+			}
 		}
 	}
-	return names
+	return names, deaf, full
 }
 
 // sayOnce logs msg for key when reason differs from what was last logged.
@@ -204,8 +273,9 @@ func (qs *queueSet) listSource() string {
 	return ""
 }
 
-// ignoreReason says why this node does not serve q, or "".
-func (qs *queueSet) ignoreReason(q schema.Queue, cfg schema.Config) string {
+// notThisNode says why this node does not serve q while others may, or
+// "": its pins and ignores, the config's queue lists, its plugins.
+func (qs *queueSet) notThisNode(q schema.Queue, cfg schema.Config) string {
 	name := qs.node
 	switch {
 	case len(q.NodesPin) > 0 && !slices.Contains(q.NodesPin, name):
@@ -220,6 +290,11 @@ func (qs *queueSet) ignoreReason(q schema.Queue, cfg schema.Config) string {
 	if _, ok := qs.plugins.Lookup(q.Constructor); !ok {
 		return "no plugin for constructor " + q.Constructor + " on this node"
 	}
+	return ""
+}
+
+// notNow says why no node serves q for now, or "".
+func notNow(q schema.Queue) string {
 	switch {
 	case q.Threads() == 0:
 		return "maxthreads is 0 or null: the queue runs nothing"
@@ -233,11 +308,14 @@ func (qs *queueSet) ignoreReason(q schema.Queue, cfg schema.Config) string {
 	return ""
 }
 
-// stats returns the heartbeat's queues[] entries. tasks_doing is this
-// node's tasks of the queue in -1 or 0 (running(q)); tasks_todo and
-// tasks_done come from the queue's counters (count_todo, count_total) when
-// it has them.
-func (qs *queueSet) stats(running func(q bson.ObjectID) int) []schema.NodeQueue {
+// stats returns the heartbeat's queues[] entries and serves (mine), and
+// keeps which queues they say are full (fullHere; the node's own
+// maxthreads aside: its peers read the operator's from its document).
+// tasks_doing is this node's
+// tasks of the queue in -1 or 0 (running(q)); tasks_todo and tasks_done
+// come from the queue's counters (count_todo, count_total) when it has
+// them.
+func (qs *queueSet) stats(running func(q bson.ObjectID) int) ([]schema.NodeQueue, []string) {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	out := make([]schema.NodeQueue, 0, len(qs.all))
@@ -252,5 +330,6 @@ func (qs *queueSet) stats(running func(q bson.ObjectID) int) []schema.NodeQueue 
 		}
 		out = append(out, e)
 	}
-	return out
+	qs.fullHere = fullQueues(schema.Node{Queues: out})
+	return out, qs.mine
 }

@@ -10,24 +10,29 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/internal/clock"
+	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
-// nodesStore serves node documents and counts their reads; it has no
-// queues and no config document.
+// nodesStore serves node documents and counts their reads, and queues;
+// it has no config document.
 type nodesStore struct {
-	mu    sync.Mutex
-	reads int
-	fail  bool
-	now   time.Time
-	nodes []schema.Node
+	mu     sync.Mutex
+	reads  int
+	fail   bool
+	now    time.Time
+	nodes  []schema.Node
+	queues []schema.Queue
 }
 
 func (s *nodesStore) QueueList(context.Context) (store.QueueListResult, error) {
-	return store.QueueListResult{}, nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return store.QueueListResult{Queues: append([]schema.Queue(nil), s.queues...)}, nil
 }
 
 func (s *nodesStore) ConfigGet(context.Context, string) (schema.Config, error) {
@@ -57,19 +62,26 @@ func (s *nodesStore) count() int {
 func TestLiveOthersReadsTheNodesOnceASecond(t *testing.T) {
 	start := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
 	fake := clock.NewFake(start)
-	peer := func(name, queue string) schema.Node {
+	beat := func(name, queue string) schema.Node {
 		return schema.Node{Node: name, State: schema.NodeStateRunning, Timestamp: start, Queues: []schema.NodeQueue{{ID: queue}}}
 	}
-	st := &nodesStore{now: start, nodes: []schema.Node{peer("a", "q1"), peer("b", "q1")}}
+	st := &nodesStore{now: start, nodes: []schema.Node{beat("a", "q1"), beat("b", "q1")}}
 	qs := &queueSet{node: "a", store: st, live: 10 * time.Second, clock: fake, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx := context.Background()
 
-	first := map[string]map[string]bool{"b": {"q1": true}}
+	first := map[string]peer{"b": {serves: map[string]bool{"q1": true}, stream: true}}
 	require.Equal(t, first, qs.liveOthers(ctx))
 	require.Equal(t, 1, st.count())
 
 	st.mu.Lock()
-	st.nodes = append(st.nodes, peer("c", "q2")) // a node joins
+	st.nodes = append(st.nodes, beat("c", "q2")) // a node joins
+	// Nodes that say what they serve: d serves one of the two queues it
+	// can read, by ticks alone; e serves none.
+	d := beat("d", "q1")
+	d.Queues, d.Serves = append(d.Queues, schema.NodeQueue{ID: "q3"}), []string{"q3"}
+	e := beat("e", "q1")
+	e.Serves, e.WakeupStream = []string{}, true
+	st.nodes = append(st.nodes, d, e)
 	st.mu.Unlock()
 	fake.Advance(othersFresh - time.Millisecond)
 	_, err := qs.refresh(ctx)
@@ -78,7 +90,9 @@ func TestLiveOthersReadsTheNodesOnceASecond(t *testing.T) {
 	require.Equal(t, 1, st.count(), "queue reads within a second read the nodes once")
 
 	fake.Advance(time.Millisecond)
-	require.Equal(t, map[string]map[string]bool{"b": {"q1": true}, "c": {"q2": true}}, qs.liveOthers(ctx), "a second on: read again")
+	require.Equal(t, map[string]peer{"b": first["b"], "c": {serves: map[string]bool{"q2": true}, stream: true},
+		"d": {serves: map[string]bool{"q3": true}}, "e": {serves: map[string]bool{}, stream: true}}, qs.liveOthers(ctx),
+		"a second on: read again; serves, where written, says what a node serves, not queues")
 	require.Equal(t, 2, st.count())
 
 	fake.Advance(othersFresh)
@@ -89,6 +103,46 @@ func TestLiveOthersReadsTheNodesOnceASecond(t *testing.T) {
 	st.mu.Lock()
 	st.fail = false
 	st.mu.Unlock()
-	require.Len(t, qs.liveOthers(ctx), 2, "a failed read is not kept: read again at once")
+	require.Len(t, qs.liveOthers(ctx), 4, "a failed read is not kept: read again at once")
 	require.Equal(t, 4, st.count())
+}
+
+// TestAQueuesFullNodesAreTheOnesWhoseHeartbeatSaysSo: the claimer is told
+// which of a queue's nodes are full by their heartbeats, this node's own
+// included (its last, not its slots now), so that every node ranks the
+// same ones last for listening; and this node's serves lists the queues
+// it would serve but for a pause, not those it has no plugin for.
+func TestAQueuesFullNodesAreTheOnesWhoseHeartbeatSaysSo(t *testing.T) {
+	start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	fake := clock.NewFake(start)
+	q := schema.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "C", MaxThreads: ptr(2)}
+	paused := schema.Queue{ID: bson.NewObjectID(), Name: "paused", Constructor: "C", MaxThreads: ptr(2)}
+	paused.Sched.Paused = true
+	alien := schema.Queue{ID: bson.NewObjectID(), Name: "alien", Constructor: "nope", MaxThreads: ptr(2)}
+	beat := func(name string, doing int64) schema.Node {
+		return schema.Node{Node: name, State: schema.NodeStateRunning, Timestamp: start, Serves: []string{q.ID.Hex()}, WakeupStream: true,
+			Queues: []schema.NodeQueue{{ID: q.ID.Hex(), MaxThreads: ptr(2), TasksDoing: doing}}}
+	}
+	st := &nodesStore{now: start, nodes: []schema.Node{beat("b", 2), beat("c", 1)}, queues: []schema.Queue{q, paused, alien}}
+	reg := plugin.NewRegistry()
+	reg.Register("C", plugin.Func(func(context.Context, plugin.Task) plugin.Result { return plugin.Result{} }))
+	qs := &queueSet{node: "a", store: st, plugins: reg, live: 10 * time.Second, clock: fake, log: slog.New(slog.DiscardHandler)}
+	ctx := context.Background()
+
+	served, err := qs.refresh(ctx)
+	require.NoError(t, err)
+	require.Len(t, served, 1)
+	require.ElementsMatch(t, []string{"b", "c"}, served[0].Peers)
+	require.Equal(t, []string{"b"}, served[0].Full, "b's heartbeat has both slots taken")
+
+	_, serves := qs.stats(func(bson.ObjectID) int { return 2 }) // this node's heartbeat: q full
+	require.ElementsMatch(t, []string{q.ID.Hex(), paused.ID.Hex()}, serves, "paused for every node, not the plugin-less one")
+	served, err = qs.refresh(ctx)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"a", "b"}, served[0].Full, "its own heartbeat, as its peers read it")
+
+	qs.stats(func(bson.ObjectID) int { return 1 })
+	served, err = qs.refresh(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"b"}, served[0].Full)
 }

@@ -229,15 +229,43 @@ func TestAStartKillsTheTransactionItsPreviousRunLeftOpen(t *testing.T) {
 
 // TestServingNamesTheNodesAQueueLets: a queue pinned to some nodes, or
 // ignoring some, names only the live nodes it lets serve it, and only
-// those whose heartbeat lists it, in order (the claimer's peers).
+// those whose heartbeat says they serve it (the claimer's peers); those
+// without a stream are named deaf too, and those with its slots all
+// taken full.
 func TestServingNamesTheNodesAQueueLets(t *testing.T) {
 	q := schema.Queue{ID: bson.NewObjectID()}
-	lists := map[string]bool{q.ID.Hex(): true}
-	others := map[string]map[string]bool{"n3": lists, "n2": lists, "n4": {}}
-	require.ElementsMatch(t, []string{"n2", "n3"}, serving(q, others), "n4 does not list it")
-	q.NodesIgnore = []string{"n3"}
-	require.Equal(t, []string{"n2"}, serving(q, others))
+	serves := map[string]bool{q.ID.Hex(): true}
+	others := map[string]peer{"n3": {serves: serves, stream: true}, "n2": {serves: serves}, "n4": {serves: map[string]bool{}, stream: true},
+		"n5": {serves: serves, stream: true, full: serves}}
+	names, deaf, full := serving(q, others)
+	require.ElementsMatch(t, []string{"n2", "n3", "n5"}, names, "n4 does not serve it")
+	require.Equal(t, []string{"n2"}, deaf, "n2 has no stream")
+	require.Equal(t, []string{"n5"}, full, "n5 no free slot")
+	q.NodesIgnore = []string{"n3", "n5"}
+	names, _, _ = serving(q, others)
+	require.Equal(t, []string{"n2"}, names)
 	q.NodesPin = []string{"n1"}
-	require.Empty(t, serving(q, others), "pinned to this node alone")
-	require.Empty(t, serving(q, nil), "no node read")
+	names, deaf, full = serving(q, others)
+	require.Empty(t, names, "pinned to this node alone")
+	require.Empty(t, deaf)
+	require.Empty(t, full)
+	names, _, _ = serving(q, nil)
+	require.Empty(t, names, "no node read")
+}
+
+// TestFullQueuesAreThoseAHeartbeatHasNoSlotFor: a queue is full on a node
+// whose heartbeat has its tasks_doing at the queue's maxthreads, and every
+// queue is once the node's tasks reach the node's maxthreads.
+func TestFullQueuesAreThoseAHeartbeatHasNoSlotFor(t *testing.T) {
+	n := schema.Node{Queues: []schema.NodeQueue{
+		{ID: "a", MaxThreads: ptr(2), TasksDoing: 2},
+		{ID: "b", MaxThreads: ptr(8), TasksDoing: 3},
+		{ID: "c", TasksDoing: 1}, // no maxthreads read
+	}}
+	require.Equal(t, map[string]bool{"a": true}, fullQueues(n))
+	n.MaxThreads = ptr(6)
+	require.Equal(t, map[string]bool{"a": true, "b": true, "c": true}, fullQueues(n), "six tasks at the node's cap")
+	n.MaxThreads = ptr(7)
+	require.Equal(t, map[string]bool{"a": true}, fullQueues(n))
+	require.Nil(t, fullQueues(schema.Node{}))
 }

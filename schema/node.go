@@ -27,6 +27,14 @@ const (
 	NodeDead   = "dead"
 	NodeDeadAt = "dead_at"
 	NodeDeadBy = "dead_by"
+	// NodeServes lists the ids (hex strings) of the queues the node
+	// claims from as of its last read of them; queues lists every queue
+	// it can read, served or not (seed 000). NodeWakeupStream says whether
+	// it follows a change stream for new tasks (false: --poll-only).
+	// Other nodes choose a queue's wake-up listeners among the nodes that
+	// serve it with a stream.
+	NodeServes       = "serves"
+	NodeWakeupStream = "wakeup_stream"
 )
 
 // Node states (NodeState).
@@ -53,6 +61,12 @@ type Node struct {
 	Dead   bool
 	DeadAt time.Time
 	DeadBy string
+	// Serves is nil when the document has no serves (a node of an
+	// earlier version, or another implementation), else the ids of the
+	// queues the node serves; WakeupStream is then whether it follows a
+	// change stream. See NodeServes.
+	Serves       []string
+	WakeupStream bool
 
 	Raw bson.Raw
 }
@@ -77,16 +91,18 @@ type NodeQueue struct {
 func DecodeNode(raw bson.Raw) (Node, error) {
 	r := newReader(CollNodes, raw)
 	n := Node{
-		ID:         r.objectID(false, "_id"),
-		Node:       r.str(true, NodeNode),
-		Timestamp:  r.timeOf(NodeTimestamp),
-		MaxThreads: r.maxThreads(NodeMaxThreads),
-		State:      r.str(false, NodeState),
-		Drain:      r.flag(NodeDrain),
-		Dead:       r.flag(NodeDead),
-		DeadAt:     r.timeOf(NodeDeadAt),
-		DeadBy:     r.str(false, NodeDeadBy),
-		Raw:        raw,
+		ID:           r.objectID(false, "_id"),
+		Node:         r.str(true, NodeNode),
+		Timestamp:    r.timeOf(NodeTimestamp),
+		MaxThreads:   r.maxThreads(NodeMaxThreads),
+		State:        r.str(false, NodeState),
+		Drain:        r.flag(NodeDrain),
+		Dead:         r.flag(NodeDead),
+		DeadAt:       r.timeOf(NodeDeadAt),
+		DeadBy:       r.str(false, NodeDeadBy),
+		Serves:       r.strings(NodeServes),
+		WakeupStream: r.flag(NodeWakeupStream),
+		Raw:          raw,
 	}
 	if _, v, ok := r.lookup(NodeQueues); ok {
 		arr, isArr := v.ArrayOK()

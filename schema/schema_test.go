@@ -245,6 +245,28 @@ func TestDecodeNodeSeedExample(t *testing.T) {
 	require.Equal(t, NodeQueue{Name: "demo", ID: "571f8951b75bf335634ec271", Constructor: "Disbatch::Plugin::Demo", MaxThreads: ptr(0), TasksTodo: 2, TasksDone: 3}, n.Queues[0])
 }
 
+// TestDecodeNodeServes: a node of this version says which queues it
+// serves and whether it follows a stream; a document without serves (a
+// 4.103 node, or ours before) decodes to nil, told apart from serving
+// nothing.
+func TestDecodeNodeServes(t *testing.T) {
+	t.Parallel()
+	n, err := DecodeNode(doc(t, `{"node":"a","serves":["571f8951b75bf335634ec271"],"wakeup_stream":true}`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"571f8951b75bf335634ec271"}, n.Serves)
+	require.True(t, n.WakeupStream)
+	none, err := DecodeNode(doc(t, `{"node":"b","serves":[],"wakeup_stream":false}`))
+	require.NoError(t, err)
+	require.NotNil(t, none.Serves, "serving nothing is not unknown")
+	require.Empty(t, none.Serves)
+	require.False(t, none.WakeupStream)
+	old, err := DecodeNode(doc(t, `{"node":"c","queues":[]}`))
+	require.NoError(t, err)
+	require.Nil(t, old.Serves)
+	_, err = DecodeNode(doc(t, `{"node":"d","serves":[1]}`))
+	require.ErrorContains(t, err, "serves")
+}
+
 func TestDecodeConfig(t *testing.T) {
 	t.Parallel()
 	c, err := DecodeConfig(doc(t, `{"_id":{"$oid":"56fc05087aa3a33942e42a6a"},"label":"prod","active":true,

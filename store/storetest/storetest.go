@@ -714,12 +714,17 @@ func testNodeUpsert(t *testing.T, newStore Factory) {
 	first, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues})
 	require.NoError(t, err)
 	require.Nil(t, first.MaxThreads)
+	n, err := s.NodeGet(ctx, "n1")
+	require.NoError(t, err)
+	require.NotNil(t, n.Serves, "serves is written even when empty: serving nothing is known")
+	require.Empty(t, n.Serves)
+	require.False(t, n.WakeupStream)
 
 	// The operator caps the node and adds a note.
 	_, err = db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "n1"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 5}, {Key: "note", Value: "rack 4"}}}})
 	require.NoError(t, err)
 	clock = clock.Add(time.Second)
-	second, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues})
+	second, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues, Serves: []string{"571f8951b75bf335634ec271"}, WakeupStream: true})
 	require.NoError(t, err)
 	require.Equal(t, 5, *second.MaxThreads, "the heartbeat reads the operator's cap in the same round trip")
 
@@ -734,10 +739,12 @@ func testNodeUpsert(t *testing.T, newStore Factory) {
 	require.Equal(t, "571f8951b75bf335634ec271", entry.Lookup("id").StringValue())
 	require.Equal(t, "Disbatch::Plugin::Demo", entry.Lookup("constructor").StringValue())
 
-	n, err := s.NodeGet(ctx, "n1")
+	n, err = s.NodeGet(ctx, "n1")
 	require.NoError(t, err)
 	require.Equal(t, 5, *n.MaxThreads)
 	require.Len(t, n.Queues, 1)
+	require.Equal(t, []string{"571f8951b75bf335634ec271"}, n.Serves)
+	require.True(t, n.WakeupStream)
 	count, err := db.Collection("nodes").CountDocuments(ctx, bson.D{})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), count)
