@@ -73,7 +73,10 @@ type Config struct {
 	// at most claimer.MaxLinger).
 	ClaimLinger time.Duration
 	// WakeupListeners, when positive, is how many of a queue's nodes keep
-	// a wake-up stream for it (claimer.Config.Listeners; 0: every node).
+	// a wake-up stream for it (claimer.Config.Listeners; 0: every node;
+	// disbatchd's default is claimer.SuggestedListeners). The nodes
+	// ranked are those whose heartbeats say they serve the queue, with a
+	// stream and a free slot (schema.NodeServes).
 	WakeupListeners int
 	// ClaimRunning claims tasks straight into running (seed 004's "status
 	// 0 if immediately processed"): one write per task fewer (the start),

@@ -54,7 +54,7 @@ func flagsSet(t *testing.T, args ...string) *cobra.Command {
 	f.Int("supervisor-pool", 0, "")
 	f.Bool("claim-running", true, "")
 	f.Duration("claim-linger", 0, "")
-	f.Int("wakeup-listeners", 0, "")
+	f.Int("wakeup-listeners", 3, "")
 	require.NoError(t, f.Parse(args))
 	return cmd
 }
@@ -78,7 +78,7 @@ func defaults() settings {
 	return settings{
 		MongoURI: "mongodb://default/", Database: "disbatch", Node: "host",
 		Grace: duration(30 * time.Second), Tick: duration(time.Second), OrphanAfter: duration(time.Hour),
-		OutputThreshold: 100, LogFormat: "text", LogLevel: "info",
+		OutputThreshold: 100, LogFormat: "text", LogLevel: "info", WakeupListeners: 3,
 	}
 }
 
@@ -93,7 +93,7 @@ func TestApplyConfigFileFillsWhatIsUnset(t *testing.T) {
 		MongoURI: "mongodb://file/", Database: "filedb", Node: "file-node", Label: "file-label",
 		EnablePlugins: []string{"shell"}, PluginTimeout: duration(time.Minute), Grace: duration(2 * time.Second),
 		Tick: duration(200 * time.Millisecond), OrphanAfter: duration(5 * time.Minute), PollOnly: true, NoProjector: true,
-		OutputThreshold: 1000, LogFormat: "json", LogLevel: "debug",
+		OutputThreshold: 1000, LogFormat: "json", LogLevel: "debug", WakeupListeners: 3,
 	}, s)
 	require.Equal(t, "3", maxThreads)
 	require.Equal(t, []string{"X=/file/x"}, external)
@@ -287,12 +287,18 @@ func TestClaimRunningSetting(t *testing.T) {
 }
 
 func TestWakeupListenersSetting(t *testing.T) {
+	code, stdout, _ := runNoMongo(t, []string{"--help"}, map[string]string{})
+	require.Zero(t, code)
+	require.Regexp(t, `--wakeup-listeners int\s+how many[^\n]*\(default 3\)`, stdout, "three unless told")
 	var maxThreads string
 	var external []string
 	s := defaults()
-	require.Zero(t, s.WakeupListeners, "not given: every node")
-	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 3}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 3, s.WakeupListeners)
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"tick": "2s"}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 3, s.WakeupListeners, "not given: three")
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 0}`), &s, &maxThreads, &external, noEnv))
+	require.Zero(t, s.WakeupListeners, "0 in the file: every node")
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 5}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 5, s.WakeupListeners)
 	s = defaults()
 	s.WakeupListeners = 2
 	require.NoError(t, applyConfigFile(flagsSet(t, "--wakeup-listeners", "2"), writeConfig(t, `{"wakeup_listeners": 5}`), &s, &maxThreads, &external, noEnv))
