@@ -34,7 +34,9 @@ the tasks it is running, its maxthreads cap, and whether another node declared
 it dead (its heartbeat was older than that node's --dead-after: its claimed
 tasks went back to the queue and its running ones were orphaned) or an
 operator asked it to drain. Disbatch 4.103 Perl nodes are listed too; they
-write no state.`,
+write no state. With --json, nodes of this version also show serves (the ids
+of the queues they serve, or would but for a pause) and wakeup_stream (false:
+--poll-only), which other nodes read to pick each queue's wake-up listeners.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, done, err := g.open(cmd)
@@ -120,6 +122,9 @@ func nodeJSON(n schema.Node, now time.Time) map[string]any {
 	}
 	if n.Dead {
 		m["dead_at"], m["dead_by"] = n.DeadAt, n.DeadBy
+	}
+	if n.Serves != nil { // said by nodes of this version
+		m["serves"], m["wakeup_stream"] = n.Serves, n.WakeupStream
 	}
 	return m
 }

@@ -21,9 +21,10 @@ func TestNodes(t *testing.T) {
 	e.want(200, "GET", "/api/v1/nodes", nil).decode(t, &list)
 	require.Empty(t, list.Nodes)
 
+	qid := bson.NewObjectID().Hex()
 	_, err := e.st.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n2.example.com", State: schema.NodeStateRunning, Queues: []schema.NodeQueue{
-		{Name: "q", ID: bson.NewObjectID().Hex(), Constructor: "P", MaxThreads: ptr(2), TasksTodo: 4, TasksDoing: 1, TasksDone: 9},
-	}})
+		{Name: "q", ID: qid, Constructor: "P", MaxThreads: ptr(2), TasksTodo: 4, TasksDoing: 1, TasksDone: 9},
+	}, Serves: []string{qid}, WakeupStream: true})
 	require.NoError(t, err)
 	_, err = e.st.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1 ünï"})
 	require.NoError(t, err)
@@ -40,6 +41,10 @@ func TestNodes(t *testing.T) {
 	require.False(t, n2.Drain)
 	require.Nil(t, n2.MaxThreads)
 	require.Equal(t, []NodeQueue{{ID: n2.Queues[0].ID, Name: "q", Plugin: "P", MaxThreads: ptr(2), TasksTodo: 4, TasksDoing: 1, TasksDone: 9}}, n2.Queues)
+	require.Equal(t, []string{qid}, n2.Serves)
+	require.True(t, *n2.WakeupStream)
+	require.Equal(t, []string{}, n1.Serves, "serves nothing")
+	require.False(t, *n1.WakeupStream)
 
 	var n Node
 	e.want(200, "GET", "/api/v1/nodes/n2.example.com", nil).decode(t, &n)
@@ -86,6 +91,13 @@ func TestNodes(t *testing.T) {
 
 	// Documents other tools wrote.
 	_, err = e.db.Collection(schema.CollNodes).InsertOne(ctx, bson.D{{Key: "node", Value: "bad"}, {Key: "maxthreads", Value: "lots"}})
+	require.NoError(t, err)
+	_, err = e.db.Collection(schema.CollNodes).InsertOne(ctx, bson.D{{Key: "node", Value: "perl"}, {Key: "timestamp", Value: time.Now()}}) // 4.103's
+	require.NoError(t, err)
+	e.want(200, "GET", "/api/v1/nodes/perl", nil).decode(t, &n)
+	require.Nil(t, n.Serves, "not said")
+	require.Nil(t, n.WakeupStream)
+	_, err = e.db.Collection(schema.CollNodes).DeleteOne(ctx, bson.D{{Key: "node", Value: "perl"}})
 	require.NoError(t, err)
 	e.want(200, "GET", "/api/v1/nodes", nil).decode(t, &list)
 	require.Len(t, list.Nodes, 2)

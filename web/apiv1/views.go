@@ -347,6 +347,10 @@ type Node struct {
 	DeadAt         *string     `json:"dead_at"`
 	DeadBy         *string     `json:"dead_by"`
 	Queues         []NodeQueue `json:"queues"`
+	// Serves and WakeupStream are null for a node that does not say
+	// (schema.NodeServes).
+	Serves       []string `json:"serves"`
+	WakeupStream *bool    `json:"wakeup_stream"`
 }
 
 // NodeQueue is a queue as a node reports it in its heartbeat.
@@ -383,6 +387,10 @@ func nodeView(n schema.Node, now time.Time) Node {
 	}
 	if n.DeadBy != "" {
 		v.DeadBy = &n.DeadBy
+	}
+	if n.Serves != nil {
+		stream := n.WakeupStream
+		v.Serves, v.WakeupStream = n.Serves, &stream
 	}
 	for _, q := range n.Queues {
 		v.Queues = append(v.Queues, NodeQueue{ID: q.ID, Name: q.Name, Plugin: q.Constructor, MaxThreads: q.MaxThreads,
