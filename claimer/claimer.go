@@ -121,7 +121,8 @@ type Config struct {
 	// Listeners, when positive, is how many of a queue's nodes keep their
 	// wake-up stream for it (0, or without Quiet: every node). With more
 	// nodes than that, the ones ranked first by a hash of their names
-	// listen (the same ones for every queue the same nodes serve), and
+	// listen (the same ones for every queue the same nodes serve, while
+	// none of them is full: Queue.Full), and
 	// the rest let their streams go (Config.Quiet hears true while no
 	// queue they serve has them among its listeners, none capped and no
 	// two of one priority, as for quiet) and find work by the tick and
@@ -179,8 +180,9 @@ const maxStaggerRank = 10
 // default): three streams, so that a queue's wake-ups outlast one
 // listener's death (its peers count it live for a FenceAfter), and a new
 // task on a busy listener has two more to go to before the tick. A
-// listener whose heartbeat says it has no free slot for the queue is
-// passed over (Queue.Deaf) within a heartbeat or two.
+// listener whose heartbeat says it has no free slot for the queue ranks
+// after those with one (Queue.Full), so it is replaced within a
+// heartbeat or two.
 const SuggestedListeners = 3
 
 // listenKey is the "task" whose rank among a queue's nodes picks its
@@ -415,6 +417,11 @@ func (c *Claimer) Running(q bson.ObjectID) int { return c.slots.running(q) }
 
 // Total returns how many tasks the node holds.
 func (c *Claimer) Total() int { return c.slots.total() }
+
+// Full reports whether q's slots are all taken, at its per-node
+// maxthreads or the node's cap (pauses aside): what the node's heartbeat
+// says (Queue.Full).
+func (c *Claimer) Full(q bson.ObjectID, maxThreads int) bool { return c.slots.full(q, maxThreads) }
 
 // HasWork tells the claimer that q may have queued tasks.
 func (c *Claimer) HasWork(q bson.ObjectID) { c.mark(q, true) }

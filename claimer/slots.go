@@ -171,6 +171,14 @@ func (s *slots) free() int {
 	return max(0, *s.nodeMax-s.all)
 }
 
+// full reports whether q's slots are all taken (queueMax), or the node's
+// (its cap), pauses aside.
+func (s *slots) full(q bson.ObjectID, queueMax int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.perQueue[q] >= queueMax || (s.nodeMax != nil && s.all >= *s.nodeMax)
+}
+
 // running returns the slots in use for q.
 func (s *slots) running(q bson.ObjectID) int {
 	s.mu.Lock()

@@ -115,3 +115,24 @@ func TestSlots(t *testing.T) {
 	require.Equal(t, 0, s.total())
 	require.Equal(t, 0, s.running(q1))
 }
+
+// TestSlotsFull: a queue is full at its maxthreads, and every queue at the
+// node's cap, whatever the pauses (what a heartbeat says).
+func TestSlotsFull(t *testing.T) {
+	t.Parallel()
+	s := newSlots()
+	a, b := bson.NewObjectID(), bson.NewObjectID()
+	require.True(t, s.tryAcquire(a, 2))
+	require.False(t, s.full(a, 2))
+	require.True(t, s.tryAcquire(a, 2))
+	require.True(t, s.full(a, 2))
+	require.False(t, s.full(b, 2))
+	three := 3
+	s.setNodeMax(&three)
+	require.True(t, s.tryAcquire(b, 2))
+	require.True(t, s.full(b, 2), "the node's three taken")
+	s.release(a)
+	require.False(t, s.full(b, 2))
+	s.pause(PauseDraining)
+	require.False(t, s.full(b, 2), "a pause is not a full queue")
+}

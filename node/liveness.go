@@ -73,8 +73,8 @@ type heartbeatStore interface {
 // livenessTarget is what liveness acts on: the rest of the node.
 type livenessTarget interface {
 	// heartbeatQueues returns the heartbeat's queues[] entries and the
-	// ids of the queues served (schema.NodeServes).
-	heartbeatQueues() (queues []schema.NodeQueue, serves []string)
+	// ids of the queues served and of those full (schema.NodeServes).
+	heartbeatQueues() (queues []schema.NodeQueue, serves, full []string)
 	// fence stops claiming and kills the running tasks; rejoin undoes it.
 	fence(silence time.Duration)
 	rejoin()
@@ -167,9 +167,9 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 			return err
 		}
 	}
-	queues, serves := l.target.heartbeatQueues()
+	queues, serves, full := l.target.heartbeatQueues()
 	before, err := l.cfg.Store.NodeUpsert(ctx, store.NodeUpsertParams{
-		Node: l.cfg.Name, Queues: queues, Serves: serves, WakeupStream: l.cfg.WakeupStream, State: state, ClearDrain: first,
+		Node: l.cfg.Name, Queues: queues, Serves: serves, Full: full, WakeupStream: l.cfg.WakeupStream, State: state, ClearDrain: first,
 	})
 	var de *schema.DecodeError
 	if errors.As(err, &de) {

@@ -372,8 +372,9 @@ func (n *Node) LeaderStatus() leadership.Status { return n.leader.Status() }
 // fencing, rejoining, draining and the node-wide cap mean here.
 type nodeTarget Node
 
-func (t *nodeTarget) heartbeatQueues() ([]schema.NodeQueue, []string) {
-	return t.queues.stats(t.claimer.Running)
+func (t *nodeTarget) heartbeatQueues() ([]schema.NodeQueue, []string, []string) {
+	queues, serves := t.queues.stats(t.claimer.Running)
+	return queues, serves, t.queues.full(t.claimer.Full)
 }
 
 func (t *nodeTarget) fence(silence time.Duration) {

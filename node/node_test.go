@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -712,6 +713,12 @@ func TestNodeDocumentAndOperatorMaxThreads(t *testing.T) {
 	require.Equal(t, int64(1), entry.Lookup("preemptive").AsInt64())
 	require.Equal(t, int64(0), entry.Lookup("tasks_backfill").AsInt64())
 	require.True(t, raw.Lookup("wakeup_stream").Boolean(), "follows a stream")
+	require.Eventually(t, func() bool {
+		raw, err = b.db.Collection("nodes").FindOne(ctx, bson.D{{Key: "node", Value: "n1"}}).Raw()
+		var full []string
+		return err == nil && raw.Lookup("full").Unmarshal(&full) == nil && slices.Equal(full, []string{q.Hex()})
+	}, 3*time.Second, 50*time.Millisecond, "q full: three tasks at the operator's cap of 3 (its maxthreads is 10)")
+	require.Equal(t, raw.Lookup("timestamp").Time(), raw.Lookup("serves_at").Time(), "written together")
 
 	// A queue it has no plugin for: listed in queues (seed 000: every
 	// queue), not in serves, which other nodes read to pick listeners. A

@@ -31,7 +31,7 @@ func (fakeParts) TaskListClaimed(context.Context, store.TaskListClaimedParams) (
 }
 func (fakeParts) TaskRelease(context.Context, store.TaskTransitionParams) error { return nil }
 func (fakeParts) TaskUnstart(context.Context, store.TaskTransitionParams) error { return nil }
-func (fakeParts) heartbeatQueues() ([]schema.NodeQueue, []string)               { return nil, nil }
+func (fakeParts) heartbeatQueues() ([]schema.NodeQueue, []string, []string)     { return nil, nil, nil }
 func (fakeParts) fence(time.Duration)                                           {}
 func (fakeParts) rejoin()                                                       {}
 func (fakeParts) drain()                                                        {}

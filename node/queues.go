@@ -46,6 +46,7 @@ type queueSet struct {
 	// none to reuse), under othersMu.
 	othersMu sync.Mutex
 	others   map[string]peer
+	self     peer
 	othersAt time.Time
 
 	mu     sync.Mutex
@@ -55,11 +56,7 @@ type queueSet struct {
 	// but for what stops every node alike (a pause, maxthreads 0): its
 	// heartbeat's serves, so that its peers know it at once on a resume.
 	mine []string
-	// fullHere are the queues (hex ids) whose slots this node's last
-	// heartbeat said were all taken: it ranks itself for listening as its
-	// peers do, by its heartbeat (claimer.Queue.Full).
-	fullHere map[string]bool
-	said     map[string]string // queue id (or document) -> last reason logged
+	said map[string]string // queue id (or document) -> last reason logged
 }
 
 // refresh is the claimer's Refresh.
@@ -90,10 +87,7 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		seen[key] = true
 		qs.sayOnce(key, "malformed queue ignored", m.Error())
 	}
-	others := qs.liveOthers(ctx)
-	qs.mu.Lock()
-	fullHere := qs.fullHere
-	qs.mu.Unlock()
+	others, self := qs.liveOthers(ctx)
 	var served []claimer.Queue
 	var mine []string
 	for _, q := range res.Queues {
@@ -114,8 +108,8 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 		}
 		qs.sayOnce(key, "queue served", "", "queue", q.Name, "constructor", q.Constructor, "maxthreads", *q.MaxThreads)
 		peers, deaf, full := serving(q, others)
-		if fullHere[key] {
-			full = append(full, qs.node)
+		if self.full[key] {
+			full = append(full, qs.node) // as its peers read it
 		}
 		served = append(served, claimer.Queue{ID: q.ID, Name: q.Name, Constructor: q.Constructor, Sort: q.Sort, MaxThreads: *q.MaxThreads,
 			Control: q.Control, Sched: q.Sched, CountRunning: q.CountRunning, Peers: peers, Deaf: deaf, Full: full})
@@ -146,10 +140,9 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 // its last.
 const othersFresh = time.Second
 
-// peer is what another live node's heartbeat says of it: the queues it
-// serves (by hex id), whether it follows a wake-up stream, and the
-// queues whose slots it had all taken (full: its tasks_doing at the
-// queue's maxthreads, or all its queues' at the node's maxthreads).
+// peer is what a live node's heartbeat says of it: the queues it serves
+// (by hex id), whether it follows a wake-up stream, and the queues whose
+// slots it had all taken (full).
 type peer struct {
 	serves map[string]bool
 	stream bool
@@ -158,33 +151,36 @@ type peer struct {
 
 // liveOthers are the other live nodes of this project, by name: not dead,
 // running, a heartbeat at most live old by the server's clock, as read at
-// most othersFresh ago. A heartbeat with serves tells which queues its node
-// serves and whether it has a stream; one without (this project's nodes
-// before serves was written) is taken to serve every queue it lists in
-// queues (every queue it can read), with a stream. Disbatch 4.103 nodes
-// (no state) are left out: they do not share by weight. None when the
-// nodes cannot be read (each node then corrects alone, as with one node),
-// and the next call reads again.
-func (qs *queueSet) liveOthers(ctx context.Context) map[string]peer {
+// most othersFresh ago; and what this node's own heartbeat said, as read
+// with them (self: its peers rank it by that too). A heartbeat with
+// serves tells which queues its node serves, which are full and whether
+// it has a stream; one without (this project's nodes before serves was
+// written) is taken to serve every queue it lists in queues (every queue
+// it can read), with a stream, none full. Disbatch 4.103 nodes (no state)
+// are left out: they do not share by weight. None when the nodes cannot
+// be read (each node then corrects alone, as with one node), and the next
+// call reads again.
+func (qs *queueSet) liveOthers(ctx context.Context) (others map[string]peer, self peer) {
 	qs.othersMu.Lock()
 	defer qs.othersMu.Unlock()
 	now := qs.clock.Now()
 	if !qs.othersAt.IsZero() && now.Sub(qs.othersAt) < othersFresh {
-		return qs.others
+		return qs.others, qs.self
 	}
 	res, err := qs.store.NodeList(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			qs.log.Warn("reading the nodes for the weights failed; this pass counts this node alone", "error", err)
 		}
-		return nil
+		return nil, peer{}
 	}
 	out := map[string]peer{}
+	self = peer{}
 	for _, n := range res.Nodes {
-		if n.Node == qs.node || n.Dead || n.State != schema.NodeStateRunning || res.Now.Sub(n.Timestamp) > qs.live {
+		if n.Dead || n.State != schema.NodeStateRunning || res.Now.Sub(n.Timestamp) > qs.live {
 			continue
 		}
-		p := peer{serves: make(map[string]bool, len(n.Queues)), stream: true, full: fullQueues(n)}
+		p := peer{serves: make(map[string]bool, len(n.Queues)), stream: true}
 		if n.Serves == nil {
 			for _, q := range n.Queues {
 				p.serves[q.ID] = true
@@ -194,30 +190,21 @@ func (qs *queueSet) liveOthers(ctx context.Context) map[string]peer {
 			for _, id := range n.Serves {
 				p.serves[id] = true
 			}
+			for _, id := range n.Full {
+				if p.full == nil {
+					p.full = map[string]bool{}
+				}
+				p.full[id] = true
+			}
+		}
+		if n.Node == qs.node {
+			self = p
+			continue
 		}
 		out[n.Node] = p
 	}
-	qs.others, qs.othersAt = out, now
-	return out
-}
-
-// fullQueues names the queues (by hex id) whose slots n's heartbeat says
-// are all taken; nil when none.
-func fullQueues(n schema.Node) map[string]bool {
-	var doing int64
-	for _, q := range n.Queues {
-		doing += q.TasksDoing
-	}
-	var full map[string]bool
-	for _, q := range n.Queues {
-		if (q.MaxThreads != nil && q.TasksDoing >= int64(*q.MaxThreads)) || (n.MaxThreads != nil && doing >= int64(*n.MaxThreads)) {
-			if full == nil {
-				full = map[string]bool{}
-			}
-			full[q.ID] = true
-		}
-	}
-	return full
+	qs.others, qs.self, qs.othersAt = out, self, now
+	return out, self
 }
 
 // serving names the live other nodes that serve q, in no order: their
@@ -308,9 +295,7 @@ func notNow(q schema.Queue) string {
 	return ""
 }
 
-// stats returns the heartbeat's queues[] entries and serves (mine), and
-// keeps which queues they say are full (fullHere; the node's own
-// maxthreads aside: its peers read the operator's from its document).
+// stats returns the heartbeat's queues[] entries and serves (mine).
 // tasks_doing is this node's
 // tasks of the queue in -1 or 0 (running(q)); tasks_todo and tasks_done
 // come from the queue's counters (count_todo, count_total) when it has
@@ -330,6 +315,20 @@ func (qs *queueSet) stats(running func(q bson.ObjectID) int) ([]schema.NodeQueue
 		}
 		out = append(out, e)
 	}
-	qs.fullHere = fullQueues(schema.Node{Queues: out})
 	return out, qs.mine
+}
+
+// full returns the ids (hex, sorted) of the served queues whose slots are
+// all taken (isFull: the claimer's Full), for the heartbeat.
+func (qs *queueSet) full(isFull func(q bson.ObjectID, maxThreads int) bool) []string {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	var out []string
+	for id, q := range qs.served {
+		if isFull(id, q.MaxThreads) {
+			out = append(out, id.Hex())
+		}
+	}
+	slices.Sort(out)
+	return out
 }

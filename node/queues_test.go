@@ -68,17 +68,24 @@ func TestLiveOthersReadsTheNodesOnceASecond(t *testing.T) {
 	st := &nodesStore{now: start, nodes: []schema.Node{beat("a", "q1"), beat("b", "q1")}}
 	qs := &queueSet{node: "a", store: st, live: 10 * time.Second, clock: fake, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx := context.Background()
+	othersOf := func() map[string]peer {
+		others, _ := qs.liveOthers(ctx)
+		return others
+	}
 
 	first := map[string]peer{"b": {serves: map[string]bool{"q1": true}, stream: true}}
-	require.Equal(t, first, qs.liveOthers(ctx))
+	others, self := qs.liveOthers(ctx)
+	require.Equal(t, first, others)
+	require.Equal(t, peer{serves: map[string]bool{"q1": true}, stream: true}, self, "its own heartbeat, read with the others'")
 	require.Equal(t, 1, st.count())
 
 	st.mu.Lock()
 	st.nodes = append(st.nodes, beat("c", "q2")) // a node joins
 	// Nodes that say what they serve: d serves one of the two queues it
-	// can read, by ticks alone; e serves none.
+	// can read, by ticks alone, and its slots for it are taken; e serves
+	// none.
 	d := beat("d", "q1")
-	d.Queues, d.Serves = append(d.Queues, schema.NodeQueue{ID: "q3"}), []string{"q3"}
+	d.Queues, d.Serves, d.Full = append(d.Queues, schema.NodeQueue{ID: "q3"}), []string{"q3"}, []string{"q3"}
 	e := beat("e", "q1")
 	e.Serves, e.WakeupStream = []string{}, true
 	st.nodes = append(st.nodes, d, e)
@@ -86,12 +93,12 @@ func TestLiveOthersReadsTheNodesOnceASecond(t *testing.T) {
 	fake.Advance(othersFresh - time.Millisecond)
 	_, err := qs.refresh(ctx)
 	require.NoError(t, err)
-	require.Equal(t, first, qs.liveOthers(ctx), "within a second: the last read")
+	require.Equal(t, first, othersOf(), "within a second: the last read")
 	require.Equal(t, 1, st.count(), "queue reads within a second read the nodes once")
 
 	fake.Advance(time.Millisecond)
 	require.Equal(t, map[string]peer{"b": first["b"], "c": {serves: map[string]bool{"q2": true}, stream: true},
-		"d": {serves: map[string]bool{"q3": true}}, "e": {serves: map[string]bool{}, stream: true}}, qs.liveOthers(ctx),
+		"d": {serves: map[string]bool{"q3": true}, full: map[string]bool{"q3": true}}, "e": {serves: map[string]bool{}, stream: true}}, othersOf(),
 		"a second on: read again; serves, where written, says what a node serves, not queues")
 	require.Equal(t, 2, st.count())
 
@@ -99,31 +106,38 @@ func TestLiveOthersReadsTheNodesOnceASecond(t *testing.T) {
 	st.mu.Lock()
 	st.fail = true
 	st.mu.Unlock()
-	require.Nil(t, qs.liveOthers(ctx), "unreadable: no peers")
+	require.Nil(t, othersOf(), "unreadable: no peers")
 	st.mu.Lock()
 	st.fail = false
 	st.mu.Unlock()
-	require.Len(t, qs.liveOthers(ctx), 4, "a failed read is not kept: read again at once")
+	require.Len(t, othersOf(), 4, "a failed read is not kept: read again at once")
 	require.Equal(t, 4, st.count())
 }
 
-// TestAQueuesFullNodesAreTheOnesWhoseHeartbeatSaysSo: the claimer is told
-// which of a queue's nodes are full by their heartbeats, this node's own
-// included (its last, not its slots now), so that every node ranks the
-// same ones last for listening; and this node's serves lists the queues
-// it would serve but for a pause, not those it has no plugin for.
-func TestAQueuesFullNodesAreTheOnesWhoseHeartbeatSaysSo(t *testing.T) {
+// TestAQueuesPeersDeafAndFullAreWhatTheHeartbeatsSay: the claimer is
+// told which of a queue's nodes serve it, which have no stream and which
+// are full by their heartbeats, this node's own included (as read with
+// the others', not its slots now), so that every node ranks the same ones
+// last for listening; this node's serves lists the queues it would serve
+// but for a pause, not those it has no plugin for; and its full the
+// served queues its claimer says are full.
+func TestAQueuesPeersDeafAndFullAreWhatTheHeartbeatsSay(t *testing.T) {
 	start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	fake := clock.NewFake(start)
 	q := schema.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "C", MaxThreads: ptr(2)}
 	paused := schema.Queue{ID: bson.NewObjectID(), Name: "paused", Constructor: "C", MaxThreads: ptr(2)}
 	paused.Sched.Paused = true
 	alien := schema.Queue{ID: bson.NewObjectID(), Name: "alien", Constructor: "nope", MaxThreads: ptr(2)}
-	beat := func(name string, doing int64) schema.Node {
-		return schema.Node{Node: name, State: schema.NodeStateRunning, Timestamp: start, Serves: []string{q.ID.Hex()}, WakeupStream: true,
-			Queues: []schema.NodeQueue{{ID: q.ID.Hex(), MaxThreads: ptr(2), TasksDoing: doing}}}
+	beat := func(name string, full bool, stream bool) schema.Node {
+		n := schema.Node{Node: name, State: schema.NodeStateRunning, Timestamp: start, Serves: []string{q.ID.Hex()}, WakeupStream: stream,
+			Queues: []schema.NodeQueue{{ID: q.ID.Hex()}}}
+		if full {
+			n.Full = []string{q.ID.Hex()}
+		}
+		return n
 	}
-	st := &nodesStore{now: start, nodes: []schema.Node{beat("b", 2), beat("c", 1)}, queues: []schema.Queue{q, paused, alien}}
+	st := &nodesStore{now: start, nodes: []schema.Node{beat("a", false, true), beat("b", true, true), beat("c", false, true), beat("d", false, false)},
+		queues: []schema.Queue{q, paused, alien}}
 	reg := plugin.NewRegistry()
 	reg.Register("C", plugin.Func(func(context.Context, plugin.Task) plugin.Result { return plugin.Result{} }))
 	qs := &queueSet{node: "a", store: st, plugins: reg, live: 10 * time.Second, clock: fake, log: slog.New(slog.DiscardHandler)}
@@ -132,17 +146,20 @@ func TestAQueuesFullNodesAreTheOnesWhoseHeartbeatSaysSo(t *testing.T) {
 	served, err := qs.refresh(ctx)
 	require.NoError(t, err)
 	require.Len(t, served, 1)
-	require.ElementsMatch(t, []string{"b", "c"}, served[0].Peers)
-	require.Equal(t, []string{"b"}, served[0].Full, "b's heartbeat has both slots taken")
+	require.ElementsMatch(t, []string{"b", "c", "d"}, served[0].Peers)
+	require.Equal(t, []string{"d"}, served[0].Deaf, "d has no stream")
+	require.Equal(t, []string{"b"}, served[0].Full, "b's heartbeat has its slots taken")
 
-	_, serves := qs.stats(func(bson.ObjectID) int { return 2 }) // this node's heartbeat: q full
+	_, serves := qs.stats(func(bson.ObjectID) int { return 0 })
 	require.ElementsMatch(t, []string{q.ID.Hex(), paused.ID.Hex()}, serves, "paused for every node, not the plugin-less one")
+	require.Equal(t, []string{q.ID.Hex()}, qs.full(func(id bson.ObjectID, max int) bool { return id == q.ID && max == 2 }))
+	require.Empty(t, qs.full(func(bson.ObjectID, int) bool { return false }))
+
+	st.mu.Lock()
+	st.nodes[0] = beat("a", true, true) // this node's next heartbeat says it is full
+	st.mu.Unlock()
+	fake.Advance(othersFresh)
 	served, err = qs.refresh(ctx)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"a", "b"}, served[0].Full, "its own heartbeat, as its peers read it")
-
-	qs.stats(func(bson.ObjectID) int { return 1 })
-	served, err = qs.refresh(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []string{"b"}, served[0].Full)
 }

@@ -252,20 +252,3 @@ func TestServingNamesTheNodesAQueueLets(t *testing.T) {
 	names, _, _ = serving(q, nil)
 	require.Empty(t, names, "no node read")
 }
-
-// TestFullQueuesAreThoseAHeartbeatHasNoSlotFor: a queue is full on a node
-// whose heartbeat has its tasks_doing at the queue's maxthreads, and every
-// queue is once the node's tasks reach the node's maxthreads.
-func TestFullQueuesAreThoseAHeartbeatHasNoSlotFor(t *testing.T) {
-	n := schema.Node{Queues: []schema.NodeQueue{
-		{ID: "a", MaxThreads: ptr(2), TasksDoing: 2},
-		{ID: "b", MaxThreads: ptr(8), TasksDoing: 3},
-		{ID: "c", TasksDoing: 1}, // no maxthreads read
-	}}
-	require.Equal(t, map[string]bool{"a": true}, fullQueues(n))
-	n.MaxThreads = ptr(6)
-	require.Equal(t, map[string]bool{"a": true, "b": true, "c": true}, fullQueues(n), "six tasks at the node's cap")
-	n.MaxThreads = ptr(7)
-	require.Equal(t, map[string]bool{"a": true}, fullQueues(n))
-	require.Nil(t, fullQueues(schema.Node{}))
-}

@@ -28,13 +28,21 @@ const (
 	NodeDeadAt = "dead_at"
 	NodeDeadBy = "dead_by"
 	// NodeServes lists the ids (hex strings) of the queues the node
-	// claims from as of its last read of them; queues lists every queue
-	// it can read, served or not (seed 000). NodeWakeupStream says whether
-	// it follows a change stream for new tasks (false: --poll-only).
-	// Other nodes choose a queue's wake-up listeners among the nodes that
-	// serve it with a stream.
+	// serves as of its last read of them, or would but for what stops
+	// every node alike (a pause, maxthreads 0); queues lists every queue
+	// it can read, served or not (seed 000). NodeFull lists those whose
+	// slots it had all taken (the queue's maxthreads, or its own cap).
+	// NodeWakeupStream says whether it follows a change stream for new
+	// tasks (false: --poll-only). NodeServesAt is the heartbeat's
+	// timestamp again: the three are read only when it equals timestamp,
+	// so that a node of an earlier version, which writes timestamp and not
+	// them, is not taken at what it wrote before. Other nodes choose a
+	// queue's wake-up listeners among the nodes that serve it with a
+	// stream, the full ones last.
 	NodeServes       = "serves"
+	NodeFull         = "full"
 	NodeWakeupStream = "wakeup_stream"
+	NodeServesAt     = "serves_at"
 )
 
 // Node states (NodeState).
@@ -61,11 +69,13 @@ type Node struct {
 	Dead   bool
 	DeadAt time.Time
 	DeadBy string
-	// Serves is nil when the document has no serves (a node of an
-	// earlier version, or another implementation), else the ids of the
-	// queues the node serves; WakeupStream is then whether it follows a
-	// change stream. See NodeServes.
+	// Serves is nil when the document does not say (no serves, or one
+	// not written with its timestamp: a node of an earlier version, or
+	// another implementation), else the ids of the queues the node
+	// serves; Full and WakeupStream are then what it said with them. See
+	// NodeServes. A malformed serves or full reads as not said.
 	Serves       []string
+	Full         []string
 	WakeupStream bool
 
 	Raw bson.Raw
@@ -91,18 +101,23 @@ type NodeQueue struct {
 func DecodeNode(raw bson.Raw) (Node, error) {
 	r := newReader(CollNodes, raw)
 	n := Node{
-		ID:           r.objectID(false, "_id"),
-		Node:         r.str(true, NodeNode),
-		Timestamp:    r.timeOf(NodeTimestamp),
-		MaxThreads:   r.maxThreads(NodeMaxThreads),
-		State:        r.str(false, NodeState),
-		Drain:        r.flag(NodeDrain),
-		Dead:         r.flag(NodeDead),
-		DeadAt:       r.timeOf(NodeDeadAt),
-		DeadBy:       r.str(false, NodeDeadBy),
-		Serves:       r.strings(NodeServes),
-		WakeupStream: r.flag(NodeWakeupStream),
-		Raw:          raw,
+		ID:         r.objectID(false, "_id"),
+		Node:       r.str(true, NodeNode),
+		Timestamp:  r.timeOf(NodeTimestamp),
+		MaxThreads: r.maxThreads(NodeMaxThreads),
+		State:      r.str(false, NodeState),
+		Drain:      r.flag(NodeDrain),
+		Dead:       r.flag(NodeDead),
+		DeadAt:     r.timeOf(NodeDeadAt),
+		DeadBy:     r.str(false, NodeDeadBy),
+		Raw:        raw,
+	}
+	if at, ok := raw.Lookup(NodeServesAt).DateTimeOK(); ok && !n.Timestamp.IsZero() && at == n.Timestamp.UnixMilli() {
+		n.Serves, n.Full = hexList(raw, NodeServes), hexList(raw, NodeFull)
+		n.WakeupStream = r.flag(NodeWakeupStream)
+		if n.Serves == nil {
+			n.Full = nil
+		}
 	}
 	if _, v, ok := r.lookup(NodeQueues); ok {
 		arr, isArr := v.ArrayOK()
@@ -141,4 +156,26 @@ func DecodeNode(raw bson.Raw) (Node, error) {
 		return Node{}, r.err
 	}
 	return n, nil
+}
+
+// hexList reads an array of strings, leniently: nil when it is missing or
+// anything else (a node's own fields, which nobody but its node writes).
+func hexList(raw bson.Raw, name string) []string {
+	arr, ok := raw.Lookup(name).ArrayOK()
+	if !ok {
+		return nil
+	}
+	vals, err := arr.Values()
+	if err != nil {
+		return nil
+	}
+	out := make([]string, 0, len(vals))
+	for _, v := range vals {
+		s, ok := v.StringValueOK()
+		if !ok {
+			return nil
+		}
+		out = append(out, s)
+	}
+	return out
 }

@@ -246,16 +246,22 @@ func TestDecodeNodeSeedExample(t *testing.T) {
 }
 
 // TestDecodeNodeServes: a node of this version says which queues it
-// serves and whether it follows a stream; a document without serves (a
-// 4.103 node, or ours before) decodes to nil, told apart from serving
-// nothing.
+// serves, which are full and whether it follows a stream, with its
+// heartbeat's time; a document without them (a 4.103 node, or ours
+// before), or with them from an earlier heartbeat than its timestamp (a
+// node rolled back to an earlier version), decodes to nil, told apart
+// from serving nothing; a malformed serves reads as not said, and the
+// node still decodes.
 func TestDecodeNodeServes(t *testing.T) {
 	t.Parallel()
-	n, err := DecodeNode(doc(t, `{"node":"a","serves":["571f8951b75bf335634ec271"],"wakeup_stream":true}`))
+	const at = `{"$date":"2026-11-29T12:00:00.123Z"}`
+	n, err := DecodeNode(doc(t, `{"node":"a","timestamp":`+at+`,"serves_at":`+at+`,"serves":["571f8951b75bf335634ec271","571f8951b75bf335634ec272"],
+		"full":["571f8951b75bf335634ec272"],"wakeup_stream":true}`))
 	require.NoError(t, err)
-	require.Equal(t, []string{"571f8951b75bf335634ec271"}, n.Serves)
+	require.Equal(t, []string{"571f8951b75bf335634ec271", "571f8951b75bf335634ec272"}, n.Serves)
+	require.Equal(t, []string{"571f8951b75bf335634ec272"}, n.Full)
 	require.True(t, n.WakeupStream)
-	none, err := DecodeNode(doc(t, `{"node":"b","serves":[],"wakeup_stream":false}`))
+	none, err := DecodeNode(doc(t, `{"node":"b","timestamp":`+at+`,"serves_at":`+at+`,"serves":[],"full":[],"wakeup_stream":false}`))
 	require.NoError(t, err)
 	require.NotNil(t, none.Serves, "serving nothing is not unknown")
 	require.Empty(t, none.Serves)
@@ -263,8 +269,15 @@ func TestDecodeNodeServes(t *testing.T) {
 	old, err := DecodeNode(doc(t, `{"node":"c","queues":[]}`))
 	require.NoError(t, err)
 	require.Nil(t, old.Serves)
-	_, err = DecodeNode(doc(t, `{"node":"d","serves":[1]}`))
-	require.ErrorContains(t, err, "serves")
+	stale, err := DecodeNode(doc(t, `{"node":"d","timestamp":{"$date":"2026-11-29T12:00:01.000Z"},"serves_at":`+at+`,"serves":[],"full":[],"wakeup_stream":false}`))
+	require.NoError(t, err)
+	require.Nil(t, stale.Serves, "written by an earlier heartbeat")
+	require.Nil(t, stale.Full)
+	require.False(t, stale.WakeupStream)
+	bad, err := DecodeNode(doc(t, `{"node":"e","timestamp":`+at+`,"serves_at":`+at+`,"serves":[1],"full":["x"]}`))
+	require.NoError(t, err)
+	require.Nil(t, bad.Serves)
+	require.Nil(t, bad.Full)
 }
 
 func TestDecodeConfig(t *testing.T) {

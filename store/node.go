@@ -23,14 +23,14 @@ type NodeUpsertParams struct {
 	// ClearDrain removes an operator's drain request: a node starting up
 	// is a new run, which the request was not for.
 	ClearDrain bool
-	// Serves (queue ids) and WakeupStream: schema.NodeServes. Always
-	// written, serves as [] when nil.
-	Serves       []string
+	// Serves and Full (queue ids) and WakeupStream: schema.NodeServes.
+	// Always written, with serves_at, the lists as [] when nil.
+	Serves, Full []string
 	WakeupStream bool
 }
 
-// NodeUpsert writes node, timestamp, queues, serves, wakeup_stream and
-// state of this node's document, creating it if needed, and returns the
+// NodeUpsert writes node, timestamp, queues, serves, full, wakeup_stream,
+// serves_at and state of this node's document, creating it if needed, and returns the
 // document as it was before (zero for a new node), so one round trip also
 // reads the operator's maxthreads and drain request and tells the node whether another node
 // declared it dead. The timestamp is the server's clock ($$NOW), the only
@@ -49,16 +49,21 @@ func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) (schema.Node
 	for i := range queues {
 		queues[i].Preemptive, queues[i].TasksBackfill = 1, 0
 	}
-	serves := p.Serves
+	serves, full := p.Serves, p.Full
 	if serves == nil {
 		serves = []string{}
+	}
+	if full == nil {
+		full = []string{}
 	}
 	set := bson.D{
 		{Key: schema.NodeNode, Value: literal(p.Node)},
 		{Key: schema.NodeTimestamp, Value: "$$NOW"},
 		{Key: schema.NodeQueues, Value: literal(queues)},
 		{Key: schema.NodeServes, Value: literal(serves)},
+		{Key: schema.NodeFull, Value: literal(full)},
 		{Key: schema.NodeWakeupStream, Value: p.WakeupStream},
+		{Key: schema.NodeServesAt, Value: "$$NOW"}, // = timestamp
 	}
 	if p.State != "" {
 		set = append(set, bson.E{Key: schema.NodeState, Value: literal(p.State)})

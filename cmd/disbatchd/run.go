@@ -255,7 +255,7 @@ func run(ctx context.Context, args []string, e env) int {
 		s.ClaimLinger = (*duration)(&d)
 		return nil
 	})
-	f.IntVar(&s.WakeupListeners, "wakeup-listeners", claimer.SuggestedListeners, "how many of a queue's nodes follow a change stream for its new tasks (0: every node): a queue served by more keeps the streams of the ones ranked first by a hash of their names, passing over nodes whose last heartbeat says they have no stream (--poll-only) or no free slot for it, and the others find its tasks by their tick (of fifty nodes, one of the 47 others ticks about every 20 ms; of four, the one other every second) and as their own tasks end. Every stream reads every write the server makes, and every listener tries to claim every new task: fifty listening nodes cost the server fifty reads of each write and fifty claims a task")
+	f.IntVar(&s.WakeupListeners, "wakeup-listeners", claimer.SuggestedListeners, "how many of a queue's nodes follow a change stream for its new tasks (0: every node): a queue served by more keeps the streams of the ones ranked first by a hash of their names, passing over nodes whose last heartbeat says they have no stream (--poll-only) and ranking last those with no free slot for it, and the others find its tasks by their tick (of fifty nodes, one of the 47 others ticks about every 20 ms; of four, the one other every second) and as their own tasks end, and kill requests for their tasks by a sweep every 250 ms. Every stream reads every write the server makes, and every listener tries to claim every new task: fifty listening nodes cost the server fifty reads of each write and fifty claims a task")
 	f.BoolVar(&s.Supervise, "supervise", true, "run exec, shell and --plugin tasks each under a supervisor process of its own, so that stopping, killing or upgrading disbatchd leaves them running and its next start (same --node, same --state-dir) adopts them; false: they run inside the node and die with it")
 	f.StringVar(&s.StateDir, "state-dir", "", "where supervisors keep their sockets and results (default $STATE_DIRECTORY/NODE under systemd, else $TMPDIR/disbatchd-UID/NODE); must survive the node's restarts")
 	f.Func("supervisor-pool", fmt.Sprintf("how many idle supervisors wait ready, forked ahead of need, so that a supervised task's start costs no fork (default %d, about 4 MiB each; 0: each is forked for its task)", supervisor.DefaultPool), func(v string) error {
@@ -412,12 +412,12 @@ func parseMaxThreads(s string) (*int, error) {
 	return &n, nil
 }
 
-// applyConfigFile fills every setting not given by a flag or the
-// environment from the JSON file.
 // notInFile marks a count the config file does not give, where 0 is a
 // setting of its own.
 const notInFile = math.MinInt
 
+// applyConfigFile fills every setting not given by a flag or the
+// environment from the JSON file.
 func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *string, external *[]string, getenv func(string) string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -718,13 +718,15 @@ func testNodeUpsert(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.NotNil(t, n.Serves, "serves is written even when empty: serving nothing is known")
 	require.Empty(t, n.Serves)
+	require.NotNil(t, n.Full)
 	require.False(t, n.WakeupStream)
 
 	// The operator caps the node and adds a note.
 	_, err = db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "n1"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 5}, {Key: "note", Value: "rack 4"}}}})
 	require.NoError(t, err)
 	clock = clock.Add(time.Second)
-	second, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues, Serves: []string{"571f8951b75bf335634ec271"}, WakeupStream: true})
+	second, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1", Queues: queues, Serves: []string{"571f8951b75bf335634ec271"},
+		Full: []string{"571f8951b75bf335634ec271"}, WakeupStream: true})
 	require.NoError(t, err)
 	require.Equal(t, 5, *second.MaxThreads, "the heartbeat reads the operator's cap in the same round trip")
 
@@ -743,7 +745,8 @@ func testNodeUpsert(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, 5, *n.MaxThreads)
 	require.Len(t, n.Queues, 1)
-	require.Equal(t, []string{"571f8951b75bf335634ec271"}, n.Serves)
+	require.Equal(t, []string{"571f8951b75bf335634ec271"}, n.Serves, "serves_at is the heartbeat's timestamp")
+	require.Equal(t, []string{"571f8951b75bf335634ec271"}, n.Full)
 	require.True(t, n.WakeupStream)
 	count, err := db.Collection("nodes").CountDocuments(ctx, bson.D{})
 	require.NoError(t, err)
