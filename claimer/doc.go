@@ -23,7 +23,8 @@
 // A queue's listeners hear of each new task: every node serving it, or
 // with Config.Listeners (disbatchd's --wakeup-listeners, 3 by default)
 // the few ranked first by a hash of their names among those whose last
-// heartbeat says they have a stream and a free slot for it, the others
+// heartbeat says they have a stream, those without a free slot for it
+// last, the others
 // letting their streams go (Config.Quiet) and finding work by the tick. So that the listeners do
 // not all race for a task, each ranks itself among them for that task
 // (rendezvous hashing on the task's id and the nodes' names) and tries

@@ -35,8 +35,10 @@ it dead (its heartbeat was older than that node's --dead-after: its claimed
 tasks went back to the queue and its running ones were orphaned) or an
 operator asked it to drain. Disbatch 4.103 Perl nodes are listed too; they
 write no state. With --json, nodes of this version also show serves (the ids
-of the queues they serve, or would but for a pause) and wakeup_stream (false:
---poll-only), which other nodes read to pick each queue's wake-up listeners.`,
+of the queues they serve, or would but for what stops every node alike: a
+pause, maxthreads 0), full (those whose slots they had all taken) and
+wakeup_stream (false: --poll-only), which other nodes read to pick each
+queue's wake-up listeners: nodes with a stream, the full ones last.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, done, err := g.open(cmd)
@@ -124,7 +126,7 @@ func nodeJSON(n schema.Node, now time.Time) map[string]any {
 		m["dead_at"], m["dead_by"] = n.DeadAt, n.DeadBy
 	}
 	if n.Serves != nil { // said by nodes of this version
-		m["serves"], m["wakeup_stream"] = n.Serves, n.WakeupStream
+		m["serves"], m["full"], m["wakeup_stream"] = n.Serves, n.Full, n.WakeupStream
 	}
 	return m
 }

@@ -18,7 +18,7 @@ func TestNodeListAndDrain(t *testing.T) {
 	ctx := context.Background()
 	s := store.New(e.db, store.Options{})
 	_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "alive", State: schema.NodeStateRunning, Queues: []schema.NodeQueue{{Name: "q", ID: "571f8951b75bf335634ec271", TasksDoing: 3}},
-		Serves: []string{"571f8951b75bf335634ec271"}, WakeupStream: true})
+		Serves: []string{"571f8951b75bf335634ec271"}, Full: []string{"571f8951b75bf335634ec271"}, WakeupStream: true})
 	require.NoError(t, err)
 	_, err = e.db.Collection("nodes").InsertOne(ctx, bson.D{
 		{Key: "node", Value: "gone"}, {Key: "timestamp", Value: time.Now().Add(-time.Hour)},
@@ -49,6 +49,7 @@ func TestNodeListAndDrain(t *testing.T) {
 	require.Equal(t, true, nodes[0]["drain"])
 	require.Equal(t, true, nodes[1]["dead"])
 	require.Equal(t, []any{"571f8951b75bf335634ec271"}, nodes[0]["serves"])
+	require.Equal(t, []any{"571f8951b75bf335634ec271"}, nodes[0]["full"])
 	require.Equal(t, true, nodes[0]["wakeup_stream"])
 	require.NotContains(t, nodes[2], "serves", "4.103's node does not say")
 

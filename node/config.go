@@ -75,8 +75,8 @@ type Config struct {
 	// WakeupListeners, when positive, is how many of a queue's nodes keep
 	// a wake-up stream for it (claimer.Config.Listeners; 0: every node;
 	// disbatchd's default is claimer.SuggestedListeners). The nodes
-	// ranked are those whose heartbeats say they serve the queue, with a
-	// stream and a free slot (schema.NodeServes).
+	// ranked are those whose heartbeats say they serve the queue with a
+	// stream, those without a free slot for it last (schema.NodeServes).
 	WakeupListeners int
 	// ClaimRunning claims tasks straight into running (seed 004's "status
 	// 0 if immediately processed"): one write per task fewer (the start),

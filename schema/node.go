@@ -73,7 +73,7 @@ type Node struct {
 	// not written with its timestamp: a node of an earlier version, or
 	// another implementation), else the ids of the queues the node
 	// serves; Full and WakeupStream are then what it said with them. See
-	// NodeServes. A malformed serves or full reads as not said.
+	// NodeServes. If any of the three is malformed, none is said.
 	Serves       []string
 	Full         []string
 	WakeupStream bool
@@ -113,10 +113,10 @@ func DecodeNode(raw bson.Raw) (Node, error) {
 		Raw:        raw,
 	}
 	if at, ok := raw.Lookup(NodeServesAt).DateTimeOK(); ok && !n.Timestamp.IsZero() && at == n.Timestamp.UnixMilli() {
-		n.Serves, n.Full = hexList(raw, NodeServes), hexList(raw, NodeFull)
-		n.WakeupStream = r.flag(NodeWakeupStream)
-		if n.Serves == nil {
-			n.Full = nil
+		serves, full := hexList(raw, NodeServes), hexList(raw, NodeFull)
+		stream, isBool := raw.Lookup(NodeWakeupStream).BooleanOK()
+		if serves != nil && full != nil && isBool {
+			n.Serves, n.Full, n.WakeupStream = serves, full, stream
 		}
 	}
 	if _, v, ok := r.lookup(NodeQueues); ok {
@@ -158,8 +158,9 @@ func DecodeNode(raw bson.Raw) (Node, error) {
 	return n, nil
 }
 
-// hexList reads an array of strings, leniently: nil when it is missing or
-// anything else (a node's own fields, which nobody but its node writes).
+// hexList reads an array of ids as hex strings, leniently: nil when it is
+// missing or anything else (a node's own fields, which nobody but its
+// node writes).
 func hexList(raw bson.Raw, name string) []string {
 	arr, ok := raw.Lookup(name).ArrayOK()
 	if !ok {
@@ -172,7 +173,7 @@ func hexList(raw bson.Raw, name string) []string {
 	out := make([]string, 0, len(vals))
 	for _, v := range vals {
 		s, ok := v.StringValueOK()
-		if !ok {
+		if _, err := bson.ObjectIDFromHex(s); !ok || err != nil {
 			return nil
 		}
 		out = append(out, s)

@@ -250,8 +250,8 @@ func TestDecodeNodeSeedExample(t *testing.T) {
 // heartbeat's time; a document without them (a 4.103 node, or ours
 // before), or with them from an earlier heartbeat than its timestamp (a
 // node rolled back to an earlier version), decodes to nil, told apart
-// from serving nothing; a malformed serves reads as not said, and the
-// node still decodes.
+// from serving nothing; if one of serves, full and wakeup_stream is
+// malformed (or missing), none is said, and the node still decodes.
 func TestDecodeNodeServes(t *testing.T) {
 	t.Parallel()
 	const at = `{"$date":"2026-11-29T12:00:00.123Z"}`
@@ -274,10 +274,19 @@ func TestDecodeNodeServes(t *testing.T) {
 	require.Nil(t, stale.Serves, "written by an earlier heartbeat")
 	require.Nil(t, stale.Full)
 	require.False(t, stale.WakeupStream)
-	bad, err := DecodeNode(doc(t, `{"node":"e","timestamp":`+at+`,"serves_at":`+at+`,"serves":[1],"full":["x"]}`))
-	require.NoError(t, err)
-	require.Nil(t, bad.Serves)
-	require.Nil(t, bad.Full)
+	for _, fields := range []string{
+		`"serves":[1],"full":[],"wakeup_stream":true`,
+		`"serves":["x"],"full":[],"wakeup_stream":true`,
+		`"serves":[],"full":{},"wakeup_stream":true`,
+		`"serves":[],"full":[],"wakeup_stream":"yes"`,
+		`"serves":[],"full":[]`,
+	} {
+		bad, err := DecodeNode(doc(t, `{"node":"e","timestamp":`+at+`,"serves_at":`+at+`,`+fields+`}`))
+		require.NoError(t, err, fields)
+		require.Nil(t, bad.Serves, fields)
+		require.Nil(t, bad.Full, fields)
+		require.False(t, bad.WakeupStream, fields)
+	}
 }
 
 func TestDecodeConfig(t *testing.T) {

@@ -24,7 +24,7 @@ func TestNodes(t *testing.T) {
 	qid := bson.NewObjectID().Hex()
 	_, err := e.st.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n2.example.com", State: schema.NodeStateRunning, Queues: []schema.NodeQueue{
 		{Name: "q", ID: qid, Constructor: "P", MaxThreads: ptr(2), TasksTodo: 4, TasksDoing: 1, TasksDone: 9},
-	}, Serves: []string{qid}, WakeupStream: true})
+	}, Serves: []string{qid}, Full: []string{qid}, WakeupStream: true})
 	require.NoError(t, err)
 	_, err = e.st.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1 ünï"})
 	require.NoError(t, err)
@@ -42,8 +42,10 @@ func TestNodes(t *testing.T) {
 	require.Nil(t, n2.MaxThreads)
 	require.Equal(t, []NodeQueue{{ID: n2.Queues[0].ID, Name: "q", Plugin: "P", MaxThreads: ptr(2), TasksTodo: 4, TasksDoing: 1, TasksDone: 9}}, n2.Queues)
 	require.Equal(t, []string{qid}, n2.Serves)
+	require.Equal(t, []string{qid}, n2.Full)
 	require.True(t, *n2.WakeupStream)
 	require.Equal(t, []string{}, n1.Serves, "serves nothing")
+	require.Equal(t, []string{}, n1.Full)
 	require.False(t, *n1.WakeupStream)
 
 	var n Node
@@ -96,6 +98,7 @@ func TestNodes(t *testing.T) {
 	require.NoError(t, err)
 	e.want(200, "GET", "/api/v1/nodes/perl", nil).decode(t, &n)
 	require.Nil(t, n.Serves, "not said")
+	require.Nil(t, n.Full)
 	require.Nil(t, n.WakeupStream)
 	_, err = e.db.Collection(schema.CollNodes).DeleteOne(ctx, bson.D{{Key: "node", Value: "perl"}})
 	require.NoError(t, err)

@@ -199,7 +199,7 @@ func TestCheckerCatches(t *testing.T) {
 		"error code":          {method: "GET", target: "/api/v1/queues/q", status: 404, header: js, body: []byte(`{"error":{"code":"conflict","message":"m","field":null}}`)},
 		"no route not 404":    {method: "GET", target: "/api/v1/nope", status: 200, header: js, body: []byte(`{}`)},
 		"405 without Allow":   {method: "PUT", target: "/api/v1/queues", status: 405, header: js, body: []byte(`{"error":{"code":"method_not_allowed","message":"m","field":null}}`)},
-		"date-time":           {method: "GET", target: "/api/v1/nodes", status: 200, header: js, body: []byte(`{"nodes":[{"id":null,"node":"n","timestamp":"yesterday","heartbeat_age_ms":null,"state":null,"drain":false,"maxthreads":null,"dead":false,"dead_at":null,"dead_by":null,"queues":[],"serves":null,"wakeup_stream":null}],"skipped":0}`)},
+		"date-time":           {method: "GET", target: "/api/v1/nodes", status: 200, header: js, body: []byte(`{"nodes":[{"id":null,"node":"n","timestamp":"yesterday","heartbeat_age_ms":null,"state":null,"drain":false,"maxthreads":null,"dead":false,"dead_at":null,"dead_by":null,"queues":[],"serves":null,"full":null,"wakeup_stream":null}],"skipped":0}`)},
 	} {
 		require.Error(t, c.check(x), name)
 	}

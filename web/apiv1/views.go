@@ -347,9 +347,10 @@ type Node struct {
 	DeadAt         *string     `json:"dead_at"`
 	DeadBy         *string     `json:"dead_by"`
 	Queues         []NodeQueue `json:"queues"`
-	// Serves and WakeupStream are null for a node that does not say
-	// (schema.NodeServes).
+	// Serves, Full and WakeupStream are null for a node that does not
+	// say (schema.NodeServes).
 	Serves       []string `json:"serves"`
+	Full         []string `json:"full"`
 	WakeupStream *bool    `json:"wakeup_stream"`
 }
 
@@ -390,7 +391,7 @@ func nodeView(n schema.Node, now time.Time) Node {
 	}
 	if n.Serves != nil {
 		stream := n.WakeupStream
-		v.Serves, v.WakeupStream = n.Serves, &stream
+		v.Serves, v.Full, v.WakeupStream = n.Serves, n.Full, &stream
 	}
 	for _, q := range n.Queues {
 		v.Queues = append(v.Queues, NodeQueue{ID: q.ID, Name: q.Name, Plugin: q.Constructor, MaxThreads: q.MaxThreads,
