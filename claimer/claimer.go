@@ -1239,7 +1239,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 			c.linger(ctx, q, want, batch)
 		}
 		got := 0
-		for got < want && c.slots.tryAcquire(q.ID, q.MaxThreads) {
+		for got < want && c.slots.reserve(q.ID, q.MaxThreads) {
 			got++
 		}
 		if got == 0 {
@@ -1247,7 +1247,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		}
 		release := func(k int) {
 			for range k {
-				c.slots.release(q.ID)
+				c.slots.releaseReserved(q.ID)
 			}
 		}
 		if ctx.Err() != nil {
@@ -1301,6 +1301,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		if c.quietReadDue() {
 			c.quietRead(ctx) // the loop's top takes q from it; the next pass (a slot's end, or the quiet timer) tries every queue
 		}
+		c.slots.settle(q.ID, won)
 		switch {
 		case err != nil:
 			release(got - won)

@@ -616,6 +616,9 @@ func TestClaimErrors(t *testing.T) {
 	require.Equal(t, 0, h.c.Running(failing.ID), "the failed claim gave its slot back")
 	require.Equal(t, 1, h.c.Running(good.ID))
 	require.Equal(t, 2, h.c.Total())
+	require.Zero(t, h.c.Reserved(), "every claim settled, won or failed")
+	require.True(t, h.c.Full(good.ID, good.MaxThreads), "its one slot held")
+	require.False(t, h.c.Full(bad.ID, bad.MaxThreads))
 
 	// The failed queue is not taken for empty: a freed slot retries it.
 	h.c.Finished(failing.ID)
@@ -784,6 +787,9 @@ func TestBacklogIsClaimedInBatches(t *testing.T) {
 	require.Equal(t, []bool{false, true, true, true, false}, bs.skips)
 	require.Equal(t, 150, h.claimedCount())
 	require.Equal(t, 150, h.c.Running(q.ID), "slots of unused batch places are given back")
+	require.Zero(t, h.c.Reserved(), "and no reservation is left")
+	require.False(t, h.c.Full(q.ID, q.MaxThreads))
+	require.True(t, h.c.Full(q.ID, 150))
 }
 
 // withoutPasses is s without the pass counters, which the tests comparing

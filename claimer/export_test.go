@@ -19,3 +19,10 @@ func Listens(node string, q Queue, k int) ([]string, bool) {
 	w := listeners(node, q, k)
 	return w.peers, w.listens
 }
+
+// Reserved is how many slots are reserved for claims still out.
+func (c *Claimer) Reserved() int {
+	c.slots.mu.Lock()
+	defer c.slots.mu.Unlock()
+	return c.slots.reservedAll
+}

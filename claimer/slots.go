@@ -26,8 +26,12 @@ type slots struct {
 	perQueue map[bson.ObjectID]int
 	released map[bson.ObjectID]int // slots given back per queue, ever
 	all      int
-	nodeMax  *int
-	pauses   map[PauseReason]bool // reasons no slot may be taken
+	// reserved counts the slots taken for a claim still out (reserve),
+	// per queue and in all: full leaves them out.
+	reserved    map[bson.ObjectID]int
+	reservedAll int
+	nodeMax     *int
+	pauses      map[PauseReason]bool // reasons no slot may be taken
 	// changed is signalled (without blocking) when a slot is given back,
 	// a pause starts or ends, or the node-wide cap changes: a lingering
 	// claim waits on it.
@@ -35,7 +39,7 @@ type slots struct {
 }
 
 func newSlots() *slots {
-	return &slots{perQueue: map[bson.ObjectID]int{}, released: map[bson.ObjectID]int{}, changed: make(chan struct{}, 1)}
+	return &slots{perQueue: map[bson.ObjectID]int{}, released: map[bson.ObjectID]int{}, reserved: map[bson.ObjectID]int{}, changed: make(chan struct{}, 1)}
 }
 
 // signal tells a lingering claim that something changed (s.mu held).
@@ -72,16 +76,56 @@ func (s *slots) capacity(queueMax int) int {
 	return queueMax
 }
 
-// tryAcquire takes a slot for queue q if both limits allow.
-func (s *slots) tryAcquire(q bson.ObjectID, queueMax int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// acquire takes a slot for queue q if both limits allow; s.mu is held.
+func (s *slots) acquire(q bson.ObjectID, queueMax int) bool {
 	if len(s.pauses) > 0 || s.perQueue[q] >= queueMax || (s.nodeMax != nil && s.all >= *s.nodeMax) {
 		return false
 	}
 	s.perQueue[q]++
 	s.all++
 	return true
+}
+
+// reserve takes a slot for queue q, if both limits allow, for a claim
+// about to go out: the slot counts as reserved until settle (its task
+// won) or releaseReserved (not).
+func (s *slots) reserve(q bson.ObjectID, queueMax int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.acquire(q, queueMax) {
+		return false
+	}
+	s.reserved[q]++
+	s.reservedAll++
+	return true
+}
+
+// settle ends k reservations of q whose tasks were won: the slots stay
+// taken.
+func (s *slots) settle(q bson.ObjectID, k int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unreserve(q, k)
+}
+
+// releaseReserved gives back a reserved slot of q: its claim won nothing
+// for it.
+func (s *slots) releaseReserved(q bson.ObjectID) {
+	s.mu.Lock()
+	s.unreserve(q, 1)
+	s.mu.Unlock()
+	s.release(q)
+}
+
+// unreserve drops k of q's reservations (never below zero); s.mu is
+// held.
+func (s *slots) unreserve(q bson.ObjectID, k int) {
+	k = min(k, s.reserved[q])
+	s.reserved[q] -= k
+	s.reservedAll -= k
+	if s.reserved[q] <= 0 {
+		delete(s.reserved, q)
+	}
 }
 
 // pause stops new slots from being taken until resume(reason); slots in
@@ -172,11 +216,13 @@ func (s *slots) free() int {
 }
 
 // full reports whether q's slots are all taken (queueMax), or the node's
-// (its cap), pauses aside.
+// (its cap), pauses aside, and the slots reserved for a claim still out
+// left out: a node that claims has free slots (it reserved them), and a
+// heartbeat written during the claim's round trip would say otherwise.
 func (s *slots) full(q bson.ObjectID, queueMax int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.perQueue[q] >= queueMax || (s.nodeMax != nil && s.all >= *s.nodeMax)
+	return s.perQueue[q]-s.reserved[q] >= queueMax || (s.nodeMax != nil && s.all-s.reservedAll >= *s.nodeMax)
 }
 
 // running returns the slots in use for q.
