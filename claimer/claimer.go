@@ -1245,11 +1245,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		if got == 0 {
 			return n, false
 		}
-		release := func(k int) {
-			for range k {
-				c.slots.releaseReserved(q.ID)
-			}
-		}
+		release := func(k int) { c.slots.releaseReserved(q.ID, k) }
 		if ctx.Err() != nil {
 			release(got)
 			return n, false
@@ -1279,6 +1275,7 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 				short = won == 0
 			}
 		}
+		c.slots.settle(q.ID, won) // its tasks are out: held, no longer reserved
 		if err == nil && won == 0 && nc.skip && (!nc.wasEmpty || !nc.from.IsZero()) {
 			// Nothing with node -1 (from the bound): the queue is empty
 			// only if it has nothing with node null either, unless it had
@@ -1301,7 +1298,6 @@ func (c *Claimer) claim(ctx context.Context, q Queue, limit int) (n int, more bo
 		if c.quietReadDue() {
 			c.quietRead(ctx) // the loop's top takes q from it; the next pass (a slot's end, or the quiet timer) tries every queue
 		}
-		c.slots.settle(q.ID, won)
 		switch {
 		case err != nil:
 			release(got - won)

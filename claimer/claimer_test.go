@@ -1180,6 +1180,37 @@ func TestNodesWithoutAStreamNeverListenAndFullOnesListenLast(t *testing.T) {
 	require.Equal(t, []string{"p1", "p2", "p3", "p4"}, few.Peers, "the queue's peers are left as they are")
 }
 
+// TestASlotOfAClaimStillOutIsNotFull: while a claim is out, the slot it
+// took is reserved and the queue is not full (what the heartbeat says);
+// once it comes back with its task, the slot is held and the queue full.
+func TestASlotOfAClaimStillOutIsNotFull(t *testing.T) {
+	t.Parallel()
+	q := queue("q", 1)
+	h := newHarness(t, nil, q)
+	entered, gate := make(chan struct{}), make(chan struct{})
+	var once, opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	h.st.set(func(ctx context.Context, p store.TaskClaimParams) (schema.Task, error) {
+		once.Do(func() { close(entered) })
+		<-gate
+		return alwaysTask(ctx, p)
+	})
+	h.start()
+	defer open() // a failed assertion must not leave the claim (and Stop) hanging
+	select {
+	case <-entered:
+	case <-time.After(wait):
+		t.Fatal("no claim")
+	}
+	require.Equal(t, 1, h.c.Reserved(), "the claim's slot")
+	require.Equal(t, 1, h.c.Running(q.ID))
+	require.False(t, h.c.Full(q.ID, q.MaxThreads), "reserved, not held")
+	open()
+	h.pass()
+	require.Zero(t, h.c.Reserved())
+	require.True(t, h.c.Full(q.ID, q.MaxThreads), "its task won: held")
+}
+
 // TestAListenerThatFillsUpStepsBack: a node that listens for a queue only
 // because a peer ranked before it is full lets its stream go once its own
 // heartbeat says it is full too, and wants it back once it says a slot

@@ -108,13 +108,15 @@ func (s *slots) settle(q bson.ObjectID, k int) {
 	s.unreserve(q, k)
 }
 
-// releaseReserved gives back a reserved slot of q: its claim won nothing
-// for it.
-func (s *slots) releaseReserved(q bson.ObjectID) {
+// releaseReserved gives back k reserved slots of q: their claim won
+// nothing for them.
+func (s *slots) releaseReserved(q bson.ObjectID, k int) {
 	s.mu.Lock()
-	s.unreserve(q, 1)
-	s.mu.Unlock()
-	s.release(q)
+	defer s.mu.Unlock()
+	s.unreserve(q, k)
+	for range k {
+		s.releaseLocked(q)
+	}
 }
 
 // unreserve drops k of q's reservations (never below zero); s.mu is
@@ -171,6 +173,11 @@ func (s *slots) take(q bson.ObjectID) {
 func (s *slots) release(q bson.ObjectID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.releaseLocked(q)
+}
+
+// releaseLocked is release with s.mu held.
+func (s *slots) releaseLocked(q bson.ObjectID) {
 	if s.perQueue[q] > 0 {
 		s.perQueue[q]--
 		s.all--

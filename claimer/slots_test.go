@@ -150,7 +150,7 @@ func TestSlotsReservedForAClaimAreNotFull(t *testing.T) {
 	require.False(t, s.reserve(a, 2), "both taken")
 	require.False(t, s.full(a, 2), "a claim out: the node had free slots")
 	s.settle(a, 1)
-	s.releaseReserved(a)
+	s.releaseReserved(a, 1)
 	require.False(t, s.full(a, 2), "one won, one given back")
 	require.Equal(t, 1, s.running(a))
 	require.True(t, s.reserve(a, 2))
@@ -165,6 +165,6 @@ func TestSlotsReservedForAClaimAreNotFull(t *testing.T) {
 	require.False(t, s.full(b, 8), "the node's second slot is reserved, not held")
 	s.settle(b, 5) // more than reserved: never below zero
 	require.True(t, s.full(b, 8))
-	s.releaseReserved(b)
+	s.releaseReserved(b, 1)
 	require.Equal(t, 1, s.total())
 }
