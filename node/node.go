@@ -373,8 +373,7 @@ func (n *Node) LeaderStatus() leadership.Status { return n.leader.Status() }
 type nodeTarget Node
 
 func (t *nodeTarget) heartbeatQueues() ([]schema.NodeQueue, []string, []string) {
-	queues, serves := t.queues.stats(t.claimer.Running)
-	return queues, serves, t.queues.full(t.claimer.Full)
+	return t.queues.stats(t.claimer.Running, t.claimer.Full)
 }
 
 func (t *nodeTarget) fence(silence time.Duration) {

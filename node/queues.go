@@ -295,15 +295,16 @@ func notNow(q schema.Queue) string {
 	return ""
 }
 
-// stats returns the heartbeat's queues[] entries and serves (mine).
-// tasks_doing is this node's
-// tasks of the queue in -1 or 0 (running(q)); tasks_todo and tasks_done
-// come from the queue's counters (count_todo, count_total) when it has
-// them.
-func (qs *queueSet) stats(running func(q bson.ObjectID) int) ([]schema.NodeQueue, []string) {
+// stats returns the heartbeat's queues[] entries, serves (mine) and full:
+// the served queues whose slots are all taken (isFull: the claimer's
+// Full), ids hex and sorted; one snapshot, so that full is within serves.
+// tasks_doing is this node's tasks of the queue in -1 or 0 (running(q));
+// tasks_todo and tasks_done come from the queue's counters (count_todo,
+// count_total) when it has them.
+func (qs *queueSet) stats(running func(q bson.ObjectID) int, isFull func(q bson.ObjectID, maxThreads int) bool) (queues []schema.NodeQueue, serves, full []string) {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
-	out := make([]schema.NodeQueue, 0, len(qs.all))
+	queues = make([]schema.NodeQueue, 0, len(qs.all))
 	for _, q := range qs.all {
 		doing := int64(running(q.ID))
 		e := schema.NodeQueue{Name: q.Name, ID: q.ID.Hex(), Constructor: q.Constructor, MaxThreads: q.MaxThreads, TasksDoing: doing}
@@ -313,22 +314,13 @@ func (qs *queueSet) stats(running func(q bson.ObjectID) int) ([]schema.NodeQueue
 				e.TasksDone = max(0, *q.CountTotal-*q.CountTodo)
 			}
 		}
-		out = append(out, e)
+		queues = append(queues, e)
 	}
-	return out, qs.mine
-}
-
-// full returns the ids (hex, sorted) of the served queues whose slots are
-// all taken (isFull: the claimer's Full), for the heartbeat.
-func (qs *queueSet) full(isFull func(q bson.ObjectID, maxThreads int) bool) []string {
-	qs.mu.Lock()
-	defer qs.mu.Unlock()
-	var out []string
 	for id, q := range qs.served {
 		if isFull(id, q.MaxThreads) {
-			out = append(out, id.Hex())
+			full = append(full, id.Hex())
 		}
 	}
-	slices.Sort(out)
-	return out
+	slices.Sort(full)
+	return queues, qs.mine, full
 }

@@ -150,10 +150,12 @@ func TestAQueuesPeersDeafAndFullAreWhatTheHeartbeatsSay(t *testing.T) {
 	require.Equal(t, []string{"d"}, served[0].Deaf, "d has no stream")
 	require.Equal(t, []string{"b"}, served[0].Full, "b's heartbeat has its slots taken")
 
-	_, serves := qs.stats(func(bson.ObjectID) int { return 0 })
+	none := func(bson.ObjectID) int { return 0 }
+	_, serves, full := qs.stats(none, func(id bson.ObjectID, max int) bool { return id == q.ID && max == 2 })
 	require.ElementsMatch(t, []string{q.ID.Hex(), paused.ID.Hex()}, serves, "paused for every node, not the plugin-less one")
-	require.Equal(t, []string{q.ID.Hex()}, qs.full(func(id bson.ObjectID, max int) bool { return id == q.ID && max == 2 }))
-	require.Empty(t, qs.full(func(bson.ObjectID, int) bool { return false }))
+	require.Equal(t, []string{q.ID.Hex()}, full)
+	_, _, full = qs.stats(none, func(bson.ObjectID, int) bool { return false })
+	require.Empty(t, full)
 
 	st.mu.Lock()
 	st.nodes[0] = beat("a", true, true) // this node's next heartbeat says it is full
