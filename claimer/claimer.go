@@ -290,15 +290,15 @@ type Claimer struct {
 	backlog   map[bson.ObjectID]bool
 	quiet     bool
 	quietFrom time.Time
-	// deaf: the last read of the queues found this node among the
+	// listensNone: the last read of the queues found this node among the
 	// listeners of none (Config.Listeners); told is what Config.Quiet
-	// heard last (quiet or deaf). wakers are each queue's listeners other
+	// heard last (letsStreamGo). wakers are each queue's listeners other
 	// than this node, and whether it is one of them.
-	deaf     bool
-	told     bool
-	wakers   map[bson.ObjectID]wakers
-	readAt   time.Time // the queues' last read
-	mayQuiet bool      // the queues' last read allows quiet (mayQuiet)
+	listensNone bool
+	told        bool
+	wakers      map[bson.ObjectID]wakers
+	readAt      time.Time // the queues' last read
+	mayQuiet    bool      // the queues' last read allows quiet (mayQuiet)
 	// lingerRest: how long claims did not wait after the last linger
 	// that waited in vain (0: that one did not); lingerFrom: when they
 	// may wait again.
@@ -364,7 +364,7 @@ func (c *Claimer) Start(ctx context.Context) error {
 		c.mu.Unlock()
 		// A new run's stream starts with its wake-ups.
 		c.backlog, c.quiet, c.quietFrom = map[bson.ObjectID]bool{}, false, time.Time{}
-		c.deaf, c.told, c.wakers = false, false, nil
+		c.listensNone, c.told, c.wakers = false, false, nil
 		if c.cfg.Events != nil {
 			// Each topic gets its listener as soon as it is subscribed: the
 			// bus blocks a publisher (holding its subscriber lock) until every
@@ -579,8 +579,8 @@ func (c *Claimer) loop(ctx context.Context) {
 	}
 }
 
-// noteQuiet tells Config.Quiet whether every queue has had a backlog
-// for QuietAfter, or the node listens for none (deaf), when that changed
+// noteQuiet tells Config.Quiet whether the node lets its stream go
+// (letsStreamGo), when that changed
 // (the loop goroutine: after each claim, as one claim may drain a whole
 // backlog, and after each pass).
 func (c *Claimer) noteQuiet() {
@@ -599,11 +599,16 @@ func (c *Claimer) noteQuiet() {
 	case !c.quiet && now.Sub(c.quietFrom) >= QuietAfter:
 		c.quiet = true
 	}
-	if tell := c.quiet || (c.deaf && c.mayQuiet); tell != c.told {
+	if tell := c.letsStreamGo(); tell != c.told {
 		c.told = tell
 		c.cfg.Quiet(tell)
 	}
 }
+
+// letsStreamGo reports whether the node needs no wake-ups: every queue
+// has had a backlog for QuietAfter (quiet), or it listens for none of
+// its queues and none of them keeps a quiet node's wake-ups (mayQuiet).
+func (c *Claimer) letsStreamGo() bool { return c.quiet || (c.listensNone && c.mayQuiet) }
 
 // wakers are a queue's listeners (Config.Listeners) other than this
 // node, and whether this node is one.
@@ -658,9 +663,9 @@ func listeners(node string, q Queue, k int) wakers {
 }
 
 // quietReadDue reports whether the queues are to be read again: quiet,
-// or deaf (its stream let go) and holding a task whose end may claim
-// more, and not read for QuietAfter (their changes are not heard
-// meanwhile). A deaf node that holds none claims by its tick, which
+// or its stream let go as a listener of none and holding a task whose
+// end may claim more, and not read for QuietAfter (their changes are not
+// heard meanwhile). Such a node that holds none claims by its tick, which
 // reads them first.
 func (c *Claimer) quietReadDue() bool {
 	return c.readsQuietly() && c.clock.Since(c.readAt) >= QuietAfter
@@ -668,7 +673,7 @@ func (c *Claimer) quietReadDue() bool {
 
 // readsQuietly reports whether the queues are read every QuietAfter.
 func (c *Claimer) readsQuietly() bool {
-	return c.quiet || (c.told && c.slots.total() > 0)
+	return c.quiet || (c.letsStreamGo() && c.slots.total() > 0)
 }
 
 // quietRead reads the queues on a quiet node, where the read stands for
@@ -907,12 +912,12 @@ func (c *Claimer) readQueues(ctx context.Context) bool {
 	c.order = c.order[:0]
 	c.readHeld = make(map[bson.ObjectID]held, len(qs))
 	c.wakers = make(map[bson.ObjectID]wakers, len(qs))
-	c.deaf = len(qs) > 0
+	c.listensNone = len(qs) > 0
 	for _, q := range qs {
 		c.queues[q.ID] = q
 		wk := listeners(c.cfg.Node, q, c.cfg.Listeners)
 		c.wakers[q.ID] = wk
-		c.deaf = c.deaf && !wk.listens
+		c.listensNone = c.listensNone && !wk.listens
 		c.order = append(c.order, q.ID)
 		var h held
 		h.running, h.released = c.slots.held(q.ID)
