@@ -144,8 +144,9 @@ func goodReport() *Report {
 			Load: []PhaseLoad{{Phase: "start", Load1: 1.25}, {Phase: groupPickup, Load1: 2}}},
 		Pickup:     &PickupReport{Rows: rows, FloorSteps: steps, Ratios: pickupRatios(rows)},
 		Throughput: &ThroughputReport{Rows: drains, Ratios: throughputRatios(drains)},
-		Lag: []LagRow{{Run: "drain, 1 node", Events: 3000, Batches: 10, P50: 20, P99: 80}, {Run: "drain, 3 nodes", Events: 2700, Batches: 9, P50: 25, P99: 90},
-			{Run: "drain, 3 processes", Leader: "process 2 of 3", Events: 2900, Batches: 11, P50: 22, P99: 85}},
+		Lag: []LagRow{{Run: "drain, 1 node", Events: 3000, Batches: 10, P50: 20, P99: 80, CommitAge: Latency{N: 40, P50: 0, P95: 3, P99: 4, Max: 6}},
+			{Run: "drain, 3 nodes", Events: 2700, Batches: 9, P50: 25, P99: 90, CommitAge: Latency{N: 30, P50: 2, P95: 5, P99: 7.5, Max: 7.5}},
+			{Run: "drain, 3 processes", Leader: "process 2 of 3", Events: 2900, Batches: 11, P50: 22, P99: 85, CommitAge: Latency{N: 35, P50: 3, P95: 9, P99: 12, Max: 20}}},
 		Scale: &ScaleReport{
 			Rows: []ScaleRow{
 				{Backlog: 1000, Claim: lat(1), ClaimMany: lat(4), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400, RawRate: 800, CatchUp: 0.3},
@@ -211,6 +212,9 @@ func TestSanityFindsProblems(t *testing.T) {
 		"missing group":        {func(r *Report) { r.Throughput = nil }, "throughput: missing"},
 		"no lag events":        {func(r *Report) { r.Lag[1].Events = 0 }, "applied no events"},
 		"lag p50 over p99":     {func(r *Report) { r.Lag[0].P50 = 100 }, "p50 100 > p99 80"},
+		"no commit point age":  {func(r *Report) { r.Lag[2].CommitAge = Latency{} }, "drain, 3 processes: the commit point's age was not sampled"},
+		"commit age disorder":  {func(r *Report) { r.Lag[1].CommitAge.P99 = 9 }, "drain, 3 nodes: commit point age p50 2, p99 9, max 7.5"},
+		"negative commit age":  {func(r *Report) { r.Lag[0].CommitAge.P50 = -1 }, "drain, 1 node: commit point age p50 -1"},
 		"no process lag":       {func(r *Report) { r.Lag = r.Lag[:2] }, "lag: 2 runs, want 3"},
 		"missing backlog":      {func(r *Report) { r.Scale.Rows = r.Scale.Rows[:1] }, "1 backlogs measured, want 2"},
 		"missing RSS":          {func(r *Report) { r.Scale.RSS = nil }, "RSS missing"},
@@ -274,9 +278,9 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 
 	r := goodReport()
 	r.Throughput.Pairs = pairsSummary([]PairRow{
-		{Pair: 1, NodeFirst: true, Node: 2000, Raw: 2500, Complete: true, Ratio: 0.8, LagP99: 140},
-		{Pair: 2, Node: 2600, Raw: 2000, Complete: true, Ratio: 1.3, LagP99: 95.5},
-		{Pair: 3, NodeFirst: true, Node: 1800, Raw: 2000, Ratio: 0.9, LagP99: 120.25},
+		{Pair: 1, NodeFirst: true, Node: 2000, Raw: 2500, Complete: true, Ratio: 0.8, LagP99: 140, CommitAgeP99: 12},
+		{Pair: 2, Node: 2600, Raw: 2000, Complete: true, Ratio: 1.3, LagP99: 95.5, CommitAgeP99: 0},
+		{Pair: 3, NodeFirst: true, Node: 1800, Raw: 2000, Ratio: 0.9, LagP99: 120.25, CommitAgeP99: 8.25},
 	})
 	require.InDelta(t, 0.9, r.Throughput.Pairs.Median, 1e-9)
 	require.InDelta(t, 120.25, r.Throughput.Pairs.LagMedian, 1e-9)
@@ -286,9 +290,9 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 
 	out := renderTable(r)
 	require.Contains(t, out, "THROUGHPUT PAIRS: 3 node processes (--tasks) and ceiling: raw batched loop, 3 claimers x 64 (--ceiling-tasks), back to back, the order alternating")
-	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x +140\.0\n`, out)
-	require.Regexp(t, `\n  2 +raw loop +2600 +2000 +yes +1\.30x +95\.5\n`, out)
-	require.Regexp(t, `\n  3 +node processes +1800 +2000 +no: drain timeout +0\.90x +120\.2\n`, out)
+	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x +140\.0 +12\.0\n`, out)
+	require.Regexp(t, `\n  2 +raw loop +2600 +2000 +yes +1\.30x +95\.5 +0\.00\n`, out)
+	require.Regexp(t, `\n  3 +node processes +1800 +2000 +no: drain timeout +0\.90x +120\.2 +8\.25\n`, out)
 	require.Contains(t, out, "median of 3")
 	require.Regexp(t, `0\.90x \(0\.80x-1\.30x\), goal >= 1\.0 \(issue 20\) +120\.2, goal <= 100\n`, out)
 
@@ -297,6 +301,8 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 2, raw loop tasks/s")
 	r.Throughput.Pairs.Rows[2].LagP99 = 0
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 3, node processes' lag p99")
+	r.Throughput.Pairs.Rows[0].CommitAgeP99 = math.NaN()
+	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 1, commit point age p99 is NaN")
 	r.Throughput.Pairs = nil
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "0 pairs, want 3 (--pairs)")
 	require.NotContains(t, renderTable(r), "THROUGHPUT PAIRS")
@@ -349,9 +355,13 @@ func TestRenderTable(t *testing.T) {
 	for _, want := range []string{
 		`mean pass, 1000 queues / 1 queue +2\.00x\n`, `throughput, 1000 queues / 1 queue +0\.50x\n`,
 		`throughput, max_running 256 \(does not bind: 2 nodes x maxthreads 64\) / no max_running +0\.90x\n`,
+		`commit point age p50 +p99\n`, `\n  drain, 3 processes +process 2 of 3 +2900 +11 +22\.0 +85\.0 +3\.00 +12\.0\n`,
 	} {
 		require.Regexp(t, want, out)
 	}
+	// A drain whose commit point was not sampled shows dashes, not zeros.
+	r.Lag[0].CommitAge = Latency{}
+	require.Regexp(t, `\n  drain, 1 node +3000 +10 +20\.0 +80\.0 +- +-\n`, renderTable(r))
 	// Numbers are right-aligned under their header.
 	lines := strings.Split(out, "\n")
 	var header, floor string

@@ -263,6 +263,8 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, LagRow, error
 		return DrainRow{}, LagRow{}, err
 	}
 	cpu := e.meterCPU(ctx, g.pids())
+	age := sampleCommitAge(ctx, e.client)
+	defer age.stop(0, 0) // after commitAgeOf's, a no-op
 	if err := g.resume(); err != nil {
 		return DrainRow{}, LagRow{}, err
 	}
@@ -298,7 +300,9 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, LagRow, error
 	span := time.Duration(end - first)
 	row := DrainRow{What: whatNodeProcs, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete && finished == e.cfg.Tasks}
 	cpu.fill(&row)
-	return row, procsLag("drain, "+conc, last), nil
+	lag := procsLag("drain, "+conc, last)
+	lag.CommitAge = e.commitAgeOf(age, first, end)
+	return row, lag, nil
 }
 
 // procsLag is the lag of the counter projector that applied the most

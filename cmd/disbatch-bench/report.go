@@ -161,7 +161,7 @@ func renderTable(r *Report) string {
 		t.render(&b)
 		if p := tp.Pairs; p != nil && len(p.Rows) > 0 {
 			t = table{title: fmt.Sprintf("THROUGHPUT PAIRS: 3 node processes (--tasks) and %s, %s (--ceiling-tasks), back to back, the order alternating", whatBatched, batchedConcurrency(3)),
-				header: []string{"pair", "first", "node processes tasks/s", "raw loop tasks/s", "all drained", "ratio", "their lag p99, ms"}}
+				header: []string{"pair", "first", "node processes tasks/s", "raw loop tasks/s", "all drained", "ratio", "their lag p99, ms", "commit point age p99, ms"}}
 			for _, x := range p.Rows {
 				first, all := "raw loop", "yes"
 				if x.NodeFirst {
@@ -170,7 +170,7 @@ func renderTable(r *Report) string {
 				if !x.Complete {
 					all = "no: drain timeout"
 				}
-				t.add(strconv.Itoa(x.Pair), first, frate(x.Node), frate(x.Raw), all, fx(x.Ratio), fms(x.LagP99))
+				t.add(strconv.Itoa(x.Pair), first, frate(x.Node), frate(x.Raw), all, fx(x.Ratio), fms(x.LagP99), fms(x.CommitAgeP99))
 			}
 			t.add(fmt.Sprintf("median of %d", len(p.Rows)), "", "", "", "", fmt.Sprintf("%s (%s-%s), goal >= 1.0 (issue 20)", fx(p.Median), fx(p.Min), fx(p.Max)),
 				fmt.Sprintf("%s, goal <= 100", fms(p.LagMedian)))
@@ -179,10 +179,10 @@ func renderTable(r *Report) string {
 	}
 
 	if len(r.Lag) > 0 {
-		t := table{title: "PROJECTION LAG, ms: change event to the commit of its batch, during the node drains",
-			header: []string{"run", "projector", "events", "batches", "p50", "p99"}}
+		t := table{title: "PROJECTION LAG, ms: change event to the commit of its batch, during the node drains; beside it MongoDB's part, the majority commit point's age (sampled every " + commitAgeEvery.String() + "): no event reaches a change stream younger, and a batch's majority commit waits about as long again",
+			header: []string{"run", "projector", "events", "batches", "p50", "p99", "commit point age p50", "p99"}}
 		for _, l := range r.Lag {
-			t.add(l.Run, l.Leader, strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Batches, 10), fms(l.P50), fms(l.P99))
+			t.add(l.Run, l.Leader, strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Batches, 10), fms(l.P50), fms(l.P99), fage(l.CommitAge, l.CommitAge.P50), fage(l.CommitAge, l.CommitAge.P99))
 		}
 		t.render(&b)
 	}
@@ -231,6 +231,15 @@ func renderTable(r *Report) string {
 }
 
 // fms formats milliseconds.
+// fage is a commit point age's percentile v, or "-" when l has no
+// samples.
+func fage(l Latency, v float64) string {
+	if l.N == 0 {
+		return "-"
+	}
+	return fms(v)
+}
+
 func fms(v float64) string {
 	switch {
 	case v < 10:

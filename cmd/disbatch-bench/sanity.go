@@ -164,6 +164,9 @@ func (k *checker) throughput(t *ThroughputReport, pairs int) {
 			k.positive(what+", raw loop tasks/s", x.Raw)
 			k.positive(what+", ratio", x.Ratio)
 			k.positive(what+", node processes' lag p99", x.LagP99)
+			if !finite(x.CommitAgeP99) || x.CommitAgeP99 < 0 {
+				k.bad("%s, commit point age p99 is %v, want a finite number, 0 or more", what, x.CommitAgeP99)
+			}
 		}
 		if len(p.Rows) > 0 && !(p.Min <= p.Median && p.Median <= p.Max) {
 			k.bad("throughput, pairs: median %g outside %g-%g", p.Median, p.Min, p.Max)
@@ -184,8 +187,18 @@ func (k *checker) lag(lags []LagRow) {
 		if l.P50 > l.P99 {
 			k.bad("lag, %s: p50 %v > p99 %v", l.Run, l.P50, l.P99)
 		}
+		// The commit point's age may be 0 ms (wall times are whole ms).
+		a := l.CommitAge
+		switch {
+		case a.N == 0:
+			k.bad("lag, %s: the commit point's age was not sampled", l.Run)
+		case !(finite(a.P50) && finite(a.Max) && 0 <= a.P50 && a.P50 <= a.P99 && a.P99 <= a.Max):
+			k.bad("lag, %s: commit point age p50 %v, p99 %v, max %v: want 0 <= p50 <= p99 <= max", l.Run, a.P50, a.P99, a.Max)
+		}
 	}
 }
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 func (k *checker) scale(s *ScaleReport, backlogs []int) {
 	if s == nil {

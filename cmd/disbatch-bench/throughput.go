@@ -133,8 +133,11 @@ type PairRow struct {
 	Raw       float64 `json:"raw_tasks_per_s"`
 	Complete  bool    `json:"complete"` // both drained everything
 	Ratio     float64 `json:"ratio"`
-	// LagP99 is the projector's lag p99 during the node processes' drain.
-	LagP99 float64 `json:"node_lag_p99_ms"`
+	// LagP99 is the projector's lag p99 during the node processes' drain,
+	// and CommitAgeP99 the majority commit point's age p99 in that drain
+	// (LagRow.CommitAge).
+	LagP99       float64 `json:"node_lag_p99_ms"`
+	CommitAgeP99 float64 `json:"commit_point_age_p99_ms"`
 }
 
 // pairsSummary sets the median and range of rows' ratios, and the median
@@ -161,6 +164,10 @@ type LagRow struct {
 	Batches int64   `json:"batches"`
 	P50     float64 `json:"p50_ms"`
 	P99     float64 `json:"p99_ms"`
+	// CommitAge is MongoDB's part of the lag in the same drain: how old
+	// the majority commit point was, sampled every commitAgeEvery (see
+	// commitAge). N is 0 when it could not be read.
+	CommitAge Latency `json:"commit_point_age"`
 }
 
 const (
@@ -244,7 +251,7 @@ func (e *env) pairs(ctx context.Context) ([]PairRow, error) {
 			}
 		}
 		p.Node, p.Raw, p.Complete = node.Rate, raw.Rate, node.Complete && raw.Complete
-		p.Ratio, p.LagP99 = ratio(p.Node, p.Raw), lag.P99
+		p.Ratio, p.LagP99, p.CommitAgeP99 = ratio(p.Node, p.Raw), lag.P99, lag.CommitAge.P99
 		e.log.Info("throughput: pair done", "pair", p.Pair, "node_first", p.NodeFirst, "node_processes_tasks_per_s", round(p.Node),
 			"raw_tasks_per_s", round(p.Raw), "ratio", p.Ratio, "node_lag_p99_ms", p.LagP99)
 		rows = append(rows, p)
@@ -314,13 +321,17 @@ func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	// them: their start-up counts in the client's CPU, where the node
 	// processes' drain starts metering once they are up and paused.
 	cpu := e.meterCPU(ctx, nil)
+	age := sampleCommitAge(ctx, e.client)
 	ns, err := e.startNodes(ctx, nodeSpec{DB: db.Name(), Count: k, Name: "bench-drain", MaxThreads: e.cfg.MaxThreads, Plugins: noopRegistry(nil), Observer: obs})
 	if err != nil {
+		age.stop(0, 0)
 		return DrainRow{}, LagRow{}, err
 	}
 	complete, err := obs.wait(ctx, e.cfg.DrainTimeout)
 	cpu.stop(ctx)
 	finished, span := obs.result()
+	first, last := obs.times()
+	commitAge := e.commitAgeOf(age, first, last)
 	proj, leader := ns.projector()
 	ns.stop()
 	if err != nil {
@@ -331,8 +342,19 @@ func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	row := DrainRow{What: whatNode, Concurrency: conc, Queued: e.cfg.Tasks, Finished: finished, Seconds: span.Seconds(), Rate: rate(finished, span), Complete: complete}
 	cpu.fill(&row)
 	lag := lagOf(proj)
-	lag.Run, lag.Leader = "drain, "+conc, leader
+	lag.Run, lag.Leader, lag.CommitAge = "drain, "+conc, leader, commitAge
 	return row, lag, nil
+}
+
+// commitAgeOf stops a drain's commit point sampler and summarises it over
+// the drain, from first to last (Unix ns); a sampler that could not read
+// the replica set's status is logged and left out.
+func (e *env) commitAgeOf(s *commitAge, first, last int64) Latency {
+	l, err := s.stop(first, last)
+	if err != nil && l.N == 0 {
+		e.log.Warn("replSetGetStatus: the drain's commit point age is left out", "error", err)
+	}
+	return l
 }
 
 // lagOf is a projector's lag figures (Run and Leader left to the caller).
