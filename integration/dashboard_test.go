@@ -539,6 +539,19 @@ func TestDashboard(t *testing.T) {
 
 	// Nodes: set maxthreads, see what runs.
 	b.open("/ui/nodes", `section[data-node="n1"]`)
+	// How n1 hears of new tasks, from its heartbeat, queues by name; a
+	// Disbatch 4.103 node's heartbeat does not say.
+	_, err := d.db.Collection("nodes").InsertOne(context.Background(), bson.D{{Key: "node", Value: "perl-1"}, {Key: "timestamp", Value: time.Now()}, {Key: "queues", Value: bson.A{}}})
+	require.NoError(t, err)
+	b.poll(`(document.querySelector('section[data-node="perl-1"] [data-wakeups]')?.textContent || '').startsWith('Wake-ups: not reported (Disbatch 4.103') ? 1 : 0`, 10*time.Second, "perl-1's wake-ups: not reported")
+	_, err = d.db.Collection("nodes").DeleteOne(context.Background(), bson.D{{Key: "node", Value: "perl-1"}})
+	require.NoError(t, err)
+	b.poll(`document.querySelector('section[data-node="perl-1"]') ? 0 : 1`, 10*time.Second, "perl-1 gone from the page")
+	b.poll(`(() => { const t = document.querySelector('section[data-node="n1"] [data-wakeups]')?.textContent || '';
+		const m = /^Wake-ups: change stream; serves: ([a-z, ]+); full: ([a-z, ]+)\.$/.exec(t);
+		if (!m) return 0;
+		const serves = m[1].split(', ');
+		return serves.includes('builds') && serves.includes('reports') ? 1 : 0; })()`, 10*time.Second, "n1's wake-ups: its stream, and the queues it serves by name (builds and reports among them)")
 	// Typed as a person would: the page does not redraw under a focused input.
 	b.run(chromedp.Focus(`section[data-node="n1"] input[type="number"]`, chromedp.ByQuery),
 		chromedp.SetValue(`section[data-node="n1"] input[type="number"]`, "6", chromedp.ByQuery))

@@ -706,6 +706,16 @@ function taskPage(id) {
 
 // -------------------------------------------------------------- nodes page
 
+// wakeups says how a node hears of new tasks, from its heartbeat: by its
+// change stream or by polling alone, which queues it serves (pauses and
+// maxthreads 0 aside), and which of them it has no free slot for.
+function wakeups(n) {
+  if (n.wakeup_stream === null || n.wakeup_stream === undefined) return 'Wake-ups: not reported (Disbatch 4.103, or an earlier version of this node).';
+  const names = new Map((n.queues || []).map((q) => [q.id, q.name]));
+  const list = (ids) => (ids || []).map((id) => names.get(id) || id).join(', ') || 'none';
+  return `Wake-ups: ${n.wakeup_stream ? 'change stream' : 'polling only (--poll-only)'}; serves: ${list(n.serves)}; full: ${list(n.full)}.`;
+}
+
 function nodesPage() {
   let nodes = [];
   const body = h('div');
@@ -733,6 +743,7 @@ function nodesPage() {
           }) }, 'Drain…')) : null,
         h('p', { class: 'muted' }, `${nodeRunning(n)} running of ${n.maxthreads ?? '∞'}; queues: `,
           (n.queues || []).map((q) => `${q.name} (${q.tasks_doing})`).join(', ') || 'none'),
+        h('p', { class: 'muted', 'data-wakeups': '', title: 'A queue\'s new tasks wake the first few nodes (disbatchd --wakeup-listeners, 3 by default) among those that serve it with a change stream; nodes with no free slot for it rank last. The others find its tasks by their 1-second tick.' }, wakeups(n)),
         tasks.length ? h('div', { class: 'scroll' }, h('table', {}, h('tbody', {}, tasks.map(taskRow)))) : h('p', { class: 'muted' }, 'No tasks running.'));
     }) : [h('p', { class: 'muted' }, 'No node has written a heartbeat.')]));
   };
