@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -38,7 +39,9 @@ write no state. With --json, nodes of this version also show serves (the ids
 of the queues they serve, or would but for what stops every node alike: a
 pause, maxthreads 0), full (those whose slots they had all taken) and
 wakeup_stream (false: --poll-only), which other nodes read to pick each
-queue's wake-up listeners: nodes with a stream, the full ones last.`,
+queue's wake-up listeners: nodes with a stream, the full ones last. The
+table's notes say "polling only" for a node without a stream, and name the
+queues a node is full on.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, done, err := g.open(cmd)
@@ -96,17 +99,37 @@ func running(n schema.Node) int64 {
 }
 
 func nodeNotes(n schema.Node) string {
-	var notes string
+	var notes []string
 	if n.Dead {
-		notes = "DEAD (declared by " + n.DeadBy + " at " + n.DeadAt.Format(time.RFC3339) + ")"
+		notes = append(notes, "DEAD (declared by "+n.DeadBy+" at "+n.DeadAt.Format(time.RFC3339)+")")
 	}
 	if n.Drain {
-		if notes != "" {
-			notes += "; "
-		}
-		notes += "drain requested"
+		notes = append(notes, "drain requested")
 	}
-	return notes
+	if n.Serves != nil && !n.WakeupStream { // said, and no stream
+		notes = append(notes, "polling only")
+	}
+	if len(n.Full) > 0 {
+		notes = append(notes, "full: "+queueNames(n, n.Full))
+	}
+	return strings.Join(notes, "; ")
+}
+
+// queueNames names the queues ids among n's heartbeat queues (an id it does
+// not list stays an id), comma-separated.
+func queueNames(n schema.Node, ids []string) string {
+	names := make(map[string]string, len(n.Queues))
+	for _, q := range n.Queues {
+		names[q.ID] = q.Name
+	}
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = id
+		if name, ok := names[id]; ok && name != "" {
+			out[i] = name
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 func nodeJSON(n schema.Node, now time.Time) map[string]any {

@@ -27,10 +27,14 @@ func TestNodeListAndDrain(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "perl"}, {Key: "timestamp", Value: time.Now()}})
 	require.NoError(t, err)
+	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "poller", State: schema.NodeStateRunning, Serves: []string{}, WakeupStream: false})
+	require.NoError(t, err)
 
 	out := e.ok("", "node", "list")
 	require.Regexp(t, `(?m)^NODE\s+STATE\s+HEARTBEAT\s+RUNNING\s+MAXTHREADS\s+NOTES$`, out)
-	require.Regexp(t, `(?m)^alive\s+running\s+[0-9.]+m?s ago\s+3\s+null\s*$`, out)
+	require.Regexp(t, `(?m)^alive\s+running\s+[0-9.]+m?s ago\s+3\s+null\s+full: q$`, out)
+	require.Regexp(t, `(?m)^poller\s+running\s+[0-9.]+m?s ago\s+0\s+null\s+polling only$`, out)
+	require.Regexp(t, `(?m)^perl\s+-\s+never|^perl\s+-\s+[0-9.]+m?s ago\s+0\s+null\s*$`, out, "4.103's node says nothing of wake-ups")
 	// An hour ago, give or take the moments a loaded machine takes to list it.
 	require.Regexp(t, `(?m)^gone\s+-\s+1h0m[0-9.]+s ago\s+0\s+null\s+DEAD \(declared by alive at `, out)
 	require.Regexp(t, `(?m)^perl\s+-\s+`, out)
@@ -40,11 +44,11 @@ func TestNodeListAndDrain(t *testing.T) {
 	n, err := s.NodeGet(ctx, "alive")
 	require.NoError(t, err)
 	require.True(t, n.Drain)
-	require.Contains(t, e.ok("", "node", "list"), "drain requested")
+	require.Regexp(t, `(?m)^alive\s+.*\s+drain requested; full: q$`, e.ok("", "node", "list"))
 
 	var nodes []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(e.ok("", "node", "list", "--json")), &nodes))
-	require.Len(t, nodes, 3)
+	require.Len(t, nodes, 4)
 	require.Equal(t, "alive", nodes[0]["node"])
 	require.Equal(t, true, nodes[0]["drain"])
 	require.Equal(t, true, nodes[1]["dead"])
