@@ -213,7 +213,8 @@ func TestSanityFindsProblems(t *testing.T) {
 		"no lag events":        {func(r *Report) { r.Lag[1].Events = 0 }, "applied no events"},
 		"lag p50 over p99":     {func(r *Report) { r.Lag[0].P50 = 100 }, "p50 100 > p99 80"},
 		"no commit point age":  {func(r *Report) { r.Lag[2].CommitAge = Latency{} }, "drain, 3 processes: the commit point's age was not sampled"},
-		"commit age disorder":  {func(r *Report) { r.Lag[1].CommitAge.P99 = 9 }, "drain, 3 nodes: commit point age p50 2, p99 9, max 7.5"},
+		"commit age disorder":  {func(r *Report) { r.Lag[1].CommitAge.P99 = 9 }, "drain, 3 nodes: commit point age p50 2, p95 5, p99 9, max 7.5"},
+		"commit age p95 order": {func(r *Report) { r.Lag[2].CommitAge.P95 = 2 }, "drain, 3 processes: commit point age p50 3, p95 2"},
 		"negative commit age":  {func(r *Report) { r.Lag[0].CommitAge.P50 = -1 }, "drain, 1 node: commit point age p50 -1"},
 		"no process lag":       {func(r *Report) { r.Lag = r.Lag[:2] }, "lag: 2 runs, want 3"},
 		"missing backlog":      {func(r *Report) { r.Scale.Rows = r.Scale.Rows[:1] }, "1 backlogs measured, want 2"},
@@ -278,9 +279,9 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 
 	r := goodReport()
 	r.Throughput.Pairs = pairsSummary([]PairRow{
-		{Pair: 1, NodeFirst: true, Node: 2000, Raw: 2500, Complete: true, Ratio: 0.8, LagP99: 140, CommitAgeP99: 12},
-		{Pair: 2, Node: 2600, Raw: 2000, Complete: true, Ratio: 1.3, LagP99: 95.5, CommitAgeP99: 0},
-		{Pair: 3, NodeFirst: true, Node: 1800, Raw: 2000, Ratio: 0.9, LagP99: 120.25, CommitAgeP99: 8.25},
+		{Pair: 1, NodeFirst: true, Node: 2000, Raw: 2500, Complete: true, Ratio: 0.8, LagP99: 140, CommitAge: Latency{N: 30, P50: 3, P95: 9, P99: 12, Max: 12}},
+		{Pair: 2, Node: 2600, Raw: 2000, Complete: true, Ratio: 1.3, LagP99: 95.5, CommitAge: Latency{N: 25}}, // every age 0 ms
+		{Pair: 3, NodeFirst: true, Node: 1800, Raw: 2000, Ratio: 0.9, LagP99: 120.25, CommitAge: Latency{N: 20, P50: 2, P95: 5, P99: 8.25, Max: 9}},
 	})
 	require.InDelta(t, 0.9, r.Throughput.Pairs.Median, 1e-9)
 	require.InDelta(t, 120.25, r.Throughput.Pairs.LagMedian, 1e-9)
@@ -301,8 +302,11 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 2, raw loop tasks/s")
 	r.Throughput.Pairs.Rows[2].LagP99 = 0
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 3, node processes' lag p99")
-	r.Throughput.Pairs.Rows[0].CommitAgeP99 = math.NaN()
-	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 1, commit point age p99 is NaN")
+	r.Throughput.Pairs.Rows[0].CommitAge.P99 = math.NaN()
+	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 1: commit point age p50 3, p95 9, p99 NaN")
+	r.Throughput.Pairs.Rows[1].CommitAge = Latency{}
+	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 2: the commit point's age was not sampled")
+	require.Regexp(t, `\n  2 +raw loop +2600 +0 +yes +1\.30x +95\.5 +-\n`, renderTable(r), "an unsampled pair shows a dash")
 	r.Throughput.Pairs = nil
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "0 pairs, want 3 (--pairs)")
 	require.NotContains(t, renderTable(r), "THROUGHPUT PAIRS")
@@ -355,7 +359,7 @@ func TestRenderTable(t *testing.T) {
 	for _, want := range []string{
 		`mean pass, 1000 queues / 1 queue +2\.00x\n`, `throughput, 1000 queues / 1 queue +0\.50x\n`,
 		`throughput, max_running 256 \(does not bind: 2 nodes x maxthreads 64\) / no max_running +0\.90x\n`,
-		`commit point age p50 +p99\n`, `\n  drain, 3 processes +process 2 of 3 +2900 +11 +22\.0 +85\.0 +3\.00 +12\.0\n`,
+		`commit point age p50 +commit point age p99\n`, `sampled every 20 ms, a floor for MongoDB's part`, `\n  drain, 3 processes +process 2 of 3 +2900 +11 +22\.0 +85\.0 +3\.00 +12\.0\n`,
 	} {
 		require.Regexp(t, want, out)
 	}

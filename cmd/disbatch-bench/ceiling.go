@@ -37,7 +37,11 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 	dctx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)
 	defer cancel()
 	cpu := e.meterCPU(ctx, nil)
+	// The commit point is sampled as in the node drains, so that both
+	// sides of a ratio pay the primary for it; its ages go unreported.
+	age := sampleCommitAge(ctx, e.client)
 	err = loop(dctx, tasks, q, conc, obs)
+	age.stop(0, 0)
 	cpu.stop(ctx)
 	if err != nil && (!drainTimedOut(dctx, err) || ctx.Err() != nil) {
 		return DrainRow{}, err

@@ -44,11 +44,13 @@ func TestCommitAgeCountsOnlyTheDrainsSamples(t *testing.T) {
 	require.Equal(t, 3, l.N)
 	require.InDelta(t, 4, l.P50, 1e-9)
 	require.InDelta(t, 6, l.Max, 1e-9)
+	require.Equal(t, 2, commitAgeWithin(at, ages, 0, 250).N, "from the start")
 	require.Zero(t, commitAgeWithin(at, ages, 0, 0).N, "no drain (no first claim): no samples")
 }
 
 // The sampler against a real replica set: while majority writes go on,
-// the commit point stays young, and every sample is within the window.
+// it samples about every commitAgeEvery, the commit point stays young,
+// and stopping ends its goroutine.
 func TestCommitAgeSamplesARealReplicaSetWhileItIsWritten(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -61,14 +63,21 @@ func TestCommitAgeSamplesARealReplicaSetWhileItIsWritten(t *testing.T) {
 		require.NoError(t, err)
 	}
 	to := time.Now().UnixNano()
-	l, err := s.stop(from, to)
+	l, failed, err := s.stop(from, to)
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, l.N, 5, "a sample every %v for %v", commitAgeEvery, time.Duration(to-from))
+	require.Zero(t, failed)
+	require.GreaterOrEqual(t, l.N, 10, "a sample every %v for %v", commitAgeEvery, time.Duration(to-from))
 	require.LessOrEqual(t, l.P50, l.P99)
 	require.Less(t, l.Max, 1000.0, "the commit point of a replica set written all along is well under a second old")
+	select {
+	case <-s.done:
+	default:
+		t.Fatal("the sampler's goroutine still runs after stop")
+	}
 	// Stopping twice is harmless (the drains stop on error paths too).
-	_, err = s.stop(from, to)
+	again, _, err := s.stop(from, to)
 	require.NoError(t, err)
+	require.Equal(t, l, again)
 }
 
 func must[T any](v T, err error) T {

@@ -164,9 +164,7 @@ func (k *checker) throughput(t *ThroughputReport, pairs int) {
 			k.positive(what+", raw loop tasks/s", x.Raw)
 			k.positive(what+", ratio", x.Ratio)
 			k.positive(what+", node processes' lag p99", x.LagP99)
-			if !finite(x.CommitAgeP99) || x.CommitAgeP99 < 0 {
-				k.bad("%s, commit point age p99 is %v, want a finite number, 0 or more", what, x.CommitAgeP99)
-			}
+			k.commitAge(what, x.CommitAge)
 		}
 		if len(p.Rows) > 0 && !(p.Min <= p.Median && p.Median <= p.Max) {
 			k.bad("throughput, pairs: median %g outside %g-%g", p.Median, p.Min, p.Max)
@@ -187,17 +185,22 @@ func (k *checker) lag(lags []LagRow) {
 		if l.P50 > l.P99 {
 			k.bad("lag, %s: p50 %v > p99 %v", l.Run, l.P50, l.P99)
 		}
-		// The commit point's age may be 0 ms (wall times are whole ms).
-		a := l.CommitAge
-		switch {
-		case a.N == 0:
-			k.bad("lag, %s: the commit point's age was not sampled", l.Run)
-		case !(finite(a.P50) && finite(a.Max) && 0 <= a.P50 && a.P50 <= a.P99 && a.P99 <= a.Max):
-			k.bad("lag, %s: commit point age p50 %v, p99 %v, max %v: want 0 <= p50 <= p99 <= max", l.Run, a.P50, a.P99, a.Max)
-		}
+		k.commitAge("lag, "+l.Run, l.CommitAge)
 	}
 }
 
+// commitAge checks a drain's commit point ages: sampled, and in order.
+// An age may be 0 ms (wall times are whole milliseconds).
+func (k *checker) commitAge(what string, a Latency) {
+	switch {
+	case a.N == 0:
+		k.bad("%s: the commit point's age was not sampled", what)
+	case !(finite(a.P50) && finite(a.P95) && finite(a.P99) && finite(a.Max) && 0 <= a.P50 && a.P50 <= a.P95 && a.P95 <= a.P99 && a.P99 <= a.Max):
+		k.bad("%s: commit point age p50 %v, p95 %v, p99 %v, max %v: want 0 <= p50 <= p95 <= p99 <= max", what, a.P50, a.P95, a.P99, a.Max)
+	}
+}
+
+// finite says whether v is a number, neither NaN nor infinite.
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 func (k *checker) scale(s *ScaleReport, backlogs []int) {
