@@ -40,8 +40,9 @@ of the queues they serve, or would but for what stops every node alike: a
 pause, maxthreads 0), full (those whose slots they had all taken) and
 wakeup_stream (false: --poll-only), which other nodes read to pick each
 queue's wake-up listeners: nodes with a stream, the full ones last. The
-table's notes say "polling only" for a node without a stream, and name the
-queues a node is full on.`,
+table's notes say "polling only" for a node whose heartbeat reports no
+stream, and name the queues a node is full on (a dead node's, as of its
+last heartbeat).`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, done, err := g.open(cmd)

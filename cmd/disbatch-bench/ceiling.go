@@ -40,6 +40,7 @@ func (e *env) ceiling(ctx context.Context, what string, conc int, loop rawLoop) 
 	// The commit point is sampled as in the node drains, so that both
 	// sides of a ratio pay the primary for it; its ages go unreported.
 	age := sampleCommitAge(ctx, e.client)
+	defer age.stop(0, 0)
 	err = loop(dctx, tasks, q, conc, obs)
 	age.stop(0, 0)
 	cpu.stop(ctx)

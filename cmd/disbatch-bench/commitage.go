@@ -18,8 +18,8 @@ const commitAgeEvery = 20 * time.Millisecond
 // write a majority of members hold (replSetGetStatus's date and
 // optimes.lastCommittedWallTime). A change stream returns no event
 // younger than that, and a batch committed with write concern majority
-// waits about as long again: it is a floor for MongoDB's part of the
-// projector's lag, measured in the same drain. While nothing is written
+// waits about as long again: twice it is a rough floor for MongoDB's part
+// of the projector's lag, measured in the same drain. While nothing is written
 // the commit point stands still and its age only grows, so only the
 // samples within the drain (first claim to last finish) are counted.
 // Each ask costs the primary about 130 µs of CPU: the raw loops' drains
@@ -96,7 +96,7 @@ func commitAgeFrom(raw bson.Raw) (time.Duration, error) {
 
 // stop ends the sampling and returns the samples asked for from from to
 // to (Unix ns), with the number of asks that failed and the first
-// failure. Stopping again only returns the same.
+// failure. It may be called again (with any window).
 func (s *commitAge) stop(from, to int64) (Latency, int, error) {
 	s.cancel()
 	<-s.done

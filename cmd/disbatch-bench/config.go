@@ -264,7 +264,9 @@ Figure groups (--only):
               largest backlog.
   lag         the counter projector's lag p50/p99 during throughput's node
               drains, the 3 node processes' included (--only lag runs those
-              without the ceilings), and in each --pairs pair's.
+              without the ceilings), and in each --pairs pair's; beside it
+              the majority commit point's age, sampled by replSetGetStatus
+              every 20 ms (with --mongo-uri: the clusterMonitor role).
   web-queues  disbatch-web's GET /queues (4.103's route) served in-process on
               a loopback port: --web-queue-count queues over --web-tasks tasks
               (inserted raw, a realistic status mix, counters set as the

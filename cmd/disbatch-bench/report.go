@@ -173,13 +173,13 @@ func renderTable(r *Report) string {
 				t.add(strconv.Itoa(x.Pair), first, frate(x.Node), frate(x.Raw), all, fx(x.Ratio), fms(x.LagP99), fage(x.CommitAge, x.CommitAge.P99))
 			}
 			t.add(fmt.Sprintf("median of %d", len(p.Rows)), "", "", "", "", fmt.Sprintf("%s (%s-%s), goal >= 1.0 (issue 20)", fx(p.Median), fx(p.Min), fx(p.Max)),
-				fmt.Sprintf("%s, goal <= 100", fms(p.LagMedian)))
+				fmt.Sprintf("%s, goal <= 100", fms(p.LagMedian)), "")
 			t.render(&b)
 		}
 	}
 
 	if len(r.Lag) > 0 {
-		t := table{title: fmt.Sprintf("PROJECTION LAG, ms: change event to the commit of its batch, during the node drains; beside it the majority commit point's age, sampled every %d ms, a floor for MongoDB's part (no event reaches a change stream younger, and a batch's majority commit waits about as long again)", commitAgeEvery.Milliseconds()),
+		t := table{title: fmt.Sprintf("PROJECTION LAG, ms: change event to the commit of its batch, during the node drains; beside it the majority commit point's age, sampled every %d ms (no event reaches a change stream younger, and a batch's majority commit waits about as long again: twice it is a rough floor for MongoDB's part)", commitAgeEvery.Milliseconds()),
 			header: []string{"run", "projector", "events", "batches", "p50", "p99", "commit point age p50", "commit point age p99"}}
 		for _, l := range r.Lag {
 			t.add(l.Run, l.Leader, strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Batches, 10), fms(l.P50), fms(l.P99), fage(l.CommitAge, l.CommitAge.P50), fage(l.CommitAge, l.CommitAge.P99))

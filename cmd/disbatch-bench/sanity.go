@@ -194,7 +194,7 @@ func (k *checker) lag(lags []LagRow) {
 func (k *checker) commitAge(what string, a Latency) {
 	switch {
 	case a.N == 0:
-		k.bad("%s: the commit point's age was not sampled", what)
+		k.bad("%s: the commit point's age was not sampled (replSetGetStatus failed or was refused: the log says why; with --mongo-uri the user needs the clusterMonitor role)", what)
 	case !(finite(a.P50) && finite(a.P95) && finite(a.P99) && finite(a.Max) && 0 <= a.P50 && a.P50 <= a.P95 && a.P95 <= a.P99 && a.P99 <= a.Max):
 		k.bad("%s: commit point age p50 %v, p95 %v, p99 %v, max %v: want 0 <= p50 <= p95 <= p99 <= max", what, a.P50, a.P95, a.P99, a.Max)
 	}

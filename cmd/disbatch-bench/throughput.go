@@ -164,9 +164,10 @@ type LagRow struct {
 	Batches int64   `json:"batches"`
 	P50     float64 `json:"p50_ms"`
 	P99     float64 `json:"p99_ms"`
-	// CommitAge is a floor for MongoDB's part of the lag in the same
-	// drain: how old the majority commit point was, sampled every
-	// commitAgeEvery (see commitAge). N is 0 when it could not be read.
+	// CommitAge is how old the majority commit point was in the same
+	// drain, sampled every commitAgeEvery: twice it is a rough floor for
+	// MongoDB's part of the lag (see commitAge). N is 0 when it could not
+	// be read, or nothing was claimed.
 	CommitAge Latency `json:"commit_point_age"`
 }
 

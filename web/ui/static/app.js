@@ -711,7 +711,7 @@ function taskPage(id) {
 // those a pause or maxthreads 0 holds for now), and which of them it has
 // no free slot for. A dead node's is its last heartbeat's.
 function wakeups(n) {
-  if (n.wakeup_stream == null) return 'Wake-ups: not reported (Disbatch 4.103, or an earlier version of this node).';
+  if (n.wakeup_stream === null || n.wakeup_stream === undefined) return 'Wake-ups: not reported (Disbatch 4.103, or an earlier version of this node).';
   const names = new Map((n.queues || []).map((q) => [q.id, q.name]));
   const list = (ids) => (ids || []).map((id) => names.get(id) || id).join(', ') || 'none';
   return `Wake-ups${n.dead ? ' (at its last heartbeat)' : ''}: ${n.wakeup_stream ? 'change stream' : 'polling only (--poll-only)'}; serves: ${list(n.serves)}; full: ${list(n.full)}.`;
