@@ -623,33 +623,32 @@ type wakers struct {
 // full the same k listen). A wake-up is staggered among the listeners
 // alone: a node without a stream never hears one.
 func listeners(node string, q Queue, k int) wakers {
-	if k <= 0 || q.nodes()-len(q.Deaf) <= k {
-		peers := q.Peers
-		if len(q.Deaf) > 0 {
-			peers = slices.DeleteFunc(slices.Clone(peers), func(n string) bool { return slices.Contains(q.Deaf, n) })
-		}
+	peers := q.Peers
+	if len(q.Deaf) > 0 {
+		peers = slices.DeleteFunc(slices.Clone(peers), func(n string) bool { return slices.Contains(q.Deaf, n) })
+	}
+	if k <= 0 || 1+len(peers) <= k {
 		return wakers{peers: peers, listens: true}
 	}
 	type scored struct {
 		name  string
-		full  bool
+		full  int // 1: full, ranked after the others
 		score uint64
 	}
-	all := make([]scored, 0, q.nodes())
-	all = append(all, scored{node, slices.Contains(q.Full, node), score(listenKey, node)})
-	for _, n := range q.Peers {
-		if !slices.Contains(q.Deaf, n) {
-			all = append(all, scored{n, slices.Contains(q.Full, n), score(listenKey, n)})
+	rank := func(n string) scored {
+		s := scored{name: n, score: score(listenKey, n)}
+		if slices.Contains(q.Full, n) {
+			s.full = 1
 		}
+		return s
 	}
-	slices.SortFunc(all, func(a, b scored) int { // before's order, the full last
-		switch {
-		case a.full && !b.full:
-			return 1
-		case b.full && !a.full:
-			return -1
-		}
-		return cmp.Or(cmp.Compare(a.score, b.score), strings.Compare(a.name, b.name))
+	all := make([]scored, 0, 1+len(peers))
+	all = append(all, rank(node))
+	for _, n := range peers {
+		all = append(all, rank(n))
+	}
+	slices.SortFunc(all, func(a, b scored) int { // before's order
+		return cmp.Or(cmp.Compare(a.full, b.full), cmp.Compare(a.score, b.score), strings.Compare(a.name, b.name))
 	})
 	w := wakers{peers: make([]string, 0, k)}
 	for _, n := range all[:k] {

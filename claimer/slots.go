@@ -50,6 +50,17 @@ func (s *slots) signal() {
 	}
 }
 
+// left is how many more slots q's limit (queueMax) and the node-wide cap
+// leave with heldQ of q's and heldAll in all taken, pauses aside (below 0
+// when over); s.mu is held.
+func (s *slots) left(queueMax, heldQ, heldAll int) int {
+	r := queueMax - heldQ
+	if s.nodeMax != nil {
+		r = min(r, *s.nodeMax-heldAll)
+	}
+	return r
+}
+
 // room returns how many slots q could take now: what its limit and the
 // node-wide cap leave, 0 while paused.
 func (s *slots) room(q bson.ObjectID, queueMax int) int {
@@ -58,11 +69,7 @@ func (s *slots) room(q bson.ObjectID, queueMax int) int {
 	if len(s.pauses) > 0 {
 		return 0
 	}
-	r := queueMax - s.perQueue[q]
-	if s.nodeMax != nil {
-		r = min(r, *s.nodeMax-s.all)
-	}
-	return max(0, r)
+	return max(0, s.left(queueMax, s.perQueue[q], s.all))
 }
 
 // capacity returns the most slots q could ever hold at once: its limit,
@@ -78,7 +85,7 @@ func (s *slots) capacity(queueMax int) int {
 
 // acquire takes a slot for queue q if both limits allow; s.mu is held.
 func (s *slots) acquire(q bson.ObjectID, queueMax int) bool {
-	if len(s.pauses) > 0 || s.perQueue[q] >= queueMax || (s.nodeMax != nil && s.all >= *s.nodeMax) {
+	if len(s.pauses) > 0 || s.left(queueMax, s.perQueue[q], s.all) <= 0 {
 		return false
 	}
 	s.perQueue[q]++
@@ -229,7 +236,7 @@ func (s *slots) free() int {
 func (s *slots) full(q bson.ObjectID, queueMax int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.perQueue[q]-s.reserved[q] >= queueMax || (s.nodeMax != nil && s.all-s.reservedAll >= *s.nodeMax)
+	return s.left(queueMax, s.perQueue[q]-s.reserved[q], s.all-s.reservedAll) <= 0
 }
 
 // running returns the slots in use for q.

@@ -30,14 +30,14 @@ type NodeUpsertParams struct {
 }
 
 // NodeUpsert writes node, timestamp, queues, serves, full, wakeup_stream,
-// serves_at and state of this node's document, creating it if needed, and returns the
-// document as it was before (zero for a new node), so one round trip also
-// reads the operator's maxthreads and drain request and tells the node whether another node
-// declared it dead. The timestamp is the server's clock ($$NOW), the only
-// clock dead-node detection compares it with. The write clears dead,
-// dead_at and dead_by: the node is alive again. Only those fields are set:
-// maxthreads and anything else an operator or another tool put there is
-// never overwritten.
+// serves_at and state of this node's document, creating it if needed,
+// and returns the document as it was before (zero for a new node), so one
+// round trip also reads the operator's maxthreads and drain request and
+// tells the node whether another node declared it dead. The timestamp is
+// the server's clock ($$NOW), the only clock dead-node detection compares
+// it with. The write clears dead, dead_at and dead_by: the node is alive
+// again. Only those fields are set: maxthreads and anything else an
+// operator or another tool put there is never overwritten.
 func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) (schema.Node, error) {
 	if p.Node == "" {
 		return schema.Node{}, errors.New("node upsert: empty node name")
