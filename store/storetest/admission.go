@@ -267,7 +267,15 @@ func testTaskClaimCappedConcurrent(t *testing.T, newStore Factory) {
 	}
 	require.Equal(t, int64(tasks), finished.Load(), "every task ran once")
 	assert.LessOrEqual(t, peak.Load(), int64(max), "claimers held more than max_running")
-	assert.Equal(t, int64(max), peak.Load(), "the cap was never reached: the test proves nothing")
+	// Reached, by the claimers' count or by a snapshot of the database:
+	// the count leaves out a "crashed" claimer's tasks from just before
+	// their requeue (above), so under load only the snapshots may see the
+	// cap (peak held 4, peak observed 5 of 5, in one run).
+	reached := peak.Load()
+	if o := obsPeak.Load(); o > reached {
+		reached = o
+	}
+	assert.Equal(t, int64(max), reached, "the cap was never reached: the test proves nothing")
 	assert.LessOrEqual(t, obsPeak.Load(), int64(max), "tasks in -1/0 above max_running at a snapshot")
 	assert.Positive(t, observed.Load())
 	r, err := s.AdmissionsSweep(ctx, q.ID, true)
