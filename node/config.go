@@ -123,7 +123,10 @@ type Config struct {
 	// pre-images stay on after another program's change (0:
 	// projections.DefaultPreImagesIdle).
 	PreImagesIdle time.Duration
-	Logger        *slog.Logger
+	// ProjectorLagWindow is how many of the latest events' lags the
+	// projector's stats summarise (0: projections.DefaultLagWindow).
+	ProjectorLagWindow int
+	Logger             *slog.Logger
 	// Clock is the time source of the node's time-based logic (ticks,
 	// heartbeats, fencing, leases); default the real clock.
 	Clock clock.Clock

@@ -148,7 +148,7 @@ func New(cfg Config) (*Node, error) {
 		// The projector stands for its lease on the leader's node first
 		// (Yield), whose leader duties then follow the projector's
 		// stream (Rider) instead of one of their own.
-		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, PreImagesIdle: cfg.PreImagesIdle, Clock: cfg.Clock, Logger: log,
+		n.proj = projections.New(projections.Config{Node: cfg.Name, Store: cfg.Store, PreImagesIdle: cfg.PreImagesIdle, LagWindow: cfg.ProjectorLagWindow, Clock: cfg.Clock, Logger: log,
 			Rider: rd, Yield: func() bool { return n.leader.Status().Elsewhere }, First: n.leaderTried})
 	}
 	return n, nil

@@ -27,7 +27,8 @@ func preImagesOn(t *testing.T, s *store.Store) bool {
 // on; after PreImagesIdle of our own claims and finishes alone (which say
 // where their task stood) they go off, and the counters stay exact; a
 // change by another program turns them on again, and the counters stay
-// exact through it.
+// exact through it. The projector is Steady (a benchmark's drain may
+// start) only once its stream follows without them.
 func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -40,6 +41,7 @@ func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 	t.Cleanup(svc.Stop)
 	require.Eventually(t, func() bool { return svc.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return svc.Stats().PreImages && preImagesOn(t, s) }, 10*time.Second, 10*time.Millisecond, "a term starts with them on")
+	require.False(t, svc.Stats().Steady, "not steady while pre-images are on")
 
 	// Our writes alone: claims straight into running, and their finishes.
 	ours := func(n int) {
@@ -65,6 +67,7 @@ func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 		return !svc.Stats().PreImages
 	}, 10*time.Second, 100*time.Millisecond, "pre-images never went off")
 	require.False(t, preImagesOn(t, s))
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once the stream follows without them")
 	ours(7)
 	requireExact(t, s, 10*time.Second)
 	require.Zero(t, svc.Stats().DriftQueues, "no drift")
@@ -76,6 +79,7 @@ func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return svc.Stats().PreImages && preImagesOn(t, s) }, 10*time.Second, 10*time.Millisecond,
 		"another program's change turns them on")
+	require.Eventually(t, func() bool { return !svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "not steady once they are on again")
 	_, err = tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 1}}}})
 	require.NoError(t, err)
 	requireExact(t, s, 10*time.Second)
@@ -86,8 +90,11 @@ func TestPreImagesOnlyWhileAnotherProgramWrites(t *testing.T) {
 		ours(2)
 		return !svc.Stats().PreImages
 	}, 10*time.Second, 100*time.Millisecond, "pre-images never went off again")
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady again")
 	requireExact(t, s, 10*time.Second)
 	require.Contains(t, logs.String(), "task pre-images turned off")
+	svc.Stop()
+	require.False(t, svc.Stats().Steady, "a projector that no longer leads is not steady")
 }
 
 // preImagesHeld is a store whose pre-images switch waits for its caller's

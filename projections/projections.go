@@ -52,6 +52,10 @@ type Config struct {
 	// another program made (default DefaultPreImagesIdle): see "Old
 	// status: pre-images" in the package documentation.
 	PreImagesIdle time.Duration
+	// LagWindow is how many of the latest events' lags Stats.LagP50 and
+	// LagP99 summarise (default DefaultLagWindow). A benchmark that wants
+	// a whole drain's sets it above the drain's events.
+	LagWindow int
 	// Rider, when set, follows the projector's stream while this
 	// projector leads: the stream carries StreamLeader's events too
 	// (store.StreamParams.Leader), and every batch read is handed to it.
@@ -84,6 +88,9 @@ type Rider interface {
 	Alight()
 }
 
+// DefaultLagWindow is Config.LagWindow's default.
+const DefaultLagWindow = 8192
+
 // DefaultPreImagesIdle is Config.PreImagesIdle's default.
 const DefaultPreImagesIdle = 10 * time.Minute
 
@@ -97,6 +104,10 @@ type Stats struct {
 	// PreImages: this node's projector keeps pre-images on (it leads, and
 	// another program changed a task within Config.PreImagesIdle).
 	PreImages bool
+	// Steady: this node leads, and the stream it follows was opened
+	// without pre-images, as it stays while only our nodes write (a
+	// cluster that has run PreImagesIdle). Benchmarks start a drain then.
+	Steady bool
 	// DriftQueues counts queues whose counters differed from a recount
 	// (not counting counters that were missing).
 	DriftQueues int64
@@ -127,7 +138,7 @@ type Service struct {
 
 	mu    sync.Mutex
 	stats Stats
-	lags  []time.Duration // ring of recent lags
+	lags  []time.Duration // ring of the latest Config.LagWindow lags
 	lagI  int
 }
 
@@ -148,10 +159,13 @@ func New(cfg Config) *Service {
 	if cfg.MaxBatchWait <= 0 {
 		cfg.MaxBatchWait = 20 * time.Millisecond
 	}
+	if cfg.LagWindow <= 0 {
+		cfg.LagWindow = DefaultLagWindow
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger.With("component", "projector"), clock: clock.Or(cfg.Clock), lags: make([]time.Duration, 0, 8192)}
+	s := &Service{cfg: cfg, log: cfg.Logger.With("component", "projector"), clock: clock.Or(cfg.Clock), lags: make([]time.Duration, 0, min(cfg.LagWindow, DefaultLagWindow))}
 	s.elector = leadership.New(leadership.Config{
 		Lease: LeaseName, Owner: cfg.Node, Store: cfg.Store, TTL: cfg.LeaseTTL, Yield: cfg.Yield, First: cfg.First, Clock: cfg.Clock, Logger: cfg.Logger,
 	}, s.lead)
@@ -198,6 +212,7 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 	}
 	defer sess.End(context.Background())
 	defer s.setPreImages(false) // no longer this node's to say
+	defer s.setSteady(false)
 	if s.cfg.Rider != nil {
 		defer s.cfg.Rider.Alight()
 	}
@@ -228,6 +243,13 @@ func (s *Service) setPreImages(on bool) {
 	s.stats.PreImages = on
 }
 
+// setSteady records in the stats whether the stream followed is steady.
+func (s *Service) setSteady(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Steady = on
+}
+
 // recorded adds a committed batch to the stats.
 func (s *Service) recorded(lags []time.Duration, events int, reasons map[ReasonKey]int64) {
 	s.mu.Lock()
@@ -241,8 +263,8 @@ func (s *Service) recorded(lags []time.Duration, events int, reasons map[ReasonK
 		s.stats.Reasons[k] += n
 	}
 	for _, l := range lags {
-		if len(s.lags) < cap(s.lags) {
-			s.lags = append(s.lags, l)
+		if len(s.lags) < s.cfg.LagWindow {
+			s.lags = append(s.lags, l) // grows to the window as lags come
 		} else {
 			s.lags[s.lagI] = l
 			s.lagI = (s.lagI + 1) % len(s.lags)
@@ -383,6 +405,7 @@ func (p *projector) reader(ctx context.Context, from store.Position) (*store.Str
 	if err == nil && p.s.cfg.Rider != nil {
 		p.s.cfg.Rider.Board()
 	}
+	p.s.setSteady(err == nil && !p.preImages)
 	return r, err
 }
 

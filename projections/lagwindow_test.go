@@ -1,0 +1,50 @@
+package projections_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/disbatch-go/disbatch/projections"
+)
+
+// repeat is n copies of d.
+func repeat(d time.Duration, n int) []time.Duration {
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = d
+	}
+	return out
+}
+
+// TestLagFiguresSummariseTheLatestLagWindowEvents: LagP50 and LagP99 are
+// over the latest LagWindow events' lags, so a benchmark that sets the
+// window above a drain's events sees the drain's first events too, and the
+// default window lets old ones go.
+func TestLagFiguresSummariseTheLatestLagWindowEvents(t *testing.T) {
+	t.Parallel()
+	// A slow start: 200 events at 1 s (2% of 10,200), then 10,000 at
+	// 1 ms, in a window that keeps them all.
+	s := projections.New(projections.Config{Node: "n1", LagWindow: 20_000})
+	s.Record(repeat(time.Second, 200)...)
+	for range 10 {
+		s.Record(repeat(time.Millisecond, 1000)...)
+	}
+	require.Equal(t, time.Second, s.Stats().LagP99, "the window holds the slow start")
+
+	// The default window (8,192) has let the slow start go.
+	s = projections.New(projections.Config{Node: "n1"})
+	s.Record(repeat(time.Second, 200)...)
+	for range 10 {
+		s.Record(repeat(time.Millisecond, 1000)...)
+	}
+	require.Equal(t, time.Millisecond, s.Stats().LagP99, "only the latest %d events", projections.DefaultLagWindow)
+
+	// A window smaller than what came keeps the latest: the ring turns.
+	s = projections.New(projections.Config{Node: "n1", LagWindow: 100})
+	s.Record(repeat(time.Millisecond, 150)...)
+	s.Record(repeat(time.Second, 60)...)
+	require.Equal(t, time.Second, s.Stats().LagP50, "60 of the latest 100 are slow")
+	require.Equal(t, int64(210), s.Stats().Events)
+}
