@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -11,8 +10,6 @@ import (
 
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 )
-
-func TestMain(m *testing.M) { os.Exit(mongotest.Main(m)) }
 
 func TestCommitAgeIsTheStatusDateLessTheCommitPointsWallTime(t *testing.T) {
 	t.Parallel()

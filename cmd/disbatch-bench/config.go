@@ -262,11 +262,15 @@ Figure groups (--only):
               queue, at each of --backlogs queued tasks; and the RSS of a
               node run as a separate process for --rss-duration against the
               largest backlog.
-  lag         the counter projector's lag p50/p99 during throughput's node
-              drains, the 3 node processes' included (--only lag runs those
-              without the ceilings), and in each --pairs pair's; beside it
-              the majority commit point's age, sampled by replSetGetStatus
-              every 20 ms (with --mongo-uri: the clusterMonitor role).
+  lag         the counter projector's lag p50/p99 over every event of
+              throughput's node drains, the 3 node processes' included
+              (--only lag runs those without the ceilings), and in each
+              --pairs pair's; beside it the majority commit point's age,
+              sampled by replSetGetStatus every 20 ms (with --mongo-uri: the
+              clusterMonitor role). Every node drain (throughput's too)
+              starts once a projector leads and is steady (its pre-images
+              off after --pre-images-idle), as in a cluster that has run a
+              while: the queue is paused until then.
   web-queues  disbatch-web's GET /queues (4.103's route) served in-process on
               a loopback port: --web-queue-count queues over --web-tasks tasks
               (inserted raw, a realistic status mix, counters set as the

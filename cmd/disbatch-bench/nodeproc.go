@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"reflect"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
@@ -42,7 +43,10 @@ const envURI = "DISBATCH_BENCH_MONGO_URI"
 
 // nodeMessage is a line the node process writes to stdout.
 type nodeMessage struct {
-	Ready    bool    `json:"ready,omitempty"`
+	Ready bool `json:"ready,omitempty"`
+	// Steady: this process's projector leads and is steady
+	// (projections.Stats.Steady); said once, with --report-steady.
+	Steady   bool    `json:"steady,omitempty"`
 	Finished int     `json:"finished"`
 	Seconds  float64 `json:"seconds,omitempty"`
 	// FirstClaim and LastFinish: Unix nanoseconds (0: none), so that the
@@ -74,6 +78,8 @@ func runNodeProcess(args []string) int {
 	preImagesIdle := fs.Duration("pre-images-idle", 0, "node Config.PreImagesIdle")
 	pollOnly := fs.Bool("poll-only", false, "no wake-up change streams: the tick and finishes alone find work")
 	listeners := fs.Int("wakeup-listeners", 0, "node Config.WakeupListeners (0: every node)")
+	lagWindow := fs.Int("lag-window", 0, "node Config.ProjectorLagWindow (0: its default)")
+	reportSteady := fs.Bool("report-steady", false, `write {"steady":true} once this node's projector leads and is steady`)
 	verbose := fs.Bool("verbose", false, "info logs")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -119,7 +125,7 @@ func runNodeProcess(args []string) int {
 			runsMu.Unlock()
 		}),
 		MaxThreads: maxThreads, ClaimBatch: *claimBatch, ClaimLinger: nodeLinger(*claimLinger), Observer: obs, Logger: log, ClaimRunning: *claimRunning, PollOnly: *pollOnly, PreImagesIdle: *preImagesIdle,
-		WakeupListeners: *listeners,
+		WakeupListeners: *listeners, ProjectorLagWindow: *lagWindow,
 	})
 	if err != nil {
 		return fail(err)
@@ -128,10 +134,22 @@ func runNodeProcess(args []string) int {
 		return fail(err)
 	}
 	_ = out.Encode(nodeMessage{Ready: true})
+	steady := make(chan struct{})
+	if *reportSteady {
+		go func() {
+			if untilSteady(ctx, stdinClosed, n) {
+				_ = out.Encode(nodeMessage{Steady: true})
+			}
+			close(steady)
+		}()
+	} else {
+		close(steady)
+	}
 	select {
 	case <-ctx.Done():
 	case <-stdinClosed:
 	}
+	<-steady // its line before the last
 	// As an in-process drain's: read before the node stops.
 	proj := lagOf(n.ProjectorStats())
 	if *memProfile != "" {
@@ -257,10 +275,17 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, LagRow, error
 	if err != nil {
 		return DrainRow{}, LagRow{}, err
 	}
-	g, err := e.startProcs(ctx, db, q, k, "bench-proc", e.cfg.MaxThreads, nil)
+	g, err := e.startProcs(ctx, db, q, k, "bench-proc", e.cfg.MaxThreads, func(int) []string {
+		return []string{"--report-steady", "--lag-window", strconv.Itoa(lagWindow(e.cfg.Tasks))}
+	})
 	defer g.stop()
 	if err != nil {
 		return DrainRow{}, LagRow{}, err
+	}
+	if ok, err := g.steady(ctx, e.steadyWait()); err != nil {
+		return DrainRow{}, LagRow{}, err
+	} else if !ok {
+		e.log.Warn("drain: no node process's projector was steady in time; draining anyway", "waited", e.steadyWait())
 	}
 	cpu := e.meterCPU(ctx, g.pids())
 	age := sampleCommitAge(ctx, e.client)
@@ -282,6 +307,7 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, LagRow, error
 	} else if n != int64(e.cfg.Tasks) {
 		complete = false
 	}
+	e.waitProjected(ctx, db, q)
 	last, err := g.finish(ctx)
 	if err != nil {
 		return DrainRow{}, LagRow{}, err
@@ -341,12 +367,9 @@ type procGroup struct {
 // prefix-1 .. prefix-k with maxThreads (and extra(i)'s flags), and returns
 // once every one is ready. Call stop in any case.
 func (e *env) startProcs(ctx context.Context, db *mongo.Database, queue bson.ObjectID, k int, prefix string, maxThreads int, extra func(i int) []string) (*procGroup, error) {
-	s := store.New(db, store.Options{})
-	threads := func(n int) error {
-		return s.QueueUpdate(ctx, store.QueueUpdateParams{ID: queue, SetMaxThreads: true, MaxThreads: &n})
-	}
-	g := &procGroup{resume: func() error { return threads(maxThreads) }}
-	if err := threads(0); err != nil {
+	resume, err := pauseQueue(ctx, db, queue, maxThreads)
+	g := &procGroup{resume: resume}
+	if err != nil {
 		return g, err
 	}
 	for i := range k {
@@ -379,6 +402,47 @@ func (e *env) startProcs(ctx context.Context, db *mongo.Database, queue bson.Obj
 	return g, nil
 }
 
+// pauseQueue sets queue's threads to 0; resume sets them to maxThreads.
+func pauseQueue(ctx context.Context, db *mongo.Database, queue bson.ObjectID, maxThreads int) (resume func() error, err error) {
+	s := store.New(db, store.Options{})
+	threads := func(n int) error {
+		return s.QueueUpdate(ctx, store.QueueUpdateParams{ID: queue, SetMaxThreads: true, MaxThreads: &n})
+	}
+	return func() error { return threads(maxThreads) }, threads(0)
+}
+
+// steady waits until a process started with --report-steady says its
+// projector is steady, for up to wait; false when none did by then.
+func (g *procGroup) steady(ctx context.Context, wait time.Duration) (bool, error) {
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
+	cases := []reflect.SelectCase{
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timeout.C)},
+	}
+	for _, p := range g.procs {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.msgs)})
+	}
+	for {
+		i, v, ok := reflect.Select(cases)
+		switch {
+		case i == 0:
+			return false, ctx.Err()
+		case i == 1:
+			return false, nil
+		case !ok:
+			return false, fmt.Errorf("node process %s ended before the drain", g.procs[i-2].name)
+		}
+		m := v.Interface().(nodeMessage)
+		switch {
+		case m.Error != "":
+			return false, fmt.Errorf("node process %s: %s", g.procs[i-2].name, m.Error)
+		case m.Steady:
+			return true, nil
+		}
+	}
+}
+
 // finish asks every process to stop and returns what each said last (in
 // order), failing on a reported error or a process that does not stop
 // within a minute.
@@ -398,7 +462,7 @@ func (g *procGroup) finish(ctx context.Context) ([]nodeMessage, error) {
 					break reading
 				case m.Error != "":
 					return nil, fmt.Errorf("node process %s: %s", p.name, m.Error)
-				case !m.Ready:
+				case !m.Ready && !m.Steady:
 					out[i] = m
 				}
 			case <-timeout:

@@ -29,6 +29,8 @@ type nodeSpec struct {
 	Observer   node.Observer
 	// Supervise runs the shell and exec tasks under supervisors.
 	Supervise *supervisor.Launcher
+	// LagWindow: node.Config.ProjectorLagWindow.
+	LagWindow int
 }
 
 // nodes are running in-process nodes, each with its own client and store.
@@ -49,19 +51,20 @@ func (e *env) startNodes(ctx context.Context, spec nodeSpec) (*nodes, error) {
 		ns.clients = append(ns.clients, c)
 		maxThreads := spec.MaxThreads
 		n, err := node.New(node.Config{
-			Name:           fmt.Sprintf("%s-%d", spec.Name, i+1),
-			Store:          store.New(c.Database(spec.DB), store.Options{}),
-			Plugins:        spec.Plugins,
-			MaxThreads:     &maxThreads,
-			ClaimBatch:     e.cfg.ClaimBatch,
-			ClaimLinger:    nodeLinger(e.cfg.ClaimLinger),
-			ClaimRunning:   e.cfg.ClaimRunning,
-			PreImagesIdle:  e.cfg.PreImagesIdle,
-			PollOnly:       spec.PollOnly,
-			Observer:       spec.Observer,
-			Logger:         e.nodeLog,
-			Supervise:      spec.Supervise,
-			SuperviseMongo: supervisor.Mongo{URI: e.uri, Database: spec.DB},
+			Name:               fmt.Sprintf("%s-%d", spec.Name, i+1),
+			Store:              store.New(c.Database(spec.DB), store.Options{}),
+			Plugins:            spec.Plugins,
+			MaxThreads:         &maxThreads,
+			ClaimBatch:         e.cfg.ClaimBatch,
+			ClaimLinger:        nodeLinger(e.cfg.ClaimLinger),
+			ClaimRunning:       e.cfg.ClaimRunning,
+			PreImagesIdle:      e.cfg.PreImagesIdle,
+			PollOnly:           spec.PollOnly,
+			Observer:           spec.Observer,
+			Logger:             e.nodeLog,
+			Supervise:          spec.Supervise,
+			SuperviseMongo:     supervisor.Mongo{URI: e.uri, Database: spec.DB},
+			ProjectorLagWindow: spec.LagWindow,
 		})
 		if err != nil {
 			ns.stop()
@@ -95,6 +98,44 @@ func (ns *nodes) stop() {
 		disconnect(c)
 	}
 	ns.list, ns.clients = nil, nil
+}
+
+// projectorStats is what untilSteady asks (*node.Node).
+type projectorStats interface{ ProjectorStats() projections.Stats }
+
+// untilSteady polls nodes every 5 ms until the projector of one of them is
+// steady (projections.Stats.Steady), and is false when ctx ends or give
+// closes first.
+func untilSteady(ctx context.Context, give <-chan struct{}, nodes ...projectorStats) bool {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		for _, n := range nodes {
+			if n.ProjectorStats().Steady {
+				return true
+			}
+		}
+		select {
+		case <-t.C:
+		case <-give:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// steadyWait bounds the wait for a steady projector before a drain: its
+// pre-images go off PreImagesIdle after its term starts.
+func (e *env) steadyWait() time.Duration { return e.cfg.PreImagesIdle + 10*time.Second }
+
+// projectorStats returns the nodes for untilSteady.
+func (ns *nodes) projectorStats() []projectorStats {
+	out := make([]projectorStats, len(ns.list))
+	for i, n := range ns.list {
+		out[i] = n
+	}
+	return out
 }
 
 // projector returns the statistics of the node that applied the most

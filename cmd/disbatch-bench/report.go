@@ -179,7 +179,7 @@ func renderTable(r *Report) string {
 	}
 
 	if len(r.Lag) > 0 {
-		t := table{title: fmt.Sprintf("PROJECTION LAG, ms: change event to the commit of its batch, during the node drains; beside it the majority commit point's age, sampled every %d ms (no event reaches a change stream younger, and a batch's majority commit waits about as long again: twice it is a rough floor for MongoDB's part)", commitAgeEvery.Milliseconds()),
+		t := table{title: fmt.Sprintf("PROJECTION LAG, ms: change event to the commit of its batch, every event of the node drains (each started once a projector was steady); beside it the majority commit point's age, sampled every %d ms (no event reaches a change stream younger, and a batch's majority commit waits about as long again: twice it is a rough floor for MongoDB's part)", commitAgeEvery.Milliseconds()),
 			header: []string{"run", "projector", "events", "batches", "p50", "p99", "commit point age p50", "commit point age p99"}}
 		for _, l := range r.Lag {
 			t.add(l.Run, l.Leader, strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Batches, 10), fms(l.P50), fms(l.P99), fage(l.CommitAge, l.CommitAge.P50), fage(l.CommitAge, l.CommitAge.P99))

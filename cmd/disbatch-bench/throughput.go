@@ -7,7 +7,11 @@ import (
 	"slices"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
 	"github.com/disbatch-go/disbatch/projections"
+	"github.com/disbatch-go/disbatch/store"
 )
 
 // DrainRow is one drain of a backlog of no-op tasks.
@@ -311,21 +315,38 @@ func batchedConcurrency(k int) string {
 // nodeDrain queues --tasks tasks and drains them with k in-process nodes.
 func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	start := time.Now()
-	db, _, drop, err := e.backlog(ctx, "drain", e.cfg.Tasks)
+	db, q, drop, err := e.backlog(ctx, "drain", e.cfg.Tasks)
 	defer drop()
 	if err != nil {
 		return DrainRow{}, LagRow{}, err
 	}
 	e.log.Info("throughput: queued", "tasks", e.cfg.Tasks, "took", time.Since(start).Round(time.Millisecond))
 	obs := newDrainObserver(e.cfg.Tasks)
-	// In-process nodes claim as they start, so the meter starts before
-	// them: their start-up counts in the client's CPU, where the node
-	// processes' drain starts metering once they are up and paused.
+	// As the node processes' drain: the queue paused until the nodes are
+	// up and one's projector is steady, the meters started then.
+	resume, err := pauseQueue(ctx, db, q, e.cfg.MaxThreads)
+	if err != nil {
+		return DrainRow{}, LagRow{}, err
+	}
+	ns, err := e.startNodes(ctx, nodeSpec{DB: db.Name(), Count: k, Name: "bench-drain", MaxThreads: e.cfg.MaxThreads, Plugins: noopRegistry(nil), Observer: obs, LagWindow: lagWindow(e.cfg.Tasks)})
+	if err != nil {
+		return DrainRow{}, LagRow{}, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, e.steadyWait())
+	steady := untilSteady(wctx, nil, ns.projectorStats()...)
+	cancel()
+	if ctx.Err() != nil {
+		ns.stop()
+		return DrainRow{}, LagRow{}, ctx.Err()
+	}
+	if !steady {
+		e.log.Warn("drain: no node's projector was steady in time; draining anyway", "waited", e.steadyWait())
+	}
 	cpu := e.meterCPU(ctx, nil)
 	age := sampleCommitAge(ctx, e.client)
 	defer age.stop(0, 0) // after commitAgeOf's, a no-op
-	ns, err := e.startNodes(ctx, nodeSpec{DB: db.Name(), Count: k, Name: "bench-drain", MaxThreads: e.cfg.MaxThreads, Plugins: noopRegistry(nil), Observer: obs})
-	if err != nil {
+	if err := resume(); err != nil {
+		ns.stop()
 		return DrainRow{}, LagRow{}, err
 	}
 	complete, err := obs.wait(ctx, e.cfg.DrainTimeout)
@@ -333,6 +354,9 @@ func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	finished, span := obs.result()
 	first, last := obs.times()
 	commitAge := e.commitAgeOf(age, first, last)
+	if err == nil {
+		e.waitProjected(ctx, db, q)
+	}
 	proj, leader := ns.projector()
 	ns.stop()
 	if err != nil {
@@ -358,6 +382,35 @@ func (e *env) commitAgeOf(s *commitAge, first, last int64) Latency {
 	}
 	return l
 }
+
+// waitProjected waits, for up to 10 s, until the queue's counters say
+// that nothing is left to do or running: the projector has applied the
+// drain's last finishes, so that its lag figures count them. It warns
+// when they do not by then.
+func (e *env) waitProjected(ctx context.Context, db *mongo.Database, queue bson.ObjectID) {
+	s := store.New(db, store.Options{})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		all, err := s.QueueCounters(ctx)
+		c := all[queue]
+		switch {
+		case err == nil && c.Todo != nil && *c.Todo == 0 && c.Running != nil && *c.Running == 0:
+			return
+		case ctx.Err() != nil:
+			return
+		case time.Now().After(deadline):
+			e.log.Warn("drain: the projector had not applied its last finishes 10 s after it; its lag figures leave them out", "counters_error", err)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// lagWindow is the projector's lag window for a drain of tasks: every
+// event's lag, not only the latest projections.DefaultLagWindow (a task
+// makes two or three events: its claim, its start unless claimed straight
+// into running, its finish).
+func lagWindow(tasks int) int { return 4*tasks + 1024 }
 
 // lagOf is a projector's lag figures (Run and Leader left to the caller).
 func lagOf(st projections.Stats) LagRow {

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/disbatch-go/disbatch/internal/mongotest"
+)
+
+// testEnv is a bench environment on the tests' replica set, draining
+// tasks a drain.
+func testEnv(t *testing.T, tasks int) *env {
+	t.Helper()
+	cfg := quickConfig(t)
+	cfg.Tasks, cfg.DrainTimeout = tasks, time.Minute
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return &env{cfg: cfg, log: log, nodeLog: log, uri: mongotest.URI(t), client: mongotest.Client(t), prefix: "disbatch_bench_test_" + randHex(3)}
+}
+
+// testWriter logs to t.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+// TestDrainsStartOnceAProjectorIsSteady: a drain's queue stays paused until
+// a node's projector leads with its stream as it stays (pre-images off),
+// as in a cluster that has run a while. So the projector applies every
+// event of the drain (a claim straight into running and a finish, two a
+// task) and none before, and its lag figures are over all of them: the
+// first claims are not lost to its start, nor left out of its window.
+func TestDrainsStartOnceAProjectorIsSteady(t *testing.T) {
+	t.Parallel()
+	const tasks = 400
+	e := testEnv(t, tasks)
+	require.True(t, e.cfg.ClaimRunning, "the quick run claims straight into running: two events a task")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	row, lag, err := e.nodeDrain(ctx, 1)
+	require.NoError(t, err)
+	require.True(t, row.Complete)
+	require.Equal(t, int64(2*tasks), lag.Events, "one node: the projector applied the whole drain")
+
+	row, lag, err = e.nodeProcDrain(ctx, 3)
+	require.NoError(t, err)
+	require.True(t, row.Complete)
+	require.Equal(t, int64(2*tasks), lag.Events, "three processes: the leader's projector applied the whole drain")
+	require.Positive(t, lag.P99)
+}
