@@ -133,3 +133,49 @@ func TestStopDuringAPreImagesSwitchIsNoFailure(t *testing.T) {
 	require.Contains(t, logs.String(), "projector lease acquired", "the switch was the term's")
 	require.NotContains(t, logs.String(), "cannot turn change stream pre-images")
 }
+
+// recountHeld is a store whose recounts at a stream position (a
+// reconcile's, not a restart's) wait until release closes.
+type recountHeld struct {
+	*store.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *recountHeld) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
+	if at != nil {
+		select {
+		case s.entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return store.Recount{}, ctx.Err()
+		}
+	}
+	return s.Store.QueueRecount(ctx, at)
+}
+
+// TestSteadyOnlyOnceCaughtUpAndReconciled: a term is not Steady while its
+// reconcile on catching up runs, even with its stream already following
+// without pre-images; it is once that reconcile is done.
+func TestSteadyOnlyOnceCaughtUpAndReconciled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := &recountHeld{Store: store.New(db, store.Options{}), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	newQueue(t, db, "q", 0, true)
+	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, PreImagesIdle: time.Nanosecond})
+	require.NoError(t, svc.Start(ctx))
+	t.Cleanup(svc.Stop)
+	select {
+	case <-s.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the term never reconciled on catching up")
+	}
+	require.Eventually(t, func() bool { return !preImagesOn(t, s.Store) }, 10*time.Second, 10*time.Millisecond, "pre-images off at the first batch")
+	require.Never(t, func() bool { return svc.Stats().Steady }, 300*time.Millisecond, 10*time.Millisecond, "not steady while the reconcile runs")
+	close(s.release)
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once it is done")
+}

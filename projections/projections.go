@@ -104,9 +104,10 @@ type Stats struct {
 	// PreImages: this node's projector keeps pre-images on (it leads, and
 	// another program changed a task within Config.PreImagesIdle).
 	PreImages bool
-	// Steady: this node leads, and the stream it follows was opened
-	// without pre-images, as it stays while only our nodes write (a
-	// cluster that has run PreImagesIdle). Benchmarks start a drain then.
+	// Steady: this node leads, its term has caught up with the stream
+	// and reconciled, and the stream it follows was opened without
+	// pre-images, as it stays while only our nodes write (a cluster that
+	// has run PreImagesIdle). Benchmarks start a drain then.
 	Steady bool
 	// DriftQueues counts queues whose counters differed from a recount
 	// (not counting counters that were missing).
@@ -299,7 +300,14 @@ type projector struct {
 	lastForeign time.Time
 	lastSet     time.Time
 	failedAt    time.Time // the last failed switch: the next waits a minute
+
+	plain    bool // the stream followed was opened without pre-images
+	caughtUp bool // the term's reconcile on catching up is done
 }
+
+// steady records Stats.Steady: the term caught up and reconciled, and
+// follows its stream without pre-images.
+func (p *projector) steady() { p.s.setSteady(p.plain && p.caughtUp) }
 
 // run follows the stream from the checkpoint (or recounts and starts now)
 // and applies batches until ctx ends.
@@ -364,6 +372,10 @@ func (p *projector) run(ctx context.Context) error {
 				p.full, reconcileOnCatchUp = true, false
 			}
 			err := p.reconcile(ctx)
+			if onCatchUp && (err == nil || errors.Is(err, errReposition)) {
+				p.caughtUp = true
+				p.steady()
+			}
 			switch {
 			case errors.Is(err, errReposition):
 				// Counters now describe a later moment than the stream:
@@ -405,7 +417,8 @@ func (p *projector) reader(ctx context.Context, from store.Position) (*store.Str
 	if err == nil && p.s.cfg.Rider != nil {
 		p.s.cfg.Rider.Board()
 	}
-	p.s.setSteady(err == nil && !p.preImages)
+	p.plain = err == nil && !p.preImages
+	p.steady()
 	return r, err
 }
 
