@@ -154,7 +154,7 @@ var (
 	descLeader = prometheus.NewDesc("disbatch_projector_leader",
 		"1 while this node holds the counter projector's lease, else 0.", nil, nil)
 	descLag = prometheus.NewDesc("disbatch_projection_lag_seconds",
-		"Projection lag (event to counters committed) over recent events.", []string{"quantile"}, nil)
+		"Projection lag (event to counters committed) over the latest 8,192 events this node applied.", []string{"quantile"}, nil)
 	descProjEvents = prometheus.NewDesc("disbatch_projection_events_total",
 		"Task events this node applied to the counters as projector.", nil, nil)
 	descNodeState = prometheus.NewDesc("disbatch_node_state",
