@@ -2,7 +2,10 @@ package projections_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,4 +181,83 @@ func TestSteadyOnlyOnceCaughtUpAndReconciled(t *testing.T) {
 	require.Never(t, func() bool { return svc.Stats().Steady }, 300*time.Millisecond, 10*time.Millisecond, "not steady while the reconcile runs")
 	close(s.release)
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once it is done")
+}
+
+// recountFailsOnce is a store whose first recount at a stream position
+// (the reconcile on catching up) fails.
+type recountFailsOnce struct {
+	*store.Store
+	failed atomic.Bool
+}
+
+func (s *recountFailsOnce) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
+	if at != nil && s.failed.CompareAndSwap(false, true) {
+		return store.Recount{}, errors.New("connection reset (a test's)")
+	}
+	return s.Store.QueueRecount(ctx, at)
+}
+
+// TestSteadyAfterAFailedCatchUpReconcileIsRetried: a reconcile on catching
+// up that fails is retried, and its success makes the term steady.
+func TestSteadyAfterAFailedCatchUpReconcileIsRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := &recountFailsOnce{Store: store.New(db, store.Options{})}
+	newQueue(t, db, "q", 0, true)
+	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, PreImagesIdle: time.Nanosecond})
+	require.NoError(t, svc.Start(ctx))
+	t.Cleanup(svc.Stop)
+	require.Eventually(t, func() bool { return s.failed.Load() }, 10*time.Second, 10*time.Millisecond, "the reconcile on catching up never ran")
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once its retry succeeds")
+}
+
+// applyHeld is a store whose counter transactions wait until release
+// closes.
+type applyHeld struct {
+	*store.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *applyHeld) CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error) {
+	if len(p.Deltas) > 0 { // a batch's, not a recount's
+		select {
+		case s.entered <- struct{}{}:
+		default:
+		}
+		<-s.release
+	}
+	return s.Store.CountersApply(ctx, p)
+}
+
+// TestCommittingUntilTheBatchIsInTheStats: while a batch's transaction is
+// in flight the stats say Committing and do not count its events yet; once
+// it is done they count them and Committing is false. (A reader that sees
+// the counters first waits on it for the batch's lags.)
+func TestCommittingUntilTheBatchIsInTheStats(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := &applyHeld{Store: store.New(db, store.Options{}), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	q := newQueue(t, db, "q", 0, true)
+	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second})
+	require.NoError(t, svc.Start(ctx))
+	t.Cleanup(svc.Stop)
+	var once sync.Once
+	release := func() { once.Do(func() { close(s.release) }) }
+	t.Cleanup(release) // before Stop, which waits for the commit
+	require.Eventually(t, func() bool { return svc.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
+	insertBurst(t, db, q, 0, 3, func(int) any { return -2 })
+	select {
+	case <-s.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no batch was committed")
+	}
+	st := svc.Stats()
+	require.True(t, st.Committing, "a batch's transaction is in flight")
+	require.Zero(t, st.Events, "its events are not in the stats yet")
+	release()
+	require.Eventually(t, func() bool { st := svc.Stats(); return !st.Committing && st.Events == 3 }, 10*time.Second, 10*time.Millisecond,
+		"once committed, the batch is in the stats and nothing is in flight")
 }

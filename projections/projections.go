@@ -109,6 +109,10 @@ type Stats struct {
 	// pre-images, as it stays while only our nodes write (a cluster that
 	// has run PreImagesIdle). Benchmarks start a drain then.
 	Steady bool
+	// Committing: a batch's transaction is in flight. Its counters may
+	// already be read while its events and lags are not yet in these
+	// stats: a reader that saw the counters waits until it is false.
+	Committing bool
 	// DriftQueues counts queues whose counters differed from a recount
 	// (not counting counters that were missing).
 	DriftQueues int64
@@ -244,6 +248,13 @@ func (s *Service) setPreImages(on bool) {
 	s.stats.PreImages = on
 }
 
+// setCommitting records in the stats whether a batch is being committed.
+func (s *Service) setCommitting(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Committing = on
+}
+
 // setSteady records in the stats whether the stream followed is steady.
 func (s *Service) setSteady(on bool) {
 	s.mu.Lock()
@@ -372,8 +383,10 @@ func (p *projector) run(ctx context.Context) error {
 				p.full, reconcileOnCatchUp = true, false
 			}
 			err := p.reconcile(ctx)
-			if onCatchUp && (err == nil || errors.Is(err, errReposition)) {
-				p.caughtUp = true
+			if err == nil || errors.Is(err, errReposition) {
+				// The reconcile on catching up, or the retry of a
+				// failed one (p.full).
+				p.caughtUp = caughtUp
 				p.steady()
 			}
 			switch {
@@ -425,6 +438,8 @@ func (p *projector) reader(ctx context.Context, from store.Position) (*store.Str
 // restart recounts every queue at the present, sets the counters, and
 // opens the stream just after that moment.
 func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
+	p.plain = false // no stream until the recount is done
+	p.steady()
 	rc, err := p.s.cfg.Store.QueueRecount(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -462,6 +477,8 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	for _, d := range deltas {
 		list = append(list, *d)
 	}
+	p.s.setCommitting(true)
+	defer p.s.setCommitting(false) // once recorded
 	missing, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Session: p.sess, Deltas: list, Checkpoint: token, CheckpointTime: at})
 	if err != nil {
 		return err
@@ -527,6 +544,10 @@ func (p *projector) setPreImages(ctx context.Context, on bool, why string) {
 		return
 	}
 	p.failedAt = time.Time{}
+	if on {
+		p.plain = false // until the stream is reopened without them
+		p.steady()
+	}
 	changed := p.preImages != on || p.lastSet.IsZero()
 	p.preImages, p.lastSet = on, p.s.clock.Now()
 	p.s.setPreImages(on)
