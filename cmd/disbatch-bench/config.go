@@ -270,7 +270,8 @@ Figure groups (--only):
               clusterMonitor role). Every node drain (throughput's too)
               starts once a projector leads and is steady (its pre-images
               off after --pre-images-idle), as in a cluster that has run a
-              while: the queue is paused until then.
+              while: the queue is paused until then (at most
+              --pre-images-idle + 10 s; then it drains anyway, warning).
   web-queues  disbatch-web's GET /queues (4.103's route) served in-process on
               a loopback port: --web-queue-count queues over --web-tasks tasks
               (inserted raw, a realistic status mix, counters set as the

@@ -103,11 +103,11 @@ func (ns *nodes) stop() {
 // projectorStats is what untilSteady asks (*node.Node).
 type projectorStats interface{ ProjectorStats() projections.Stats }
 
-// untilSteady polls nodes every 5 ms until the projector of one of them is
-// steady (projections.Stats.Steady), and is false when ctx ends or give
+// untilSteady polls nodes every 10 ms until the projector of one of them
+// is steady (projections.Stats.Steady), and is false when ctx ends or give
 // closes first.
 func untilSteady(ctx context.Context, give <-chan struct{}, nodes ...projectorStats) bool {
-	t := time.NewTicker(5 * time.Millisecond)
+	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
 		for _, n := range nodes {
@@ -122,6 +122,27 @@ func untilSteady(ctx context.Context, give <-chan struct{}, nodes ...projectorSt
 		case <-ctx.Done():
 			return false
 		}
+	}
+}
+
+// untilCommitted polls nodes every 5 ms until no projector among them is
+// committing a batch (projections.Stats.Committing), for up to wait: a
+// batch whose counters were read is then in the stats. It is false when
+// one still was.
+func untilCommitted(wait time.Duration, nodes ...projectorStats) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		busy := false
+		for _, n := range nodes {
+			busy = busy || n.ProjectorStats().Committing
+		}
+		if !busy {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

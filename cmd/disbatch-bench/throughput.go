@@ -354,8 +354,8 @@ func (e *env) nodeDrain(ctx context.Context, k int) (DrainRow, LagRow, error) {
 	finished, span := obs.result()
 	first, last := obs.times()
 	commitAge := e.commitAgeOf(age, first, last)
-	if err == nil {
-		e.waitProjected(ctx, db, q)
+	if err == nil && complete {
+		e.waitProjected(ctx, db, q, ns.projectorStats()...)
 	}
 	proj, leader := ns.projector()
 	ns.stop()
@@ -384,10 +384,12 @@ func (e *env) commitAgeOf(s *commitAge, first, last int64) Latency {
 }
 
 // waitProjected waits, for up to 10 s, until the queue's counters say
-// that nothing is left to do or running: the projector has applied the
-// drain's last finishes, so that its lag figures count them. It warns
-// when they do not by then.
-func (e *env) waitProjected(ctx context.Context, db *mongo.Database, queue bson.ObjectID) {
+// that nothing is left to do or running (the projector has committed the
+// drain's last finishes), then until none of nodes (in-process; a node
+// process waits by itself when asked to stop) is still committing, so that
+// the last batch is in the projector's lag figures too. It warns when
+// they are not by then.
+func (e *env) waitProjected(ctx context.Context, db *mongo.Database, queue bson.ObjectID, nodes ...projectorStats) {
 	s := store.New(db, store.Options{})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -395,6 +397,9 @@ func (e *env) waitProjected(ctx context.Context, db *mongo.Database, queue bson.
 		c := all[queue]
 		switch {
 		case err == nil && c.Todo != nil && *c.Todo == 0 && c.Running != nil && *c.Running == 0:
+			if !untilCommitted(5*time.Second, nodes...) {
+				e.log.Warn("drain: the projector was still committing 5 s after its counters showed the drain done; its lag figures leave that batch out")
+			}
 			return
 		case ctx.Err() != nil:
 			return
