@@ -247,7 +247,9 @@ func TestCommittingUntilTheBatchIsInTheStats(t *testing.T) {
 	var once sync.Once
 	release := func() { once.Do(func() { close(s.release) }) }
 	t.Cleanup(release) // before Stop, which waits for the commit
-	require.Eventually(t, func() bool { return svc.Stats().Leader }, 10*time.Second, 10*time.Millisecond)
+	// Once it reconciled on catching up, its stream is open: the
+	// inserts below are its events, not its term's first recount's.
+	require.Eventually(t, func() bool { return svc.Stats().Reconciles >= 1 }, 10*time.Second, 10*time.Millisecond)
 	insertBurst(t, db, q, 0, 3, func(int) any { return -2 })
 	select {
 	case <-s.entered:

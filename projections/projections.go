@@ -353,6 +353,10 @@ func (p *projector) run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			// A recount at the present, as good as the reconcile on
+			// catching up once the term has caught up.
+			p.caughtUp = caughtUp
+			p.steady()
 			r = startPrefetch(ctx, next)
 			continue
 		}
@@ -535,6 +539,10 @@ func (p *projector) switchPreImages(ctx context.Context) (changed bool) {
 // again after the next batch: counters stay exact either way (an event
 // without its old state is recounted), only the cost differs.
 func (p *projector) setPreImages(ctx context.Context, on bool, why string) {
+	if on {
+		p.plain = false // until the stream is reopened without them
+		p.steady()
+	}
 	if err := p.s.cfg.Store.TasksPreImagesSet(ctx, on); err != nil {
 		if ctx.Err() != nil {
 			return // the term is ending (Stop, a lost lease): no failure to report
@@ -544,10 +552,6 @@ func (p *projector) setPreImages(ctx context.Context, on bool, why string) {
 		return
 	}
 	p.failedAt = time.Time{}
-	if on {
-		p.plain = false // until the stream is reopened without them
-		p.steady()
-	}
 	changed := p.preImages != on || p.lastSet.IsZero()
 	p.preImages, p.lastSet = on, p.s.clock.Now()
 	p.s.setPreImages(on)
