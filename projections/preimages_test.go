@@ -137,24 +137,43 @@ func TestStopDuringAPreImagesSwitchIsNoFailure(t *testing.T) {
 	require.NotContains(t, logs.String(), "cannot turn change stream pre-images")
 }
 
+// gate holds a test store's call until it is opened.
+type gate struct {
+	entered chan struct{} // a call came (1 slot)
+	release chan struct{}
+	once    sync.Once
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}, 1), release: make(chan struct{})} }
+
+// pass says a call came, then waits until the gate is open or ctx ends.
+func (g *gate) pass(ctx context.Context) error {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// open lets every call through, now and later.
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
 // recountHeld is a store whose recounts at a stream position (a
-// reconcile's, not a restart's) wait until release closes.
+// reconcile's, not a restart's) wait at its gate.
 type recountHeld struct {
 	*store.Store
-	entered chan struct{}
-	release chan struct{}
+	g *gate
 }
 
 func (s *recountHeld) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
 	if at != nil {
-		select {
-		case s.entered <- struct{}{}:
-		default:
-		}
-		select {
-		case <-s.release:
-		case <-ctx.Done():
-			return store.Recount{}, ctx.Err()
+		if err := s.g.pass(ctx); err != nil {
+			return store.Recount{}, err
 		}
 	}
 	return s.Store.QueueRecount(ctx, at)
@@ -167,19 +186,20 @@ func TestSteadyOnlyOnceCaughtUpAndReconciled(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := mongotest.Database(t)
-	s := &recountHeld{Store: store.New(db, store.Options{}), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	s := &recountHeld{Store: store.New(db, store.Options{}), g: newGate()}
 	newQueue(t, db, "q", 0, true)
 	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, PreImagesIdle: time.Nanosecond})
 	require.NoError(t, svc.Start(ctx))
 	t.Cleanup(svc.Stop)
+	t.Cleanup(s.g.open) // before Stop
 	select {
-	case <-s.entered:
+	case <-s.g.entered:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the term never reconciled on catching up")
 	}
 	require.Eventually(t, func() bool { return !preImagesOn(t, s.Store) }, 10*time.Second, 10*time.Millisecond, "pre-images off at the first batch")
 	require.Never(t, func() bool { return svc.Stats().Steady }, 300*time.Millisecond, 10*time.Millisecond, "not steady while the reconcile runs")
-	close(s.release)
+	s.g.open()
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once it is done")
 }
 
@@ -212,21 +232,18 @@ func TestSteadyAfterAFailedCatchUpReconcileIsRetried(t *testing.T) {
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once its retry succeeds")
 }
 
-// applyHeld is a store whose counter transactions wait until release
-// closes.
+// applyHeld is a store whose batches' counter transactions wait at its
+// gate.
 type applyHeld struct {
 	*store.Store
-	entered chan struct{}
-	release chan struct{}
+	g *gate
 }
 
 func (s *applyHeld) CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error) {
 	if len(p.Deltas) > 0 { // a batch's, not a recount's
-		select {
-		case s.entered <- struct{}{}:
-		default:
+		if err := s.g.pass(ctx); err != nil {
+			return nil, err
 		}
-		<-s.release
 	}
 	return s.Store.CountersApply(ctx, p)
 }
@@ -239,27 +256,25 @@ func TestCommittingUntilTheBatchIsInTheStats(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := mongotest.Database(t)
-	s := &applyHeld{Store: store.New(db, store.Options{}), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	s := &applyHeld{Store: store.New(db, store.Options{}), g: newGate()}
 	q := newQueue(t, db, "q", 0, true)
 	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second})
 	require.NoError(t, svc.Start(ctx))
 	t.Cleanup(svc.Stop)
-	var once sync.Once
-	release := func() { once.Do(func() { close(s.release) }) }
-	t.Cleanup(release) // before Stop, which waits for the commit
+	t.Cleanup(s.g.open) // before Stop, which waits for the commit
 	// Once it reconciled on catching up, its stream is open: the
 	// inserts below are its events, not its term's first recount's.
 	require.Eventually(t, func() bool { return svc.Stats().Reconciles >= 1 }, 10*time.Second, 10*time.Millisecond)
 	insertBurst(t, db, q, 0, 3, func(int) any { return -2 })
 	select {
-	case <-s.entered:
+	case <-s.g.entered:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no batch was committed")
 	}
 	st := svc.Stats()
 	require.True(t, st.Committing, "a batch's transaction is in flight")
 	require.Zero(t, st.Events, "its events are not in the stats yet")
-	release()
+	s.g.open()
 	require.Eventually(t, func() bool { st := svc.Stats(); return !st.Committing && st.Events == 3 }, 10*time.Second, 10*time.Millisecond,
 		"once committed, the batch is in the stats and nothing is in flight")
 }
