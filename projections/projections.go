@@ -317,13 +317,13 @@ type projector struct {
 	lastSet     time.Time
 	failedAt    time.Time // the last failed switch: the next waits a minute
 
-	plain    bool // the stream followed was opened without pre-images
-	caughtUp bool // the term's reconcile on catching up is done
+	plain      bool // the stream followed was opened without pre-images
+	reconciled bool // the term caught up and has reconciled since
 }
 
 // steady records Stats.Steady: the term caught up and reconciled, and
 // follows its stream without pre-images.
-func (p *projector) steady() { p.s.setSteady(p.plain && p.caughtUp) }
+func (p *projector) steady() { p.s.setSteady(p.plain && p.reconciled) }
 
 // run follows the stream from the checkpoint (or recounts and starts now)
 // and applies batches until ctx ends.
@@ -360,7 +360,7 @@ func (p *projector) run(ctx context.Context) error {
 			}
 			// A recount at the present, as good as the reconcile on
 			// catching up once the term has caught up.
-			p.caughtUp = caughtUp
+			p.reconciled = caughtUp
 			p.steady()
 			r = startPrefetch(ctx, next)
 			continue
@@ -395,7 +395,7 @@ func (p *projector) run(ctx context.Context) error {
 			if err == nil || errors.Is(err, errReposition) {
 				// The reconcile on catching up, or the retry of a
 				// failed one (p.full).
-				p.caughtUp = caughtUp
+				p.reconciled = caughtUp
 				p.steady()
 			}
 			switch {
