@@ -93,7 +93,7 @@ func TestParseFlags(t *testing.T) {
 	_, help, err := parseFlags([]string{"--help"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
-		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "members", "river", "river-dir", "scaleout-nodes", "scaleout-maxthreads", "scaleout-tasks", "scaleout-pickups", "verbose", "cpuprofile",
+		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "members", "river", "river-dir", "scaleout-nodes", "scaleout-maxthreads", "scaleout-tasks", "scaleout-pickups", "verbose", "cpuprofile", "node-cpuprofile",
 		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats",
 		"kill-samples", "delay-held", "delay-probes", "wait-rounds", "dag-edges", "sched-queues", "sched-tasks", "pairs"} {
 		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)

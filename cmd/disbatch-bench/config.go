@@ -92,6 +92,9 @@ type config struct {
 	ScaleoutListeners int
 	// NodeMemProf: the RSS node process writes a heap profile there.
 	NodeMemProf string
+	// NodeCPUProf: the drains' node processes each write a CPU profile
+	// to NodeCPUProf-<name>.
+	NodeCPUProf string
 
 	WebQueues int
 	WebTasks  int
@@ -373,6 +376,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.IntVar(&c.Claims, "claims", defaults.Claims, "scale: timed TaskClaim calls per backlog (quick: "+strconv.Itoa(quickDefaults.Claims)+")")
 	fs.IntVar(&c.ScaleDrain, "scale-drain", defaults.ScaleDrain, "scale: tasks an in-process node, then the raw batched loop, drain at each backlog (at most the backlog; quick: "+strconv.Itoa(quickDefaults.ScaleDrain)+")")
 	fs.StringVar(&c.NodeMemProf, "node-memprofile", "", "scale: the node process whose RSS is sampled writes a heap profile of its live objects to `FILE` at the end")
+	fs.StringVar(&c.NodeCPUProf, "node-cpuprofile", "", "throughput and lag: each node process of their drains (the rows' and the pairs') writes a CPU profile of its run to `PREFIX`-<its name>, e.g. PREFIX-bench-proc-1; a later drain's overwrites an earlier's")
 	fs.DurationVar(&c.RSSDuration, "rss-duration", defaults.RSSDuration, "scale: how long the node process runs while its RSS is sampled (quick: "+quickDefaults.RSSDuration.String()+")")
 	fs.IntVar(&c.DashQueues, "dash-queues", defaults.DashQueues, "dashboard: queues on the overview")
 	fs.IntVar(&c.DashTasks, "dash-tasks", defaults.DashTasks, "dashboard: tasks in all (quick: "+strconv.Itoa(quickDefaults.DashTasks)+")")

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -53,4 +55,25 @@ func TestDrainsStartOnceAProjectorIsSteady(t *testing.T) {
 	require.True(t, row.Complete)
 	require.Equal(t, int64(2*tasks), lag.Events, "three processes: the leader's projector applied the whole drain")
 	require.Positive(t, lag.P99)
+}
+
+// TestNodeProcessesWriteCPUProfiles: with --node-cpuprofile, each node
+// process of a drain writes its CPU profile (gzipped, as pprof writes
+// them) to the prefix and its name.
+func TestNodeProcessesWriteCPUProfiles(t *testing.T) {
+	t.Parallel()
+	e := testEnv(t, 200)
+	e.cfg.NodeCPUProf = filepath.Join(t.TempDir(), "cpu")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	row, _, err := e.nodeProcDrain(ctx, 2)
+	require.NoError(t, err)
+	require.True(t, row.Complete)
+	for _, name := range []string{"bench-proc-1", "bench-proc-2"} {
+		b, err := os.ReadFile(e.cfg.NodeCPUProf + "-" + name)
+		require.NoError(t, err, "node process %s wrote no profile", name)
+		require.Greater(t, len(b), 2, name)
+		require.Equal(t, []byte{0x1f, 0x8b}, b[:2], "%s: a gzipped pprof profile", name)
+	}
 }

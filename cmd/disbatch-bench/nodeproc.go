@@ -74,6 +74,7 @@ func runNodeProcess(args []string) int {
 	claimBatch := fs.Int("claim-batch", defaults.ClaimBatch, "the node's batched-claim size")
 	claimLinger := fs.Duration("claim-linger", defaults.ClaimLinger, "how long the node's batched claims on a backlog may wait for free slots (0: never)")
 	memProfile := fs.String("memprofile", "", "write a heap profile to `FILE` when asked to stop, before stopping")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to `FILE`, from the node's start until it is asked to stop")
 	runsFile := fs.String("runs", "", "write the id of every task the plugin ran to `FILE`, one per line, once stopped")
 	preImagesIdle := fs.Duration("pre-images-idle", 0, "node Config.PreImagesIdle")
 	pollOnly := fs.Bool("poll-only", false, "no wake-up change streams: the tick and finishes alone find work")
@@ -130,6 +131,11 @@ func runNodeProcess(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
+	stopCPU, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return fail(err)
+	}
+	defer stopCPU()
 	if err := n.Start(ctx); err != nil {
 		return fail(err)
 	}
@@ -156,6 +162,7 @@ func runNodeProcess(args []string) int {
 		log.Warn("the projector was still committing 5 s after the node was asked to stop; its lag figures leave that batch out")
 	}
 	proj := lagOf(n.ProjectorStats())
+	stopCPU()
 	if *memProfile != "" {
 		if err := writeHeapProfile(*memProfile); err != nil {
 			log.Warn("heap profile not written", "error", err)
@@ -279,8 +286,12 @@ func (e *env) nodeProcDrain(ctx context.Context, k int) (DrainRow, LagRow, error
 	if err != nil {
 		return DrainRow{}, LagRow{}, err
 	}
-	g, err := e.startProcs(ctx, db, q, k, "bench-proc", e.cfg.MaxThreads, func(int) []string {
-		return []string{"--report-steady", "--lag-window", strconv.Itoa(lagWindow(e.cfg.Tasks))}
+	g, err := e.startProcs(ctx, db, q, k, "bench-proc", e.cfg.MaxThreads, func(i int) []string {
+		flags := []string{"--report-steady", "--lag-window", strconv.Itoa(lagWindow(e.cfg.Tasks))}
+		if e.cfg.NodeCPUProf != "" {
+			flags = append(flags, "--cpuprofile", fmt.Sprintf("%s-bench-proc-%d", e.cfg.NodeCPUProf, i+1))
+		}
+		return flags
 	})
 	defer g.stop()
 	if err != nil {
@@ -486,6 +497,26 @@ func (g *procGroup) stop() {
 	for _, p := range g.procs {
 		p.stop()
 	}
+}
+
+// startCPUProfile starts a CPU profile to path ("": none) and returns
+// what stops it, once however often it is called.
+func startCPUProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return sync.OnceFunc(func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}), nil
 }
 
 // writeHeapProfile writes the heap's live objects (after a collection)
