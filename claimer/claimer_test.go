@@ -1681,12 +1681,12 @@ func TestAQuietReadTriesEveryQueue(t *testing.T) {
 	})
 }
 
-// TestAQuietNodesBatchedClaimsLingerForHalfABatch: on a quiet node a
-// batched claim waits, at most Config.Linger on the clock, until half of
-// what it could take is free, instead of claiming the few that are; a
+// TestAQuietNodesBatchedClaimsLingerForABatch: on a quiet node a
+// batched claim waits, at most Config.Linger on the clock, until all it
+// could take is free, instead of claiming the few that are; a
 // node that is not quiet, or has no Linger, claims what is free at once;
 // after a linger in vain the claims rest from waiting.
-func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
+func TestAQuietNodesBatchedClaimsLingerForABatch(t *testing.T) {
 	t.Parallel()
 	// Small, so that the fake clock's advances stay within QuietAfter of
 	// the quiet timer's arming (its pass would come between).
@@ -1725,17 +1725,17 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		return h, fake, q, waiters
 	}
 
-	t.Run("until half a batch is free", func(t *testing.T) {
+	t.Run("until a whole batch is free", func(t *testing.T) {
 		t.Parallel()
 		h, fake, q, waiters := lingering(t, 8)
 		before := h.c.Stats() // the linger in progress is counted at its end
-		for range 3 {
+		for range 7 {
 			h.c.Finished(q.ID)
 		}
 		h.noPass()
-		require.Empty(t, h.st.takeLimits(), "three free slots: still waiting")
+		require.Empty(t, h.st.takeLimits(), "seven free slots of a batch of eight: still waiting")
 		h.c.Finished(q.ID)
-		require.Equal(t, []int{4}, limitsSoon(t, h), "the fourth freed: one claim of four")
+		require.Equal(t, []int{8}, limitsSoon(t, h), "the eighth freed: one claim of eight")
 		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "the next batched claim lingers in turn")
 		fake.Advance(linger) // nothing frees: the linger ends, with no slot to claim into
 		h.pass()
@@ -1770,21 +1770,24 @@ func TestAQuietNodesBatchedClaimsLingerForHalfABatch(t *testing.T) {
 		fake.Advance(time.Millisecond)
 		h.c.Finished(q.ID)
 		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "rested: the batched claim lingers again")
-		for range 4 {
+		for range 8 {
 			h.c.Finished(q.ID)
 		}
-		require.Equal(t, []int{4}, limitsSoon(t, h))
+		require.Equal(t, []int{8}, limitsSoon(t, h))
 		require.NoError(t, fake.BlockUntil(ctx, waiters+1), "a linger that got its slots ends the rests")
 		fake.Advance(linger)
 		h.pass()
 	})
-	t.Run("half the queue's slots when fewer than a batch", func(t *testing.T) {
+	t.Run("all the queue's slots when fewer than a batch", func(t *testing.T) {
 		t.Parallel()
 		h, fake, q, waiters := lingering(t, 64)
-		for range 4 {
+		for range 7 {
 			h.c.Finished(q.ID)
 		}
-		require.Equal(t, []int{4}, limitsSoon(t, h), "eight slots: four free are half of what a claim could take")
+		h.noPass()
+		require.Empty(t, h.st.takeLimits(), "seven of the queue's eight slots free: still waiting")
+		h.c.Finished(q.ID)
+		require.Equal(t, []int{8}, limitsSoon(t, h), "eight slots: all eight free are the most a claim could take")
 		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
 		fake.Advance(linger)
 		h.pass()

@@ -68,7 +68,7 @@ type Config struct {
 	// (default claimer.DefaultBatch; 1 claims one task at a time).
 	ClaimBatch int
 	// ClaimLinger is how long a batched claim on a busy node (the one
-	// queue it serves backlogged) may wait for half a batch of free slots
+	// queue it serves backlogged) may wait for a whole batch of free slots
 	// (claimer.Config.Linger; 0: DefaultClaimLinger, NoClaimLinger: none;
 	// at most claimer.MaxLinger).
 	ClaimLinger time.Duration

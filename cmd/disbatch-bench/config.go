@@ -55,7 +55,7 @@ type config struct {
 	// per task, the way before batching).
 	ClaimBatch int
 	// ClaimLinger is how long the nodes' batched claims on a backlog may
-	// wait for half a batch of free slots (node Config.ClaimLinger; 0:
+	// wait for a whole batch of free slots (node Config.ClaimLinger; 0:
 	// never).
 	ClaimLinger time.Duration
 	// ClaimRunning: the nodes claim straight into running (node
@@ -363,7 +363,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.StringVar(&c.CPUProf, "cpuprofile", "", "write a CPU profile of this process (in-process nodes included) to `FILE`")
 	fs.IntVar(&c.MaxThreads, "maxthreads", defaults.MaxThreads, "queue and node maxthreads in throughput and scale; goroutines of the raw per-task loop")
 	fs.IntVar(&c.ClaimBatch, "claim-batch", defaults.ClaimBatch, "the nodes' batched-claim size on a backlog (1: one findOneAndUpdate per task, to compare)")
-	fs.DurationVar(&c.ClaimLinger, "claim-linger", defaults.ClaimLinger, "how long the nodes' batched claims on a backlog may wait for half a batch of free slots (0: never, to compare)")
+	fs.DurationVar(&c.ClaimLinger, "claim-linger", defaults.ClaimLinger, "how long the nodes' batched claims on a backlog may wait for a whole batch of free slots (0: never, to compare)")
 	fs.DurationVar(&c.PreImagesIdle, "pre-images-idle", defaults.PreImagesIdle, "the nodes' projector turns task pre-images off after this long with no other program's change (disbatchd: 10m; the bench's drains last seconds, so its default stands for a cluster of our nodes that has run that long)")
 	fs.BoolVar(&c.ClaimRunning, "claim-running", defaults.ClaimRunning, "the nodes claim tasks straight into running, as disbatchd does by default (false: claim into -1, then a start write, to compare)")
 	fs.IntVar(&c.PickupRate, "pickup-rate", defaults.PickupRate, "pickup: tasks inserted per second, one at a time")

@@ -332,7 +332,7 @@ func fcpu(us float64) string {
 // lingerText says how the nodes' claims waited (--claim-linger).
 func lingerText(linger string) string {
 	if d, err := time.ParseDuration(linger); err == nil && d > 0 {
-		return "a claim on a backlog waiting up to " + linger + " for half of it"
+		return "a claim on a backlog waiting up to " + linger + " for a whole batch"
 	}
 	return "claims never waiting for free slots"
 }

@@ -244,7 +244,7 @@ func run(ctx context.Context, args []string, e env) int {
 		return nil
 	})
 	f.Lookup("claim-running").NoOptDefVal = "true"
-	f.Func("claim-linger", "while the one queue this node serves has a backlog, a batched claim waits up to this long for half a batch of free slots (fewer, larger claims: more tasks a second from the same server); a freed slot idles at most this long a claim, and after a wait in vain claims stop waiting for a while; 0: claims never wait; at most "+claimer.MaxLinger.String()+" (default "+node.DefaultClaimLinger.String()+")", func(v string) error {
+	f.Func("claim-linger", "while the one queue this node serves has a backlog, a batched claim waits up to this long for a whole batch of free slots (or all the queue's slots, when fewer) (fewer, larger claims: more tasks a second from the same server); a freed slot idles at most this long a claim, and after a wait in vain claims stop waiting for a while; 0: claims never wait; at most "+claimer.MaxLinger.String()+" (default "+node.DefaultClaimLinger.String()+")", func(v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil {
 			return fmt.Errorf("want a duration such as %q, got %q", node.DefaultClaimLinger.String(), v)
