@@ -1164,7 +1164,11 @@ func (c *Claimer) linger(ctx context.Context, q Queue, want, batch int) {
 		c.clock.Now().Before(c.lingerFrom) {
 		return
 	}
-	goal := min(want, batch, c.slots.capacity(q.MaxThreads))
+	// Slots another queue holds under the node-wide cap are not waited
+	// for (a queue this node no longer serves may hold them a while);
+	// nor can a task of q's that runs long be told from the others: the
+	// lingers then run out in vain, and the rests stop them.
+	goal := min(want, batch, c.slots.capacity(q.ID, q.MaxThreads))
 	if c.slots.isPaused() || c.slots.room(q.ID, q.MaxThreads) >= goal {
 		return
 	}

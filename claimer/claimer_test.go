@@ -1698,7 +1698,11 @@ func TestAQuietNodesBatchedClaimsLingerForABatch(t *testing.T) {
 		h.st.set(alwaysTask)
 		h.start()
 		h.pass()
-		require.Equal(t, []int{7}, h.st.takeLimits(), "not quiet: one claim, then a batch for the seven free slots, at once")
+		batches := []int{7}
+		if batch < 7 {
+			batches = []int{batch, 7 - batch}
+		}
+		require.Equal(t, batches, h.st.takeLimits(), "not quiet: one claim, then batches for the seven free slots, at once")
 		fake.Advance(claimer.QuietAfter)
 		waiters := fake.Waiters()
 		h.c.Finished(q.ID)
@@ -1788,6 +1792,20 @@ func TestAQuietNodesBatchedClaimsLingerForABatch(t *testing.T) {
 		require.Empty(t, h.st.takeLimits(), "seven of the queue's eight slots free: still waiting")
 		h.c.Finished(q.ID)
 		require.Equal(t, []int{8}, limitsSoon(t, h), "eight slots: all eight free are the most a claim could take")
+		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+		fake.Advance(linger)
+		h.pass()
+	})
+	t.Run("a batch when smaller than the queue's slots", func(t *testing.T) {
+		t.Parallel()
+		h, fake, q, waiters := lingering(t, 4)
+		for range 3 {
+			h.c.Finished(q.ID)
+		}
+		h.noPass()
+		require.Empty(t, h.st.takeLimits(), "three free slots of a batch of four: still waiting")
+		h.c.Finished(q.ID)
+		require.Equal(t, []int{4}, limitsSoon(t, h), "the fourth freed: one claim of a batch, the queue's other four slots still held")
 		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
 		fake.Advance(linger)
 		h.pass()

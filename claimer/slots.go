@@ -72,13 +72,14 @@ func (s *slots) room(q bson.ObjectID, queueMax int) int {
 	return max(0, s.left(queueMax, s.perQueue[q], s.all))
 }
 
-// capacity returns the most slots q could ever hold at once: its limit,
-// or the node-wide cap when lower.
-func (s *slots) capacity(queueMax int) int {
+// capacity returns the most slots q could hold at once while the other
+// queues keep what they hold: its limit, or what the node-wide cap
+// leaves beside the others' when lower.
+func (s *slots) capacity(q bson.ObjectID, queueMax int) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.nodeMax != nil {
-		return min(queueMax, *s.nodeMax)
+		return max(0, min(queueMax, *s.nodeMax-(s.all-s.perQueue[q])))
 	}
 	return queueMax
 }

@@ -168,3 +168,29 @@ func TestSlotsReservedForAClaimAreNotFull(t *testing.T) {
 	s.releaseReserved(b, 1)
 	require.Equal(t, 1, s.total())
 }
+
+// TestSlotsCapacityLeavesOutOtherQueues: the most a queue could hold at
+// once is its limit, or what the node-wide cap leaves beside the slots
+// other queues hold; its own held slots count as its capacity.
+func TestSlotsCapacityLeavesOutOtherQueues(t *testing.T) {
+	t.Parallel()
+	s := newSlots()
+	a, b := bson.NewObjectID(), bson.NewObjectID()
+	require.Equal(t, 8, s.capacity(a, 8), "no node-wide cap: the queue's limit")
+	six := 6
+	s.setNodeMax(&six)
+	require.Equal(t, 6, s.capacity(a, 8), "the node-wide cap when lower")
+	s.take(a)
+	s.take(a)
+	require.Equal(t, 6, s.capacity(a, 8), "its own slots are part of what it could hold")
+	s.take(b)
+	require.Equal(t, 5, s.capacity(a, 8), "b's slot is not a's to wait for")
+	require.Equal(t, 2, s.capacity(b, 2), "b's own limit when lower")
+	for range 4 {
+		s.take(b)
+	}
+	require.Equal(t, 1, s.capacity(a, 8), "b's five leave a one of the node's six")
+	s.take(b)
+	s.take(b)
+	require.Equal(t, 0, s.capacity(a, 8), "b's seven, over the cap (adopted tasks): none, not below")
+}

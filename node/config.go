@@ -68,9 +68,10 @@ type Config struct {
 	// (default claimer.DefaultBatch; 1 claims one task at a time).
 	ClaimBatch int
 	// ClaimLinger is how long a batched claim on a busy node (the one
-	// queue it serves backlogged) may wait for a whole batch of free slots
-	// (claimer.Config.Linger; 0: DefaultClaimLinger, NoClaimLinger: none;
-	// at most claimer.MaxLinger).
+	// queue it serves backlogged) may wait for a whole batch of free slots,
+	// or all the queue's slots when fewer (claimer.Config.Linger; 0:
+	// DefaultClaimLinger, NoClaimLinger: none; at most
+	// claimer.MaxLinger).
 	ClaimLinger time.Duration
 	// WakeupListeners, when positive, is how many of a queue's nodes keep
 	// a wake-up stream for it (claimer.Config.Listeners; 0: every node;
