@@ -80,11 +80,15 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int{1000, 1_000_000}, c.Backlogs)
 
+	c, _, err = parseFlags([]string{"--node-cpuprofile", "/tmp/cpu", "--only", "lag"})
+	require.NoError(t, err, "the lag group drains with node processes too")
+	require.Equal(t, "/tmp/cpu", c.NodeCPUProf)
+
 	for _, bad := range [][]string{
 		{"--only", "pickup,speed"}, {"--tasks", "0"}, {"--backlogs", "10,x"}, {"--nope"}, {"extra"}, {"--pickup-rate", "5000"},
 		{"--submit-tasks", "10001"}, {"--kill-samples", "0"}, {"--dag-edges", "0"}, {"--sched-queues", "1"}, {"--sched-tasks", "10", "--sched-queues", "20"}, {"--delay-probes", "-1"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
 		{"--members", "2"}, {"--members", "3", "--mongo-uri", "mongodb://x"}, {"--river", "--only", "throughput"},
-		{"--pairs", "-1"}, {"--pairs", "3", "--only", "lag"},
+		{"--pairs", "-1"}, {"--pairs", "3", "--only", "lag"}, {"--node-cpuprofile", "/tmp/x", "--only", "pickup"},
 	} {
 		_, _, err := parseFlags(bad)
 		require.Error(t, err, "%v", bad)

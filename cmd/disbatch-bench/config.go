@@ -556,6 +556,9 @@ func (c *config) validate() error {
 	if c.Pairs > 0 && !c.runs(groupThroughput) {
 		errs = append(errs, errors.New("--pairs runs in the throughput group: add throughput to --only"))
 	}
+	if c.NodeCPUProf != "" && !c.runs(groupThroughput) && !c.runs(groupLag) {
+		errs = append(errs, errors.New("--node-cpuprofile profiles the node processes of the throughput and lag drains: add throughput or lag to --only"))
+	}
 	if c.River && !c.runs(groupPickup) {
 		errs = append(errs, errors.New("--river compares with the pickup group: add pickup to --only"))
 	}

@@ -58,8 +58,9 @@ func TestDrainsStartOnceAProjectorIsSteady(t *testing.T) {
 }
 
 // TestNodeProcessesWriteCPUProfiles: with --node-cpuprofile, each node
-// process of a drain writes its CPU profile (gzipped, as pprof writes
-// them) to the prefix and its name.
+// process of a drain writes its CPU profile to the prefix and its name.
+// It checks that each wrote a gzipped file, as pprof writes them, not
+// what the profile holds (a 200-task drain may leave few samples).
 func TestNodeProcessesWriteCPUProfiles(t *testing.T) {
 	t.Parallel()
 	e := testEnv(t, 200)

@@ -74,7 +74,7 @@ func runNodeProcess(args []string) int {
 	claimBatch := fs.Int("claim-batch", defaults.ClaimBatch, "the node's batched-claim size")
 	claimLinger := fs.Duration("claim-linger", defaults.ClaimLinger, "how long the node's batched claims on a backlog may wait for free slots (0: never)")
 	memProfile := fs.String("memprofile", "", "write a heap profile to `FILE` when asked to stop, before stopping")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to `FILE`, from the node's start until it is asked to stop")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to `FILE`, from the node's start until its projector's figures are read once it is asked to stop")
 	runsFile := fs.String("runs", "", "write the id of every task the plugin ran to `FILE`, one per line, once stopped")
 	preImagesIdle := fs.Duration("pre-images-idle", 0, "node Config.PreImagesIdle")
 	pollOnly := fs.Bool("poll-only", false, "no wake-up change streams: the tick and finishes alone find work")
