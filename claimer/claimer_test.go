@@ -1782,34 +1782,30 @@ func TestAQuietNodesBatchedClaimsLingerForABatch(t *testing.T) {
 		fake.Advance(linger)
 		h.pass()
 	})
-	t.Run("all the queue's slots when fewer than a batch", func(t *testing.T) {
-		t.Parallel()
-		h, fake, q, waiters := lingering(t, 64)
-		for range 7 {
+	// The queue has eight slots: a claim waits for what it could take,
+	// one slot short of it is still waiting.
+	for _, c := range []struct {
+		name         string
+		batch, takes int
+	}{
+		{"all the queue's slots when fewer than a batch", 64, 8},
+		{"a batch when smaller than the queue's slots", 4, 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h, fake, q, waiters := lingering(t, c.batch)
+			for range c.takes - 1 {
+				h.c.Finished(q.ID)
+			}
+			h.noPass()
+			require.Empty(t, h.st.takeLimits(), "batch %d: %d free slots, still waiting", c.batch, c.takes-1)
 			h.c.Finished(q.ID)
-		}
-		h.noPass()
-		require.Empty(t, h.st.takeLimits(), "seven of the queue's eight slots free: still waiting")
-		h.c.Finished(q.ID)
-		require.Equal(t, []int{8}, limitsSoon(t, h), "eight slots: all eight free are the most a claim could take")
-		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
-		fake.Advance(linger)
-		h.pass()
-	})
-	t.Run("a batch when smaller than the queue's slots", func(t *testing.T) {
-		t.Parallel()
-		h, fake, q, waiters := lingering(t, 4)
-		for range 3 {
-			h.c.Finished(q.ID)
-		}
-		h.noPass()
-		require.Empty(t, h.st.takeLimits(), "three free slots of a batch of four: still waiting")
-		h.c.Finished(q.ID)
-		require.Equal(t, []int{4}, limitsSoon(t, h), "the fourth freed: one claim of a batch, the queue's other four slots still held")
-		require.NoError(t, fake.BlockUntil(ctx, waiters+1))
-		fake.Advance(linger)
-		h.pass()
-	})
+			require.Equal(t, []int{c.takes}, limitsSoon(t, h), "batch %d of eight slots: one claim of %d once they are free", c.batch, c.takes)
+			require.NoError(t, fake.BlockUntil(ctx, waiters+1))
+			fake.Advance(linger)
+			h.pass()
+		})
+	}
 	t.Run("a pause ends it, not in vain", func(t *testing.T) {
 		t.Parallel()
 		h, _, _, _ := lingering(t, 8)
