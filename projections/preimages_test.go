@@ -137,6 +137,17 @@ func TestStopDuringAPreImagesSwitchIsNoFailure(t *testing.T) {
 	require.NotContains(t, logs.String(), "cannot turn change stream pre-images")
 }
 
+// started starts the projector of node n1 on st (cfg's other fields, a
+// lease of 2 s) and stops it when the test ends.
+func started(t *testing.T, st projections.Store, cfg projections.Config) *projections.Service {
+	t.Helper()
+	cfg.Node, cfg.Store, cfg.LeaseTTL = "n1", st, 2*time.Second
+	svc := projections.New(cfg)
+	require.NoError(t, svc.Start(context.Background()))
+	t.Cleanup(svc.Stop)
+	return svc
+}
+
 // gate holds a test store's call until it is opened.
 type gate struct {
 	entered chan struct{} // a call came (1 slot)
@@ -184,13 +195,10 @@ func (s *recountHeld) QueueRecount(ctx context.Context, at *bson.Timestamp) (sto
 // without pre-images; it is once that reconcile is done.
 func TestSteadyOnlyOnceCaughtUpAndReconciled(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := mongotest.Database(t)
 	s := &recountHeld{Store: store.New(db, store.Options{}), g: newGate()}
 	newQueue(t, db, "q", 0, true)
-	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, PreImagesIdle: time.Nanosecond})
-	require.NoError(t, svc.Start(ctx))
-	t.Cleanup(svc.Stop)
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
 	t.Cleanup(s.g.open) // before Stop
 	select {
 	case <-s.g.entered:
@@ -221,13 +229,10 @@ func (s *recountFailsOnce) QueueRecount(ctx context.Context, at *bson.Timestamp)
 // up that fails is retried, and its success makes the term steady.
 func TestSteadyAfterAFailedCatchUpReconcileIsRetried(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := mongotest.Database(t)
 	s := &recountFailsOnce{Store: store.New(db, store.Options{})}
 	newQueue(t, db, "q", 0, true)
-	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second, PreImagesIdle: time.Nanosecond})
-	require.NoError(t, svc.Start(ctx))
-	t.Cleanup(svc.Stop)
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
 	require.Eventually(t, func() bool { return s.failed.Load() }, 10*time.Second, 10*time.Millisecond, "the reconcile on catching up never ran")
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once its retry succeeds")
 }
@@ -254,13 +259,10 @@ func (s *applyHeld) CountersApply(ctx context.Context, p store.CountersApplyPara
 // the counters first waits on it for the batch's lags.)
 func TestCommittingUntilTheBatchIsInTheStats(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := mongotest.Database(t)
 	s := &applyHeld{Store: store.New(db, store.Options{}), g: newGate()}
 	q := newQueue(t, db, "q", 0, true)
-	svc := projections.New(projections.Config{Node: "n1", Store: s, LeaseTTL: 2 * time.Second})
-	require.NoError(t, svc.Start(ctx))
-	t.Cleanup(svc.Stop)
+	svc := started(t, s, projections.Config{})
 	t.Cleanup(s.g.open) // before Stop, which waits for the commit
 	// Once it reconciled on catching up, its stream is open: the
 	// inserts below are its events, not its term's first recount's.
