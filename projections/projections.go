@@ -220,8 +220,8 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 		return err
 	}
 	defer sess.End(context.Background())
-	defer s.setPreImages(false) // no longer this node's to say
-	defer s.setSteady(false)
+	defer s.flag(&s.stats.PreImages, false) // no longer this node's to say
+	defer s.flag(&s.stats.Steady, false)
 	if s.cfg.Rider != nil {
 		defer s.cfg.Rider.Alight()
 	}
@@ -245,25 +245,11 @@ func (s *Service) commit(ctx context.Context, p store.CountersApplyParams) ([]bs
 	return s.cfg.Store.CountersApply(tctx, p)
 }
 
-// setPreImages records in the stats whether pre-images are on.
-func (s *Service) setPreImages(on bool) {
+// flag records one of the stats' flags (PreImages, Steady, Committing).
+func (s *Service) flag(field *bool, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.stats.PreImages = on
-}
-
-// setCommitting records in the stats whether a batch is being committed.
-func (s *Service) setCommitting(on bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stats.Committing = on
-}
-
-// setSteady records in the stats whether the stream followed is steady.
-func (s *Service) setSteady(on bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stats.Steady = on
+	*field = on
 }
 
 // recorded adds a committed batch to the stats.
@@ -323,7 +309,7 @@ type projector struct {
 
 // steady records Stats.Steady: the term caught up and reconciled, and
 // follows its stream without pre-images.
-func (p *projector) steady() { p.s.setSteady(p.plain && p.reconciled) }
+func (p *projector) steady() { p.s.flag(&p.s.stats.Steady, p.plain && p.reconciled) }
 
 // run follows the stream from the checkpoint (or recounts and starts now)
 // and applies batches until ctx ends.
@@ -486,8 +472,8 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	for _, d := range deltas {
 		list = append(list, *d)
 	}
-	p.s.setCommitting(true)
-	defer p.s.setCommitting(false) // once recorded
+	p.s.flag(&p.s.stats.Committing, true)
+	defer p.s.flag(&p.s.stats.Committing, false) // once recorded
 	missing, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Session: p.sess, Deltas: list, Checkpoint: token, CheckpointTime: at})
 	if err != nil {
 		return err
@@ -559,7 +545,7 @@ func (p *projector) setPreImages(ctx context.Context, on bool, why string) {
 	p.failedAt = time.Time{}
 	changed := p.preImages != on || p.lastSet.IsZero()
 	p.preImages, p.lastSet = on, p.s.clock.Now()
-	p.s.setPreImages(on)
+	p.s.flag(&p.s.stats.PreImages, on)
 	if changed {
 		p.s.log.Info("task pre-images turned "+map[bool]string{true: "on", false: "off"}[on], "why", why)
 	}
