@@ -73,16 +73,21 @@ func (s *killRequests) Start(ctx context.Context) error {
 		if s.events == nil {
 			return nil
 		}
+		// Each topic gets its listener as soon as it is subscribed (as
+		// the claimer's do): the bus holds its subscriber lock while a
+		// publisher waits for every subscriber's acknowledgement, so a
+		// kill published before anyone read this subscription would
+		// stall the next Subscribe, and the node's start, for ever.
 		ch, err := s.events.Subscribe(run.Context(), events.TopicKills)
 		if err != nil {
 			return err
 		}
+		run.Go(func(ctx context.Context) { s.listen(ctx, ch) })
 		rescans, err := s.events.Subscribe(run.Context(), events.TopicRescan)
 		if err != nil {
 			return err
 		}
 		due := make(chan struct{}, 1)
-		run.Go(func(ctx context.Context) { s.listen(ctx, ch) })
 		run.Go(func(ctx context.Context) { s.listenRescans(ctx, rescans, due) })
 		run.Go(func(ctx context.Context) {
 			for {

@@ -2,12 +2,15 @@ package node
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -103,4 +106,63 @@ func TestAQuietNodeSweepsOftenOnlyWhileItHoldsATask(t *testing.T) {
 	holding.Store(true)
 	step(true, "holding a task, QuietAfter since the last")
 	step(true, "holding a task, QuietAfter again")
+}
+
+// publishingBetween is the node's bus as the change stream uses it while
+// the listener starts: when the listener subscribes to Rescan, a kill has
+// just been published on its first topic, before anyone read it.
+type publishingBetween struct {
+	*gochannel.GoChannel
+	id      bson.ObjectID
+	blocked chan struct{} // closed when the publish did not return
+}
+
+func (p *publishingBetween) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == events.TopicRescan {
+		msg, err := events.Encode(events.KillRequested{ID: p.id, Request: schema.KillRequest{Node: "n1", By: "ops"}})
+		if err != nil {
+			return nil, err
+		}
+		done := make(chan error, 1)
+		go func() { done <- p.Publish(events.TopicKills, msg) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				return nil, err
+			}
+		case <-time.After(5 * time.Second):
+			// The subscriber lock is held by the stalled publish: a
+			// Subscribe now would never return.
+			close(p.blocked)
+			return nil, errors.New("a kill published between the listener's subscriptions was never read")
+		}
+	}
+	return p.GoChannel.Subscribe(ctx, topic)
+}
+
+// A kill published while the listener starts (the stream runs from before
+// it: a stepdown's resume, an operator's kill) does not stall the
+// listener's next subscription, and with it the node's start: seen in the
+// fault suite, a node restarted during a stepdown that never said
+// "node started".
+func TestAKillPublishedWhileTheListenerSubscribesDoesNotStallIt(t *testing.T) {
+	bus := &publishingBetween{GoChannel: events.NewBus(nil), id: bson.NewObjectID(), blocked: make(chan struct{})}
+	defer bus.Close()
+	killed := make(chan bson.ObjectID, 1)
+	s := &killRequests{node: "n1", store: &pendingKills{}, events: bus, tick: time.Hour, clock: clock.NewFake(time.Now()),
+		log: slog.New(slog.DiscardHandler), kill: func(id bson.ObjectID, _ error) bool { killed <- id; return true }}
+	err := s.Start(context.Background())
+	select {
+	case <-bus.blocked:
+		t.Fatal("the kill published between the subscriptions was never read: the next Subscribe would wait for ever")
+	default:
+	}
+	require.NoError(t, err)
+	defer s.Stop()
+	select {
+	case got := <-killed:
+		require.Equal(t, bus.id, got)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the kill published while the listener started was not carried out")
+	}
 }
