@@ -385,6 +385,10 @@ func (c *Claimer) Start(ctx context.Context) error {
 	})
 }
 
+// Batch is the most tasks one claim takes (Config.Batch, defaulted and
+// bounded).
+func (c *Claimer) Batch() int { return c.cfg.Batch }
+
 // Stats returns the counters.
 func (c *Claimer) Stats() Stats {
 	c.mu.Lock()

@@ -67,9 +67,10 @@ func TestNodeRunsTasksSubmittedWithTheCLI(t *testing.T) {
 	}
 
 	submit(0, 10) // before the node starts: found by its first claim
-	n := startNode(t, nodeArgs(uri, db.Name(), "n1"))
+	n := startNode(t, nodeArgs(uri, db.Name(), "n1", "--claim-batch", "16"))
 	n.waitLog("node started", startWait)
 	require.Contains(t, n.log.String(), `wake_ups="change streams"`)
+	require.Contains(t, n.log.String(), `claim_batch=16`, "the node claims as many as --claim-batch says")
 	submit(10, 20) // while it runs: found through the change stream
 
 	ts := waitTasks(t, db, 30*time.Second, "20 tasks finished", func(ts []task) bool { return len(ts) == 20 && allFinished(ts) })

@@ -270,7 +270,7 @@ func (n *Node) Start(ctx context.Context) error {
 		if n.cfg.PollOnly {
 			mode = "poll only"
 		}
-		n.log.Info("node started", "wake_ups", mode, "tick", n.cfg.Tick, "plugins", n.cfg.Plugins.Names(),
+		n.log.Info("node started", "wake_ups", mode, "tick", n.cfg.Tick, "claim_batch", n.claimer.Batch(), "plugins", n.cfg.Plugins.Names(),
 			"heartbeat", n.cfg.Heartbeat, "fence_after", n.cfg.FenceAfter, "dead_after", n.cfg.DeadAfter)
 		return nil
 	})

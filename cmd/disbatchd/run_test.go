@@ -54,6 +54,7 @@ func flagsSet(t *testing.T, args ...string) *cobra.Command {
 	f.Int("supervisor-pool", 0, "")
 	f.Bool("claim-running", true, "")
 	f.Duration("claim-linger", 0, "")
+	f.Int("claim-batch", 64, "")
 	f.Int("wakeup-listeners", 3, "")
 	require.NoError(t, f.Parse(args))
 	return cmd
@@ -78,7 +79,7 @@ func defaults() settings {
 	return settings{
 		MongoURI: "mongodb://default/", Database: "disbatch", Node: "host",
 		Grace: duration(30 * time.Second), Tick: duration(time.Second), OrphanAfter: duration(time.Hour),
-		OutputThreshold: 100, LogFormat: "text", LogLevel: "info", WakeupListeners: 3,
+		OutputThreshold: 100, LogFormat: "text", LogLevel: "info", WakeupListeners: 3, ClaimBatch: 64,
 	}
 }
 
@@ -93,7 +94,7 @@ func TestApplyConfigFileFillsWhatIsUnset(t *testing.T) {
 		MongoURI: "mongodb://file/", Database: "filedb", Node: "file-node", Label: "file-label",
 		EnablePlugins: []string{"shell"}, PluginTimeout: duration(time.Minute), Grace: duration(2 * time.Second),
 		Tick: duration(200 * time.Millisecond), OrphanAfter: duration(5 * time.Minute), PollOnly: true, NoProjector: true,
-		OutputThreshold: 1000, LogFormat: "json", LogLevel: "debug", WakeupListeners: 3,
+		OutputThreshold: 1000, LogFormat: "json", LogLevel: "debug", WakeupListeners: 3, ClaimBatch: 64,
 	}, s)
 	require.Equal(t, "3", maxThreads)
 	require.Equal(t, []string{"X=/file/x"}, external)
@@ -206,6 +207,11 @@ func TestRunUsageErrors(t *testing.T) {
 		{"--wakeup-listeners", "-1"},
 		{"--wakeup-listeners", "few"},
 		{"--config", writeConfig(t, `{"wakeup_listeners": -2}`)},
+		{"--claim-batch", "0"},
+		{"--claim-batch", "257"},
+		{"--claim-batch", "many"},
+		{"--config", writeConfig(t, `{"claim_batch": 0}`)},
+		{"--config", writeConfig(t, `{"claim_batch": 1000}`)},
 	} {
 		code, _, stderr := runNoMongo(t, append(nowhere, args...), nil)
 		require.Equal(t, 2, code, "%v: %s", args, stderr)
@@ -333,4 +339,33 @@ func TestClaimLingerSetting(t *testing.T) {
 	long := duration(time.Second)
 	s.ClaimLinger = &long
 	require.ErrorContains(t, checkSettings(s), "claim_linger", "a file's linger above the most")
+}
+
+func TestClaimBatchSetting(t *testing.T) {
+	code, stdout, _ := runNoMongo(t, []string{"--help"}, map[string]string{})
+	require.Zero(t, code)
+	require.Regexp(t, `--claim-batch int\s+the most tasks one claim takes[^\n]*\(1 to 256\)[^\n]*\(default 64\)`, stdout, "64 unless told")
+	var maxThreads string
+	var external []string
+	s := defaults()
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"tick": "2s"}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 64, s.ClaimBatch, "not given: the default")
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"claim_batch": 16}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 16, s.ClaimBatch)
+	s = defaults()
+	s.ClaimBatch = 8
+	require.NoError(t, applyConfigFile(flagsSet(t, "--claim-batch", "8"), writeConfig(t, `{"claim_batch": 16}`), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 8, s.ClaimBatch, "the flag wins")
+	s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(10*time.Second), duration(30*time.Second)
+	require.NoError(t, checkSettings(s))
+	for _, n := range []int{1, 256} {
+		s.ClaimBatch = n
+		require.NoError(t, checkSettings(s), "%d is within 1..256", n)
+	}
+	s = defaults()
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"claim_batch": 0}`), &s, &maxThreads, &external, noEnv))
+	s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(10*time.Second), duration(30*time.Second)
+	require.ErrorContains(t, checkSettings(s), "claim_batch) must be 1 to 256, got 0", "a file's 0 is refused, not taken for the default")
+	s.ClaimBatch = 257
+	require.ErrorContains(t, checkSettings(s), "claim_batch", "above the store's most")
 }
