@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -80,12 +81,12 @@ func (s *killRequests) Start(ctx context.Context) error {
 		// stall the next Subscribe, and the node's start, for ever.
 		ch, err := s.events.Subscribe(run.Context(), events.TopicKills)
 		if err != nil {
-			return err
+			return fmt.Errorf("subscribe to %s: %w", events.TopicKills, err)
 		}
 		run.Go(func(ctx context.Context) { s.listen(ctx, ch) })
 		rescans, err := s.events.Subscribe(run.Context(), events.TopicRescan)
 		if err != nil {
-			return err
+			return fmt.Errorf("subscribe to %s: %w", events.TopicRescan, err)
 		}
 		due := make(chan struct{}, 1)
 		run.Go(func(ctx context.Context) { s.listenRescans(ctx, rescans, due) })

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.uber.org/goleak"
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/events"
@@ -146,6 +147,8 @@ func (p *publishingBetween) Subscribe(ctx context.Context, topic string) (<-chan
 // fault suite, a node restarted during a stepdown that never said
 // "node started".
 func TestAKillPublishedWhileTheListenerSubscribesDoesNotStallIt(t *testing.T) {
+	// Not parallel: goleak must see only this listener's goroutines.
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	bus := &publishingBetween{GoChannel: events.NewBus(nil), id: bson.NewObjectID(), blocked: make(chan struct{})}
 	defer bus.Close()
 	killed := make(chan bson.ObjectID, 1)
