@@ -70,7 +70,7 @@ func TestNodeRunsTasksSubmittedWithTheCLI(t *testing.T) {
 	n := startNode(t, nodeArgs(uri, db.Name(), "n1", "--claim-batch", "16"))
 	n.waitLog("node started", startWait)
 	require.Contains(t, n.log.String(), `wake_ups="change streams"`)
-	require.Contains(t, n.log.String(), `claim_batch=16`, "the node claims as many as --claim-batch says")
+	require.Contains(t, n.log.String(), `claim_batch=16`, "the node's start line gives the --claim-batch it was passed")
 	submit(10, 20) // while it runs: found through the change stream
 
 	ts := waitTasks(t, db, 30*time.Second, "20 tasks finished", func(ts []task) bool { return len(ts) == 20 && allFinished(ts) })

@@ -212,6 +212,9 @@ func (c *Config) Validate() error {
 	case c.ClaimLinger > claimer.MaxLinger:
 		errs = append(errs, fmt.Errorf("claim linger must be at most %v, got %v", claimer.MaxLinger, c.ClaimLinger))
 	}
+	if c.ClaimBatch < 0 || c.ClaimBatch > store.MaxClaimBatch {
+		errs = append(errs, fmt.Errorf("claim batch must be 0 (the default) to %d, got %d", store.MaxClaimBatch, c.ClaimBatch))
+	}
 	if c.WakeupListeners < 0 {
 		errs = append(errs, fmt.Errorf("wake-up listeners must be 0 (every node) or more, got %d", c.WakeupListeners))
 	}

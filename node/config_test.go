@@ -8,6 +8,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/node"
+	"github.com/disbatch-go/disbatch/store"
 )
 
 // TestClaimLingerDefaultsAndNone: a ClaimLinger of 0 is the default,
@@ -40,4 +41,18 @@ func TestWakeupListenersAreACountOrZero(t *testing.T) {
 	}
 	c := node.Config{WakeupListeners: -1}
 	require.ErrorContains(t, c.Validate(), "wake-up listeners must be 0 (every node) or more")
+}
+
+// TestClaimBatchIsWithinTheStoresMost: 0 is the default, and a batch the
+// store would refuse (or the claimer clamp without a word) is refused.
+func TestClaimBatchIsWithinTheStoresMost(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{0, 1, 64, store.MaxClaimBatch} {
+		c := node.Config{ClaimBatch: n}
+		require.NotContains(t, c.Validate().Error(), "claim batch", "%d", n)
+	}
+	for _, n := range []int{-1, store.MaxClaimBatch + 1} {
+		c := node.Config{ClaimBatch: n}
+		require.ErrorContains(t, c.Validate(), "claim batch must be 0 (the default) to 256", "%d", n)
+	}
 }

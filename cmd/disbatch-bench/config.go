@@ -11,6 +11,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/node"
+	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/web/apiv1"
 )
 
@@ -490,7 +491,9 @@ func (c *config) validate() error {
 		}
 	}
 	positive("maxthreads", c.MaxThreads)
-	positive("claim-batch", c.ClaimBatch)
+	if c.ClaimBatch < 1 || c.ClaimBatch > store.MaxClaimBatch {
+		errs = append(errs, fmt.Errorf("--claim-batch must be 1 to %d, got %d", store.MaxClaimBatch, c.ClaimBatch))
+	}
 	if c.ClaimLinger < 0 || c.ClaimLinger > claimer.MaxLinger {
 		errs = append(errs, fmt.Errorf("--claim-linger must be 0 to %v, got %v", claimer.MaxLinger, c.ClaimLinger))
 	}

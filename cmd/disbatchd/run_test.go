@@ -344,7 +344,7 @@ func TestClaimLingerSetting(t *testing.T) {
 func TestClaimBatchSetting(t *testing.T) {
 	code, stdout, _ := runNoMongo(t, []string{"--help"}, map[string]string{})
 	require.Zero(t, code)
-	require.Regexp(t, `--claim-batch int\s+the most tasks one claim takes[^\n]*\(1 to 256\)[^\n]*\(default 64\)`, stdout, "64 unless told")
+	require.Regexp(t, `--claim-batch int\s+the most tasks one batched claim takes \(1 to 256\)[^\n]*\(default 64\)`, stdout, "64 unless told")
 	var maxThreads string
 	var external []string
 	s := defaults()
