@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/node"
 	"github.com/disbatch-go/disbatch/supervisor"
 	"github.com/spf13/cobra"
@@ -54,7 +55,7 @@ func flagsSet(t *testing.T, args ...string) *cobra.Command {
 	f.Int("supervisor-pool", 0, "")
 	f.Bool("claim-running", true, "")
 	f.Duration("claim-linger", 0, "")
-	f.Int("claim-batch", 64, "")
+	f.Int("claim-batch", claimer.DefaultBatch, "")
 	f.Int("wakeup-listeners", 3, "")
 	require.NoError(t, f.Parse(args))
 	return cmd
@@ -79,7 +80,7 @@ func defaults() settings {
 	return settings{
 		MongoURI: "mongodb://default/", Database: "disbatch", Node: "host",
 		Grace: duration(30 * time.Second), Tick: duration(time.Second), OrphanAfter: duration(time.Hour),
-		OutputThreshold: 100, LogFormat: "text", LogLevel: "info", WakeupListeners: 3, ClaimBatch: 64,
+		OutputThreshold: 100, LogFormat: "text", LogLevel: "info", WakeupListeners: 3, ClaimBatch: claimer.DefaultBatch,
 	}
 }
 
@@ -94,7 +95,7 @@ func TestApplyConfigFileFillsWhatIsUnset(t *testing.T) {
 		MongoURI: "mongodb://file/", Database: "filedb", Node: "file-node", Label: "file-label",
 		EnablePlugins: []string{"shell"}, PluginTimeout: duration(time.Minute), Grace: duration(2 * time.Second),
 		Tick: duration(200 * time.Millisecond), OrphanAfter: duration(5 * time.Minute), PollOnly: true, NoProjector: true,
-		OutputThreshold: 1000, LogFormat: "json", LogLevel: "debug", WakeupListeners: 3, ClaimBatch: 64,
+		OutputThreshold: 1000, LogFormat: "json", LogLevel: "debug", WakeupListeners: 3, ClaimBatch: claimer.DefaultBatch,
 	}, s)
 	require.Equal(t, "3", maxThreads)
 	require.Equal(t, []string{"X=/file/x"}, external)
@@ -344,12 +345,12 @@ func TestClaimLingerSetting(t *testing.T) {
 func TestClaimBatchSetting(t *testing.T) {
 	code, stdout, _ := runNoMongo(t, []string{"--help"}, map[string]string{})
 	require.Zero(t, code)
-	require.Regexp(t, `--claim-batch int\s+the most tasks one batched claim takes \(1 to 256\)[^\n]*\(default 64\)`, stdout, "64 unless told")
+	require.Regexp(t, `--claim-batch int\s+the most tasks one batched claim takes \(1 to 256\)[^\n]*\(default 48\)`, stdout, "48 unless told")
 	var maxThreads string
 	var external []string
 	s := defaults()
 	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"tick": "2s"}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 64, s.ClaimBatch, "not given: the default")
+	require.Equal(t, claimer.DefaultBatch, s.ClaimBatch, "not given: the default")
 	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"claim_batch": 16}`), &s, &maxThreads, &external, noEnv))
 	require.Equal(t, 16, s.ClaimBatch)
 	s = defaults()
