@@ -81,7 +81,10 @@ type Rescan struct {
 
 // NewBus returns the in-process bus. Publishing blocks until every
 // subscriber has acknowledged the message, which keeps events in order and
-// lets a slow subscriber push back instead of piling up goroutines.
+// lets a slow subscriber push back instead of piling up goroutines. A
+// publisher waits holding the bus's subscriber lock, which Subscribe
+// takes: a subscriber reads each subscription (its goroutine started)
+// before it subscribes again, and acknowledges without blocking.
 // Watermill's own info logs are demoted to debug.
 func NewBus(log *slog.Logger) *gochannel.GoChannel {
 	return gochannel.NewGoChannel(gochannel.Config{
