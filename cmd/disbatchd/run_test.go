@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -297,23 +298,41 @@ func TestWakeupListenersSetting(t *testing.T) {
 	code, stdout, _ := runNoMongo(t, []string{"--help"}, map[string]string{})
 	require.Zero(t, code)
 	require.Regexp(t, `--wakeup-listeners int\s+how many[^\n]*\(default 3\)`, stdout, "three unless told")
+	testCountSetting(t, "wakeup-listeners", func(s *settings) *int { return &s.WakeupListeners }, 3,
+		[]int{0, 5}, map[int]string{-1: "wakeup_listeners) must be 0 (every node) or more, got -1"})
+}
+
+// testCountSetting checks a count's flag and config key: not given, the
+// default; the file's value where no flag gives one; valid and invalid
+// values as checkSettings judges them, with the words of its refusal.
+func testCountSetting(t *testing.T, flag string, field func(*settings) *int, def int, valid []int, invalid map[int]string) {
+	t.Helper()
+	key := strings.ReplaceAll(flag, "-", "_")
 	var maxThreads string
 	var external []string
+	timing := func(s *settings) {
+		s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(10*time.Second), duration(30*time.Second)
+	}
 	s := defaults()
 	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"tick": "2s"}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 3, s.WakeupListeners, "not given: three")
-	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 0}`), &s, &maxThreads, &external, noEnv))
-	require.Zero(t, s.WakeupListeners, "0 in the file: every node")
-	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"wakeup_listeners": 5}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 5, s.WakeupListeners)
+	require.Equal(t, def, *field(&s), "not given: the default")
+	for _, n := range valid {
+		s := defaults()
+		require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, fmt.Sprintf(`{%q: %d}`, key, n)), &s, &maxThreads, &external, noEnv))
+		require.Equal(t, n, *field(&s), "the file's %d", n)
+		timing(&s)
+		require.NoError(t, checkSettings(s), "%d is valid", n)
+	}
 	s = defaults()
-	s.WakeupListeners = 2
-	require.NoError(t, applyConfigFile(flagsSet(t, "--wakeup-listeners", "2"), writeConfig(t, `{"wakeup_listeners": 5}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 2, s.WakeupListeners, "the flag wins")
-	s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(10*time.Second), duration(30*time.Second)
-	require.NoError(t, checkSettings(s))
-	s.WakeupListeners = -1
-	require.ErrorContains(t, checkSettings(s), "wakeup_listeners", "a file's negative count")
+	*field(&s) = 2
+	require.NoError(t, applyConfigFile(flagsSet(t, "--"+flag, "2"), writeConfig(t, fmt.Sprintf(`{%q: 5}`, key)), &s, &maxThreads, &external, noEnv))
+	require.Equal(t, 2, *field(&s), "the flag wins")
+	for n, words := range invalid {
+		s := defaults()
+		require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, fmt.Sprintf(`{%q: %d}`, key, n)), &s, &maxThreads, &external, noEnv))
+		timing(&s)
+		require.ErrorContains(t, checkSettings(s), words, "the file's %d is refused, not taken for the default", n)
+	}
 }
 
 func TestClaimLingerSetting(t *testing.T) {
@@ -346,27 +365,6 @@ func TestClaimBatchSetting(t *testing.T) {
 	code, stdout, _ := runNoMongo(t, []string{"--help"}, map[string]string{})
 	require.Zero(t, code)
 	require.Regexp(t, `--claim-batch int\s+the most tasks one batched claim takes \(1 to 256\)[^\n]*\(default 48\)`, stdout, "48 unless told")
-	var maxThreads string
-	var external []string
-	s := defaults()
-	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"tick": "2s"}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, claimer.DefaultBatch, s.ClaimBatch, "not given: the default")
-	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"claim_batch": 16}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 16, s.ClaimBatch)
-	s = defaults()
-	s.ClaimBatch = 8
-	require.NoError(t, applyConfigFile(flagsSet(t, "--claim-batch", "8"), writeConfig(t, `{"claim_batch": 16}`), &s, &maxThreads, &external, noEnv))
-	require.Equal(t, 8, s.ClaimBatch, "the flag wins")
-	s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(10*time.Second), duration(30*time.Second)
-	require.NoError(t, checkSettings(s))
-	for _, n := range []int{1, 256} {
-		s.ClaimBatch = n
-		require.NoError(t, checkSettings(s), "%d is within 1..256", n)
-	}
-	s = defaults()
-	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"claim_batch": 0}`), &s, &maxThreads, &external, noEnv))
-	s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(10*time.Second), duration(30*time.Second)
-	require.ErrorContains(t, checkSettings(s), "claim_batch) must be 1 to 256, got 0", "a file's 0 is refused, not taken for the default")
-	s.ClaimBatch = 257
-	require.ErrorContains(t, checkSettings(s), "claim_batch", "above the store's most")
+	testCountSetting(t, "claim-batch", func(s *settings) *int { return &s.ClaimBatch }, claimer.DefaultBatch,
+		[]int{1, 16, 256}, map[int]string{0: "claim_batch) must be 1 to 256, got 0", -1: "got -1", 257: "claim_batch) must be 1 to 256, got 257"})
 }
