@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/pprof"
 	"syscall"
 
 	"github.com/disbatch-go/disbatch/internal/gctarget"
@@ -71,19 +70,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		stop()
 	}()
 
-	if cfg.CPUProf != "" {
-		f, err := os.Create(cfg.CPUProf)
-		if err != nil {
-			fmt.Fprintln(stderr, "disbatch-bench: cpu profile:", err)
-			return 1
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(stderr, "disbatch-bench: cpu profile:", err)
-			return 1
-		}
-		defer pprof.StopCPUProfile()
+	stopCPU, err := startCPUProfile(cfg.CPUProf)
+	if err != nil {
+		fmt.Fprintln(stderr, "disbatch-bench: cpu profile:", err)
+		return 1
 	}
+	defer stopCPU()
 
 	rep, runErr := measure(ctx, cfg, log)
 	if rep != nil {
