@@ -370,16 +370,10 @@ func (c *Claimer) Start(ctx context.Context) error {
 		c.backlog, c.quiet, c.quietFrom = map[bson.ObjectID]bool{}, false, time.Time{}
 		c.listensNone, c.told, c.wakers = false, false, nil
 		if c.cfg.Events != nil {
-			// Each topic gets its listener as soon as it is subscribed: the
-			// bus blocks a publisher (holding its subscriber lock) until every
-			// subscriber acknowledged, so a subscription nobody reads yet
-			// would stall the next Subscribe for ever.
 			for _, topic := range []string{events.TopicTasks, events.TopicQueues, events.TopicRescan} {
-				ch, err := c.cfg.Events.Subscribe(run.Context(), topic)
-				if err != nil {
+				if err := events.Listen(run.Context(), c.cfg.Events, topic, run.Go, func(ev any, err error) { c.handle(run.Context(), topic, ev, err) }); err != nil {
 					return err
 				}
-				run.Go(func(ctx context.Context) { c.listen(ctx, topic, ch) })
 			}
 		}
 		run.Go(c.loop)
@@ -472,59 +466,59 @@ func (c *Claimer) signal() {
 	}
 }
 
-func (c *Claimer) listen(ctx context.Context, topic string, ch <-chan *message.Message) {
-	events.Consume(ctx, topic, ch, func(ev any, err error) {
-		if err != nil {
-			c.log.Warn("undecodable event", "topic", topic, "error", err)
-			return
+// handle is the claimer's reading of an event from the bus (Listen's
+// handle): new queued work, a queue's change, or a rescan.
+func (c *Claimer) handle(ctx context.Context, topic string, ev any, err error) {
+	if err != nil {
+		c.log.Warn("undecodable event", "topic", topic, "error", err)
+		return
+	}
+	switch ev := ev.(type) {
+	case events.TaskChanged:
+		// A task moved to another queue by an update that left its
+		// status alone may be queued there: its event shows only the
+		// new queue.
+		moved := ev.Op == events.OpUpdate && ev.Status == nil && !ev.Queue.IsZero()
+		if !moved && (ev.Status == nil || *ev.Status != schema.StatusQueued) {
+			return // only queued tasks are work
 		}
-		switch ev := ev.(type) {
-		case events.TaskChanged:
-			// A task moved to another queue by an update that left its
-			// status alone may be queued there: its event shows only the
-			// new queue.
-			moved := ev.Op == events.OpUpdate && ev.Status == nil && !ev.Queue.IsZero()
-			if !moved && (ev.Status == nil || *ev.Status != schema.StatusQueued) {
-				return // only queued tasks are work
-			}
-			if !ev.Queue.IsZero() { // a requeue's WakeAll below moves every queue's generation
-				c.mu.Lock()
-				if from := c.noNull[ev.Queue].from; !ev.NodeMinusOne || bytes.Compare(ev.ID[:], from[:]) < 0 {
-					c.queueGen[ev.Queue]++ // it may have node null, or lie below a claim's bound
-				}
-				c.mu.Unlock()
-			}
-			switch {
-			case ev.Queue.IsZero():
-				c.WakeAll() // a requeue: the event does not say which queue
-			case c.cfg.Stagger > 0 && !ev.ID.IsZero():
-				c.mu.Lock()
-				c.newTasks = append(c.newTasks, newTask{task: ev.ID, queue: ev.Queue})
-				c.mu.Unlock()
-				c.signal()
-			default:
-				c.HasWork(ev.Queue)
-			}
-		case events.QueueChanged:
-			if ev.AdmissionsOnly {
-				// Room under its max_running moved (a release, or a
-				// capped claim): try it, its settings stand.
-				c.HasWork(ev.ID)
-				return
-			}
+		if !ev.Queue.IsZero() { // a requeue's WakeAll below moves every queue's generation
 			c.mu.Lock()
-			c.dirty[ev.ID], c.refresh, c.changed[ev.ID] = true, true, true
+			if from := c.noNull[ev.Queue].from; !ev.NodeMinusOne || bytes.Compare(ev.ID[:], from[:]) < 0 {
+				c.queueGen[ev.Queue]++ // it may have node null, or lie below a claim's bound
+			}
+			c.mu.Unlock()
+		}
+		switch {
+		case ev.Queue.IsZero():
+			c.WakeAll() // a requeue: the event does not say which queue
+		case c.cfg.Stagger > 0 && !ev.ID.IsZero():
+			c.mu.Lock()
+			c.newTasks = append(c.newTasks, newTask{task: ev.ID, queue: ev.Queue})
 			c.mu.Unlock()
 			c.signal()
-		case events.Rescan:
-			level := slog.LevelInfo
-			if ev.Quiet {
-				level = slog.LevelDebug // routine: the stream was let go while the node had work in hand
-			}
-			c.log.Log(ctx, level, "rescan", "reason", ev.Reason)
-			c.WakeAll()
+		default:
+			c.HasWork(ev.Queue)
 		}
-	})
+	case events.QueueChanged:
+		if ev.AdmissionsOnly {
+			// Room under its max_running moved (a release, or a
+			// capped claim): try it, its settings stand.
+			c.HasWork(ev.ID)
+			return
+		}
+		c.mu.Lock()
+		c.dirty[ev.ID], c.refresh, c.changed[ev.ID] = true, true, true
+		c.mu.Unlock()
+		c.signal()
+	case events.Rescan:
+		level := slog.LevelInfo
+		if ev.Quiet {
+			level = slog.LevelDebug // routine: the stream was let go while the node had work in hand
+		}
+		c.log.Log(ctx, level, "rescan", "reason", ev.Reason)
+		c.WakeAll()
+	}
 }
 
 func (c *Claimer) loop(ctx context.Context) {

@@ -83,9 +83,10 @@ type Rescan struct {
 // subscriber has acknowledged the message, which keeps events in order and
 // lets a slow subscriber push back instead of piling up goroutines. A
 // publisher waits holding the bus's subscriber lock, which Subscribe
-// takes: a subscriber reads each subscription (its goroutine started)
-// before it subscribes again, and acknowledges without blocking.
-// Watermill's own info logs are demoted to debug.
+// takes: a subscription nobody reads yet would stall the next Subscribe,
+// and the service subscribing, for ever. So subscribers subscribe through
+// Listen, which starts the reading with the subscription, and acknowledge
+// without blocking. Watermill's own info logs are demoted to debug.
 func NewBus(log *slog.Logger) *gochannel.GoChannel {
 	return gochannel.NewGoChannel(gochannel.Config{
 		OutputChannelBuffer:            256,
@@ -106,14 +107,27 @@ func Encode(ev any) (*message.Message, error) {
 // unique as a UUID, without a tenth of the node's CPU spent making them.
 var msgSeq atomic.Uint64
 
-// Consume reads the messages of a subscription to topic until ctx ends or
-// the bus closes: it hands handle the decoded event, or an error for a
-// message that does not decode, and acknowledges it once handled. The bus
-// holds its publisher until every subscriber has acknowledged, so events
-// are handled in the stream's order across topics too: a queue's change
-// before the insert that followed it (which, handled first, would be
-// claimed under the queue's old settings). handle must be quick.
-func Consume(ctx context.Context, topic string, ch <-chan *message.Message, handle func(ev any, err error)) {
+// Listen subscribes to topic and, before it returns, hands spawn (a
+// lifecycle run's Go) the loop that reads the subscription until ctx ends
+// or the bus closes: each message decoded and handed to handle (an event,
+// or an error for a message that does not decode), then acknowledged. The
+// reading starts with the subscription because the bus holds a publisher,
+// and its subscriber lock, until every subscriber has acknowledged: a
+// subscription not yet read would stall the next Subscribe for ever (a
+// node's start did, in the fault suite). Events are handled in the
+// stream's order across topics too: a queue's change before the insert
+// that followed it (which, handled first, would be claimed under the
+// queue's old settings). handle must be quick.
+func Listen(ctx context.Context, sub message.Subscriber, topic string, spawn func(func(context.Context)), handle func(ev any, err error)) error {
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("subscribe to %s: %w", topic, err)
+	}
+	spawn(func(ctx context.Context) { consume(ctx, topic, ch, handle) })
+	return nil
+}
+
+func consume(ctx context.Context, topic string, ch <-chan *message.Message, handle func(ev any, err error)) {
 	for {
 		var msg *message.Message
 		select {

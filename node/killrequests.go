@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -74,22 +73,13 @@ func (s *killRequests) Start(ctx context.Context) error {
 		if s.events == nil {
 			return nil
 		}
-		// Each topic gets its listener as soon as it is subscribed (as
-		// the claimer's do): the bus holds its subscriber lock while a
-		// publisher waits for every subscriber's acknowledgement, so a
-		// kill published before anyone read this subscription would
-		// stall the next Subscribe, and the node's start, for ever.
-		ch, err := s.events.Subscribe(run.Context(), events.TopicKills)
-		if err != nil {
-			return fmt.Errorf("subscribe to %s: %w", events.TopicKills, err)
-		}
-		run.Go(func(ctx context.Context) { s.listen(ctx, ch) })
-		rescans, err := s.events.Subscribe(run.Context(), events.TopicRescan)
-		if err != nil {
-			return fmt.Errorf("subscribe to %s: %w", events.TopicRescan, err)
+		if err := events.Listen(run.Context(), s.events, events.TopicKills, run.Go, s.heard); err != nil {
+			return err
 		}
 		due := make(chan struct{}, 1)
-		run.Go(func(ctx context.Context) { s.listenRescans(ctx, rescans, due) })
+		if err := events.Listen(run.Context(), s.events, events.TopicRescan, run.Go, func(ev any, err error) { rescanned(ev, err, due) }); err != nil {
+			return err
+		}
 		run.Go(func(ctx context.Context) {
 			for {
 				select {
@@ -104,28 +94,25 @@ func (s *killRequests) Start(ctx context.Context) error {
 	})
 }
 
-// listenRescans asks for a sweep (on due) at every Rescan: the stream did
-// not deliver everything since its last event (history lost, or a quiet
-// spell it reopened from at the present), and a request made in that gap,
-// after the last sweep, would otherwise wait for the next one, a tick
-// away. The sweep runs apart: the bus waits for this acknowledgement.
-func (s *killRequests) listenRescans(ctx context.Context, ch <-chan *message.Message, due chan<- struct{}) {
-	events.Consume(ctx, events.TopicRescan, ch, func(ev any, err error) {
-		if _, ok := ev.(events.Rescan); ok && err == nil {
-			select {
-			case due <- struct{}{}:
-			default: // one is due already
-			}
+// rescanned asks for a sweep (on due) at every Rescan: the stream did not
+// deliver everything since its last event (history lost, or a quiet spell
+// it reopened from at the present), and a request made in that gap, after
+// the last sweep, would otherwise wait for the next one, a tick away. The
+// sweep runs apart: the bus waits for this acknowledgement.
+func rescanned(ev any, err error, due chan<- struct{}) {
+	if _, ok := ev.(events.Rescan); ok && err == nil {
+		select {
+		case due <- struct{}{}:
+		default: // one is due already
 		}
-	})
+	}
 }
 
-func (s *killRequests) listen(ctx context.Context, ch <-chan *message.Message) {
-	events.Consume(ctx, events.TopicKills, ch, func(ev any, err error) {
-		if k, ok := ev.(events.KillRequested); ok && err == nil {
-			s.carryOut(store.TaskKillRequest{ID: k.ID, Request: k.Request}, "change stream")
-		}
-	})
+// heard carries out a kill request from the change stream.
+func (s *killRequests) heard(ev any, err error) {
+	if k, ok := ev.(events.KillRequested); ok && err == nil {
+		s.carryOut(store.TaskKillRequest{ID: k.ID, Request: k.Request}, "change stream")
+	}
 }
 
 // sweep carries out the pending requests.
