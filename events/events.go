@@ -107,9 +107,10 @@ func Encode(ev any) (*message.Message, error) {
 // unique as a UUID, without a tenth of the node's CPU spent making them.
 var msgSeq atomic.Uint64
 
-// Listen subscribes to topic and, before it returns, hands spawn (a
-// lifecycle run's Go) the loop that reads the subscription until ctx ends
-// or the bus closes: each message decoded and handed to handle (an event,
+// Listen subscribes to topic and, before it returns, hands spawn the loop
+// that reads the subscription; spawn starts it at once in a goroutine (a
+// lifecycle run's Go does). The loop reads until ctx ends or the bus
+// closes: each message decoded and handed to handle (an event,
 // or an error for a message that does not decode), then acknowledged. The
 // reading starts with the subscription because the bus holds a publisher,
 // and its subscriber lock, until every subscriber has acknowledged: a
