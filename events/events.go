@@ -83,10 +83,11 @@ type Rescan struct {
 // subscriber has acknowledged the message, which keeps events in order and
 // lets a slow subscriber push back instead of piling up goroutines. A
 // publisher waits holding the bus's subscriber lock, which Subscribe
-// takes: a subscription nobody reads yet would stall the next Subscribe,
-// and the service subscribing, for ever. So subscribers subscribe through
-// Listen, which starts the reading with the subscription, and acknowledge
-// without blocking. Watermill's own info logs are demoted to debug.
+// takes: an event published to a subscription nobody reads yet would
+// stall the next Subscribe, and the service subscribing, for ever. So
+// subscribers subscribe through Listen, which starts the reading with the
+// subscription, and acknowledge without blocking. Watermill's own info
+// logs are demoted to debug.
 func NewBus(log *slog.Logger) *gochannel.GoChannel {
 	return gochannel.NewGoChannel(gochannel.Config{
 		OutputChannelBuffer:            256,
@@ -113,12 +114,12 @@ var msgSeq atomic.Uint64
 // closes: each message decoded and handed to handle (an event,
 // or an error for a message that does not decode), then acknowledged. The
 // reading starts with the subscription because the bus holds a publisher,
-// and its subscriber lock, until every subscriber has acknowledged: a
-// subscription not yet read would stall the next Subscribe for ever (a
-// node's start did, in the fault suite). Events are handled in the
-// stream's order across topics too: a queue's change before the insert
-// that followed it (which, handled first, would be claimed under the
-// queue's old settings). handle must be quick.
+// and its subscriber lock, until every subscriber has acknowledged: an
+// event published to a subscription not yet read would stall the next
+// Subscribe for ever (a node's start did, in the fault suite). Events are
+// handled in the stream's order across topics too: a queue's change
+// before the insert that followed it (which, handled first, would be
+// claimed under the queue's old settings). handle must be quick.
 func Listen(ctx context.Context, sub message.Subscriber, topic string, spawn func(func(context.Context)), handle func(ev any, err error)) error {
 	ch, err := sub.Subscribe(ctx, topic)
 	if err != nil {

@@ -66,22 +66,17 @@ func collectHook(t *testing.T, bus *gochannel.GoChannel, hook func(got)) *collec
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &collector{ch: make(chan got, 10000)}
 	var wg sync.WaitGroup
+	spawn := func(f func(context.Context)) { wg.Go(func() { f(ctx) }) }
 	for _, topic := range []string{events.TopicTasks, events.TopicQueues, events.TopicRescan} {
-		msgs, err := bus.Subscribe(ctx, topic)
-		require.NoError(t, err)
-		wg.Go(func() {
-			for msg := range msgs {
-				ev, err := events.Decode(topic, msg)
-				if err != nil {
-					t.Errorf("decode %s: %v", topic, err)
-				}
-				if hook != nil {
-					hook(got{topic, ev})
-				}
-				c.ch <- got{topic, ev}
-				msg.Ack()
+		require.NoError(t, events.Listen(ctx, bus, topic, spawn, func(ev any, err error) {
+			if err != nil {
+				t.Errorf("decode %s: %v", topic, err)
 			}
-		})
+			if hook != nil {
+				hook(got{topic, ev})
+			}
+			c.ch <- got{topic, ev}
+		}))
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return c

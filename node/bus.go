@@ -15,7 +15,8 @@ import (
 // bus carries the change stream's events to the claimer. Each run of the
 // node gets a fresh Watermill channel (a closed one cannot be reopened,
 // and closing it is what waits for its subscribers' goroutines); the
-// stream publishes to and the claimer subscribes through this holder.
+// stream publishes to, and the claimer and the kill listener subscribe
+// through, this holder.
 type bus struct {
 	log *slog.Logger
 	mu  sync.Mutex
