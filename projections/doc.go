@@ -39,16 +39,30 @@
 // LeaseTTL/4, and carries an epoch that goes up whenever the owner changes.
 // The leader follows its own change stream over tasks and queues (the
 // store's reader, profile store.StreamCounters) and applies events in
-// order, in batches: each batch is one multi-document transaction that (1) updates
-// the lease document only if it is still held at the leader's epoch —
-// the fence — writing the batch's resume token and cluster time there as
-// the checkpoint, and (2) adds one $inc per queue touched (to its four
-// counters at once). A deposed
-// leader's transaction therefore cannot commit, and a successor resumes
-// from exactly the checkpoint the last committed batch wrote: nothing is
-// applied twice or missed. The next batch is read while one commits (one
-// batch ahead, dropped when the stream is reopened, which it always is
-// from what was applied).
+// order, in batches. Each queue's document carries how far in the stream
+// its counters go (counts_applied: the last applied event's resume token,
+// which sorts in the stream's order, and its cluster time). A batch is one
+// unordered bulk write, one round trip (store.CountersAdvance): for each
+// queue it touched, one update that adds its deltas to the four counters
+// and moves counts_applied to the batch's last event, only where
+// counts_applied is still what this term last saw there. That
+// compare-and-set is the fence, queue by queue: a queue's counters move
+// only with its position, so however a deposed leader's late batch and
+// its successor's interleave, an event is counted once in each queue. A
+// leader whose write finds a queue moved by another term takes the
+// position it found and recounts the queue (a recount's write is a
+// transaction fenced by the lease: a deposed leader's fails, and its
+// term ends). About once a second the leader writes the batch's resume
+// token into the lease document, fenced by its epoch, as the checkpoint;
+// a successor resumes there and skips, queue by queue, the events its
+// counters already hold. Nothing is applied twice or missed. (Until stop
+// 54 each batch was a transaction of three round trips, the lease's fence
+// and checkpoint with the counters: the lag a batch waits for its write
+// is about a third of what it was; docs/scaling.md.) Readers see each
+// queue's counters move on their own: a task moved between two queues may
+// show in one a moment before the other. The next batch is read while one
+// is written (one batch ahead, dropped when the stream is reopened, which
+// it always is from what was applied).
 //
 // # Old status: the writes' own word, and pre-images
 //

@@ -7,7 +7,7 @@ import (
 )
 
 // prefetch reads a stream's next batch while the projector applies the
-// last one: the paced getMore and the counter transaction, each tens of
+// last one: the paced getMore and the counters' write, each tens of
 // milliseconds on a loaded server, overlap instead of adding up, so an
 // event waits less for the batch that carries it (docs/scaling.md: three
 // nodes' lag p99 a fifth lower). It holds at most one batch ahead, and

@@ -237,20 +237,17 @@ func TestSteadyAfterAFailedCatchUpReconcileIsRetried(t *testing.T) {
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once its retry succeeds")
 }
 
-// applyHeld is a store whose batches' counter transactions wait at its
-// gate.
+// applyHeld is a store whose batches' counter writes wait at its gate.
 type applyHeld struct {
 	*store.Store
 	g *gate
 }
 
-func (s *applyHeld) CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error) {
-	if len(p.Deltas) > 0 { // a batch's, not a recount's
-		if err := s.g.pass(ctx); err != nil {
-			return nil, err
-		}
+func (s *applyHeld) CountersAdvance(ctx context.Context, to store.CounterPosition, adv []store.CounterAdvance) (store.CountersAdvanced, error) {
+	if err := s.g.pass(ctx); err != nil {
+		return store.CountersAdvanced{}, err
 	}
-	return s.Store.CountersApply(ctx, p)
+	return s.Store.CountersAdvance(ctx, to, adv)
 }
 
 // TestCommittingUntilTheBatchIsInTheStats: while a batch's transaction is

@@ -26,6 +26,8 @@ const LeaseName = "projector"
 type Store interface {
 	leadership.Store
 	CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error)
+	CountersAdvance(ctx context.Context, to store.CounterPosition, adv []store.CounterAdvance) (store.CountersAdvanced, error)
+	LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, checkpoint bson.Raw, at bson.Timestamp) error
 	QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error)
 	QueueCounters(ctx context.Context) (map[bson.ObjectID]store.StoredCounters, error)
 	TasksPreImagesSet(ctx context.Context, on bool) error
@@ -88,6 +90,12 @@ type Rider interface {
 	Alight()
 }
 
+// checkpointEvery is how often the lease's checkpoint is written while
+// batches are applied: a round trip of its own, so not one a batch. A
+// successor resumes from it and skips what each queue's position says its
+// counters hold.
+const checkpointEvery = time.Second
+
 // DefaultLagWindow is Config.LagWindow's default.
 const DefaultLagWindow = 8192
 
@@ -109,7 +117,7 @@ type Stats struct {
 	// pre-images, as it stays while only our nodes write (a cluster that
 	// has run PreImagesIdle). Benchmarks start a drain then.
 	Steady bool
-	// Committing: a batch's transaction is in flight. Its counters may
+	// Committing: a batch's counter write is in flight. Its counters may
 	// already be read while its events and lags are not yet in these
 	// stats: a reader that saw the counters waits until it is false.
 	Committing bool
@@ -226,7 +234,7 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 		defer s.cfg.Rider.Alight()
 	}
 	p := &projector{s: s, ref: term.Ref(), sess: sess, token: term.Lease.Checkpoint, at: term.Lease.CheckpointTime,
-		skip: map[bson.ObjectID]bson.Timestamp{}, recount: map[bson.ObjectID]bool{}}
+		skip: map[bson.ObjectID]bson.Timestamp{}, recount: map[bson.ObjectID]bool{}, applied: map[bson.ObjectID]*store.CounterPosition{}}
 	err = p.run(ctx)
 	if errors.Is(err, store.ErrLeaseLost) {
 		s.log.Warn("projector lease lost", "epoch", term.Lease.Epoch, "error", err)
@@ -234,7 +242,8 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 	return err
 }
 
-// commit runs one counter transaction. It is never interrupted by Stop:
+// commit runs a recount's counter transaction (CountersApply's Sets). It
+// is never interrupted by Stop:
 // a transaction cancelled while one of its operations still runs on the
 // server may fail to abort and then holds its locks (the lease, the queues)
 // until the server's transaction lifetime limit. Stop waits for it instead;
@@ -285,6 +294,13 @@ type projector struct {
 	at    bson.Timestamp // cluster time of the last applied event
 	// skip: events for a queue at or before this time are in its recount.
 	skip map[bson.ObjectID]bson.Timestamp
+	// applied: how far each queue's counters go in the stream, as this
+	// term last knew it (read when the term starts, moved by each batch and
+	// recount): CountersAdvance's compare, and the events at or before it
+	// are in the counters already (an earlier term applied them).
+	applied map[bson.ObjectID]*store.CounterPosition
+	// lastCheckpoint: when the lease's checkpoint was last written.
+	lastCheckpoint time.Time
 	// recount: queues to recount at the next boundary; full: all of them.
 	recount map[bson.ObjectID]bool
 	full    bool
@@ -322,6 +338,13 @@ func (p *projector) run(ctx context.Context) error {
 	p.setPreImages(ctx, true, "a term starts with them on")
 	caughtUp := false
 	reconcileOnCatchUp := true
+	stored, err := p.s.cfg.Store.QueueCounters(ctx)
+	if err != nil {
+		return err
+	}
+	for q, c := range stored {
+		p.applied[q] = c.Applied
+	}
 	first, err := p.open(ctx)
 	if err != nil {
 		return err
@@ -440,7 +463,10 @@ func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 		return nil, err
 	}
 	p.token, p.at = nil, rc.At
-	if err := p.repair(ctx, rc, nil, false); err != nil {
+	// Every queue is set, its position with it: a position kept from
+	// before (of a history this stream no longer follows) must not skip
+	// what comes.
+	if err := p.repair(ctx, rc, nil, false, true); err != nil {
 		return nil, err
 	}
 	r, err := p.reader(ctx, store.Position{Time: rc.At})
@@ -451,8 +477,11 @@ func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 	return r, nil
 }
 
-// apply folds a batch into per-queue deltas and commits them with the
-// checkpoint in one fenced transaction.
+// apply folds a batch into per-queue deltas and adds them to the queues'
+// counters in one round trip, each queue's compared on its position
+// (store.CountersAdvance), then writes the lease's checkpoint if the last
+// is checkpointEvery old. A term that starts from an older checkpoint
+// skips, queue by queue, what the counters already hold (applied).
 func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token bson.Raw) error {
 	deltas := map[bson.ObjectID]*store.CounterDelta{}
 	reasons := map[ReasonKey]int64{}
@@ -468,15 +497,42 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 		p.fold(ev, at, deltas)
 		countReason(ev, reasons)
 	}
-	list := make([]store.CounterDelta, 0, len(deltas))
-	for _, d := range deltas {
-		list = append(list, *d)
+	adv := make([]store.CounterAdvance, 0, len(deltas))
+	for q, d := range deltas {
+		if d.Todo != 0 || d.Total != 0 || d.Running != 0 || d.Failed != 0 {
+			adv = append(adv, store.CounterAdvance{Delta: *d, From: p.applied[q]})
+		}
 	}
 	p.s.flag(&p.s.stats.Committing, true)
 	defer p.s.flag(&p.s.stats.Committing, false) // once recorded
-	missing, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Session: p.sess, Deltas: list, Checkpoint: token, CheckpointTime: at})
-	if err != nil {
-		return err
+	if len(adv) > 0 {
+		to := store.CounterPosition{Time: at, Token: batch[len(batch)-1].Place()}
+		res, err := p.s.cfg.Store.CountersAdvance(ctx, to, adv)
+		if err != nil {
+			return err
+		}
+		for _, a := range adv {
+			p.applied[a.Delta.Queue] = &to
+		}
+		for q, pos := range res.Moved {
+			// Another term (a deposed projector, or this one's successor)
+			// moved this queue's counters: take its position, and recount
+			// the queue at this batch's end, which the recount fences by
+			// the lease (a deposed projector's recount fails, and its term
+			// ends). The difference it finds is expected, not drift.
+			p.s.log.Warn("queue counters moved by another projector term: recounting the queue", "queue", q.Hex())
+			p.applied[q], p.recount[q], p.unknown = pos, true, true
+		}
+		for _, q := range res.Missing {
+			delete(p.applied, q)
+			p.recount[q] = true
+		}
+	}
+	if token != nil && p.s.clock.Since(p.lastCheckpoint) >= checkpointEvery {
+		if err := p.s.cfg.Store.LeaseCheckpoint(ctx, p.ref, token, at); err != nil {
+			return err
+		}
+		p.lastCheckpoint = p.s.clock.Now()
 	}
 	now := p.s.clock.Now()
 	lags := make([]time.Duration, len(walls))
@@ -485,9 +541,6 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	}
 	p.s.recorded(lags, len(batch), reasons)
 	p.token, p.at, p.lastCommit = token, at, now
-	for _, q := range missing {
-		p.recount[q] = true
-	}
 	// Skips older than the stream position can no longer match.
 	for q, t := range p.skip {
 		if at.After(t) {
@@ -594,6 +647,9 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 		}
 		if t, skipped := p.skip[id]; skipped && !at.After(t) {
 			return // already in this queue's recount
+		}
+		if pos := p.applied[id]; pos != nil && !at.After(pos.Time) && pos.Covers(at, ev.Place()) {
+			return // already in its counters: an earlier term applied it
 		}
 		d := deltas[id]
 		if d == nil {
@@ -732,7 +788,7 @@ func (p *projector) reconcile(ctx context.Context) error {
 	if !p.full {
 		only = p.recount
 	}
-	if err := p.repair(ctx, rc, only, !p.unknown); err != nil {
+	if err := p.repair(ctx, rc, only, !p.unknown, false); err != nil {
 		return err
 	}
 	p.full, p.unknown, p.recount, p.lastReconcile = false, false, map[bson.ObjectID]bool{}, p.s.clock.Now()
@@ -740,11 +796,12 @@ func (p *projector) reconcile(ctx context.Context) error {
 }
 
 // repair compares a recount with the stored counters and sets those that
-// differ (only the queues in only, when given), fenced like a batch, at the
-// current position (p.token / p.at, which must be the recount's moment or
-// later events must be skipped: p.skip). With exact, any difference is
-// drift and is logged as such.
-func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.ObjectID]bool, exact bool) error {
+// differ (only the queues in only, when given; with all, every one),
+// fenced by the lease, at the current position (p.token / p.at, which must
+// be the recount's moment or later events must be skipped: p.skip). A
+// queue set gets that position; one left keeps its own. With exact, any
+// difference is drift and is logged as such.
+func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.ObjectID]bool, exact, all bool) error {
 	stored, err := p.s.cfg.Store.QueueCounters(ctx)
 	if err != nil {
 		return err
@@ -758,8 +815,10 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		p.skip[q] = rc.At // its events up to the recount are in it
 		cur, ok := stored[q]
 		if !ok {
+			delete(p.applied, q)
 			continue // deleted since
 		}
+		p.applied[q] = cur.Applied // what the counters were compared at; a set moves it below
 		if !cur.Complete() {
 			// A queue made by a client or by 4.103, or from before
 			// count_running or count_failed existed: the missing ones are
@@ -770,12 +829,18 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 			continue
 		}
 		if *cur.Todo == c.Todo && *cur.Total == c.Total && *cur.Running == c.Running && *cur.Failed == c.Failed {
+			if all {
+				sets[q] = c
+			}
 			continue
 		}
 		sets[q] = c
+		// Counters past the recount's moment are another term's progress
+		// (a deposed projector's last batch): a difference, not drift.
+		isDrift := exact && (cur.Applied == nil || !cur.Applied.Time.After(rc.At))
 		attrs := []any{"queue", q.Hex(), "count_todo", *cur.Todo, "recount_todo", c.Todo, "count_total", *cur.Total, "recount_total", c.Total,
 			"count_running", *cur.Running, "recount_running", c.Running, "count_failed", *cur.Failed, "recount_failed", c.Failed}
-		if exact {
+		if isDrift {
 			drift++
 			p.s.log.Error("counter drift repaired", attrs...)
 		} else {
@@ -786,6 +851,10 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		if _, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Session: p.sess, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
 			return err
 		}
+		for q := range sets {
+			p.applied[q] = &store.CounterPosition{Time: p.at} // as CountersApply set it
+		}
+		p.lastCheckpoint = p.s.clock.Now()
 	}
 	p.s.mu.Lock()
 	p.s.stats.Reconciles++

@@ -2,6 +2,7 @@ package projections_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -545,4 +546,74 @@ func TestRiderIsHandedTheLeadersEventsWhichTheCountersSkip(t *testing.T) {
 	defer rd.mu.Unlock()
 	require.GreaterOrEqual(t, rd.boarded, 1)
 	require.Equal(t, 1, rd.alit, "the term's end")
+}
+
+// zombie is the store of a projector that is cut off on cue: its lease
+// renewals fail from then, and its next batch waits until released and is
+// then written whatever became of its term, as a deposed projector's
+// batch that was on the wire when its lease ran out.
+type zombie struct {
+	*store.Store
+	cut     atomic.Bool
+	held    chan struct{} // closed once a late batch waits
+	release chan struct{}
+	once    sync.Once
+}
+
+func (z *zombie) LeaseRenew(ctx context.Context, ref store.LeaseRef, ttl time.Duration) error {
+	if z.cut.Load() {
+		return errors.New("cut off")
+	}
+	return z.Store.LeaseRenew(ctx, ref, ttl)
+}
+
+func (z *zombie) CountersAdvance(ctx context.Context, to store.CounterPosition, adv []store.CounterAdvance) (store.CountersAdvanced, error) {
+	if z.cut.Load() {
+		z.once.Do(func() { close(z.held) })
+		<-z.release
+		return z.Store.CountersAdvance(context.WithoutCancel(ctx), to, adv)
+	}
+	return z.Store.CountersAdvance(ctx, to, adv)
+}
+
+// A deposed projector's batch written after its successor applied the same
+// events is not counted twice: each queue's counters move only from the
+// position the batch was folded from, so the late write finds the queues
+// its successor moved and leaves them (and the deposed term ends at its
+// next fenced write).
+func TestADeposedProjectorsLateBatchIsNotCountedTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	z := &zombie{Store: s, held: make(chan struct{}), release: make(chan struct{})}
+	var released sync.Once
+	open := func() { released.Do(func() { close(z.release) }) }
+	logs := &logBuf{}
+	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true), newQueue(t, db, "c", 0, true)}
+	first := projections.New(projections.Config{Node: "first", Store: z, LeaseTTL: 2 * time.Second, Logger: logger(logs)})
+	require.NoError(t, first.Start(ctx))
+	t.Cleanup(first.Stop)
+	t.Cleanup(open) // before Stop: the held batch must end for the term to
+	require.Eventually(t, func() bool { return first.Stats().Leader }, 5*time.Second, 10*time.Millisecond)
+	second := projections.New(projections.Config{Node: "second", Store: s, LeaseTTL: 2 * time.Second, Logger: logger(logs)})
+	require.NoError(t, second.Start(ctx))
+	t.Cleanup(second.Stop)
+
+	stop := writer(t, db, queues)
+	require.Eventually(t, func() bool { return first.Stats().Events > 200 }, 20*time.Second, 10*time.Millisecond)
+	z.cut.Store(true)
+	select {
+	case <-z.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cut-off projector's next batch never came")
+	}
+	require.Eventually(t, func() bool { return second.Stats().Leader }, 10*time.Second, 20*time.Millisecond, "the successor never took the lease")
+	require.Eventually(t, func() bool { return second.Stats().Events > 500 }, 20*time.Second, 10*time.Millisecond, "the successor applied too little")
+	open() // the late batch lands now
+	time.Sleep(time.Second)
+	stop()
+	requireExact(t, s, 30*time.Second)
+	require.Contains(t, logs.String(), "queue counters moved by another projector term", "the late batch found no queue moved: it did not test the fence")
+	require.Zero(t, second.Stats().DriftQueues, "a recount found the counters off (counted twice?):\n%s", logs)
 }

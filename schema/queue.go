@@ -83,8 +83,12 @@ const (
 	// QueueCountFailed is the projected number of the queue's tasks in 2
 	// (failed, for any reason).
 	QueueCountFailed = "count_failed"
-	QueueNodesPin    = "nodes_pin"
-	QueueNodesIgnore = "nodes_ignore"
+	// QueueCountsApplied is how far in the counter projector's stream the
+	// queue's counters go: {t: a clusterTime, token: the last change
+	// event's resume token (_data), or "" for a recount's moment}.
+	QueueCountsApplied = "counts_applied"
+	QueueNodesPin      = "nodes_pin"
+	QueueNodesIgnore   = "nodes_ignore"
 )
 
 // DecodeQueue decodes a queues document.

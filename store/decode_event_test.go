@@ -16,6 +16,7 @@ import (
 func decodeEventByLookups(current, token bson.Raw) ChangeEvent {
 	raw := slices.Clone(current)
 	ev := ChangeEvent{Token: slices.Clone(token)}
+	ev.Self = raw.Lookup("_id")
 	ev.Op, _ = raw.Lookup("operationType").StringValueOK()
 	ev.Coll, _ = raw.Lookup("ns", "coll").StringValueOK()
 	ev.ID = raw.Lookup("documentKey", "_id")

@@ -288,12 +288,16 @@ type CountersApplyParams struct {
 	CheckpointTime bson.Timestamp
 }
 
-// CountersApply applies a batch in one transaction, fenced by the lease: the
+// CountersApply applies a batch in one transaction, fenced by the lease (a
+// recount's Sets; a batch of deltas goes by CountersAdvance): the
 // lease document must still be held at Lease.Epoch (the checkpoint is
 // written there), so a deposed projector's batch can never commit. A delta
 // for a queue whose counters (count_todo, count_total, count_running,
 // count_failed) are not all numbers is not applied (adding to nothing would
-// be wrong): those queues are returned for a recount.
+// be wrong): those queues are returned for a recount. A queue set from a
+// recount gets the position CheckpointTime (its counters count every event
+// at or before it), which fences off any other term's CountersAdvance from
+// an earlier position.
 func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missing []bson.ObjectID, err error) {
 	sess, end, err := s.txnSession(ctx, p.Session)
 	if err != nil {
@@ -320,7 +324,7 @@ func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missi
 			c := p.Sets[id]
 			if _, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}},
 				bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: c.Todo}, {Key: schema.QueueCountTotal, Value: c.Total}, {Key: schema.QueueCountRunning, Value: c.Running},
-					{Key: schema.QueueCountFailed, Value: c.Failed}}}}); err != nil {
+					{Key: schema.QueueCountFailed, Value: c.Failed}, {Key: schema.QueueCountsApplied, Value: CounterPosition{Time: p.CheckpointTime}.doc()}}}}); err != nil {
 				return nil, err
 			}
 		}
@@ -407,6 +411,160 @@ func (s *Store) countersAdd(ctx context.Context, deltas []CounterDelta) ([]bson.
 	return missing, nil
 }
 
+// CounterPosition is how far in the counter projector's stream a queue's
+// counters go: every event at or before Token (an event's resume token's
+// _data, which sorts in the stream's order), or, without a Token, every
+// event at or before Time (a recount's moment: a snapshot holds all of a
+// transaction's events or none).
+type CounterPosition struct {
+	Time  bson.Timestamp
+	Token string
+}
+
+// Covers reports whether an event (its clusterTime and ChangeEvent.Place)
+// is within p, so already in the counters.
+func (p CounterPosition) Covers(at bson.Timestamp, token string) bool {
+	if p.Token != "" && token != "" {
+		return token <= p.Token
+	}
+	return !at.After(p.Time)
+}
+
+func (p CounterPosition) doc() bson.D {
+	return bson.D{{Key: "t", Value: p.Time}, {Key: "token", Value: p.Token}}
+}
+
+func decodePosition(v bson.RawValue) *CounterPosition {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil
+	}
+	p := &CounterPosition{}
+	t, i, ok := d.Lookup("t").TimestampOK()
+	if !ok {
+		return nil
+	}
+	p.Time = bson.Timestamp{T: t, I: i}
+	p.Token, _ = d.Lookup("token").StringValueOK()
+	return p
+}
+
+// CounterAdvance is one queue's part of a batch: its deltas, and the
+// position its counters are at before them (From, nil: none kept yet).
+type CounterAdvance struct {
+	Delta CounterDelta
+	From  *CounterPosition
+}
+
+// CountersAdvanced says what CountersAdvance did not apply: Moved, the
+// queues whose position was no longer From (another projector's term moved
+// it; the position it found, nil for none), and Missing, those gone or
+// whose counters are not all numbers (a recount's to make).
+type CountersAdvanced struct {
+	Moved   map[bson.ObjectID]*CounterPosition
+	Missing []bson.ObjectID
+}
+
+// CountersAdvance adds each queue's deltas to its counters and moves its
+// position from From to To, in one unordered bulk write with write
+// concern majority: one round trip, no transaction. Each queue's update is
+// atomic and applies only where the position is still From and the four
+// counters are numbers, so its counters move only with its position, and a
+// stream's events count once in each queue however two projectors' terms
+// overlap: that compare-and-set is the fence, queue by queue (the lease
+// fences the checkpoint, LeaseCheckpoint). A queue found at To already
+// (another term applied the same batch) counts as applied.
+func (s *Store) CountersAdvance(ctx context.Context, to CounterPosition, adv []CounterAdvance) (CountersAdvanced, error) {
+	var out CountersAdvanced
+	if len(adv) == 0 {
+		return out, nil
+	}
+	number := bson.D{{Key: "$type", Value: "number"}}
+	models := make([]mongo.WriteModel, 0, len(adv))
+	ids := make(bson.A, 0, len(adv))
+	for _, a := range adv {
+		var from any // null matches a queue with no position yet
+		if a.From != nil {
+			from = a.From.doc()
+		}
+		d := a.Delta
+		models = append(models, mongo.NewUpdateOneModel().
+			SetFilter(bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountsApplied, Value: from}, {Key: schema.QueueCountTodo, Value: number},
+				{Key: schema.QueueCountTotal, Value: number}, {Key: schema.QueueCountRunning, Value: number}, {Key: schema.QueueCountFailed, Value: number}}).
+			SetUpdate(bson.D{
+				{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total},
+					{Key: schema.QueueCountRunning, Value: d.Running}, {Key: schema.QueueCountFailed, Value: d.Failed}}},
+				{Key: "$set", Value: bson.D{{Key: schema.QueueCountsApplied, Value: to.doc()}}},
+			}))
+		ids = append(ids, d.Queue)
+	}
+	res, err := s.queues.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	if err != nil {
+		return out, fmt.Errorf("advance counters: %w", err)
+	}
+	if res.MatchedCount == int64(len(adv)) {
+		return out, nil
+	}
+	cur, err := s.queues.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, options.Find().SetProjection(bson.D{
+		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}, {Key: schema.QueueCountFailed, Value: 1},
+		{Key: schema.QueueCountsApplied, Value: 1}}))
+	if err != nil {
+		return out, fmt.Errorf("advance counters: read back: %w", err)
+	}
+	defer cur.Close(ctx)
+	found := map[bson.ObjectID]bson.Raw{}
+	for cur.Next(ctx) {
+		if id, ok := cur.Current.Lookup("_id").ObjectIDOK(); ok {
+			found[id] = slices.Clone(cur.Current)
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return out, fmt.Errorf("advance counters: read back: %w", err)
+	}
+	for _, a := range adv {
+		q := a.Delta.Queue
+		raw, ok := found[q]
+		numbers := ok
+		for _, f := range []string{schema.QueueCountTodo, schema.QueueCountTotal, schema.QueueCountRunning, schema.QueueCountFailed} {
+			if _, isNum := raw.Lookup(f).AsInt64OK(); numbers && !isNum {
+				numbers = false
+			}
+		}
+		if !numbers {
+			out.Missing = append(out.Missing, q)
+			continue
+		}
+		at := decodePosition(raw.Lookup(schema.QueueCountsApplied))
+		if at != nil && *at == to {
+			continue // applied (by this call, or another term's of the same batch)
+		}
+		if out.Moved == nil {
+			out.Moved = map[bson.ObjectID]*CounterPosition{}
+		}
+		out.Moved[q] = at
+	}
+	return out, nil
+}
+
+// LeaseCheckpoint records the stream position a held lease's next term
+// resumes from: Checkpoint (a resume token), or just after CheckpointTime
+// without one. ErrLeaseLost if the lease is no longer held at that epoch.
+func (s *Store) LeaseCheckpoint(ctx context.Context, ref LeaseRef, checkpoint bson.Raw, at bson.Timestamp) error {
+	var cp any = checkpoint
+	if checkpoint == nil {
+		cp = nil
+	}
+	res, err := s.db.Collection(CollLeases).UpdateOne(ctx, leaseFilter(ref), bson.D{{Key: "$set", Value: bson.D{
+		{Key: "checkpoint", Value: cp}, {Key: "checkpoint_time", Value: at}, {Key: "applied", Value: s.nowMS()}}}})
+	if err != nil {
+		return fmt.Errorf("lease %s checkpoint: %w", ref.Name, err)
+	}
+	if res.MatchedCount == 0 {
+		return fmt.Errorf("lease %s checkpoint at epoch %d: %w", ref.Name, ref.Epoch, ErrLeaseLost)
+	}
+	return nil
+}
+
 func sortedIDs(m map[bson.ObjectID]QueueCounts) []bson.ObjectID {
 	ids := make([]bson.ObjectID, 0, len(m))
 	for id := range m {
@@ -485,6 +643,9 @@ func snapshotErr(err error) error {
 // null or not a number.
 type StoredCounters struct {
 	Todo, Total, Running, Failed *int64
+	// Applied is how far in the projector's stream the counters go (nil:
+	// not said, as before positions were kept, or by another program).
+	Applied *CounterPosition
 }
 
 // Complete reports whether every counter is there.
@@ -495,7 +656,8 @@ func (c StoredCounters) Complete() bool {
 // QueueCounters reads the stored counters of every queue.
 func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCounters, error) {
 	cur, err := s.queues.Find(ctx, bson.D{}, options.Find().SetProjection(bson.D{
-		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}, {Key: schema.QueueCountFailed, Value: 1}}))
+		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}, {Key: schema.QueueCountFailed, Value: 1},
+		{Key: schema.QueueCountsApplied, Value: 1}}))
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
@@ -513,7 +675,7 @@ func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCoun
 			return nil
 		}
 		out[id] = StoredCounters{Todo: field(schema.QueueCountTodo), Total: field(schema.QueueCountTotal), Running: field(schema.QueueCountRunning),
-			Failed: field(schema.QueueCountFailed)}
+			Failed: field(schema.QueueCountFailed), Applied: decodePosition(cur.Current.Lookup(schema.QueueCountsApplied))}
 	}
 	return out, cur.Err()
 }

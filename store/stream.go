@@ -128,8 +128,20 @@ type ChangeEvent struct {
 	// admitted count (and projected counters): room under max_running
 	// moved, none of its settings did.
 	AdmissionsOnly bool
-	// Token is the position just after this event.
+	// Token is the position just after this event: its own resume token,
+	// or, for the last event of a reply, the server's post-batch token.
 	Token bson.Raw
+	// Self is the event's own resume token (its _id): its place in the
+	// stream (see Place).
+	Self bson.RawValue
+}
+
+// Place is the event's own resume token's _data, which sorts in the
+// stream's order ("" without one).
+func (ev ChangeEvent) Place() string {
+	d, _ := ev.Self.DocumentOK()
+	s, _ := d.Lookup("_data").StringValueOK()
+	return s
 }
 
 // StreamBatch is what one Next delivers.
@@ -561,6 +573,8 @@ func decodeEvent(current, token bson.Raw) ChangeEvent {
 	// BenchmarkDecodeEvent).
 	eachField(raw, func(key []byte, v bson.RawValue) {
 		switch string(key) {
+		case "_id":
+			ev.Self = v
 		case "operationType":
 			ev.Op, _ = v.StringValueOK()
 		case "ns":

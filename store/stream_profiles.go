@@ -102,7 +102,8 @@ func match(or ...bson.D) bson.D {
 // serves (the weights read count_running on the next tick's refresh), so
 // it does not wake every node. admitted is not among them: a release is
 // what a capped queue waits for.
-var projected = []any{schema.QueueCountTodo, schema.QueueCountTotal, schema.QueueCountRunning, schema.QueueCountFailed, schema.QueueNextContinuous}
+var projected = []any{schema.QueueCountTodo, schema.QueueCountTotal, schema.QueueCountRunning, schema.QueueCountFailed, schema.QueueCountsApplied,
+	schema.QueueNextContinuous}
 
 // admissionsOnly is the StreamWakeups event field that says a queue update
 // moved only its admissions (ChangeEvent.AdmissionsOnly).

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -83,11 +84,16 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	ref := store.LeaseRef{Name: "projector", Owner: "a", Epoch: l.Epoch}
 	_, err = s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Sets: rc.Counts, CheckpointTime: rc.At})
 	require.NoError(t, err)
+	all, err := s.QueueCounters(ctx)
+	require.NoError(t, err)
+	require.Equal(t, &store.CounterPosition{Time: rc.At}, all[q.ID].Applied, "a set queue's counters count every event up to the recount")
 	stored := func(id bson.ObjectID) store.StoredCounters {
 		t.Helper()
 		all, err := s.QueueCounters(ctx)
 		require.NoError(t, err)
-		return all[id]
+		c := all[id]
+		c.Applied = nil // the counts are what this test follows
+		return c
 	}
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](3), Total: ptr[int64](5), Running: ptr[int64](0), Failed: ptr[int64](1)}, stored(q.ID))
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](0), Total: ptr[int64](1), Running: ptr[int64](0), Failed: ptr[int64](1)}, stored(other.ID))
@@ -251,4 +257,90 @@ func strip(t *testing.T, raw bson.Raw) []string {
 		}
 	}
 	return out
+}
+
+// testCountersAdvance: a batch's deltas are added to each queue whose
+// position is still the one the batch was folded from, and move it to the
+// batch's end, all at once; a queue another term moved is left and named
+// with the position found, one at the batch's end already counts as
+// applied, and one without counters, or gone, is named missing. The
+// lease's checkpoint is written only while the lease is held.
+func testCountersAdvance(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	queues := db.Collection(schema.CollQueues)
+	counters := bson.D{{Key: schema.QueueCountTodo, Value: int32(5)}, {Key: schema.QueueCountTotal, Value: int32(9)}, {Key: schema.QueueCountRunning, Value: int32(1)},
+		{Key: schema.QueueCountFailed, Value: int32(0)}}
+	fresh, moved, already, noCounters, gone := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	for i, id := range []bson.ObjectID{fresh, moved, already} {
+		_, err := queues.InsertOne(ctx, append(bson.D{{Key: "_id", Value: id}, {Key: "name", Value: fmt.Sprintf("adv%d", i)}}, counters...))
+		require.NoError(t, err)
+	}
+	_, err := queues.InsertOne(ctx, bson.D{{Key: "_id", Value: noCounters}, {Key: "name", Value: "bare"}})
+	require.NoError(t, err)
+	stored := func(id bson.ObjectID) store.StoredCounters {
+		t.Helper()
+		all, err := s.QueueCounters(ctx)
+		require.NoError(t, err)
+		return all[id]
+	}
+	p1 := store.CounterPosition{Time: bson.Timestamp{T: 100, I: 1}, Token: "8200000064000000012B"}
+	p2 := store.CounterPosition{Time: bson.Timestamp{T: 100, I: 2}, Token: "8200000064000000022B"}
+	p3 := store.CounterPosition{Time: bson.Timestamp{T: 101, I: 1}, Token: "8200000065000000012B"}
+	d := func(q bson.ObjectID) store.CounterDelta {
+		return store.CounterDelta{Queue: q, Todo: -1, Total: 0, Running: 1, Failed: 0}
+	}
+
+	// The first batch: none of them has a position yet.
+	res, err := s.CountersAdvance(ctx, p1, []store.CounterAdvance{{Delta: d(fresh)}, {Delta: d(moved)}, {Delta: d(already)}})
+	require.NoError(t, err)
+	require.Empty(t, res.Moved)
+	require.Empty(t, res.Missing)
+	for _, id := range []bson.ObjectID{fresh, moved, already} {
+		require.Equal(t, store.StoredCounters{Todo: ptr[int64](4), Total: ptr[int64](9), Running: ptr[int64](2), Failed: ptr[int64](0), Applied: &p1}, stored(id))
+	}
+	// Another term moves two of them on (one to the very batch this term
+	// applies next).
+	res, err = s.CountersAdvance(ctx, p2, []store.CounterAdvance{{Delta: d(moved), From: &p1}})
+	require.NoError(t, err)
+	require.Empty(t, res.Moved)
+	res, err = s.CountersAdvance(ctx, p3, []store.CounterAdvance{{Delta: d(already), From: &p1}})
+	require.NoError(t, err)
+	require.Empty(t, res.Moved)
+
+	// This term's next batch, folded from p1 everywhere.
+	res, err = s.CountersAdvance(ctx, p3, []store.CounterAdvance{{Delta: d(fresh), From: &p1}, {Delta: d(moved), From: &p1}, {Delta: d(already), From: &p1},
+		{Delta: d(noCounters)}, {Delta: d(gone), From: &p1}})
+	require.NoError(t, err)
+	require.Equal(t, map[bson.ObjectID]*store.CounterPosition{moved: &p2}, res.Moved, "moved by another term: named with the position found")
+	require.ElementsMatch(t, []bson.ObjectID{noCounters, gone}, res.Missing)
+	require.Equal(t, store.StoredCounters{Todo: ptr[int64](3), Total: ptr[int64](9), Running: ptr[int64](3), Failed: ptr[int64](0), Applied: &p3}, stored(fresh))
+	require.Equal(t, store.StoredCounters{Todo: ptr[int64](3), Total: ptr[int64](9), Running: ptr[int64](3), Failed: ptr[int64](0), Applied: &p2}, stored(moved), "not added again")
+	require.Equal(t, store.StoredCounters{Todo: ptr[int64](3), Total: ptr[int64](9), Running: ptr[int64](3), Failed: ptr[int64](0), Applied: &p3}, stored(already), "at the batch's end already: applied once, not twice")
+	_, present := rawDoc(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: noCounters}}).LookupErr(schema.QueueCountTodo)
+	require.Error(t, present, "no counters from an $inc")
+
+	// The checkpoint: the lease holder's, not a deposed one's.
+	l, err := s.LeaseAcquire(ctx, store.LeaseAcquireParams{Name: "projector", Owner: "a", TTL: time.Minute})
+	require.NoError(t, err)
+	ref := store.LeaseRef{Name: "projector", Owner: "a", Epoch: l.Epoch}
+	token := bson.Raw(bsoncoreDoc(t, bson.D{{Key: "_data", Value: p3.Token}}))
+	require.NoError(t, s.LeaseCheckpoint(ctx, ref, token, p3.Time))
+	got, err := s.LeaseGet(ctx, "projector")
+	require.NoError(t, err)
+	require.Equal(t, token, got.Checkpoint)
+	require.Equal(t, p3.Time, got.CheckpointTime)
+	stale := ref
+	stale.Epoch--
+	require.ErrorIs(t, s.LeaseCheckpoint(ctx, stale, nil, p1.Time), store.ErrLeaseLost)
+	got, err = s.LeaseGet(ctx, "projector")
+	require.NoError(t, err)
+	require.Equal(t, p3.Time, got.CheckpointTime, "a deposed term's checkpoint is not written")
+}
+
+func bsoncoreDoc(t *testing.T, d bson.D) bson.Raw {
+	t.Helper()
+	b, err := bson.Marshal(d)
+	require.NoError(t, err)
+	return b
 }

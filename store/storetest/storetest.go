@@ -45,6 +45,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"QueueCountsGet", testQueueCounts},
 		{"CountFailedRecountAndApply", testCountFailed},
 		{"CountersAddManyAsEachWould", testCountersAddManyAsEachWould},
+		{"CountersAdvanceComparesEachQueuesPosition", testCountersAdvance},
 		{"TaskInsertManySeedShape", testTaskInsertMany},
 		{"TaskClaimOrder", testTaskClaimOrder},
 		{"TaskClaimPriority", testTaskClaimPriority},
