@@ -136,6 +136,8 @@ func testStreamWakeups(t *testing.T, newStore Factory) {
 	// other field beside the counters, and a counter removed are.
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 3}, {Key: schema.QueueCountRunning, Value: 1}})
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 2}, {Key: schema.QueueCountFailed, Value: 1}})
+	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueCountTodo, Value: 1},
+		{Key: schema.QueueCountsApplied, Value: bson.D{{Key: "t", Value: bson.Timestamp{T: 1, I: 1}}, {Key: "token", Value: "82"}}}}) // a projector's batch
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: q.ID}}, bson.D{{Key: schema.QueueNextContinuous, Value: time.Now()}})
 	f.next(isOp("insert", schema.CollQueues, marker(t, db)))
 	// The release says it moved admissions only (the claimer then keeps

@@ -304,7 +304,8 @@ func taskItem(id string, h header, ev store.ChangeEvent) *item {
 // Queue fields that are projections of the tasks, not the queue's own
 // settings: they change with every batch of transitions and are left out
 // of queue events (and an update of nothing else sends none).
-var counterFields = map[string]bool{schema.QueueCountTodo: true, schema.QueueCountTotal: true, schema.QueueCountRunning: true, schema.QueueCountFailed: true}
+var counterFields = map[string]bool{schema.QueueCountTodo: true, schema.QueueCountTotal: true, schema.QueueCountRunning: true, schema.QueueCountFailed: true,
+	schema.QueueCountsApplied: true}
 
 func queueItem(id string, h header, ev store.ChangeEvent, nm *names, learn bool) *item {
 	h.Type = "queue"

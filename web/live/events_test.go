@@ -76,6 +76,9 @@ func TestConvertEdgeCases(t *testing.T) {
 		Removed: []string{schema.QueueCountRunning}}, nm, true))
 	require.Nil(t, convert(store.ChangeEvent{Op: "update", Coll: schema.CollQueues, ID: oid(q), Token: tok,
 		Updated: raw(bson.D{{Key: schema.QueueCountFailed, Value: int64(1)}, {Key: schema.QueueCountTodo, Value: int64(2)}})}, nm, true), "a failure changes count_failed and count_todo alone")
+	require.Nil(t, convert(store.ChangeEvent{Op: "update", Coll: schema.CollQueues, ID: oid(q), Token: tok,
+		Updated: raw(bson.D{{Key: schema.QueueCountTodo, Value: int64(2)}, {Key: schema.QueueCountsApplied, Value: bson.D{{Key: "t", Value: bson.Timestamp{T: 1, I: 1}}, {Key: "token", Value: "82"}}}})}, nm, true),
+		"a projector's batch moves its position with the counters")
 	it = convert(store.ChangeEvent{Op: "update", Coll: schema.CollQueues, ID: oid(q), Token: tok,
 		Updated: raw(bson.D{{Key: schema.QueueCountTodo, Value: int64(3)}}), Removed: []string{schema.QueueNodesPin}}, nm, true)
 	d = data(t, it)
