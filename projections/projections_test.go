@@ -617,3 +617,59 @@ func TestADeposedProjectorsLateBatchIsNotCountedTwice(t *testing.T) {
 	require.Contains(t, logs.String(), "queue counters moved by another projector term", "the late batch found no queue moved: it did not test the fence")
 	require.Zero(t, second.Stats().DriftQueues, "a recount found the counters off (counted twice?):\n%s", logs)
 }
+
+// movedOnce is a store whose first batch once armed finds every queue
+// moved by another term, whose recounts at a stream position then fail
+// until let go, and which counts the checkpoints written since the move.
+type movedOnce struct {
+	*store.Store
+	armed, moved, recountsOK atomic.Bool
+	afterMove                atomic.Int64
+}
+
+func (s *movedOnce) CountersAdvance(ctx context.Context, to store.CounterPosition, adv []store.CounterAdvance) (store.CountersAdvanced, error) {
+	res, err := s.Store.CountersAdvance(ctx, to, adv)
+	if err == nil && s.armed.Load() && !s.moved.Load() {
+		res.Moved = map[bson.ObjectID]*store.CounterPosition{}
+		for _, a := range adv {
+			res.Moved[a.Delta.Queue] = &to // as if another term had applied it
+		}
+		s.moved.Store(true)
+	}
+	return res, err
+}
+
+func (s *movedOnce) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
+	if s.moved.Load() && !s.recountsOK.Load() {
+		return store.Recount{}, errors.New("recount refused by the test")
+	}
+	return s.Store.QueueRecount(ctx, at)
+}
+
+func (s *movedOnce) LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, checkpoint bson.Raw, at bson.Timestamp) error {
+	if s.moved.Load() {
+		s.afterMove.Add(1)
+	}
+	return s.Store.LeaseCheckpoint(ctx, ref, checkpoint, at)
+}
+
+// The checkpoint does not pass a batch whose queues another term moved
+// until they are recounted: a successor resuming after it would never
+// read their events again.
+func TestNoCheckpointPastQueuesStillToRecount(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	s := &movedOnce{Store: store.New(db, store.Options{})}
+	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	stop := writer(t, db, queues)
+	s.armed.Store(true)
+	require.Eventually(t, s.moved.Load, 10*time.Second, 10*time.Millisecond, "no batch came")
+	time.Sleep(2500 * time.Millisecond) // batches go on, over two checkpoint periods
+	require.Zero(t, s.afterMove.Load(), "a checkpoint passed queues still to recount")
+	s.recountsOK.Store(true)
+	require.Eventually(t, func() bool { return s.afterMove.Load() > 0 }, 10*time.Second, 10*time.Millisecond, "no checkpoint once recounted")
+	stop()
+	requireExact(t, s.Store, 30*time.Second)
+}
