@@ -528,7 +528,11 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 			p.recount[q] = true
 		}
 	}
-	if token != nil && p.s.clock.Since(p.lastCheckpoint) >= checkpointEvery {
+	// Not past a batch whose queues are still to be recounted (another
+	// term moved them, or they lack counters): a successor resuming after
+	// it would never read their events again. The recount's transaction
+	// writes the checkpoint with its sets.
+	if token != nil && len(p.recount) == 0 && !p.full && p.s.clock.Since(p.lastCheckpoint) >= checkpointEvery {
 		if err := p.s.cfg.Store.LeaseCheckpoint(ctx, p.ref, token, at); err != nil {
 			return err
 		}

@@ -617,3 +617,99 @@ func TestADeposedProjectorsLateBatchIsNotCountedTwice(t *testing.T) {
 	require.Contains(t, logs.String(), "queue counters moved by another projector term", "the late batch found no queue moved: it did not test the fence")
 	require.Zero(t, second.Stats().DriftQueues, "a recount found the counters off (counted twice?):\n%s", logs)
 }
+
+// movedOnce is a store whose first batch, once armed, finds every queue
+// moved by another term, and whose recounts then fail until let go. It
+// counts the checkpoints written since the move (by LeaseCheckpoint, or
+// with a recount's sets) and the batches written, while recounts are
+// refused, more than a checkpoint period after the last checkpoint before
+// the move: each of those would have written one but for the pending
+// recount.
+type movedOnce struct {
+	*store.Store
+	armed, moved, recountsOK atomic.Bool
+	lastCheckpoint           atomic.Int64 // UnixNano, the last one written before the move
+	afterMove, lateBatches   atomic.Int64
+}
+
+func (s *movedOnce) CountersAdvance(ctx context.Context, to store.CounterPosition, adv []store.CounterAdvance) (store.CountersAdvanced, error) {
+	res, err := s.Store.CountersAdvance(ctx, to, adv)
+	if err != nil || !s.armed.Load() {
+		return res, err
+	}
+	if !s.moved.Load() {
+		res.Moved = map[bson.ObjectID]*store.CounterPosition{}
+		for _, a := range adv {
+			res.Moved[a.Delta.Queue] = &to // as if another term had applied it
+		}
+		s.moved.Store(true)
+	} else if !s.recountsOK.Load() && time.Since(time.Unix(0, s.lastCheckpoint.Load())) > 1200*time.Millisecond {
+		s.lateBatches.Add(1)
+	}
+	return res, err
+}
+
+func (s *movedOnce) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
+	if s.moved.Load() && !s.recountsOK.Load() {
+		return store.Recount{}, errors.New("recount refused by the test")
+	}
+	return s.Store.QueueRecount(ctx, at)
+}
+
+func (s *movedOnce) checkpointed() {
+	if s.moved.Load() {
+		s.afterMove.Add(1)
+		return
+	}
+	s.lastCheckpoint.Store(time.Now().UnixNano())
+}
+
+func (s *movedOnce) LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, checkpoint bson.Raw, at bson.Timestamp) error {
+	err := s.Store.LeaseCheckpoint(ctx, ref, checkpoint, at)
+	if err == nil {
+		s.checkpointed()
+	}
+	return err
+}
+
+func (s *movedOnce) CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error) {
+	missing, err := s.Store.CountersApply(ctx, p)
+	if err == nil {
+		s.checkpointed()
+	}
+	return missing, err
+}
+
+// The checkpoint does not pass a batch whose queues another term moved
+// until they are recounted: a successor resuming after it would never
+// read their events again.
+func TestNoCheckpointPastQueuesStillToRecount(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	s := &movedOnce{Store: store.New(db, store.Options{})}
+	s.lastCheckpoint.Store(time.Now().UnixNano())
+	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	// Inserts only: they need no pre-images, so no batch asks for a full
+	// recount, which would hold the checkpoint back for its own reason.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			_, _ = db.Collection(schema.CollTasks).InsertOne(ctx, bson.D{{Key: "queue", Value: queues[i%2]}, {Key: "status", Value: -2}, {Key: "node", Value: -1}})
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	s.armed.Store(true)
+	require.Eventually(t, s.moved.Load, 10*time.Second, 10*time.Millisecond, "no batch came")
+	require.Eventually(t, func() bool { return s.lateBatches.Load() >= 3 }, 20*time.Second, 10*time.Millisecond,
+		"no batch came a checkpoint period after the last checkpoint")
+	require.Zero(t, s.afterMove.Load(), "a checkpoint passed queues still to recount")
+	s.recountsOK.Store(true)
+	require.Eventually(t, func() bool { return s.afterMove.Load() > 0 }, 10*time.Second, 10*time.Millisecond, "no checkpoint once recounted")
+	cancel()
+	wg.Wait()
+	requireExact(t, s.Store, 30*time.Second)
+}
