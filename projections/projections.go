@@ -25,7 +25,7 @@ const LeaseName = "projector"
 // Store is what the projector needs.
 type Store interface {
 	leadership.Store
-	CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error)
+	CountersSet(ctx context.Context, p store.CountersSetParams) error
 	CountersAdvance(ctx context.Context, to store.CounterPosition, adv []store.CounterAdvance) (store.CountersAdvanced, error)
 	LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, checkpoint bson.Raw, at bson.Timestamp) error
 	QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error)
@@ -242,16 +242,16 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 	return err
 }
 
-// commit runs a recount's counter transaction (CountersApply's Sets). It
-// is never interrupted by Stop:
+// commit runs a recount's counter transaction (store.CountersSet). It is
+// never interrupted by Stop:
 // a transaction cancelled while one of its operations still runs on the
 // server may fail to abort and then holds its locks (the lease, the queues)
 // until the server's transaction lifetime limit. Stop waits for it instead;
 // the fence makes a late commit harmless.
-func (s *Service) commit(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error) {
+func (s *Service) commit(ctx context.Context, p store.CountersSetParams) error {
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	return s.cfg.Store.CountersApply(tctx, p)
+	return s.cfg.Store.CountersSet(tctx, p)
 }
 
 // flag records one of the stats' flags (PreImages, Steady, Committing).
@@ -852,11 +852,11 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		}
 	}
 	if len(sets) > 0 {
-		if _, err := p.s.commit(ctx, store.CountersApplyParams{Lease: p.ref, Session: p.sess, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
+		if err := p.s.commit(ctx, store.CountersSetParams{Lease: p.ref, Session: p.sess, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
 			return err
 		}
 		for q := range sets {
-			p.applied[q] = &store.CounterPosition{Time: p.at} // as CountersApply set it
+			p.applied[q] = &store.CounterPosition{Time: p.at} // as CountersSet set it
 		}
 		p.lastCheckpoint = p.s.clock.Now()
 	}

@@ -672,12 +672,12 @@ func (s *movedOnce) LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, che
 	return err
 }
 
-func (s *movedOnce) CountersApply(ctx context.Context, p store.CountersApplyParams) ([]bson.ObjectID, error) {
-	missing, err := s.Store.CountersApply(ctx, p)
+func (s *movedOnce) CountersSet(ctx context.Context, p store.CountersSetParams) error {
+	err := s.Store.CountersSet(ctx, p)
 	if err == nil {
 		s.checkpointed()
 	}
-	return missing, err
+	return err
 }
 
 // The checkpoint does not pass a batch whose queues another term moved

@@ -273,39 +273,33 @@ type CounterDelta struct {
 	Failed  int64
 }
 
-// CountersApplyParams are one batch of the projection: deltas to add, exact
-// values to set (from a recount), and the stream position they bring the
-// counters to: Checkpoint (a resume token), or when it is nil, the position
-// just after CheckpointTime.
-type CountersApplyParams struct {
+// CountersSetParams are a recount's counts to set, and the stream
+// position they bring the counters to: Checkpoint (a resume token), or
+// when it is nil, the position just after CheckpointTime.
+type CountersSetParams struct {
 	Lease LeaseRef
 	// Session, when set, is the lease term's session the transaction runs
 	// in (see LeaseSessionStart); otherwise a session of its own.
 	Session        *LeaseSession
-	Deltas         []CounterDelta
 	Sets           map[bson.ObjectID]QueueCounts
 	Checkpoint     bson.Raw
 	CheckpointTime bson.Timestamp
 }
 
-// CountersApply applies a batch in one transaction, fenced by the lease (a
-// recount's Sets; a batch of deltas goes by CountersAdvance): the
+// CountersSet sets queues' counters from a recount in one transaction,
+// fenced by the lease (a batch of deltas goes by CountersAdvance): the
 // lease document must still be held at Lease.Epoch (the checkpoint is
-// written there), so a deposed projector's batch can never commit. A delta
-// for a queue whose counters (count_todo, count_total, count_running,
-// count_failed) are not all numbers is not applied (adding to nothing would
-// be wrong): those queues are returned for a recount. A queue set from a
-// recount gets the position CheckpointTime (its counters count every event
-// at or before it), which fences off any other term's CountersAdvance from
-// an earlier position.
-func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missing []bson.ObjectID, err error) {
+// written there), so a deposed projector's recount can never commit. A
+// queue set gets the position CheckpointTime (its counters count every
+// event at or before it), which fences off any other term's
+// CountersAdvance from an earlier position.
+func (s *Store) CountersSet(ctx context.Context, p CountersSetParams) (err error) {
 	sess, end, err := s.txnSession(ctx, p.Session)
 	if err != nil {
-		return nil, fmt.Errorf("apply counters: %w", err)
+		return fmt.Errorf("set counters: %w", err)
 	}
 	defer func() { end(err) }()
 	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
-		missing = missing[:0]
 		// The checkpoint is the token, or (without one) "just after
 		// CheckpointTime": never a stale token from an earlier term.
 		var checkpoint any = p.Checkpoint
@@ -318,7 +312,7 @@ func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missi
 			return nil, err
 		}
 		if res.MatchedCount == 0 {
-			return nil, fmt.Errorf("apply counters at epoch %d: %w", p.Lease.Epoch, ErrLeaseLost)
+			return nil, fmt.Errorf("set counters at epoch %d: %w", p.Lease.Epoch, ErrLeaseLost)
 		}
 		for _, id := range sortedIDs(p.Sets) {
 			c := p.Sets[id]
@@ -328,87 +322,9 @@ func (s *Store) CountersApply(ctx context.Context, p CountersApplyParams) (missi
 				return nil, err
 			}
 		}
-		m, err := s.countersAdd(ctx, p.Deltas)
-		if err != nil {
-			return nil, err
-		}
-		missing = m
 		return nil, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return missing, nil
-}
-
-// countersAdd adds deltas to their queues' counters (in a transaction)
-// with one updateMany, however many queues the batch touched: one round
-// trip where an $inc per queue took one each. Each queue finds its own
-// delta by its place among the ids (looked up once per queue, in a field
-// that is gone again when the update ends; deltas of one queue listed
-// twice are summed). A queue whose four counters are not all numbers is
-// not matched; when fewer matched than were asked, the ones that did are
-// read back (in the transaction: its own writes) and the others returned.
-func (s *Store) countersAdd(ctx context.Context, deltas []CounterDelta) ([]bson.ObjectID, error) {
-	at := map[bson.ObjectID]int{}
-	var each []CounterDelta
-	for _, d := range deltas {
-		i, ok := at[d.Queue]
-		if !ok {
-			at[d.Queue] = len(each)
-			each = append(each, d)
-			continue
-		}
-		c := &each[i]
-		c.Todo, c.Total, c.Running, c.Failed = c.Todo+d.Todo, c.Total+d.Total, c.Running+d.Running, c.Failed+d.Failed
-	}
-	var ids bson.A
-	var todo, total, running, failed bson.A
-	for _, d := range each { // one update: no order among the queues to keep
-		if d.Todo == 0 && d.Total == 0 && d.Running == 0 && d.Failed == 0 {
-			continue
-		}
-		ids = append(ids, d.Queue)
-		todo, total, running, failed = append(todo, d.Todo), append(total, d.Total), append(running, d.Running), append(failed, d.Failed)
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	number := bson.D{{Key: "$type", Value: "number"}}
-	filter := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: schema.QueueCountTodo, Value: number}, {Key: schema.QueueCountTotal, Value: number},
-		{Key: schema.QueueCountRunning, Value: number}, {Key: schema.QueueCountFailed, Value: number}}
-	const place = "_disbatch_delta_at"
-	add := func(field string, by bson.A) bson.E {
-		return bson.E{Key: field, Value: bson.D{{Key: "$add", Value: bson.A{"$" + field, bson.D{{Key: "$arrayElemAt", Value: bson.A{by, "$" + place}}}}}}}
-	}
-	res, err := s.queues.UpdateMany(ctx, filter, mongo.Pipeline{
-		{{Key: "$set", Value: bson.D{{Key: place, Value: bson.D{{Key: "$indexOfArray", Value: bson.A{ids, "$_id"}}}}}}},
-		{{Key: "$set", Value: bson.D{
-			add(schema.QueueCountFailed, failed), add(schema.QueueCountRunning, running), add(schema.QueueCountTodo, todo), add(schema.QueueCountTotal, total),
-		}}},
-		{{Key: "$unset", Value: place}},
-	})
-	if err != nil {
-		return nil, err
-	}
-	if res.MatchedCount == int64(len(ids)) {
-		return nil, nil
-	}
-	found, err := s.findIDs(ctx, s.queues, filter)
-	if err != nil {
-		return nil, err
-	}
-	matched := map[bson.ObjectID]bool{}
-	for _, id := range found {
-		matched[id] = true
-	}
-	var missing []bson.ObjectID
-	for _, id := range ids {
-		if q := id.(bson.ObjectID); !matched[q] {
-			missing = append(missing, q)
-		}
-	}
-	return missing, nil
+	return err
 }
 
 // CounterPosition is how far in the counter projector's stream a queue's
@@ -505,43 +421,24 @@ func (s *Store) CountersAdvance(ctx context.Context, to CounterPosition, adv []C
 	if res.MatchedCount == int64(len(adv)) {
 		return out, nil
 	}
-	cur, err := s.queues.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, options.Find().SetProjection(bson.D{
-		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}, {Key: schema.QueueCountFailed, Value: 1},
-		{Key: schema.QueueCountsApplied, Value: 1}}))
+	found, err := s.readCounters(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
 	if err != nil {
-		return out, fmt.Errorf("advance counters: read back: %w", err)
-	}
-	defer cur.Close(ctx)
-	found := map[bson.ObjectID]bson.Raw{}
-	for cur.Next(ctx) {
-		if id, ok := cur.Current.Lookup("_id").ObjectIDOK(); ok {
-			found[id] = slices.Clone(cur.Current)
-		}
-	}
-	if err := cur.Err(); err != nil {
 		return out, fmt.Errorf("advance counters: read back: %w", err)
 	}
 	for _, a := range adv {
 		q := a.Delta.Queue
-		raw, ok := found[q]
-		numbers := ok
-		for _, f := range []string{schema.QueueCountTodo, schema.QueueCountTotal, schema.QueueCountRunning, schema.QueueCountFailed} {
-			if _, isNum := raw.Lookup(f).AsInt64OK(); numbers && !isNum {
-				numbers = false
-			}
-		}
-		if !numbers {
+		c, ok := found[q]
+		if !ok || !c.Complete() {
 			out.Missing = append(out.Missing, q)
 			continue
 		}
-		at := decodePosition(raw.Lookup(schema.QueueCountsApplied))
-		if at != nil && *at == to {
+		if c.Applied != nil && *c.Applied == to {
 			continue // applied (by this call, or another term's of the same batch)
 		}
 		if out.Moved == nil {
 			out.Moved = map[bson.ObjectID]*CounterPosition{}
 		}
-		out.Moved[q] = at
+		out.Moved[q] = c.Applied
 	}
 	return out, nil
 }
@@ -655,11 +552,22 @@ func (c StoredCounters) Complete() bool {
 
 // QueueCounters reads the stored counters of every queue.
 func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCounters, error) {
-	cur, err := s.queues.Find(ctx, bson.D{}, options.Find().SetProjection(bson.D{
+	out, err := s.readCounters(ctx, bson.D{})
+	if err != nil {
+		return nil, fmt.Errorf("read counters: %w", err)
+	}
+	return out, nil
+}
+
+// readCounters reads the stored counters of the queues within filter. A
+// counter is there when it is a number as {$type: "number"} matches (the
+// filter CountersAdvance adds under), a decimal or a double too.
+func (s *Store) readCounters(ctx context.Context, filter bson.D) (map[bson.ObjectID]StoredCounters, error) {
+	cur, err := s.queues.Find(ctx, filter, options.Find().SetProjection(bson.D{
 		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}, {Key: schema.QueueCountFailed, Value: 1},
 		{Key: schema.QueueCountsApplied, Value: 1}}))
 	if err != nil {
-		return nil, fmt.Errorf("read counters: %w", err)
+		return nil, err
 	}
 	defer cur.Close(ctx)
 	out := map[bson.ObjectID]StoredCounters{}
@@ -669,8 +577,13 @@ func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCoun
 			continue
 		}
 		field := func(f string) *int64 {
-			if v, ok := cur.Current.Lookup(f).AsInt64OK(); ok {
-				return &v
+			v := cur.Current.Lookup(f)
+			if n, ok := v.AsInt64OK(); ok {
+				return &n
+			}
+			if x, ok := schema.Number(v); ok { // a decimal
+				n := int64(x)
+				return &n
 			}
 			return nil
 		}

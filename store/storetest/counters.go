@@ -15,9 +15,9 @@ import (
 
 // testCountFailed: a recount (QueueRecount, QueueCountsGet) counts the
 // tasks in 2 through the store's transitions and a raw driver's writes;
-// CountersApply sets count_failed and adds a Failed delta, and leaves a
-// queue from before count_failed (the other three counters there) alone,
-// naming it for the recount whose Sets create it.
+// CountersSet sets count_failed and CountersAdvance adds a Failed delta,
+// and leaves a queue from before count_failed (the other three counters
+// there) alone, naming it for the recount whose set creates it.
 func testCountFailed(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
@@ -82,8 +82,7 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	l, err := s.LeaseAcquire(ctx, store.LeaseAcquireParams{Name: "projector", Owner: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	ref := store.LeaseRef{Name: "projector", Owner: "a", Epoch: l.Epoch}
-	_, err = s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Sets: rc.Counts, CheckpointTime: rc.At})
-	require.NoError(t, err)
+	require.NoError(t, s.CountersSet(ctx, store.CountersSetParams{Lease: ref, Sets: rc.Counts, CheckpointTime: rc.At}))
 	all, err := s.QueueCounters(ctx)
 	require.NoError(t, err)
 	require.Equal(t, &store.CounterPosition{Time: rc.At}, all[q.ID].Applied, "a set queue's counters count every event up to the recount")
@@ -97,12 +96,27 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	}
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](3), Total: ptr[int64](5), Running: ptr[int64](0), Failed: ptr[int64](1)}, stored(q.ID))
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](0), Total: ptr[int64](1), Running: ptr[int64](0), Failed: ptr[int64](1)}, stored(other.ID))
-	missing, err := s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Deltas: []store.CounterDelta{
-		{Queue: q.ID, Todo: -1, Failed: 1},     // a finish as failed
-		{Queue: other.ID, Todo: 1, Failed: -1}, // a retry
-	}})
-	require.NoError(t, err)
-	require.Empty(t, missing)
+	// Each batch moves the queues it adds to on to a position of its own.
+	setAt := &store.CounterPosition{Time: rc.At}
+	next := rc.At
+	advance := func(from *store.CounterPosition, deltas ...store.CounterDelta) (store.CountersAdvanced, *store.CounterPosition) {
+		t.Helper()
+		next.I++
+		to := store.CounterPosition{Time: next}
+		adv := make([]store.CounterAdvance, len(deltas))
+		for i, d := range deltas {
+			adv[i] = store.CounterAdvance{Delta: d, From: from}
+		}
+		res, err := s.CountersAdvance(ctx, to, adv)
+		require.NoError(t, err)
+		require.Empty(t, res.Moved)
+		return res, &to
+	}
+	ar, _ := advance(setAt,
+		store.CounterDelta{Queue: q.ID, Todo: -1, Failed: 1},     // a finish as failed
+		store.CounterDelta{Queue: other.ID, Todo: 1, Failed: -1}, // a retry
+	)
+	require.Empty(t, ar.Missing)
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](2), Total: ptr[int64](5), Running: ptr[int64](0), Failed: ptr[int64](2)}, stored(q.ID))
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](1), Total: ptr[int64](1), Running: ptr[int64](0), Failed: ptr[int64](0)}, stored(other.ID))
 	got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: "q"})
@@ -125,9 +139,8 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	oldStored := stored(old)
 	require.False(t, oldStored.Complete())
 	require.Nil(t, oldStored.Failed)
-	missing, err = s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Deltas: []store.CounterDelta{{Queue: old, Total: 1, Failed: 1}}})
-	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{old}, missing)
+	ar, _ = advance(nil, store.CounterDelta{Queue: old, Total: 1, Failed: 1})
+	require.Equal(t, []bson.ObjectID{old}, ar.Missing)
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](1), Total: ptr[int64](2), Running: ptr[int64](0)}, stored(old), "not applied")
 	_, present := rawDoc(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: old}}).LookupErr(schema.QueueCountFailed)
 	require.Error(t, present, "no count_failed from an $inc")
@@ -135,34 +148,29 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	rc, err = s.QueueRecount(ctx, nil)
 	require.NoError(t, err)
 	require.Equal(t, store.QueueCounts{Todo: 1, Total: 3, Failed: 2}, rc.Counts[old])
-	_, err = s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Sets: map[bson.ObjectID]store.QueueCounts{old: rc.Counts[old]}, CheckpointTime: rc.At})
-	require.NoError(t, err)
+	require.NoError(t, s.CountersSet(ctx, store.CountersSetParams{Lease: ref, Sets: map[bson.ObjectID]store.QueueCounts{old: rc.Counts[old]}, CheckpointTime: rc.At}))
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](1), Total: ptr[int64](3), Running: ptr[int64](0), Failed: ptr[int64](2)}, stored(old), "created by the recount")
-	missing, err = s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Deltas: []store.CounterDelta{{Queue: old, Todo: 1, Failed: -1}}})
-	require.NoError(t, err)
-	require.Empty(t, missing)
+	ar, pos := advance(&store.CounterPosition{Time: rc.At}, store.CounterDelta{Queue: old, Todo: 1, Failed: -1})
+	require.Empty(t, ar.Missing)
 	require.Equal(t, store.StoredCounters{Todo: ptr[int64](2), Total: ptr[int64](3), Running: ptr[int64](0), Failed: ptr[int64](1)}, stored(old), "then followed")
 
 	// A null count_failed is missing too.
 	set(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: old}}, bson.D{{Key: schema.QueueCountFailed, Value: nil}})
-	missing, err = s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Deltas: []store.CounterDelta{{Queue: old, Failed: 1}}})
-	require.NoError(t, err)
-	require.Equal(t, []bson.ObjectID{old}, missing)
+	ar, _ = advance(pos, store.CounterDelta{Queue: old, Failed: 1})
+	require.Equal(t, []bson.ObjectID{old}, ar.Missing)
 	require.False(t, stored(old).Complete())
 }
 
-// testCountersAddManyAsEachWould: CountersApply adds a batch's deltas to
-// all its queues with one update; each queue must end as an $inc of its
-// own delta would leave it (the same values, types and field order), and
-// the queues such an $inc would not touch (a counter missing, null or not
-// a number; no queue at all) are the ones returned as missing.
-func testCountersAddManyAsEachWould(t *testing.T, newStore Factory) {
+// testCountersAdvanceAsEachWould: CountersAdvance adds a batch's deltas
+// to all its queues in one bulk write; each queue must end as an $inc of
+// its own delta would leave it (the same values, types and field order),
+// and the queues such an $inc would not touch (a counter missing, null or
+// not a number; no queue at all) are the ones returned as missing, those
+// it would (a decimal or a double among them) not.
+func testCountersAdvanceAsEachWould(t *testing.T, newStore Factory) {
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	queues := db.Collection(schema.CollQueues)
-	l, err := s.LeaseAcquire(ctx, store.LeaseAcquireParams{Name: "projector", Owner: "a", TTL: time.Minute})
-	require.NoError(t, err)
-	ref := store.LeaseRef{Name: "projector", Owner: "a", Epoch: l.Epoch}
 
 	decimal, err := bson.ParseDecimal128("7")
 	require.NoError(t, err)
@@ -177,30 +185,27 @@ func testCountersAddManyAsEachWould(t *testing.T, newStore Factory) {
 		return d
 	}
 	// Each kind with deltas of its own (a delta applied to the wrong queue
-	// shows), "no delta" first (a list that skips it must not shift the
-	// others), one kind's deltas in two entries (summed, as separate
-	// $incs would).
+	// shows); "not in the batch" (no delta) must be left alone.
 	kinds := []struct {
 		name    string
 		fields  bson.D
 		delta   store.CounterDelta
-		split   bool
 		missing bool
 	}{
-		{"no delta", counters(int32(5), int32(9), int32(1), int32(0)), store.CounterDelta{}, false, false},
-		{"int32", counters(int32(5), int32(9), int32(1), int32(0)), store.CounterDelta{Todo: -1, Running: 1}, false, false},
-		{"int64, in two entries", counters(int64(5), int64(9), int64(1), int64(2)), store.CounterDelta{Todo: 2, Total: 2, Running: -1, Failed: 1}, true, false},
-		{"double", counters(5.0, 9.0, 1.0, 0.0), store.CounterDelta{Todo: 3, Total: 3}, false, false},
-		{"mixed, one decimal", counters(int32(5), decimal, int64(1), 2.0), store.CounterDelta{Todo: -2, Total: -1, Running: 1, Failed: -1}, false, false},
-		{"int32 at its top", counters(int32(2147483647), int32(9), int32(1), int32(0)), store.CounterDelta{Todo: 1}, false, false},
-		{"fields after the counters", append(counters(int32(1), int32(1), int32(0), int32(0)), bson.E{Key: "zz", Value: "after"}), store.CounterDelta{Todo: -1, Total: 4, Running: 1}, false, false},
-		{"no count_failed", counters(int32(5), int32(9), int32(1), "absent"), store.CounterDelta{Todo: -1, Running: 2}, false, true},
-		{"a null counter", counters(int32(5), nil, int32(1), int32(0)), store.CounterDelta{Todo: -3}, false, true},
-		{"a string counter", counters(int32(5), int32(9), "1", int32(0)), store.CounterDelta{Total: 5}, false, true},
+		{"not in the batch", counters(int32(5), int32(9), int32(1), int32(0)), store.CounterDelta{}, false},
+		{"int32", counters(int32(5), int32(9), int32(1), int32(0)), store.CounterDelta{Todo: -1, Running: 1}, false},
+		{"int64", counters(int64(5), int64(9), int64(1), int64(2)), store.CounterDelta{Todo: 2, Total: 2, Running: -1, Failed: 1}, false},
+		{"double", counters(5.0, 9.0, 1.0, 0.0), store.CounterDelta{Todo: 3, Total: 3}, false},
+		{"mixed, one decimal", counters(int32(5), decimal, int64(1), 2.0), store.CounterDelta{Todo: -2, Total: -1, Running: 1, Failed: -1}, false},
+		{"int32 at its top", counters(int32(2147483647), int32(9), int32(1), int32(0)), store.CounterDelta{Todo: 1}, false},
+		{"fields after the counters", append(counters(int32(1), int32(1), int32(0), int32(0)), bson.E{Key: "zz", Value: "after"}), store.CounterDelta{Todo: -1, Total: 4, Running: 1}, false},
+		{"no count_failed", counters(int32(5), int32(9), int32(1), "absent"), store.CounterDelta{Todo: -1, Running: 2}, true},
+		{"a null counter", counters(int32(5), nil, int32(1), int32(0)), store.CounterDelta{Todo: -3}, true},
+		{"a string counter", counters(int32(5), int32(9), "1", int32(0)), store.CounterDelta{Total: 5}, true},
 	}
 	// Each kind twice: one queue for the batch, one for a lone $inc.
 	batch, alone := make([]bson.ObjectID, len(kinds)), make([]bson.ObjectID, len(kinds))
-	var deltas []store.CounterDelta
+	var adv []store.CounterAdvance
 	var wantMissing []bson.ObjectID
 	for i, k := range kinds {
 		for _, id := range []*bson.ObjectID{&batch[i], &alone[i]} {
@@ -211,23 +216,22 @@ func testCountersAddManyAsEachWould(t *testing.T, newStore Factory) {
 		}
 		d := k.delta
 		d.Queue = batch[i]
-		if k.split {
-			deltas = append(deltas, store.CounterDelta{Queue: d.Queue, Todo: d.Todo, Total: d.Total}, store.CounterDelta{Queue: d.Queue, Running: d.Running, Failed: d.Failed})
-		} else {
-			deltas = append(deltas, d)
+		if k.delta != (store.CounterDelta{}) {
+			adv = append(adv, store.CounterAdvance{Delta: d})
 		}
 		if k.missing {
 			wantMissing = append(wantMissing, batch[i])
 		}
 	}
 	gone := bson.NewObjectID() // a queue deleted since its tasks' events
-	deltas = append(deltas, store.CounterDelta{Queue: gone, Todo: -1, Total: -1})
+	adv = append(adv, store.CounterAdvance{Delta: store.CounterDelta{Queue: gone, Todo: -1, Total: -1}})
 	wantMissing = append(wantMissing, gone)
-	rand.Shuffle(len(deltas), func(i, j int) { deltas[i], deltas[j] = deltas[j], deltas[i] })
+	rand.Shuffle(len(adv), func(i, j int) { adv[i], adv[j] = adv[j], adv[i] })
 
-	missing, err := s.CountersApply(ctx, store.CountersApplyParams{Lease: ref, Deltas: deltas})
+	res, err := s.CountersAdvance(ctx, store.CounterPosition{Time: bson.Timestamp{T: 1, I: 1}, Token: "82"}, adv)
 	require.NoError(t, err)
-	require.ElementsMatch(t, wantMissing, missing)
+	require.ElementsMatch(t, wantMissing, res.Missing)
+	require.Empty(t, res.Moved)
 
 	number := bson.D{{Key: "$type", Value: "number"}}
 	for i, k := range kinds {
@@ -244,15 +248,16 @@ func testCountersAddManyAsEachWould(t *testing.T, newStore Factory) {
 	}
 }
 
-// strip returns a queue document without its _id and name, element by
-// element with each value's BSON type, in order.
+// strip returns a queue document without its _id, name and counts_applied
+// (which only CountersAdvance writes), element by element with each
+// value's BSON type, in order.
 func strip(t *testing.T, raw bson.Raw) []string {
 	t.Helper()
 	els, err := raw.Elements()
 	require.NoError(t, err)
 	var out []string
 	for _, e := range els {
-		if k := e.Key(); k != "_id" && k != "name" {
+		if k := e.Key(); k != "_id" && k != "name" && k != schema.QueueCountsApplied {
 			out = append(out, k+" "+e.Value().Type.String()+" "+e.Value().String())
 		}
 	}

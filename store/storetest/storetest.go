@@ -44,7 +44,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"QueueDelete", testQueueDelete},
 		{"QueueCountsGet", testQueueCounts},
 		{"CountFailedRecountAndApply", testCountFailed},
-		{"CountersAddManyAsEachWould", testCountersAddManyAsEachWould},
+		{"CountersAdvanceAsEachWould", testCountersAdvanceAsEachWould},
 		{"CountersAdvanceComparesEachQueuesPosition", testCountersAdvance},
 		{"TaskInsertManySeedShape", testTaskInsertMany},
 		{"TaskClaimOrder", testTaskClaimOrder},
