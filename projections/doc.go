@@ -102,8 +102,8 @@
 // both values of each (drift should be zero; any is a bug to chase) and
 // repaired. A queue
 // missing a counter is not drift: the recount creates it (and sets the
-// others). Events at or before a recount's time
-// are then skipped for the queues it covered. Without a usable position
+// others). The stream goes on just after the recount's moment, so no
+// event it holds is counted again. Without a usable position
 // (no checkpoint, lost history, a snapshot too old) it recounts at the
 // present and starts the stream at that time.
 //

@@ -234,7 +234,7 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 		defer s.cfg.Rider.Alight()
 	}
 	p := &projector{s: s, ref: term.Ref(), sess: sess, token: term.Lease.Checkpoint, at: term.Lease.CheckpointTime,
-		skip: map[bson.ObjectID]bson.Timestamp{}, recount: map[bson.ObjectID]bool{}, applied: map[bson.ObjectID]*store.CounterPosition{}}
+		recount: map[bson.ObjectID]bool{}, applied: map[bson.ObjectID]*store.CounterPosition{}}
 	err = p.run(ctx)
 	if errors.Is(err, store.ErrLeaseLost) {
 		s.log.Warn("projector lease lost", "epoch", term.Lease.Epoch, "error", err)
@@ -292,8 +292,6 @@ type projector struct {
 
 	token bson.Raw       // resume token of the last applied position
 	at    bson.Timestamp // cluster time of the last applied event
-	// skip: events for a queue at or before this time are in its recount.
-	skip map[bson.ObjectID]bson.Timestamp
 	// applied: how far each queue's counters go in the stream, as this
 	// term last knew it (read when the term starts, moved by each batch and
 	// recount): CountersAdvance's compare, and the events at or before it
@@ -545,12 +543,6 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	}
 	p.s.recorded(lags, len(batch), reasons)
 	p.token, p.at, p.lastCommit = token, at, now
-	// Skips older than the stream position can no longer match.
-	for q, t := range p.skip {
-		if at.After(t) {
-			delete(p.skip, q)
-		}
-	}
 	return nil
 }
 
@@ -648,9 +640,6 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 		id, ok := q.ObjectIDOK()
 		if !ok {
 			return // a task with no (valid) queue counts nowhere
-		}
-		if t, skipped := p.skip[id]; skipped && !at.After(t) {
-			return // already in this queue's recount
 		}
 		if pos := p.applied[id]; pos != nil && !at.After(pos.Time) && pos.Covers(at, ev.Place()) {
 			return // already in its counters: an earlier term applied it
@@ -801,10 +790,11 @@ func (p *projector) reconcile(ctx context.Context) error {
 
 // repair compares a recount with the stored counters and sets those that
 // differ (only the queues in only, when given; with all, every one),
-// fenced by the lease, at the current position (p.token / p.at, which must
-// be the recount's moment or later events must be skipped: p.skip). A
-// queue set gets that position; one left keeps its own. With exact, any
-// difference is drift and is logged as such.
+// fenced by the lease, at the current position (p.token / p.at), which
+// is the recount's moment: the stream goes on after it, so no event the
+// recount holds comes again. A queue set gets that position; one left
+// keeps its own. With exact, any difference is drift and is logged as
+// such.
 func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.ObjectID]bool, exact, all bool) error {
 	stored, err := p.s.cfg.Store.QueueCounters(ctx)
 	if err != nil {
@@ -816,7 +806,6 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		if only != nil && !only[q] {
 			continue
 		}
-		p.skip[q] = rc.At // its events up to the recount are in it
 		cur, ok := stored[q]
 		if !ok {
 			delete(p.applied, q)
