@@ -93,12 +93,12 @@ func (g *Graph) listen(ctx context.Context, src Source) {
 		if err != nil {
 			return
 		}
-		lost := sb.Lost != ""
+		why := sb.Lost
 		var ended []bson.ObjectID
 		for _, ev := range sb.Events {
 			switch ev.Op {
 			case "drop", "rename", "dropDatabase", "invalidate":
-				lost = true // whatever was there is gone: look again
+				why = "a " + ev.Op + " of " + ev.Coll // whatever was there is gone: look again
 			default:
 				if id, ok := ev.ID.ObjectIDOK(); ok && store.EndsTask(ev) {
 					ended = append(ended, id)
@@ -106,7 +106,8 @@ func (g *Graph) listen(ctx context.Context, src Source) {
 			}
 		}
 		switch {
-		case lost:
+		case why != "":
+			g.log.Debug("the stream lost its place: sweeping every waiting child", "why", why)
 			g.sweep(ctx)
 		case len(ended) > 0:
 			g.settle(ctx, ended)
