@@ -53,8 +53,8 @@
 // position it found and recounts the queue (a recount's write is a
 // transaction fenced by the lease: a deposed leader's fails, and its
 // term ends). About once a second the leader writes the batch's resume
-// token into the lease document, fenced by its epoch, as the checkpoint;
-// a successor resumes there and skips, queue by queue, the events its
+// token into the lease document, fenced by its epoch, as the checkpoint
+// (in the background: no batch waits for it); a successor resumes there and skips, queue by queue, the events its
 // counters already hold. Nothing is applied twice or missed. (Until stop
 // 54 each batch was a transaction of three round trips, the lease's fence
 // and checkpoint with the counters: the lag a batch waits for its write

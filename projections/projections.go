@@ -297,8 +297,10 @@ type projector struct {
 	// recount): CountersAdvance's compare, and the events at or before it
 	// are in the counters already (an earlier term applied them).
 	applied map[bson.ObjectID]*store.CounterPosition
-	// lastCheckpoint: when the lease's checkpoint was last written.
+	// lastCheckpoint: when the lease's checkpoint was last written;
+	// checkpointing: the result of the one in flight, nil when none.
 	lastCheckpoint time.Time
+	checkpointing  chan error
 	// recount: queues to recount at the next boundary; full: all of them.
 	recount map[bson.ObjectID]bool
 	full    bool
@@ -349,6 +351,7 @@ func (p *projector) run(ctx context.Context) error {
 	}
 	r := startPrefetch(ctx, first)
 	defer func() { r.Close() }()
+	defer func() { _ = p.checkpointed(true) }() // ctx has ended: soon
 	for ctx.Err() == nil {
 		b, err := r.Next(ctx)
 		if err != nil {
@@ -530,11 +533,11 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	// term moved them, or they lack counters): a successor resuming after
 	// it would never read their events again. The recount's transaction
 	// writes the checkpoint with its sets.
-	if token != nil && len(p.recount) == 0 && !p.full && p.s.clock.Since(p.lastCheckpoint) >= checkpointEvery {
-		if err := p.s.cfg.Store.LeaseCheckpoint(ctx, p.ref, token, at); err != nil {
-			return err
-		}
-		p.lastCheckpoint = p.s.clock.Now()
+	if err := p.checkpointed(false); err != nil {
+		return err
+	}
+	if token != nil && len(p.recount) == 0 && !p.full && p.checkpointing == nil && p.s.clock.Since(p.lastCheckpoint) >= checkpointEvery {
+		p.checkpoint(ctx, token, at)
 	}
 	now := p.s.clock.Now()
 	lags := make([]time.Duration, len(walls))
@@ -544,6 +547,36 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	p.s.recorded(lags, len(batch), reasons)
 	p.token, p.at, p.lastCommit = token, at, now
 	return nil
+}
+
+// checkpoint writes the lease's checkpoint in the background, off the
+// batches' path: a round trip of its own, majority-acknowledged, that held
+// one batch a second back. At most one is in flight; a failure (the lease
+// lost) ends the term at the next batch, as it did in line.
+func (p *projector) checkpoint(ctx context.Context, token bson.Raw, at bson.Timestamp) {
+	done := make(chan error, 1)
+	p.checkpointing, p.lastCheckpoint = done, p.s.clock.Now()
+	go func() { done <- p.s.cfg.Store.LeaseCheckpoint(ctx, p.ref, token, at) }()
+}
+
+// checkpointed collects the checkpoint in flight, if any: with wait, once
+// it is written; without, only if it already is.
+func (p *projector) checkpointed(wait bool) error {
+	if p.checkpointing == nil {
+		return nil
+	}
+	var err error
+	if wait {
+		err = <-p.checkpointing
+	} else {
+		select {
+		case err = <-p.checkpointing:
+		default:
+			return nil
+		}
+	}
+	p.checkpointing = nil
+	return err
 }
 
 // switchPreImages turns pre-images on after a batch that held another
@@ -841,6 +874,11 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.
 		}
 	}
 	if len(sets) > 0 {
+		// The sets write the checkpoint too: one in flight must land
+		// first, or it could take the checkpoint back behind them.
+		if err := p.checkpointed(true); err != nil {
+			return err
+		}
 		if err := p.s.commit(ctx, store.CountersSetParams{Lease: p.ref, Session: p.sess, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -618,6 +619,22 @@ func TestADeposedProjectorsLateBatchIsNotCountedTwice(t *testing.T) {
 	require.Zero(t, second.Stats().DriftQueues, "a recount found the counters off (counted twice?):\n%s", logs)
 }
 
+// inserter inserts tasks into queues, in turn, one at a time, until
+// stopped (also at the test's end): events that need no pre-images, so
+// the projector recounts nothing of its own accord.
+func inserter(t *testing.T, db *mongo.Database, queues []bson.ObjectID) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			_, _ = db.Collection(schema.CollTasks).InsertOne(ctx, bson.D{{Key: "queue", Value: queues[i%len(queues)]}, {Key: "status", Value: -2}, {Key: "node", Value: -1}})
+		}
+	})
+	stop = func() { cancel(); wg.Wait() }
+	t.Cleanup(stop)
+	return stop
+}
+
 // movedOnce is a store whose first batch, once armed, finds every queue
 // moved by another term, and whose recounts then fail until let go. It
 // counts the checkpoints written since the move (by LeaseCheckpoint, or
@@ -693,14 +710,7 @@ func TestNoCheckpointPastQueuesStillToRecount(t *testing.T) {
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
 	// Inserts only: they need no pre-images, so no batch asks for a full
 	// recount, which would hold the checkpoint back for its own reason.
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i := 0; ctx.Err() == nil; i++ {
-			_, _ = db.Collection(schema.CollTasks).InsertOne(ctx, bson.D{{Key: "queue", Value: queues[i%2]}, {Key: "status", Value: -2}, {Key: "node", Value: -1}})
-		}
-	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	stop := inserter(t, db, queues)
 
 	s.armed.Store(true)
 	require.Eventually(t, s.moved.Load, 10*time.Second, 10*time.Millisecond, "no batch came")
@@ -709,7 +719,69 @@ func TestNoCheckpointPastQueuesStillToRecount(t *testing.T) {
 	require.Zero(t, s.afterMove.Load(), "a checkpoint passed queues still to recount")
 	s.recountsOK.Store(true)
 	require.Eventually(t, func() bool { return s.afterMove.Load() > 0 }, 10*time.Second, 10*time.Millisecond, "no checkpoint once recounted")
-	cancel()
-	wg.Wait()
+	stop()
 	requireExact(t, s.Store, 30*time.Second)
+}
+
+// checkpointHeld is a store whose checkpoints wait at its gate once armed,
+// counting those in flight, and whose next checkpoint, once lose is set,
+// fails as a lost lease would.
+type checkpointHeld struct {
+	*store.Store
+	g                 *gate
+	armed, lose       atomic.Bool
+	inFlight, mostNow atomic.Int64
+}
+
+func (s *checkpointHeld) LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, checkpoint bson.Raw, at bson.Timestamp) error {
+	if s.lose.CompareAndSwap(true, false) {
+		return fmt.Errorf("test: %w", store.ErrLeaseLost)
+	}
+	if s.armed.Load() {
+		n := s.inFlight.Add(1)
+		defer s.inFlight.Add(-1)
+		for m := s.mostNow.Load(); n > m && !s.mostNow.CompareAndSwap(m, n); m = s.mostNow.Load() {
+		}
+		if err := s.g.pass(ctx); err != nil {
+			return err
+		}
+	}
+	return s.Store.LeaseCheckpoint(ctx, ref, checkpoint, at)
+}
+
+// The lease's checkpoint is written off the batches' path: while one is
+// held, batches go on being applied, and no second is started; a
+// checkpoint that finds the lease lost still ends the term.
+func TestACheckpointDoesNotHoldBatchesBack(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	logs := &logBuf{}
+	s := &checkpointHeld{Store: store.New(db, store.Options{}), g: newGate()}
+	t.Cleanup(s.g.open)
+	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	stop := inserter(t, db, queues)
+
+	s.armed.Store(true)
+	select {
+	case <-s.g.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no checkpoint was written")
+	}
+	held := svc.Stats().Batches
+	require.Eventually(t, func() bool { return svc.Stats().Batches >= held+20 }, 20*time.Second, 10*time.Millisecond,
+		"batches stopped while the checkpoint was held")
+	time.Sleep(1500 * time.Millisecond) // over a checkpoint period, batches still coming
+	require.EqualValues(t, 1, s.mostNow.Load(), "a second checkpoint was started while one was in flight")
+	s.g.open()
+	stop()
+	requireExact(t, s.Store, 30*time.Second)
+
+	require.Equal(t, 1, strings.Count(logs.String(), "projector lease acquired"))
+	s.lose.Store(true)
+	inserter(t, db, queues)
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "projector lease acquired") == 2 }, 20*time.Second, 10*time.Millisecond,
+		"the term went on after its checkpoint found the lease lost:\n%s", logs)
+	require.Contains(t, logs.String(), "projector lease lost")
 }
