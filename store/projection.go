@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -560,8 +561,9 @@ func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCoun
 }
 
 // readCounters reads the stored counters of the queues within filter. A
-// counter is there when it is a number as {$type: "number"} matches (the
-// filter CountersAdvance adds under), a decimal or a double too.
+// counter is there when it is a whole number of any numeric type (a double
+// or a decimal too, as the {$type: "number"} CountersAdvance adds under
+// matches); a fraction, or one past 2^53, is not (a recount sets it).
 func (s *Store) readCounters(ctx context.Context, filter bson.D) (map[bson.ObjectID]StoredCounters, error) {
 	cur, err := s.queues.Find(ctx, filter, options.Find().SetProjection(bson.D{
 		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}, {Key: schema.QueueCountFailed, Value: 1},
@@ -578,10 +580,12 @@ func (s *Store) readCounters(ctx context.Context, filter bson.D) (map[bson.Objec
 		}
 		field := func(f string) *int64 {
 			v := cur.Current.Lookup(f)
-			if n, ok := v.AsInt64OK(); ok {
+			switch v.Type {
+			case bson.TypeInt32, bson.TypeInt64:
+				n := v.AsInt64()
 				return &n
 			}
-			if x, ok := schema.Number(v); ok { // a decimal
+			if x, ok := schema.Number(v); ok && x == math.Trunc(x) && math.Abs(x) <= 1<<53 {
 				n := int64(x)
 				return &n
 			}
