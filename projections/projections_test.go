@@ -645,7 +645,8 @@ func inserter(t *testing.T, db *mongo.Database, queues []bson.ObjectID) (stop fu
 type movedOnce struct {
 	*store.Store
 	armed, moved, recountsOK atomic.Bool
-	lastCheckpoint           atomic.Int64 // UnixNano, the last one written before the move
+	movedAt                  atomic.Uint64 // the moved batch's end, T<<32 | I
+	lastCheckpoint           atomic.Int64  // UnixNano, the last one written before the move
 	afterMove, lateBatches   atomic.Int64
 }
 
@@ -659,6 +660,7 @@ func (s *movedOnce) CountersAdvance(ctx context.Context, to store.CounterPositio
 		for _, a := range adv {
 			res.Moved[a.Delta.Queue] = &to // as if another term had applied it
 		}
+		s.movedAt.Store(uint64(to.Time.T)<<32 | uint64(to.Time.I))
 		s.moved.Store(true)
 	} else if !s.recountsOK.Load() && time.Since(time.Unix(0, s.lastCheckpoint.Load())) > 1200*time.Millisecond {
 		s.lateBatches.Add(1)
@@ -673,8 +675,10 @@ func (s *movedOnce) QueueRecount(ctx context.Context, at *bson.Timestamp) (store
 	return s.Store.QueueRecount(ctx, at)
 }
 
-func (s *movedOnce) checkpointed() {
-	if s.moved.Load() {
+// checkpointed counts a checkpoint written at at: past the moved batch,
+// or before it (one started before the move may land after it).
+func (s *movedOnce) checkpointed(at bson.Timestamp) {
+	if s.moved.Load() && uint64(at.T)<<32|uint64(at.I) >= s.movedAt.Load() {
 		s.afterMove.Add(1)
 		return
 	}
@@ -684,7 +688,7 @@ func (s *movedOnce) checkpointed() {
 func (s *movedOnce) LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, checkpoint bson.Raw, at bson.Timestamp) error {
 	err := s.Store.LeaseCheckpoint(ctx, ref, checkpoint, at)
 	if err == nil {
-		s.checkpointed()
+		s.checkpointed(at)
 	}
 	return err
 }
@@ -692,7 +696,7 @@ func (s *movedOnce) LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, che
 func (s *movedOnce) CountersSet(ctx context.Context, p store.CountersSetParams) error {
 	err := s.Store.CountersSet(ctx, p)
 	if err == nil {
-		s.checkpointed()
+		s.checkpointed(p.CheckpointTime)
 	}
 	return err
 }
