@@ -98,7 +98,7 @@ func (g *Graph) listen(ctx context.Context, src Source) {
 		for _, ev := range sb.Events {
 			switch ev.Op {
 			case "drop", "rename", "dropDatabase", "invalidate":
-				why = "a " + ev.Op + " of " + ev.Coll // whatever was there is gone: look again
+				why = "the stream saw a " + ev.Op // whatever was there is gone: look again
 			default:
 				if id, ok := ev.ID.ObjectIDOK(); ok && store.EndsTask(ev) {
 					ended = append(ended, id)

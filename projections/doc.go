@@ -60,7 +60,9 @@
 // and checkpoint with the counters: the lag a batch waits for its write
 // is about a third of what it was; docs/scaling.md.) Readers see each
 // queue's counters move on their own: a task moved between two queues may
-// show in one a moment before the other. The next batch is read while one
+// show in both, or in neither, until the other queue's update lands. The
+// checkpoint is written in the background (no batch waits for it), and
+// not while queues are still to be recounted. The next batch is read while one
 // is written (one batch ahead, dropped when the stream is reopened, which
 // it always is from what was applied).
 //
@@ -102,8 +104,12 @@
 // both values of each (drift should be zero; any is a bug to chase) and
 // repaired. A queue
 // missing a counter is not drift: the recount creates it (and sets the
-// others). The stream goes on just after the recount's moment, so no
-// event it holds is counted again. Without a usable position
+// others). A queue set gets the recount's moment as its position, so no
+// event the recount holds is counted again there: the stream goes on
+// after that moment, and the rest of a transaction whose events a batch
+// cut in two (they share its moment) is skipped for the queues set. A
+// queue left as it was matched the recount, so that rest adds nothing to
+// it. Without a usable position
 // (no checkpoint, lost history, a snapshot too old) it recounts at the
 // present and starts the stream at that time.
 //

@@ -480,8 +480,8 @@ func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 
 // apply folds a batch into per-queue deltas and adds them to the queues'
 // counters in one round trip, each queue's compared on its position
-// (store.CountersAdvance), then writes the lease's checkpoint if the last
-// is checkpointEvery old. A term that starts from an older checkpoint
+// (store.CountersAdvance), then starts writing the lease's checkpoint if
+// the last is checkpointEvery old and no recount is pending. A term that starts from an older checkpoint
 // skips, queue by queue, what the counters already hold (applied).
 func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token bson.Raw) error {
 	deltas := map[bson.ObjectID]*store.CounterDelta{}
@@ -824,9 +824,10 @@ func (p *projector) reconcile(ctx context.Context) error {
 // repair compares a recount with the stored counters and sets those that
 // differ (only the queues in only, when given; with all, every one),
 // fenced by the lease, at the current position (p.token / p.at), which
-// is the recount's moment: the stream goes on after it, so no event the
-// recount holds comes again. A queue set gets that position; one left
-// keeps its own. With exact, any difference is drift and is logged as
+// is the recount's moment. A queue set gets that moment as its position,
+// which covers the events the recount holds: the stream goes on after it,
+// and the rest of a transaction a batch cut in two shares the moment. One
+// left keeps its own (it matched the recount, so that rest adds nothing). With exact, any difference is drift and is logged as
 // such.
 func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.ObjectID]bool, exact, all bool) error {
 	stored, err := p.s.cfg.Store.QueueCounters(ctx)
