@@ -295,11 +295,11 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 
 	out := renderTable(r)
 	require.Contains(t, out, "THROUGHPUT PAIRS: 3 node processes (--tasks) and ceiling: raw batched loop, 3 claimers x 64 (--ceiling-tasks), back to back, the order alternating")
-	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x +140\.0 +12\.0\n`, out)
-	require.Regexp(t, `\n  2 +raw loop +2600 +2000 +yes +1\.30x +95\.5 +0\.00\n`, out)
-	require.Regexp(t, `\n  3 +node processes +1800 +2000 +no: drain timeout +0\.90x +120\.2 +8\.25\n`, out)
+	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x +140\.0 +12\.0 +5\.83x\n`, out)
+	require.Regexp(t, `\n  2 +raw loop +2600 +2000 +yes +1\.30x +95\.5 +0\.00 +-\n`, out)
+	require.Regexp(t, `\n  3 +node processes +1800 +2000 +no: drain timeout +0\.90x +120\.2 +8\.25 +7\.29x\n`, out)
 	require.Contains(t, out, "median of 3")
-	require.Regexp(t, `0\.90x \(0\.80x-1\.30x\), goal >= 1\.0 \(issue 20\) +120\.2, goal <= 100\n`, out)
+	require.Regexp(t, `0\.90x \(0\.80x-1\.30x\), goal >= 1\.0 \(issue 20\) +120\.2, goal <= 100 +6\.56x\n`, out)
 
 	require.Contains(t, strings.Join(sanity(r, quickConfig(t)), "\n"), "pairs reported, none asked for")
 	r.Throughput.Pairs.Rows[1].Raw = 0
@@ -310,7 +310,8 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 1: commit point age p50 3, p95 9, p99 NaN")
 	r.Throughput.Pairs.Rows[1].CommitAge = Latency{}
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 2: the commit point's age was not sampled")
-	require.Regexp(t, `\n  2 +raw loop +2600 +0 +yes +1\.30x +95\.5 +-\n`, renderTable(r), "an unsampled pair shows a dash")
+	require.Regexp(t, `\n  2 +raw loop +2600 +0 +yes +1\.30x +95\.5 +- +-\n`, renderTable(r), "an unsampled pair shows dashes")
+	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x +140\.0 +NaN +-\n`, renderTable(r), "no ratio to a NaN age")
 	r.Throughput.Pairs = nil
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "0 pairs, want 3 (--pairs)")
 	require.NotContains(t, renderTable(r), "THROUGHPUT PAIRS")
@@ -363,13 +364,14 @@ func TestRenderTable(t *testing.T) {
 	for _, want := range []string{
 		`mean pass, 1000 queues / 1 queue +2\.00x\n`, `throughput, 1000 queues / 1 queue +0\.50x\n`,
 		`throughput, max_running 256 \(does not bind: 2 nodes x maxthreads 64\) / no max_running +0\.90x\n`,
-		`commit point age p50 +commit point age p99\n`, `sampled every 20 ms \(no event reaches a change stream younger`, `\n  drain, 3 processes +process 2 of 3 +2900 +11 +22\.0 +85\.0 +3\.00 +12\.0\n`,
+		`commit point age p50 +commit point age p99 +p99 / floor\n`, `sampled every 20 ms \(no event reaches a change stream younger`,
+		`\n  drain, 3 processes +process 2 of 3 +2900 +11 +22\.0 +85\.0 +3\.00 +12\.0 +3\.54x\n`,
 	} {
 		require.Regexp(t, want, out)
 	}
 	// A drain whose commit point was not sampled shows dashes, not zeros.
 	r.Lag[0].CommitAge = Latency{}
-	require.Regexp(t, `\n  drain, 1 node +3000 +10 +20\.0 +80\.0 +- +-\n`, renderTable(r))
+	require.Regexp(t, `\n  drain, 1 node +3000 +10 +20\.0 +80\.0 +- +- +-\n`, renderTable(r))
 	// Numbers are right-aligned under their header.
 	lines := strings.Split(out, "\n")
 	var header, floor string
