@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -376,7 +375,7 @@ type CounterAdvance struct {
 // CountersAdvanced says what CountersAdvance did not apply: Moved, the
 // queues whose position was no longer From (another projector's term moved
 // it; the position it found, nil for none), and Missing, those gone or
-// whose counters are not all numbers (a recount's to make).
+// whose counters are not all integers (a recount's to make).
 type CountersAdvanced struct {
 	Moved   map[bson.ObjectID]*CounterPosition
 	Missing []bson.ObjectID
@@ -386,7 +385,7 @@ type CountersAdvanced struct {
 // position from From to To, in one unordered bulk write with write
 // concern majority: one round trip, no transaction. Each queue's update is
 // atomic and applies only where the position is still From and the four
-// counters are numbers, so its counters move only with its position, and a
+// counters are integers (int32 or int64), so its counters move only with its position, and a
 // stream's events count once in each queue however two projectors' terms
 // overlap: that compare-and-set is the fence, queue by queue (the lease
 // fences the checkpoint, LeaseCheckpoint). A queue found at To already
@@ -396,7 +395,7 @@ func (s *Store) CountersAdvance(ctx context.Context, to CounterPosition, adv []C
 	if len(adv) == 0 {
 		return out, nil
 	}
-	number := bson.D{{Key: "$type", Value: "number"}}
+	integer := bson.D{{Key: "$type", Value: bson.A{"int", "long"}}}
 	models := make([]mongo.WriteModel, 0, len(adv))
 	ids := make(bson.A, 0, len(adv))
 	for _, a := range adv {
@@ -406,8 +405,8 @@ func (s *Store) CountersAdvance(ctx context.Context, to CounterPosition, adv []C
 		}
 		d := a.Delta
 		models = append(models, mongo.NewUpdateOneModel().
-			SetFilter(bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountsApplied, Value: from}, {Key: schema.QueueCountTodo, Value: number},
-				{Key: schema.QueueCountTotal, Value: number}, {Key: schema.QueueCountRunning, Value: number}, {Key: schema.QueueCountFailed, Value: number}}).
+			SetFilter(bson.D{{Key: "_id", Value: d.Queue}, {Key: schema.QueueCountsApplied, Value: from}, {Key: schema.QueueCountTodo, Value: integer},
+				{Key: schema.QueueCountTotal, Value: integer}, {Key: schema.QueueCountRunning, Value: integer}, {Key: schema.QueueCountFailed, Value: integer}}).
 			SetUpdate(bson.D{
 				{Key: "$inc", Value: bson.D{{Key: schema.QueueCountTodo, Value: d.Todo}, {Key: schema.QueueCountTotal, Value: d.Total},
 					{Key: schema.QueueCountRunning, Value: d.Running}, {Key: schema.QueueCountFailed, Value: d.Failed}}},
@@ -537,8 +536,8 @@ func snapshotErr(err error) error {
 	return err
 }
 
-// StoredCounters are a queue's counters as stored: each nil when missing,
-// null or not a number.
+// StoredCounters are a queue's counters as stored: each nil when missing
+// or not an integer (readCounters).
 type StoredCounters struct {
 	Todo, Total, Running, Failed *int64
 	// Applied is how far in the projector's stream the counters go (nil:
@@ -561,9 +560,10 @@ func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCoun
 }
 
 // readCounters reads the stored counters of the queues within filter. A
-// counter is there when it is a whole number of any numeric type (a double
-// or a decimal too, as the {$type: "number"} CountersAdvance adds under
-// matches); a fraction, or one past 2^53, is not (a recount sets it).
+// counter is there when it is an integer (int32 or int64), as
+// CountersAdvance's filter asks before it adds: any other value (a double,
+// even a whole one, a decimal, a string, null) is missing, and a recount
+// sets it (as int64).
 func (s *Store) readCounters(ctx context.Context, filter bson.D) (map[bson.ObjectID]StoredCounters, error) {
 	cur, err := s.queues.Find(ctx, filter, options.Find().SetProjection(bson.D{
 		{Key: schema.QueueCountTodo, Value: 1}, {Key: schema.QueueCountTotal, Value: 1}, {Key: schema.QueueCountRunning, Value: 1}, {Key: schema.QueueCountFailed, Value: 1},
@@ -583,10 +583,6 @@ func (s *Store) readCounters(ctx context.Context, filter bson.D) (map[bson.Objec
 			switch v.Type {
 			case bson.TypeInt32, bson.TypeInt64:
 				n := v.AsInt64()
-				return &n
-			}
-			if x, ok := schema.Number(v); ok && x == math.Trunc(x) && math.Abs(x) <= 1<<53 {
-				n := int64(x)
 				return &n
 			}
 			return nil
