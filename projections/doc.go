@@ -54,17 +54,17 @@
 // transaction fenced by the lease: a deposed leader's fails, and its
 // term ends). About once a second the leader writes the batch's resume
 // token into the lease document, fenced by its epoch, as the checkpoint
-// (in the background: no batch waits for it); a successor resumes there and skips, queue by queue, the events its
+// (in the background: no batch waits for it, only a recount's sets, which
+// write it too; and not while queues are still to be recounted); a
+// successor resumes there and skips, queue by queue, the events its
 // counters already hold. Nothing is applied twice or missed. (Until stop
 // 54 each batch was a transaction of three round trips, the lease's fence
 // and checkpoint with the counters: the lag a batch waits for its write
 // is about a third of what it was; docs/scaling.md.) Readers see each
 // queue's counters move on their own: a task moved between two queues may
 // show in both, or in neither, until the other queue's update lands. The
-// checkpoint is written in the background (no batch waits for it), and
-// not while queues are still to be recounted. The next batch is read while one
-// is written (one batch ahead, dropped when the stream is reopened, which
-// it always is from what was applied).
+// next batch is read while one is written (one batch ahead, dropped when
+// the stream is reopened, which it always is from what was applied).
 //
 // # Old status: the writes' own word, and pre-images
 //

@@ -351,7 +351,7 @@ func (p *projector) run(ctx context.Context) error {
 	}
 	r := startPrefetch(ctx, first)
 	defer func() { r.Close() }()
-	defer func() { _ = p.checkpointed(true) }() // ctx has ended: soon
+	defer func() { _ = p.checkpointed(true) }() // one round trip at most
 	for ctx.Err() == nil {
 		b, err := r.Next(ctx)
 		if err != nil {
@@ -484,6 +484,11 @@ func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 // the last is checkpointEvery old and no recount is pending. A term that starts from an older checkpoint
 // skips, queue by queue, what the counters already hold (applied).
 func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token bson.Raw) error {
+	// The last checkpoint's outcome first: a term that lost its lease
+	// writes nothing more.
+	if err := p.checkpointed(false); err != nil {
+		return err
+	}
 	deltas := map[bson.ObjectID]*store.CounterDelta{}
 	reasons := map[ReasonKey]int64{}
 	at := p.at
@@ -533,9 +538,6 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	// term moved them, or they lack counters): a successor resuming after
 	// it would never read their events again. The recount's transaction
 	// writes the checkpoint with its sets.
-	if err := p.checkpointed(false); err != nil {
-		return err
-	}
 	if token != nil && len(p.recount) == 0 && !p.full && p.checkpointing == nil && p.s.clock.Since(p.lastCheckpoint) >= checkpointEvery {
 		p.checkpoint(ctx, token, at)
 	}
@@ -552,11 +554,19 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 // checkpoint writes the lease's checkpoint in the background, off the
 // batches' path: a round trip of its own, majority-acknowledged, that held
 // one batch a second back. At most one is in flight; a failure (the lease
-// lost) ends the term at the next batch, as it did in line.
+// lost) ends the term before the next batch is written (a deposed term
+// may have written one batch more meanwhile, which each queue's position
+// fences).
 func (p *projector) checkpoint(ctx context.Context, token bson.Raw, at bson.Timestamp) {
 	done := make(chan error, 1)
 	p.checkpointing, p.lastCheckpoint = done, p.s.clock.Now()
-	go func() { done <- p.s.cfg.Store.LeaseCheckpoint(ctx, p.ref, token, at) }()
+	go func() {
+		if err := p.s.cfg.Store.LeaseCheckpoint(ctx, p.ref, token, at); err != nil {
+			done <- fmt.Errorf("write the checkpoint: %w", err)
+			return
+		}
+		done <- nil
+	}()
 }
 
 // checkpointed collects the checkpoint in flight, if any: with wait, once
