@@ -312,6 +312,9 @@ func TestThroughputPairsAreSummedUpRenderedAndChecked(t *testing.T) {
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "pair 2: the commit point's age was not sampled")
 	require.Regexp(t, `\n  2 +raw loop +2600 +0 +yes +1\.30x +95\.5 +- +-\n`, renderTable(r), "an unsampled pair shows dashes")
 	require.Regexp(t, `\n  1 +node processes +2000 +2500 +yes +0\.80x +140\.0 +NaN +-\n`, renderTable(r), "no ratio to a NaN age")
+	r.Throughput.Pairs.Rows[2].LagP99 = math.NaN()
+	require.Regexp(t, `\n  3 +node processes +1800 +2000 +no: drain timeout +0\.90x +NaN +8\.25 +-\n`, renderTable(r), "no ratio of a NaN lag")
+	require.Regexp(t, `goal <= 100 +-\n`, renderTable(r), "no median without a ratio")
 	r.Throughput.Pairs = nil
 	require.Contains(t, strings.Join(sanity(r, c), "\n"), "0 pairs, want 3 (--pairs)")
 	require.NotContains(t, renderTable(r), "THROUGHPUT PAIRS")
@@ -364,7 +367,7 @@ func TestRenderTable(t *testing.T) {
 	for _, want := range []string{
 		`mean pass, 1000 queues / 1 queue +2\.00x\n`, `throughput, 1000 queues / 1 queue +0\.50x\n`,
 		`throughput, max_running 256 \(does not bind: 2 nodes x maxthreads 64\) / no max_running +0\.90x\n`,
-		`commit point age p50 +commit point age p99 +p99 / floor\n`, `sampled every 20 ms \(no event reaches a change stream younger`,
+		`commit point age p50 +commit point age p99 +p99 / 2x age\n`, `sampled every 20 ms \(no event reaches a change stream younger`,
 		`\n  drain, 3 processes +process 2 of 3 +2900 +11 +22\.0 +85\.0 +3\.00 +12\.0 +3\.54x\n`,
 	} {
 		require.Regexp(t, want, out)

@@ -161,8 +161,8 @@ func renderTable(r *Report) string {
 		t.render(&b)
 		if p := tp.Pairs; p != nil && len(p.Rows) > 0 {
 			t = table{title: fmt.Sprintf("THROUGHPUT PAIRS: 3 node processes (--tasks) and %s, %s (--ceiling-tasks), back to back, the order alternating", whatBatched, batchedConcurrency(3)),
-				header: []string{"pair", "first", "node processes tasks/s", "raw loop tasks/s", "all drained", "ratio", "their lag p99, ms", "commit point age p99, ms", "lag p99 / floor"}}
-			var floors []float64
+				header: []string{"pair", "first", "node processes tasks/s", "raw loop tasks/s", "all drained", "ratio", "their lag p99, ms", "commit point age p99, ms", "p99 / 2x age"}}
+			var overs []float64
 			for _, x := range p.Rows {
 				first, all := "raw loop", "yes"
 				if x.NodeFirst {
@@ -171,24 +171,24 @@ func renderTable(r *Report) string {
 				if !x.Complete {
 					all = "no: drain timeout"
 				}
-				f, ok := overFloor(x.LagP99, x.CommitAge)
+				f, ok := overAge(x.LagP99, x.CommitAge)
 				if ok {
-					floors = append(floors, f)
+					overs = append(overs, f)
 				}
-				t.add(strconv.Itoa(x.Pair), first, frate(x.Node), frate(x.Raw), all, fx(x.Ratio), fms(x.LagP99), fage(x.CommitAge, x.CommitAge.P99), ffloor(f, ok))
+				t.add(strconv.Itoa(x.Pair), first, frate(x.Node), frate(x.Raw), all, fx(x.Ratio), fms(x.LagP99), fage(x.CommitAge, x.CommitAge.P99), fover(f, ok))
 			}
 			t.add(fmt.Sprintf("median of %d", len(p.Rows)), "", "", "", "", fmt.Sprintf("%s (%s-%s), goal >= 1.0 (issue 20)", fx(p.Median), fx(p.Min), fx(p.Max)),
-				fmt.Sprintf("%s, goal <= 100", fms(p.LagMedian)), "", ffloor(median(floors), len(floors) > 0))
+				fmt.Sprintf("%s, goal <= 100", fms(p.LagMedian)), "", fover(median(overs), len(overs) > 0))
 			t.render(&b)
 		}
 	}
 
 	if len(r.Lag) > 0 {
-		t := table{title: fmt.Sprintf("PROJECTION LAG, ms: change event to the commit of its batch, every event of the node drains (each started once a projector was steady); beside it the majority commit point's age, sampled every %d ms (no event reaches a change stream younger, and a batch's majority commit waits about as long again: twice it is a rough floor for MongoDB's part, and the last column is the lag p99 over twice the age's p99)", commitAgeEvery.Milliseconds()),
-			header: []string{"run", "projector", "events", "batches", "p50", "p99", "commit point age p50", "commit point age p99", "p99 / floor"}}
+		t := table{title: fmt.Sprintf("PROJECTION LAG, ms: change event to the commit of its batch, every event of the node drains (each started once a projector was steady); beside it the majority commit point's age, sampled every %d ms (no event reaches a change stream younger, and a batch's majority commit waits about as long again: twice it is a rough measure of MongoDB's part, not a bound, and the last column is the lag p99 over twice the age's p99)", commitAgeEvery.Milliseconds()),
+			header: []string{"run", "projector", "events", "batches", "p50", "p99", "commit point age p50", "commit point age p99", "p99 / 2x age"}}
 		for _, l := range r.Lag {
 			t.add(l.Run, l.Leader, strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Batches, 10), fms(l.P50), fms(l.P99), fage(l.CommitAge, l.CommitAge.P50), fage(l.CommitAge, l.CommitAge.P99),
-				ffloor(overFloor(l.P99, l.CommitAge)))
+				fover(overAge(l.P99, l.CommitAge)))
 		}
 		t.render(&b)
 	}
@@ -236,19 +236,21 @@ func renderTable(r *Report) string {
 	return b.String()
 }
 
-// overFloor is a lag p99 over its rough floor, twice the commit point
-// age's p99 in the same drain (a change event reaches the stream only
-// once the majority commit point passes it, and the batch's majority
-// write waits about as long again); not ok without samples.
-func overFloor(lagP99 float64, age Latency) (float64, bool) {
-	if age.N == 0 || !(age.P99 > 0) { // NaN too
+// overAge is a lag p99 over twice the commit point age's p99 in the same
+// drain, a rough measure of MongoDB's part of the lag (a change event
+// reaches the stream only once the majority commit point passes it, and
+// the batch's majority write waits about as long again; the ages are
+// sampled, not the events' own waits, so a lag can come in under it);
+// not ok without samples or a lag.
+func overAge(lagP99 float64, age Latency) (float64, bool) {
+	if age.N == 0 || !(age.P99 > 0) || !(lagP99 > 0) { // NaN too
 		return 0, false
 	}
 	return lagP99 / (2 * age.P99), true
 }
 
-// ffloor formats overFloor's ratio, "-" when there is none.
-func ffloor(v float64, ok bool) string {
+// fover formats overAge's ratio, "-" when there is none.
+func fover(v float64, ok bool) string {
 	if !ok {
 		return "-"
 	}
