@@ -481,8 +481,9 @@ func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 // apply folds a batch into per-queue deltas and adds them to the queues'
 // counters in one round trip, each queue's compared on its position
 // (store.CountersAdvance), then starts writing the lease's checkpoint if
-// the last is checkpointEvery old and no recount is pending. A term that starts from an older checkpoint
-// skips, queue by queue, what the counters already hold (applied).
+// the last is checkpointEvery old and no recount is pending. A term that
+// starts from an older checkpoint skips, queue by queue, what the counters
+// already hold (applied).
 func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token bson.Raw) error {
 	// The last checkpoint's outcome first: a term that lost its lease
 	// writes nothing more.
@@ -837,8 +838,8 @@ func (p *projector) reconcile(ctx context.Context) error {
 // is the recount's moment. A queue set gets that moment as its position,
 // which covers the events the recount holds: the stream goes on after it,
 // and the rest of a transaction a batch cut in two shares the moment. One
-// left keeps its own (it matched the recount, so that rest adds nothing). With exact, any difference is drift and is logged as
-// such.
+// left keeps its own (it matched the recount, so that rest adds nothing).
+// With exact, any difference is drift and is logged as such.
 func (p *projector) repair(ctx context.Context, rc store.Recount, only map[bson.ObjectID]bool, exact, all bool) error {
 	stored, err := p.s.cfg.Store.QueueCounters(ctx)
 	if err != nil {
