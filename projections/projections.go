@@ -397,9 +397,19 @@ func (p *projector) run(ctx context.Context) error {
 			caughtUp = true
 		}
 		onCatchUp := caughtUp && reconcileOnCatchUp
-		if onCatchUp || p.full || len(p.recount) > 0 || clk.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery {
+		periodic := clk.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery
+		// A recount waits for a batch that held all there was: a reply
+		// cut short by MaxBatch can end inside a transaction (its events
+		// share one moment), and a recount at that moment would hold the
+		// whole of it where the counters hold part, and call the
+		// difference drift. While the projector is behind, its recounts
+		// wait.
+		if b.CaughtUp && (onCatchUp || periodic || p.full || len(p.recount) > 0) {
+			if onCatchUp || periodic {
+				p.full = true // every queue
+			}
 			if onCatchUp {
-				p.full, reconcileOnCatchUp = true, false
+				reconcileOnCatchUp = false
 			}
 			err := p.reconcile(ctx)
 			if err == nil || errors.Is(err, errReposition) {

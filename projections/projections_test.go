@@ -789,3 +789,61 @@ func TestACheckpointDoesNotHoldBatchesBack(t *testing.T) {
 		"the term went on after its checkpoint found the lease lost:\n%s", logs)
 	require.Contains(t, logs.String(), "projector lease lost")
 }
+
+// A reply cut short by MaxBatch can end inside a transaction (its events
+// share one moment). A recount at that moment holds the whole transaction
+// while the counters hold part of it, and would log the difference as
+// drift: so a recount waits for a batch that held all there was.
+func TestNoDriftFromABatchThatCutATransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	logs := &logBuf{}
+	q := newQueue(t, db, "a", 0, true)
+	// A recount after every batch it may follow, and replies of 100.
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond, MaxBatch: 100, ReconcileEvery: time.Nanosecond, Logger: logger(logs)})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+
+	batches := svc.Stats().Batches
+	sess, err := db.Client().StartSession()
+	require.NoError(t, err)
+	defer sess.EndSession(ctx)
+	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+		docs := make([]any, 250)
+		for i := range docs {
+			docs[i] = bson.D{{Key: "queue", Value: q}, {Key: "status", Value: -2}, {Key: "node", Value: -1}}
+		}
+		return db.Collection(schema.CollTasks).InsertMany(ctx, docs)
+	})
+	require.NoError(t, err)
+	requireExact(t, s, 20*time.Second)
+	require.Eventually(t, func() bool { return !svc.Stats().Committing && svc.Stats().Events >= 250 }, 10*time.Second, 10*time.Millisecond)
+	require.GreaterOrEqual(t, svc.Stats().Batches-batches, int64(3), "the transaction's 250 events came in fewer than three batches: nothing was cut")
+	require.Zero(t, svc.Stats().DriftQueues, "a recount took the cut transaction for drift:\n%s", logs)
+	require.NotContains(t, logs.String(), "counter drift repaired")
+}
+
+// The periodic recount checks every queue: counters changed by hand
+// (drift) are repaired, and counted as drift, without any event of
+// their queue to trigger it.
+func TestThePeriodicRecountRepairsEveryQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	logs := &logBuf{}
+	q := newQueue(t, db, "a", 0, true)
+	insertBurst(t, db, q, 0, 5, func(int) any { return -2 })
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond, ReconcileEvery: 300 * time.Millisecond, Logger: logger(logs)})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	requireExact(t, s, 10*time.Second)
+	require.Zero(t, svc.Stats().DriftQueues)
+
+	// Changed by hand: no event of the projector's stream says so.
+	_, err := db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: q}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: int64(999)}}}})
+	require.NoError(t, err)
+	requireExact(t, s, 10*time.Second)
+	require.EqualValues(t, 1, svc.Stats().DriftQueues, "the repair was not counted as drift:\n%s", logs)
+	require.Contains(t, logs.String(), "counter drift repaired")
+}
