@@ -99,7 +99,10 @@
 // them, or one from before count_running or count_failed, which thus gets
 // it — and every ReconcileEvery (10 minutes), the projector recounts with
 // one aggregation read as a snapshot at the cluster time of the last event
-// it applied, so the recount and the counters describe the same moment.
+// it applied, so the recount and the counters describe the same moment
+// (every queue at a term's start and every ReconcileEvery; the queues
+// concerned otherwise), once a batch held all there was (a reply cut
+// short can end inside a transaction).
 // Differences in any of the four are logged as drift with the queue and
 // both values of each (drift should be zero; any is a bug to chase) and
 // repaired. A queue
