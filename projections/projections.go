@@ -824,7 +824,9 @@ func (p *projector) reconcile(ctx context.Context) error {
 	at := p.at
 	rc, err := p.s.cfg.Store.QueueRecount(ctx, &at)
 	if errors.Is(err, store.ErrSnapshotTooOld) {
-		p.s.log.Warn("the projector is too far behind for an exact recount: recounting at the present", "error", err)
+		// Behind by more than the server keeps snapshots for, or idle
+		// that long (no event has moved the position since).
+		p.s.log.Warn("the projector's last event is older than the server's snapshot history (it is far behind, or no task changed since): recounting at the present", "error", err)
 		p.token, p.at = nil, bson.Timestamp{}
 		return errReposition
 	}
