@@ -797,13 +797,9 @@ func TestACheckpointDoesNotHoldBatchesBack(t *testing.T) {
 func TestNoDriftFromABatchThatCutATransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := mongotest.Database(t)
-	s := store.New(db, store.Options{})
-	logs := &logBuf{}
-	q := newQueue(t, db, "a", 0, true)
 	// A recount after every batch it may follow, and replies of 100.
-	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond, MaxBatch: 100, ReconcileEvery: time.Nanosecond, Logger: logger(logs)})
-	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	r := steadyWithAQueue(t, projections.Config{MaxBatch: 100, ReconcileEvery: time.Nanosecond})
+	db, s, logs, q, svc := r.db, r.s, r.logs, r.q, r.svc
 
 	batches := svc.Stats().Batches
 	sess, err := db.Client().StartSession()
@@ -830,13 +826,9 @@ func TestNoDriftFromABatchThatCutATransaction(t *testing.T) {
 func TestThePeriodicRecountRepairsEveryQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := mongotest.Database(t)
-	s := store.New(db, store.Options{})
-	logs := &logBuf{}
-	q := newQueue(t, db, "a", 0, true)
+	r := steadyWithAQueue(t, projections.Config{ReconcileEvery: 300 * time.Millisecond})
+	db, s, logs, q, svc := r.db, r.s, r.logs, r.q, r.svc
 	insertBurst(t, db, q, 0, 5, func(int) any { return -2 })
-	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond, ReconcileEvery: 300 * time.Millisecond, Logger: logger(logs)})
-	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
 	requireExact(t, s, 10*time.Second)
 	require.Zero(t, svc.Stats().DriftQueues)
 
@@ -847,4 +839,27 @@ func TestThePeriodicRecountRepairsEveryQueue(t *testing.T) {
 	// Counted just after the repair's commit.
 	require.Eventually(t, func() bool { return svc.Stats().DriftQueues == 1 }, 5*time.Second, 10*time.Millisecond, "the repair was not counted as drift:\n%s", logs)
 	require.Contains(t, logs.String(), "counter drift repaired")
+}
+
+// steadyRun is a projector, steady, over a fresh database with one queue.
+type steadyRun struct {
+	db   *mongo.Database
+	s    *store.Store
+	logs *logBuf
+	q    bson.ObjectID
+	svc  *projections.Service
+}
+
+// steadyWithAQueue starts a projector with cfg (pre-images off as soon as
+// it may, its log kept) over a fresh database with one queue whose
+// counters are zero, and waits until it is steady.
+func steadyWithAQueue(t *testing.T, cfg projections.Config) steadyRun {
+	t.Helper()
+	r := steadyRun{db: mongotest.Database(t), logs: &logBuf{}}
+	r.s = store.New(r.db, store.Options{})
+	r.q = newQueue(t, r.db, "a", 0, true)
+	cfg.PreImagesIdle, cfg.Logger = time.Nanosecond, logger(r.logs)
+	r.svc = started(t, r.s, cfg)
+	require.Eventually(t, func() bool { return r.svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	return r
 }
