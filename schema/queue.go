@@ -91,6 +91,19 @@ const (
 	QueueNodesIgnore   = "nodes_ignore"
 )
 
+// Counter is a queue's projected counter (count_todo, count_total,
+// count_running, count_failed) as stored, when it is one: an int32 or an
+// int64. Any other value (missing, null, a double, a decimal, a string)
+// is not one yet: the projector adds only to integers, and a recount sets
+// the rest; GET /queues counts such a queue's tasks instead.
+func Counter(v bson.RawValue) (int64, bool) {
+	switch v.Type {
+	case bson.TypeInt32, bson.TypeInt64:
+		return v.AsInt64(), true
+	}
+	return 0, false
+}
+
 // DecodeQueue decodes a queues document.
 func DecodeQueue(raw bson.Raw) (Queue, error) {
 	r := newReader(CollQueues, raw)

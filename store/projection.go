@@ -560,7 +560,7 @@ func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCoun
 }
 
 // readCounters reads the stored counters of the queues within filter. A
-// counter is there when it is an integer (int32 or int64), as
+// counter is there when it is an integer (schema.Counter), as
 // CountersAdvance's filter asks before it adds: any other value (a double,
 // even a whole one, a decimal, a string, null) is missing, and a recount
 // sets it (as int64).
@@ -579,10 +579,7 @@ func (s *Store) readCounters(ctx context.Context, filter bson.D) (map[bson.Objec
 			continue
 		}
 		field := func(f string) *int64 {
-			v := cur.Current.Lookup(f)
-			switch v.Type {
-			case bson.TypeInt32, bson.TypeInt64:
-				n := v.AsInt64()
+			if n, ok := schema.Counter(cur.Current.Lookup(f)); ok {
 				return &n
 			}
 			return nil

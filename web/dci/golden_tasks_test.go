@@ -14,6 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/internal/mongotest"
+	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/web/dci"
 )
@@ -276,6 +277,24 @@ func TestGoldenTasks(t *testing.T) {
 		{name: "queue counts", method: "GET", path: "/queues/q1", status: 200,
 			want: `{"completed":3,"id":"{{q1}}","name":"q1","plugin":"Disbatch::Plugin::Demo","queued":2,"running":2,"threads":null}`},
 	})
+
+	// The same answer from projected counters (queued = count_todo -
+	// running, completed = count_total - count_todo) while they are
+	// integers; any other value (here doubles another program wrote, 6.5
+	// and 9, which would read as queued 4) is not a counter, and the
+	// queue is counted the 4.103 way.
+	counters := func(todo, total any) {
+		_, err := b.db.Collection(schema.CollQueues).UpdateOne(context.Background(), bson.D{{Key: "name", Value: "q1"}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: todo}, {Key: schema.QueueCountTotal, Value: total}}}})
+		require.NoError(t, err)
+	}
+	counts := exchange{name: "queue counts from the counters", method: "GET", path: "/queues/q1", status: 200,
+		want: `{"completed":3,"id":"{{q1}}","name":"q1","plugin":"Disbatch::Plugin::Demo","queued":2,"running":2,"threads":null}`}
+	counters(int64(4), int32(7))
+	b.run([]exchange{counts})
+	counters(6.5, 9.0)
+	counts.name = "queue counts beside counters that are not integers"
+	b.run([]exchange{counts})
 }
 
 // TestGoldenLegacyRoutes: Disbatch::Web::Tasks as the real 4.103 answered

@@ -18,8 +18,9 @@ import (
 // counts from the projected counters (count_todo: status <= 0, count_total)
 // and the running tasks (-1 and 0, on any node) counted in one aggregation:
 // queued = count_todo - running, completed = count_total - count_todo. A
-// queue whose counters do not exist yet (no node has projected it) is
-// counted the 4.103 way.
+// queue whose counters are not there yet (no node has projected it), or
+// are not integers (schema.Counter: a value another program wrote, until
+// the projector's recount), is counted the 4.103 way.
 func (h *Handler) queueReport(ctx context.Context) ([]obj, error) {
 	// The two reads are independent: one round trip's time, not two.
 	var running map[bson.ObjectID]int64
@@ -49,8 +50,8 @@ func (h *Handler) queueReport(ctx context.Context) ([]obj, error) {
 			"plugin":  fieldOr(d, schema.QueuePlugin, schema.QueueConstructor),
 			"threads": fieldOr(d, schema.QueueThreads, schema.QueueMaxThreads),
 		}
-		todo, okTodo := d.Lookup(schema.QueueCountTodo).AsInt64OK()
-		total, okTotal := d.Lookup(schema.QueueCountTotal).AsInt64OK()
+		todo, okTodo := schema.Counter(d.Lookup(schema.QueueCountTodo))
+		total, okTotal := schema.Counter(d.Lookup(schema.QueueCountTotal))
 		if okTodo && okTotal {
 			run := running[id]
 			o["running"] = run
