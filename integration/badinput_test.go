@@ -580,11 +580,16 @@ func testBadDocuments(t *testing.T) {
 		{name: "queue/_id a string", coll: "queues", docs: badOne(func(e *badDocEnv) bson.D { return e.queue(badKV("_id", "queue-"+bson.NewObjectID().Hex())) }),
 			log: []string{"msg=malformed queue ignored", `queues document string "{id}": field "_id": want an ObjectId, got string "{id}"`}},
 		// Tolerated: an unknown sort is the default order; counters that
-		// are not numbers are recounted.
+		// are not non-negative integers are recounted, and the queue is
+		// served meanwhile (a counter is a projection, not an order).
 		{name: "queue/unknown sort", coll: "queues", docs: badOne(func(e *badDocEnv) bson.D { return e.queue(badKV("sort", "random")) }),
 			fate: fateSucceeded, log: []string{"msg=queue", "queue={qname}", `reason=unknown sort "random": using the default order`}},
 		{name: "queue/count_todo a string", coll: "queues", docs: badOne(func(e *badDocEnv) bson.D {
 			return e.queue(badKV("count_todo", "lots"), badKV("count_total", "many"))
+		}),
+			fate: fateSucceeded, log: []string{"msg=queue counters created by a recount", "queue={id}"}},
+		{name: "queue/count_todo a fraction, count_running negative", coll: "queues", docs: badOne(func(e *badDocEnv) bson.D {
+			return e.queue(badKV("count_todo", 2.5), badKV("count_total", 3), badKV("count_running", -1), badKV("count_failed", 0))
 		}),
 			fate: fateSucceeded, log: []string{"msg=queue counters created by a recount", "queue={id}"}},
 

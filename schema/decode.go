@@ -166,6 +166,24 @@ func (r *reader) count(names ...string) *int64 {
 	return &i
 }
 
+// counter reads a projected counter: a non-negative int32 or int64
+// (Counter), or nil when missing, null or anything else. A counter is a
+// projection, not an order, so a bad one never makes the queue malformed:
+// its count is unknown, with a warning, until the projector's recount
+// sets it (as it does any counter Counter refuses).
+func (r *reader) counter(name string) *int64 {
+	_, v, ok := r.lookup(name)
+	if !ok {
+		return nil
+	}
+	i, ok := Counter(v)
+	if !ok || i < 0 {
+		r.warn("%s: want a non-negative integer counter, got %s: unknown until the counter projector recounts the queue", name, describe(v))
+		return nil
+	}
+	return &i
+}
+
 // maxThreads reads a non-negative integer or null. Strings of digits are
 // accepted because the Disbatch 4 web form may store them.
 func (r *reader) maxThreads(names ...string) *int {
