@@ -171,25 +171,26 @@ func (s *Store) LeaseSessionStart(ctx context.Context, ref LeaseRef) (*LeaseSess
 		err = fmt.Errorf("lease %s at epoch %d: %w", ref.Name, ref.Epoch, ErrLeaseLost)
 	}
 	if err != nil {
-		sess.EndSession(context.WithoutCancel(ctx))
+		// Perhaps recorded all the same (the answer was lost): dropped,
+		// never given back to the driver, whose next operations a
+		// successor's kill would reach.
 		return nil, err
 	}
 	return &LeaseSession{s: s, lease: ref.Name, sess: sess}, nil
 }
 
-// End ends the session, aborting a transaction left open in it, and takes
-// its id off the lease: the driver hands the id on to its later
-// operations, which a successor's kill must not reach. A nil session does
-// nothing.
+// End retires the session (retireSessions), which aborts a transaction
+// left open in it, and takes its id off the lease. The id never goes back
+// to the driver: a successor may have read it from the lease before it
+// left, and kill it after. A nil session does nothing.
 func (ls *LeaseSession) End(ctx context.Context) {
 	if ls == nil {
 		return
 	}
-	id := ls.sess.ID()
-	ls.sess.EndSession(ctx) // first: it may hold the lease's lock
-	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_ = ls.s.leaseSessionForget(fctx, ls.lease, id)
+	ls.s.retireSessions(ctx, ls.sess) // first: it may hold the lease's lock
+	_ = ls.s.leaseSessionForget(ctx, ls.lease, ls.sess.ID())
 }
 
 // txnSession is the session a transaction runs in: the lease term's when

@@ -34,9 +34,9 @@ const CollSessions = "disbatch_sessions"
 const sessionIdle = 10 * time.Minute
 
 // sessionPool holds a node's recorded sessions not in use. A recorded
-// session is never ended while its record exists: an ended session's id
-// goes back to the driver's pool, which reuses it for other operations,
-// and a kill of the record would kill those.
+// session is never given back to the driver's pool, which would reuse its
+// id for other operations that a kill of the record would kill: it is
+// retired (retireSessions) once its record is gone.
 type sessionPool struct {
 	node  string
 	mu    sync.Mutex
@@ -113,9 +113,9 @@ func (s *Store) giveBack(ctx context.Context, ps pooledSession, broken bool) {
 	s.endPooled(ctx, []pooledSession{ps})
 }
 
-// endPooled removes the sessions' records, then ends them. A session whose
-// record may remain (the delete failed) is dropped without being ended: the
-// server forgets it after 30 idle minutes, and no one reuses its id.
+// endPooled removes the sessions' records, then retires them (see
+// retireSessions). A session whose record may remain (the delete failed)
+// is dropped as it is: the server forgets it after 30 idle minutes.
 func (s *Store) endPooled(ctx context.Context, ss []pooledSession) {
 	if len(ss) == 0 {
 		return
@@ -123,15 +123,35 @@ func (s *Store) endPooled(ctx context.Context, ss []pooledSession) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	ids := make(bson.A, len(ss))
+	sessions := make([]*mongo.Session, len(ss))
 	for i, ps := range ss {
 		ids[i] = ps.sess.ID().Lookup("id")
+		sessions[i] = ps.sess
 	}
 	if _, err := s.db.Collection(CollSessions).DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}); err != nil {
 		return
 	}
-	for _, ps := range ss {
-		ps.sess.EndSession(ctx)
+	s.retireSessions(ctx, sessions...)
+}
+
+// retireSessions ends sessions whose ids were recorded for others to kill
+// (a node's, a lease term's) without ever giving the ids back to the
+// driver: EndSession would, and the driver hands a pooled id to this
+// process's next operations. A kill that read the record before it was
+// removed can arrive after that, and would interrupt an unrelated
+// operation ("operation was interrupted"). So the sessions are killed
+// here (which aborts a transaction left open and frees its locks, as
+// EndSession's abort would) and then dropped: the server forgets a killed
+// session, and the driver never sees the id again.
+func (s *Store) retireSessions(ctx context.Context, sessions ...*mongo.Session) {
+	lsids := make(bson.A, len(sessions))
+	for i, sess := range sessions {
+		lsids[i] = sess.ID()
 	}
+	// A kill refused (another user's session, without killAnySession) or
+	// lost leaves a session the server forgets after 30 idle minutes and
+	// a transaction it aborts at its lifetime limit.
+	_ = s.db.Client().Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: lsids}}).Err()
 }
 
 // OpenSessions lets a Store from ForNode pool its sessions again after an

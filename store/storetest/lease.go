@@ -50,7 +50,7 @@ func testLeaseAcquireRenewRelease(t *testing.T, newStore Factory) {
 }
 
 func testLeaseSession(t *testing.T, newStore Factory) {
-	s, _ := newStore(t, store.Options{})
+	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	l, err := s.LeaseAcquire(ctx, store.LeaseAcquireParams{Name: "l", Owner: "a", TTL: time.Minute})
 	require.NoError(t, err)
@@ -77,12 +77,15 @@ func testLeaseSession(t *testing.T, newStore Factory) {
 	require.Equal(t, int64(3), *counters[q.ID].Running)
 	require.Equal(t, int64(3), *counters[q.ID].Failed)
 
-	// At the end of the term its id leaves the lease: the driver reuses
-	// the id for other operations, which no successor may kill.
+	// At the end of the term its id leaves the lease, and never goes back
+	// to the driver, which would hand it to other operations that a
+	// successor, having read the lease before, could kill.
+	id := got.Session.Lookup("id").String()
 	sess.End(ctx)
 	got, err = s.LeaseGet(ctx, "l")
 	require.NoError(t, err)
 	require.Empty(t, got.Session)
+	requireIDsNotReused(t, db, id)
 }
 
 // abandon opens a transaction that writes the lease document in a session

@@ -121,12 +121,35 @@ func testForNodeRecordsItsSessions(t *testing.T, newStore Factory) {
 	require.LessOrEqual(t, errs, 1, "at most the claim in the killed session fails")
 	require.Len(t, records(), 1, "the session in use is recorded")
 
+	used := records()
 	ns.EndSessions(ctx)
 	require.Empty(t, records(), "ended and forgotten")
+	requireIDsNotReused(t, db, used...)
 	require.NoError(t, claim(), "a transaction after the end still runs")
 	require.Empty(t, records(), "in a session ended at once")
 	ns.OpenSessions()
 	require.NoError(t, claim())
 	require.Len(t, records(), 1, "pooled again after OpenSessions")
 	ns.EndSessions(ctx)
+}
+
+// requireIDsNotReused fails when the driver hands out one of ids (as the
+// String of an lsid's id) to a new session: a recorded session's id must
+// never go back to its pool, since a kill that read the record may still
+// come. The driver's pool gives out the session returned last first, so
+// an id given back just now is among the first few.
+func requireIDsNotReused(t *testing.T, db *mongo.Database, ids ...any) {
+	t.Helper()
+	var held []*mongo.Session
+	defer func() {
+		for _, sess := range held {
+			sess.EndSession(context.Background())
+		}
+	}()
+	for range 32 {
+		sess, err := db.Client().StartSession()
+		require.NoError(t, err)
+		held = append(held, sess)
+		require.NotContains(t, ids, sess.ID().Lookup("id").String(), "a retired session's id was given to a new session")
+	}
 }
