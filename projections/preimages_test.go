@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,18 +211,33 @@ func TestSteadyOnlyOnceCaughtUpAndReconciled(t *testing.T) {
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once it is done")
 }
 
-// recountFailsOnce is a store whose first recount at a stream position
-// (the reconcile on catching up) fails.
-type recountFailsOnce struct {
+// recountFails is a store whose first fails recounts at a stream
+// position (the reconcile on catching up, then its retries) fail; tries
+// records when each such recount came.
+type recountFails struct {
 	*store.Store
-	failed atomic.Bool
+	fails int
+	mu    sync.Mutex
+	tries []time.Time
 }
 
-func (s *recountFailsOnce) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
-	if at != nil && s.failed.CompareAndSwap(false, true) {
-		return store.Recount{}, errors.New("connection reset (a test's)")
+func (s *recountFails) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
+	if at != nil {
+		s.mu.Lock()
+		s.tries = append(s.tries, time.Now())
+		fail := len(s.tries) <= s.fails
+		s.mu.Unlock()
+		if fail {
+			return store.Recount{}, errors.New("connection reset (a test's)")
+		}
 	}
 	return s.Store.QueueRecount(ctx, at)
+}
+
+func (s *recountFails) triesSoFar() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.tries)
 }
 
 // TestSteadyAfterAFailedCatchUpReconcileIsRetried: a reconcile on catching
@@ -230,11 +245,28 @@ func (s *recountFailsOnce) QueueRecount(ctx context.Context, at *bson.Timestamp)
 func TestSteadyAfterAFailedCatchUpReconcileIsRetried(t *testing.T) {
 	t.Parallel()
 	db := mongotest.Database(t)
-	s := &recountFailsOnce{Store: store.New(db, store.Options{})}
+	s := &recountFails{Store: store.New(db, store.Options{}), fails: 1}
 	newQueue(t, db, "q", 0, true)
 	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
-	require.Eventually(t, func() bool { return s.failed.Load() }, 10*time.Second, 10*time.Millisecond, "the reconcile on catching up never ran")
+	require.Eventually(t, func() bool { return len(s.triesSoFar()) > 0 }, 10*time.Second, 10*time.Millisecond, "the reconcile on catching up never ran")
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once its retry succeeds")
+}
+
+// TestAFailingRecountBacksOff: the tries of a failing recount are spaced
+// (1 s, then 2 s, each within a fifth), not made at every batch that
+// caught up (about every 500 ms when idle), and the first to succeed
+// makes the term steady.
+func TestAFailingRecountBacksOff(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	s := &recountFails{Store: store.New(db, store.Options{}), fails: 2}
+	newQueue(t, db, "q", 0, true)
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "steady once a retry succeeds")
+	tries := s.triesSoFar()
+	require.Len(t, tries, 3, "two failures and the success")
+	require.GreaterOrEqual(t, tries[1].Sub(tries[0]), 800*time.Millisecond, "the first retry waits about a second")
+	require.GreaterOrEqual(t, tries[2].Sub(tries[1]), 1600*time.Millisecond, "the second about two")
 }
 
 // applyHeld is a store whose batches' counter writes wait at its gate.

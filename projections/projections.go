@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/internal/clock"
@@ -309,6 +310,10 @@ type projector struct {
 	unknown       bool
 	lastReconcile time.Time
 	lastCommit    time.Time
+	// retry spaces the tries of a failing recount; retryAt: the next
+	// one (zero when the last one did not fail).
+	retry   backoff.BackOff
+	retryAt time.Time
 	// preImages: pre-images are on (as this term last set them); foreign:
 	// the batch being applied holds a change another program made;
 	// lastForeign: when the last such batch was applied.
@@ -338,6 +343,7 @@ func (p *projector) run(ctx context.Context) error {
 	p.setPreImages(ctx, true, "a term starts with them on")
 	caughtUp := false
 	reconcileOnCatchUp := true
+	p.retry = recountRetry()
 	stored, err := p.s.cfg.Store.QueueCounters(ctx)
 	if err != nil {
 		return err
@@ -404,7 +410,7 @@ func (p *projector) run(ctx context.Context) error {
 		// whole of it where the counters hold part, and call the
 		// difference drift. While the projector is behind, its recounts
 		// wait.
-		if b.CaughtUp && (onCatchUp || periodic || p.full || len(p.recount) > 0) {
+		if b.CaughtUp && !clk.Now().Before(p.retryAt) && (onCatchUp || periodic || p.full || len(p.recount) > 0) {
 			if onCatchUp || periodic {
 				p.full = true // every queue
 			}
@@ -417,6 +423,8 @@ func (p *projector) run(ctx context.Context) error {
 				// failed one (p.full).
 				p.reconciled = caughtUp
 				p.steady()
+				p.retry.Reset()
+				p.retryAt = time.Time{}
 			}
 			switch {
 			case errors.Is(err, errReposition):
@@ -431,7 +439,9 @@ func (p *projector) run(ctx context.Context) error {
 			case errors.Is(err, store.ErrLeaseLost) || ctx.Err() != nil:
 				return err
 			case err != nil:
-				p.s.log.Warn("reconcile failed; retrying later", "error", err)
+				wait := p.retry.NextBackOff()
+				p.retryAt = clk.Now().Add(wait)
+				p.s.log.Warn("reconcile failed; retrying later", "error", err, "retry_in", wait.Round(time.Millisecond))
 				p.lastReconcile = clk.Now()
 			}
 		}
@@ -807,6 +817,20 @@ func isRunning(v bson.RawValue) bool {
 func isFailed(v bson.RawValue) bool {
 	f, ok := schema.Number(v)
 	return ok && f == float64(schema.StatusFailed)
+}
+
+// recountRetry spaces the tries of a failing recount: 1 s, then twice as
+// long each time up to a minute, with a fifth of jitter. Each try is an
+// aggregation over every task, and each failure a warning; meanwhile the
+// checkpoint waits (no checkpoint passes queues still to recount), and the
+// batches go on.
+func recountRetry() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.Multiplier, b.MaxInterval = time.Second, 2, time.Minute
+	b.RandomizationFactor = 0.2
+	b.MaxElapsedTime = 0 // never gives up: the term's end does
+	b.Reset()
+	return b
 }
 
 // errReposition asks run to restart the stream at the checkpoint.
