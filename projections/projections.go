@@ -714,13 +714,13 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 			deltas[id] = d
 		}
 		d.Total += sign
-		if isTodo(status) {
+		if schema.TodoValue(status) {
 			d.Todo += sign
 		}
-		if isRunning(status) {
+		if schema.RunningValue(status) {
 			d.Running += sign
 		}
-		if isFailed(status) {
+		if schema.FailedValue(status) {
 			d.Failed += sign
 		}
 	}
@@ -754,7 +754,7 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 				newS = bson.RawValue{}
 			}
 		}
-		if oldQ.Equal(newQ) && isTodo(oldS) == isTodo(newS) && isRunning(oldS) == isRunning(newS) && isFailed(oldS) == isFailed(newS) {
+		if oldQ.Equal(newQ) && schema.TodoValue(oldS) == schema.TodoValue(newS) && schema.RunningValue(oldS) == schema.RunningValue(newS) && schema.FailedValue(oldS) == schema.FailedValue(newS) {
 			return
 		}
 		add(oldQ, oldS, -1)
@@ -790,33 +790,6 @@ func countReason(ev store.ChangeEvent, reasons map[ReasonKey]int64) {
 	if ok && r != "" && qok {
 		reasons[ReasonKey{Queue: q, Reason: r}]++
 	}
-}
-
-// isTodo is {$lte: [status, 0]} in MongoDB's comparison order: missing,
-// null and numbers <= 0 are to do; strings, objects and the rest sort
-// above numbers and are not.
-func isTodo(v bson.RawValue) bool {
-	switch v.Type {
-	case 0, bson.TypeNull, bson.TypeUndefined, bson.TypeMinKey:
-		return true
-	}
-	f, ok := schema.Number(v)
-	return ok && f <= 0
-}
-
-// isRunning is {$or: [{$eq: [status, -1]}, {$eq: [status, 0]}]} as
-// MongoDB compares: a number equal to -1 or 0, whatever its type (-1.0, a
-// decimal 0); a missing, null or non-numeric status is not running.
-func isRunning(v bson.RawValue) bool {
-	f, ok := schema.Number(v)
-	return ok && (f == -1 || f == 0)
-}
-
-// isFailed is {$eq: [status, 2]} as MongoDB compares: a number equal to 2,
-// whatever its type (2.0, a decimal 2); a non-numeric status is not failed.
-func isFailed(v bson.RawValue) bool {
-	f, ok := schema.Number(v)
-	return ok && f == float64(schema.StatusFailed)
 }
 
 // recountRetry spaces the tries of a failing recount: 1 s, then twice as

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"math"
 	"strconv"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -87,4 +88,34 @@ func Number(v bson.RawValue) (f float64, ok bool) {
 		return f, err == nil
 	}
 	return 0, false
+}
+
+// TodoValue reports whether a task whose stored status is v counts in
+// count_todo: {$lte: [status, 0]} in MongoDB's comparison order. Missing,
+// null, MinKey and numbers <= 0 of any type sort at or below 0 (NaN below
+// every number); strings, objects, arrays and the rest above.
+func TodoValue(v bson.RawValue) bool {
+	switch v.Type {
+	case 0, bson.TypeNull, bson.TypeUndefined, bson.TypeMinKey:
+		return true
+	}
+	f, ok := Number(v)
+	return ok && (f <= 0 || math.IsNaN(f))
+}
+
+// RunningValue reports whether a task whose stored status is v counts in
+// count_running: {$or: [{$eq: [status, -1]}, {$eq: [status, 0]}]} as
+// MongoDB compares, a number equal to -1 or 0 whatever its type (-1.0, a
+// decimal 0); a missing, null or non-numeric status is not running.
+func RunningValue(v bson.RawValue) bool {
+	f, ok := Number(v)
+	return ok && (f == float64(StatusClaimed) || f == float64(StatusRunning))
+}
+
+// FailedValue reports whether a task whose stored status is v counts in
+// count_failed: {$eq: [status, 2]} as MongoDB compares, a number equal to
+// 2 whatever its type (2.0, a decimal 2); a non-numeric status is not.
+func FailedValue(v bson.RawValue) bool {
+	f, ok := Number(v)
+	return ok && f == float64(StatusFailed)
 }

@@ -1,8 +1,10 @@
-package projections
+package schema
 
 import (
 	"context"
+	"math"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -11,17 +13,23 @@ import (
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 )
 
-func TestIsTodoFollowsMongoDBComparison(t *testing.T) {
+// These hold the classifiers the projector folds events with, and the
+// store's recount counts with, to the server's own answer.
+
+func TestTodoValueFollowsMongoDBComparison(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := mongotest.Database(t)
-	values := bson.A{nil, int32(-2), int32(0), int32(1), int64(-6), int64(7), -0.5, 0.5, "weird", true, bson.D{}, bson.A{1}}
+	nan, err := bson.ParseDecimal128("NaN")
+	require.NoError(t, err)
+	values := bson.A{nil, int32(-2), int32(0), int32(1), int64(-6), int64(7), -0.5, 0.5, "weird", true, bson.D{}, bson.A{1},
+		math.NaN(), math.Inf(-1), math.Inf(1), nan, bson.MinKey{}, bson.MaxKey{}, bson.Undefined{}, time.Unix(0, 0), bson.NewObjectID()}
 	var docs []any
 	for i, v := range values {
 		docs = append(docs, bson.D{{Key: "i", Value: i}, {Key: "status", Value: v}})
 	}
 	docs = append(docs, bson.D{{Key: "i", Value: len(values)}}) // missing
-	_, err := db.Collection("t").InsertMany(ctx, docs)
+	_, err = db.Collection("t").InsertMany(ctx, docs)
 	require.NoError(t, err)
 	cur, err := db.Collection("t").Aggregate(ctx, mongo.Pipeline{{{Key: "$project", Value: bson.D{
 		{Key: "status", Value: 1}, {Key: "todo", Value: bson.D{{Key: "$lte", Value: bson.A{"$status", 0}}}}}}}})
@@ -30,11 +38,11 @@ func TestIsTodoFollowsMongoDBComparison(t *testing.T) {
 	require.NoError(t, cur.All(ctx, &rows))
 	require.Len(t, rows, len(docs))
 	for _, r := range rows {
-		require.Equal(t, r.Lookup("todo").Boolean(), isTodo(r.Lookup("status")), "status %v", r.Lookup("status"))
+		require.Equal(t, r.Lookup("todo").Boolean(), TodoValue(r.Lookup("status")), "status %v", r.Lookup("status"))
 	}
 }
 
-func TestIsRunningFollowsMongoDBComparison(t *testing.T) {
+func TestRunningValueFollowsMongoDBComparison(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := mongotest.Database(t)
@@ -64,15 +72,15 @@ func TestIsRunningFollowsMongoDBComparison(t *testing.T) {
 	require.Len(t, rows, len(docs))
 	running := 0
 	for _, r := range rows {
-		require.Equal(t, r.Lookup("running").Boolean(), isRunning(r.Lookup("status")), "status %v", r.Lookup("status"))
-		if isRunning(r.Lookup("status")) {
+		require.Equal(t, r.Lookup("running").Boolean(), RunningValue(r.Lookup("status")), "status %v", r.Lookup("status"))
+		if RunningValue(r.Lookup("status")) {
 			running++
 		}
 	}
 	require.Equal(t, 10, running, "-1 and 0 of every numeric type")
 }
 
-func TestIsFailedFollowsMongoDBComparison(t *testing.T) {
+func TestFailedValueFollowsMongoDBComparison(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := mongotest.Database(t)
@@ -99,8 +107,8 @@ func TestIsFailedFollowsMongoDBComparison(t *testing.T) {
 	require.Len(t, rows, len(docs))
 	failed := 0
 	for _, r := range rows {
-		require.Equal(t, r.Lookup("failed").Boolean(), isFailed(r.Lookup("status")), "status %v", r.Lookup("status"))
-		if isFailed(r.Lookup("status")) {
+		require.Equal(t, r.Lookup("failed").Boolean(), FailedValue(r.Lookup("status")), "status %v", r.Lookup("status"))
+		if FailedValue(r.Lookup("status")) {
 			failed++
 		}
 	}
