@@ -153,8 +153,8 @@ func goodReport() *Report {
 			{Run: "drain, 3 processes", Leader: "process 2 of 3", Events: 2900, Batches: 11, P50: 22, P99: 85, CommitAge: Latency{N: 35, P50: 3, P95: 9, P99: 12, Max: 20}}},
 		Scale: &ScaleReport{
 			Rows: []ScaleRow{
-				{Backlog: 1000, Claim: lat(1), ClaimMany: lat(4), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400, RawRate: 800, CatchUp: 0.3},
-				{Backlog: 20000, Claim: lat(1.2), ClaimMany: lat(4.5), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400, RawRate: 800, CatchUp: 0.3},
+				{Backlog: 1000, Claim: lat(1), ClaimMany: lat(4), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400, RawRate: 800, CatchUp: 0.3, Recount: 2.5, RecountTasks: 30000},
+				{Backlog: 20000, Claim: lat(1.2), ClaimMany: lat(4.5), DrainTasks: 200, DrainSeconds: 0.5, DrainRate: 400, RawRate: 800, CatchUp: 0.3, Recount: 2.5, RecountTasks: 30000},
 			},
 			RSS:        &RSSRow{Backlog: 20000, Seconds: 2, Samples: 40, ReadyMiB: 20, MaxMiB: 36, Finished: 1000},
 			InsertRate: 20000,
@@ -224,6 +224,8 @@ func TestSanityFindsProblems(t *testing.T) {
 		"missing backlog":      {func(r *Report) { r.Scale.Rows = r.Scale.Rows[:1] }, "1 backlogs measured, want 2"},
 		"missing RSS":          {func(r *Report) { r.Scale.RSS = nil }, "RSS missing"},
 		"no scale raw loop":    {func(r *Report) { r.Scale.Rows[1].RawRate = 0 }, "backlog 20000, raw loop tasks/s"},
+		"no recount":           {func(r *Report) { r.Scale.Rows[0].Recount = 0 }, "backlog 1000, whole recount ms"},
+		"recount of too few":   {func(r *Report) { r.Scale.Rows[1].RecountTasks = 10 }, "backlog 20000: 10 tasks stored at the recount"},
 		"run twice":            {func(r *Report) { r.Scaleout.Rows[1].RunTwice = 1 }, "scaleout, 3 nodes: 1 tasks run twice"},
 		"no leader":            {func(r *Report) { r.Scaleout.Rows[0].Leader = "" }, "scaleout, 1 nodes: no leader"},
 		"missing scaleout row": {func(r *Report) { r.Scaleout.Rows = r.Scaleout.Rows[:1] }, "scaleout: 1 rows, want 2"},
@@ -358,6 +360,7 @@ func TestRenderTable(t *testing.T) {
 		"SUPERVISED TASKS, ms", "NOT MET: RSS per supervisor <= 5 MiB (mean 8.8 MiB)", "supervised / in-process: insert -> shell process running   1.17x",
 		"supervised pickup (insert -> running seen) / pickup floor  0.80x", "pickup, supervised: the same",
 		"SCALE-OUT: node processes (maxthreads 8 each)", "lost batches", "  3          0.60     2000     2.00x        300             2       50           3.0",
+		"tasks stored  whole recount, ms", "whole recount: the projector's periodic",
 		"SANITY: every figure present",
 		"mongod CPU µs/task  client CPU µs/task", "yes                391                 119",
 		"THROUGHPUT: what the primary did per task finished", "node  1 node          0.07      0.06     1.04      0.04             0.00           4.01          13.98       219        403           15",

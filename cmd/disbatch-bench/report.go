@@ -196,14 +196,15 @@ func renderTable(r *Report) string {
 	if s := r.Scale; s != nil {
 		t := table{title: fmt.Sprintf("SCALE: claim latency, ms, one call at a time with the backlog kept, and one node's drain (backlog inserted at %s tasks/s)", frate(s.InsertRate)),
 			header: []string{"backlog", "TaskClaim n", "p50", "p95", "p99", "max", fmt.Sprintf("TaskClaimMany(%d) n", scaleBatch), "p50", "p99",
-				"projector catch-up, s", "node drained", "seconds", "tasks/s", "raw loop tasks/s", "node / raw"}}
+				"projector catch-up, s", "node drained", "seconds", "tasks/s", "raw loop tasks/s", "node / raw", "tasks stored", "whole recount, ms"}}
 		for _, row := range s.Rows {
 			t.add(strconv.Itoa(row.Backlog), strconv.Itoa(row.Claim.N), fms(row.Claim.P50), fms(row.Claim.P95), fms(row.Claim.P99), fms(row.Claim.Max),
 				strconv.Itoa(row.ClaimMany.N), fms(row.ClaimMany.P50), fms(row.ClaimMany.P99),
 				fmt.Sprintf("%.1f", row.CatchUp), strconv.Itoa(row.DrainTasks), fmt.Sprintf("%.1f", row.DrainSeconds), frate(row.DrainRate),
-				frate(row.RawRate), fx(row.DrainRate/row.RawRate))
+				frate(row.RawRate), fx(row.DrainRate/row.RawRate), strconv.FormatInt(row.RecountTasks, 10), fms(row.Recount))
 		}
 		t.render(&b)
+		b.WriteString("whole recount: the projector's periodic (every 10 minutes) and catch-up recount, one $group over every stored task; its batches wait for it\n\n")
 		if n := len(s.Rows); n > 1 {
 			first, last := s.Rows[0], s.Rows[n-1]
 			fmt.Fprintf(&b, "drain rate at %d queued / at %d: node %s, raw loop %s (goal for the node: within 20%%, 0.80x or more)\n\n",

@@ -221,6 +221,10 @@ func (k *checker) scale(s *ScaleReport, backlogs []int) {
 		k.positive(what+", node drain tasks/s", row.DrainRate)
 		k.positive(what+", raw loop tasks/s", row.RawRate)
 		k.positive(what+", projector catch-up seconds", row.CatchUp)
+		k.positive(what+", whole recount ms", row.Recount)
+		if row.RecountTasks < int64(row.Backlog) {
+			k.bad("%s: %d tasks stored at the recount, fewer than the backlog", what, row.RecountTasks)
+		}
 	}
 	k.positive("scale: backlog insert rate", s.InsertRate)
 	if s.RSS == nil {

@@ -31,6 +31,12 @@ type ScaleRow struct {
 	// RawRate is the batched raw loop's rate (one claimer) draining as
 	// many tasks of the same queue at the same backlog: the floor's fall.
 	RawRate float64 `json:"raw_tasks_per_s"`
+	// Recount is the median of three store.QueueRecount calls (the
+	// projector's periodic and catch-up recount: one $group over every
+	// task, as a snapshot) with RecountTasks in the collection, in ms.
+	// The projector's batches wait for it.
+	Recount      float64 `json:"recount_ms"`
+	RecountTasks int64   `json:"recount_tasks"`
 }
 
 // RSSRow is the memory of a node run as a separate process.
@@ -117,6 +123,9 @@ func (e *env) scale(ctx context.Context) (*ScaleReport, error) {
 		if err := e.scaleRawDrain(ctx, db, q.ID, &row); err != nil {
 			return rep, err
 		}
+		if err := timeRecount(ctx, db, s, &row); err != nil {
+			return rep, err
+		}
 		rep.Rows = append(rep.Rows, row)
 	}
 	rep.InsertRate = rate(inserted, insertTime)
@@ -131,6 +140,24 @@ func (e *env) scale(ctx context.Context) (*ScaleReport, error) {
 	}
 	rep.RSS = &rss
 	return rep, nil
+}
+
+// timeRecount times three whole recounts and keeps the median.
+func timeRecount(ctx context.Context, db *mongo.Database, s *store.Store, row *ScaleRow) error {
+	n, err := db.Collection(schema.CollTasks).EstimatedDocumentCount(ctx)
+	if err != nil {
+		return fmt.Errorf("count tasks: %w", err)
+	}
+	took := make([]time.Duration, 3)
+	for i := range took {
+		start := time.Now()
+		if _, err := s.QueueRecount(ctx, nil); err != nil {
+			return fmt.Errorf("recount at backlog %d: %w", row.Backlog, err)
+		}
+		took[i] = time.Since(start)
+	}
+	row.Recount, row.RecountTasks = summarize(took).P50, n
+	return nil
 }
 
 // scaleBatch is the size of the timed batched claims (the claimer's
