@@ -181,13 +181,13 @@ type recountHeld struct {
 	g *gate
 }
 
-func (s *recountHeld) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
-	if at != nil {
+func (s *recountHeld) QueueRecount(ctx context.Context, p store.QueueRecountParams) (store.Recount, error) {
+	if p.At != nil {
 		if err := s.g.pass(ctx); err != nil {
 			return store.Recount{}, err
 		}
 	}
-	return s.Store.QueueRecount(ctx, at)
+	return s.Store.QueueRecount(ctx, p)
 }
 
 // TestSteadyOnlyOnceCaughtUpAndReconciled: a term is not Steady while its
@@ -211,33 +211,41 @@ func TestSteadyOnlyOnceCaughtUpAndReconciled(t *testing.T) {
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once it is done")
 }
 
-// recountFails is a store whose first fails recounts at a stream
-// position (the reconcile on catching up, then its retries) fail; tries
-// records when each such recount came.
-type recountFails struct {
+// recountsSeen is a store that records the recounts at a stream position
+// (the reconcile on catching up, its retries, the later ones): when each
+// came (tries) and what it asked (asked). The first fails of them fail.
+type recountsSeen struct {
 	*store.Store
 	fails int
 	mu    sync.Mutex
 	tries []time.Time
+	asked []store.QueueRecountParams
 }
 
-func (s *recountFails) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
-	if at != nil {
+func (s *recountsSeen) QueueRecount(ctx context.Context, p store.QueueRecountParams) (store.Recount, error) {
+	if p.At != nil {
 		s.mu.Lock()
 		s.tries = append(s.tries, time.Now())
+		s.asked = append(s.asked, p)
 		fail := len(s.tries) <= s.fails
 		s.mu.Unlock()
 		if fail {
 			return store.Recount{}, errors.New("connection reset (a test's)")
 		}
 	}
-	return s.Store.QueueRecount(ctx, at)
+	return s.Store.QueueRecount(ctx, p)
 }
 
-func (s *recountFails) triesSoFar() []time.Time {
+func (s *recountsSeen) triesSoFar() []time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.tries)
+}
+
+func (s *recountsSeen) askedSoFar() []store.QueueRecountParams {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.asked)
 }
 
 // TestSteadyAfterAFailedCatchUpReconcileIsRetried: a reconcile on catching
@@ -245,7 +253,7 @@ func (s *recountFails) triesSoFar() []time.Time {
 func TestSteadyAfterAFailedCatchUpReconcileIsRetried(t *testing.T) {
 	t.Parallel()
 	db := mongotest.Database(t)
-	s := &recountFails{Store: store.New(db, store.Options{}), fails: 1}
+	s := &recountsSeen{Store: store.New(db, store.Options{}), fails: 1}
 	newQueue(t, db, "q", 0, true)
 	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
 	require.Eventually(t, func() bool { return len(s.triesSoFar()) > 0 }, 10*time.Second, 10*time.Millisecond, "the reconcile on catching up never ran")
@@ -259,7 +267,7 @@ func TestSteadyAfterAFailedCatchUpReconcileIsRetried(t *testing.T) {
 func TestAFailingRecountBacksOff(t *testing.T) {
 	t.Parallel()
 	db := mongotest.Database(t)
-	s := &recountFails{Store: store.New(db, store.Options{}), fails: 2}
+	s := &recountsSeen{Store: store.New(db, store.Options{}), fails: 2}
 	newQueue(t, db, "q", 0, true)
 	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "steady once a retry succeeds")
@@ -308,4 +316,37 @@ func TestCommittingUntilTheBatchIsInTheStats(t *testing.T) {
 	s.g.open()
 	require.Eventually(t, func() bool { st := svc.Stats(); return !st.Committing && st.Events == 3 }, 10*time.Second, 10*time.Millisecond,
 		"once committed, the batch is in the stats and nothing is in flight")
+}
+
+// TestARecountOfMarkedQueuesReadsThemAlone: once steady, a new queue
+// (without counters) is recounted alone: the recount asks for its tasks
+// only, not for every task, and its counters come out right while the
+// other queue's are left as they are.
+func TestARecountOfMarkedQueuesReadsThemAlone(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	s := &recountsSeen{Store: store.New(db, store.Options{})}
+	a := newQueue(t, db, "a", 0, true)
+	insertBurst(t, db, a, 0, 3, func(int) any { return int32(-2) })
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond)
+	first := s.askedSoFar()
+	require.NotEmpty(t, first)
+	require.Nil(t, first[0].Queues, "the recount on catching up counts every queue")
+
+	c := newQueue(t, db, "c", 0, false)
+	insertBurst(t, db, c, 0, 2, func(int) any { return int32(-2) })
+	require.Eventually(t, func() bool {
+		got, err := s.Store.QueueCounters(context.Background())
+		require.NoError(t, err)
+		return got[c].Complete() && *got[c].Todo == 2 && *got[c].Total == 2
+	}, 10*time.Second, 10*time.Millisecond, "the new queue's counters")
+	later := s.askedSoFar()[len(first):]
+	require.NotEmpty(t, later, "the new queue was recounted")
+	for _, p := range later {
+		require.Equal(t, []bson.ObjectID{c}, p.Queues, "a recount of the new queue alone")
+	}
+	got, err := s.Store.QueueCounters(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int64(3), *got[a].Todo)
 }

@@ -668,11 +668,11 @@ func (s *movedOnce) CountersAdvance(ctx context.Context, to store.CounterPositio
 	return res, err
 }
 
-func (s *movedOnce) QueueRecount(ctx context.Context, at *bson.Timestamp) (store.Recount, error) {
+func (s *movedOnce) QueueRecount(ctx context.Context, p store.QueueRecountParams) (store.Recount, error) {
 	if s.moved.Load() && !s.recountsOK.Load() {
 		return store.Recount{}, errors.New("recount refused by the test")
 	}
-	return s.Store.QueueRecount(ctx, at)
+	return s.Store.QueueRecount(ctx, p)
 }
 
 // checkpointed counts a checkpoint written at at: past the moved batch,

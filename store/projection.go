@@ -482,16 +482,27 @@ type Recount struct {
 	Counts map[bson.ObjectID]QueueCounts // every queue that existed then, with zeros for empty ones
 }
 
-// QueueRecount counts every queue's tasks with one aggregation, as a
-// snapshot read at cluster time at (or, when at is nil, at a time MongoDB
-// picks, which it returns). count_todo counts what {$lte: ["$status", 0]}
-// does, so a missing status counts as to do and a non-numeric one does not;
-// count_running counts a status equal to -1 or 0 (a missing or non-numeric
-// one is not running); count_failed a status equal to 2.
-func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, error) {
+// QueueRecountParams says what QueueRecount counts, and when.
+type QueueRecountParams struct {
+	// At is the cluster time of the snapshot; nil: a time MongoDB picks
+	// (Recount.At says which).
+	At *bson.Timestamp
+	// Queues, when not nil, are the only queues counted: their tasks are
+	// found through the {queue, status} index, so a recount of a few
+	// queues costs what their tasks do, not what every task does.
+	Queues []bson.ObjectID
+}
+
+// QueueRecount counts every queue's tasks (or those of p.Queues) with one
+// aggregation, as a snapshot read at cluster time p.At. count_todo counts
+// what {$lte: ["$status", 0]} does, so a missing status counts as to do
+// and a non-numeric one does not; count_running counts a status equal to
+// -1 or 0 (a missing or non-numeric one is not running); count_failed a
+// status equal to 2.
+func (s *Store) QueueRecount(ctx context.Context, p QueueRecountParams) (Recount, error) {
 	so := options.Session().SetSnapshot(true)
-	if at != nil {
-		so.SetSnapshotTime(*at)
+	if p.At != nil {
+		so.SetSnapshotTime(*p.At)
 	}
 	sess, err := s.db.Client().StartSession(so)
 	if err != nil {
@@ -501,7 +512,12 @@ func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, 
 	sctx := mongo.NewSessionContext(ctx, sess)
 	snap := options.Collection().SetReadConcern(readconcern.Snapshot())
 	out := Recount{Counts: map[bson.ObjectID]QueueCounts{}}
-	cur, err := s.db.Collection(schema.CollQueues, snap).Find(sctx, bson.D{}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	queues, tasks := bson.D{}, bson.D{}
+	if p.Queues != nil {
+		queues = bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: p.Queues}}}}
+		tasks = bson.D{{Key: schema.TaskQueue, Value: bson.D{{Key: "$in", Value: p.Queues}}}}
+	}
+	cur, err := s.db.Collection(schema.CollQueues, snap).Find(sctx, queues, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
 		return Recount{}, fmt.Errorf("recount: list queues: %w", snapshotErr(err))
 	}
@@ -514,7 +530,7 @@ func (s *Store) QueueRecount(ctx context.Context, at *bson.Timestamp) (Recount, 
 		return Recount{}, fmt.Errorf("recount: list queues: %w", snapshotErr(err))
 	}
 	_ = cur.Close(sctx)
-	counts, err := s.queueCounts(sctx, s.db.Collection(schema.CollTasks, snap))
+	counts, err := s.queueCounts(sctx, s.db.Collection(schema.CollTasks, snap), tasks)
 	if err != nil {
 		return Recount{}, fmt.Errorf("recount: %w", snapshotErr(err))
 	}

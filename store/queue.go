@@ -286,21 +286,24 @@ type QueueCounts struct {
 
 // QueueCountsGet recounts the tasks of every queue in one aggregation.
 func (s *Store) QueueCountsGet(ctx context.Context) (map[bson.ObjectID]QueueCounts, error) {
-	return s.queueCounts(ctx, s.tasks)
+	return s.queueCounts(ctx, s.tasks, bson.D{})
 }
 
-// queueCounts counts the tasks of every queue by status in one $group over
+// queueCounts counts the tasks of every queue (those match selects) by status in one $group over
 // (queue, status), and classifies each status value here by MongoDB's
 // comparisons (schema.TodoValue, RunningValue, FailedValue). The server's
 // own $cond of those comparisons took 5 times as long: 2.1 s against
 // 0.4 s over 1,000,000 tasks (make bench's scale group times it).
-func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection) (map[bson.ObjectID]QueueCounts, error) {
-	pipeline := mongo.Pipeline{
-		{{Key: "$group", Value: bson.D{
+func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection, match bson.D) (map[bson.ObjectID]QueueCounts, error) {
+	var pipeline mongo.Pipeline
+	if len(match) > 0 {
+		pipeline = append(pipeline, bson.D{{Key: "$match", Value: match}})
+	}
+	pipeline = append(pipeline,
+		bson.D{{Key: "$group", Value: bson.D{
 			{Key: "_id", Value: bson.D{{Key: "q", Value: "$" + schema.TaskQueue}, {Key: "s", Value: "$" + schema.TaskStatus}}},
 			{Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
-		}}},
-	}
+		}}})
 	cur, err := tasks.Aggregate(ctx, pipeline)
 	if err != nil {
 		return nil, fmt.Errorf("count tasks by queue: %w", err)

@@ -151,7 +151,7 @@ func timeRecount(ctx context.Context, db *mongo.Database, s *store.Store, row *S
 	took := make([]time.Duration, 3)
 	for i := range took {
 		start := time.Now()
-		if _, err := s.QueueRecount(ctx, nil); err != nil {
+		if _, err := s.QueueRecount(ctx, store.QueueRecountParams{}); err != nil {
 			return fmt.Errorf("recount at backlog %d: %w", row.Backlog, err)
 		}
 		took[i] = time.Since(start)

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -24,7 +25,7 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	q, other := newQueue(t, s, "q", schema.SortFIFO), newQueue(t, s, "other", schema.SortFIFO)
 	recount := func(step string, wantQ, wantOther store.QueueCounts) store.Recount {
 		t.Helper()
-		rc, err := s.QueueRecount(ctx, nil)
+		rc, err := s.QueueRecount(ctx, store.QueueRecountParams{})
 		require.NoError(t, err)
 		require.Equal(t, map[bson.ObjectID]store.QueueCounts{q.ID: wantQ, other.ID: wantOther}, rc.Counts, step)
 		counts, err := s.QueueCountsGet(ctx)
@@ -145,7 +146,7 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	_, present := rawDoc(t, db, schema.CollQueues, bson.D{{Key: "_id", Value: old}}).LookupErr(schema.QueueCountFailed)
 	require.Error(t, present, "no count_failed from an $inc")
 
-	rc, err = s.QueueRecount(ctx, nil)
+	rc, err = s.QueueRecount(ctx, store.QueueRecountParams{})
 	require.NoError(t, err)
 	require.Equal(t, store.QueueCounts{Todo: 1, Total: 3, Failed: 2}, rc.Counts[old])
 	require.NoError(t, s.CountersSet(ctx, store.CountersSetParams{Lease: ref, Sets: map[bson.ObjectID]store.QueueCounts{old: rc.Counts[old]}, CheckpointTime: rc.At}))
@@ -352,4 +353,30 @@ func bsoncoreDoc(t *testing.T, d bson.D) bson.Raw {
 	b, err := bson.Marshal(d)
 	require.NoError(t, err)
 	return b
+}
+
+// testQueueRecountOfSomeQueues: a recount of some queues counts those that
+// exist, with zeros for an empty one, and reads their tasks alone (the
+// server's profiler says what the aggregation examined).
+func testQueueRecountOfSomeQueues(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q1, q2, q3 := newQueue(t, s, "q1", schema.SortFIFO), newQueue(t, s, "q2", schema.SortFIFO), newQueue(t, s, "q3", schema.SortFIFO)
+	insertTasks(t, s, q1.ID, 2)
+	insertTasks(t, s, q2.ID, 50)
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 2}}).Err())
+	t.Cleanup(func() { _ = db.RunCommand(context.Background(), bson.D{{Key: "profile", Value: 0}}).Err() })
+	rc, err := s.QueueRecount(ctx, store.QueueRecountParams{Queues: []bson.ObjectID{q1.ID, q3.ID, bson.NewObjectID()}})
+	require.NoError(t, err)
+	require.Equal(t, map[bson.ObjectID]store.QueueCounts{q1.ID: {Todo: 2, Total: 2}, q3.ID: {}}, rc.Counts)
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 0}}).Err())
+
+	var op struct {
+		DocsExamined int64 `bson:"docsExamined"`
+		KeysExamined int64 `bson:"keysExamined"`
+	}
+	require.NoError(t, db.Collection("system.profile").FindOne(ctx, bson.D{{Key: "ns", Value: db.Name() + ".tasks"}, {Key: "command.aggregate", Value: "tasks"}}).Decode(&op))
+	require.LessOrEqual(t, op.DocsExamined, int64(2), "q1's tasks alone are read, not q2's 50")
+	require.LessOrEqual(t, op.KeysExamined, int64(10), "through an index on queue")
 }

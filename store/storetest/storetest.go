@@ -45,6 +45,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"QueueDelete", testQueueDelete},
 		{"QueueCountsGet", testQueueCounts},
 		{"CountFailedRecountAndApply", testCountFailed},
+		{"QueueRecountOfSomeQueues", testQueueRecountOfSomeQueues},
 		{"CountersAdvanceAsEachWould", testCountersAdvanceAsEachWould},
 		{"CountersAdvanceComparesEachQueuesPosition", testCountersAdvance},
 		{"TaskInsertManySeedShape", testTaskInsertMany},
