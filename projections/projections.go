@@ -794,9 +794,9 @@ func countReason(ev store.ChangeEvent, reasons map[ReasonKey]int64) {
 
 // recountRetry spaces the tries of a failing recount: 1 s, then twice as
 // long each time up to a minute, with a fifth of jitter. Each try is an
-// aggregation over every task, and each failure a warning; meanwhile the
-// checkpoint waits (no checkpoint passes queues still to recount), and the
-// batches go on.
+// aggregation (over every task, for a recount of every queue), and each
+// failure a warning; meanwhile the checkpoint waits (no checkpoint passes
+// queues still to recount), and the batches go on.
 func recountRetry() backoff.BackOff {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.Multiplier, b.MaxInterval = time.Second, 2, time.Minute
