@@ -510,7 +510,7 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	if err := p.checkpointed(false); err != nil {
 		return err
 	}
-	deltas := map[bson.ObjectID]*store.CounterDelta{}
+	deltas := map[bson.ObjectID]*store.QueueCounts{}
 	reasons := map[ReasonKey]int64{}
 	at := p.at
 	var walls []time.Time
@@ -526,8 +526,8 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	}
 	adv := make([]store.CounterAdvance, 0, len(deltas))
 	for q, d := range deltas {
-		if d.Todo != 0 || d.Total != 0 || d.Running != 0 || d.Failed != 0 {
-			adv = append(adv, store.CounterAdvance{Delta: *d, From: p.applied[q]})
+		if *d != (store.QueueCounts{}) {
+			adv = append(adv, store.CounterAdvance{Delta: store.CounterDelta{Queue: q, Todo: d.Todo, Total: d.Total, Running: d.Running, Failed: d.Failed}, From: p.applied[q]})
 		}
 	}
 	p.s.flag(&p.s.stats.Committing, true)
@@ -682,7 +682,7 @@ func foreign(ev store.ChangeEvent) bool {
 }
 
 // fold adds one event's effect to deltas.
-func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bson.ObjectID]*store.CounterDelta) {
+func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bson.ObjectID]*store.QueueCounts) {
 	if foreign(ev) {
 		if !p.foreign {
 			p.foreignWhat = ev.Op + " of task " + ev.ID.String()
@@ -710,19 +710,10 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 		}
 		d := deltas[id]
 		if d == nil {
-			d = &store.CounterDelta{Queue: id}
+			d = &store.QueueCounts{}
 			deltas[id] = d
 		}
-		d.Total += sign
-		if schema.TodoValue(status) {
-			d.Todo += sign
-		}
-		if schema.RunningValue(status) {
-			d.Running += sign
-		}
-		if schema.FailedValue(status) {
-			d.Failed += sign
-		}
+		d.Add(status, sign)
 	}
 	after, before := ev.Doc, ev.Before
 	if ev.Op != "insert" && before == nil {

@@ -284,6 +284,22 @@ type QueueCounts struct {
 	Failed  int64 // status 2 (failed, for any reason)
 }
 
+// Add counts n tasks (n < 0: takes them off) whose status is status, as
+// MongoDB compares it (schema.TodoValue, RunningValue, FailedValue): the
+// recount's rule and the projector's.
+func (c *QueueCounts) Add(status bson.RawValue, n int64) {
+	c.Total += n
+	if schema.TodoValue(status) {
+		c.Todo += n
+	}
+	if schema.RunningValue(status) {
+		c.Running += n
+	}
+	if schema.FailedValue(status) {
+		c.Failed += n
+	}
+}
+
 // QueueCountsGet recounts the tasks of every queue in one aggregation.
 func (s *Store) QueueCountsGet(ctx context.Context) (map[bson.ObjectID]QueueCounts, error) {
 	return s.queueCounts(ctx, s.tasks, bson.D{})
@@ -318,18 +334,8 @@ func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection, match 
 		// A missing status leaves s out of the group's _id: missing, as
 		// the task's own field is.
 		status, _ := cur.Current.LookupErr("_id", "s")
-		n := cur.Current.Lookup("n").AsInt64()
 		c := out[id]
-		c.Total += n
-		if schema.TodoValue(status) {
-			c.Todo += n
-		}
-		if schema.RunningValue(status) {
-			c.Running += n
-		}
-		if schema.FailedValue(status) {
-			c.Failed += n
-		}
+		c.Add(status, cur.Current.Lookup("n").AsInt64())
 		out[id] = c
 	}
 	return out, cur.Err()
