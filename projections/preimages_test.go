@@ -248,22 +248,10 @@ func (s *recountsSeen) askedSoFar() []store.QueueRecountParams {
 	return slices.Clone(s.asked)
 }
 
-// TestSteadyAfterAFailedCatchUpReconcileIsRetried: a reconcile on catching
-// up that fails is retried, and its success makes the term steady.
-func TestSteadyAfterAFailedCatchUpReconcileIsRetried(t *testing.T) {
-	t.Parallel()
-	db := mongotest.Database(t)
-	s := &recountsSeen{Store: store.New(db, store.Options{}), fails: 1}
-	newQueue(t, db, "q", 0, true)
-	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
-	require.Eventually(t, func() bool { return len(s.triesSoFar()) > 0 }, 10*time.Second, 10*time.Millisecond, "the reconcile on catching up never ran")
-	require.Eventually(t, func() bool { return svc.Stats().Steady }, 10*time.Second, 10*time.Millisecond, "steady once its retry succeeds")
-}
-
-// TestAFailingRecountBacksOff: the tries of a failing recount are spaced
-// (1 s, then 2 s, each within a fifth), not made at every batch that
-// caught up (about every 500 ms when idle), and the first to succeed
-// makes the term steady.
+// TestAFailingRecountBacksOff: a reconcile on catching up that fails is
+// retried; the tries are spaced (1 s, then 2 s, each within a fifth), not
+// made at every batch that caught up (about every 500 ms when idle); and
+// the first to succeed makes the term steady.
 func TestAFailingRecountBacksOff(t *testing.T) {
 	t.Parallel()
 	db := mongotest.Database(t)
