@@ -285,6 +285,11 @@ type CountersSetParams struct {
 	Sets           map[bson.ObjectID]QueueCounts
 	Checkpoint     bson.Raw
 	CheckpointTime bson.Timestamp
+	// Positions, for the queues of Sets it names, is the position set
+	// instead of CheckpointTime: a recount taken in the background holds
+	// the events up to its moment, and the batches since added theirs up
+	// to each queue's own position.
+	Positions map[bson.ObjectID]CounterPosition
 }
 
 // CountersSet sets queues' counters from a recount in one transaction,
@@ -292,8 +297,8 @@ type CountersSetParams struct {
 // lease document must still be held at Lease.Epoch (the checkpoint is
 // written there), so a deposed projector's recount can never commit. A
 // queue set gets the position CheckpointTime (its counters count every
-// event at or before it), which fences off any other term's
-// CountersAdvance from an earlier position.
+// event at or before it), or its own in Positions, which fences off any
+// other term's CountersAdvance from an earlier position.
 func (s *Store) CountersSet(ctx context.Context, p CountersSetParams) (err error) {
 	sess, end, err := s.txnSession(ctx, p.Session)
 	if err != nil {
@@ -317,9 +322,13 @@ func (s *Store) CountersSet(ctx context.Context, p CountersSetParams) (err error
 		}
 		for _, id := range sortedIDs(p.Sets) {
 			c := p.Sets[id]
+			pos, ok := p.Positions[id]
+			if !ok {
+				pos = CounterPosition{Time: p.CheckpointTime}
+			}
 			if _, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}},
 				bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: c.Todo}, {Key: schema.QueueCountTotal, Value: c.Total}, {Key: schema.QueueCountRunning, Value: c.Running},
-					{Key: schema.QueueCountFailed, Value: c.Failed}, {Key: schema.QueueCountsApplied, Value: CounterPosition{Time: p.CheckpointTime}.doc()}}}}); err != nil {
+					{Key: schema.QueueCountFailed, Value: c.Failed}, {Key: schema.QueueCountsApplied, Value: pos.doc()}}}}); err != nil {
 				return nil, err
 			}
 		}

@@ -87,6 +87,16 @@ func testCountFailed(t *testing.T, newStore Factory) {
 	all, err := s.QueueCounters(ctx)
 	require.NoError(t, err)
 	require.Equal(t, &store.CounterPosition{Time: rc.At}, all[q.ID].Applied, "a set queue's counters count every event up to the recount")
+	// A queue given a position of its own gets it; the others the
+	// recount's moment.
+	own := store.CounterPosition{Time: bson.Timestamp{T: rc.At.T + 1}, Token: "82ABC"}
+	require.NoError(t, s.CountersSet(ctx, store.CountersSetParams{Lease: ref, Sets: rc.Counts, CheckpointTime: rc.At,
+		Positions: map[bson.ObjectID]store.CounterPosition{other.ID: own}}))
+	all, err = s.QueueCounters(ctx)
+	require.NoError(t, err)
+	require.Equal(t, &store.CounterPosition{Time: rc.At}, all[q.ID].Applied)
+	require.Equal(t, &own, all[other.ID].Applied, "the position given")
+	require.NoError(t, s.CountersSet(ctx, store.CountersSetParams{Lease: ref, Sets: rc.Counts, CheckpointTime: rc.At}))
 	stored := func(id bson.ObjectID) store.StoredCounters {
 		t.Helper()
 		all, err := s.QueueCounters(ctx)
