@@ -314,6 +314,8 @@ type projector struct {
 	// one (zero when the last one did not fail).
 	retry   backoff.BackOff
 	retryAt time.Time
+	// bg: the periodic recount, taken in the background (nil: none).
+	bg *background
 	// preImages: pre-images are on (as this term last set them); foreign:
 	// the batch being applied holds a change another program made;
 	// lastForeign: when the last such batch was applied.
@@ -358,6 +360,7 @@ func (p *projector) run(ctx context.Context) error {
 	r := startPrefetch(ctx, first)
 	defer func() { r.Close() }()
 	defer func() { _ = p.checkpointed(true) }() // one round trip at most
+	defer func() { p.bg.stop() }()
 	for ctx.Err() == nil {
 		b, err := r.Next(ctx)
 		if err != nil {
@@ -402,8 +405,16 @@ func (p *projector) run(ctx context.Context) error {
 		if b.CaughtUp {
 			caughtUp = true
 		}
+		if err := p.backgroundDone(ctx); err != nil {
+			return err
+		}
 		onCatchUp := caughtUp && reconcileOnCatchUp
-		periodic := clk.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery
+		periodic := p.bg == nil && clk.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery
+		if periodic && b.CaughtUp && !onCatchUp && p.reconciled && !p.full && len(p.recount) == 0 && !clk.Now().Before(p.retryAt) {
+			// Nothing known to need it: the batches go on while it reads.
+			p.startBackground(ctx)
+			periodic = false
+		}
 		// A recount waits for a batch that held all there was: a reply
 		// cut short by MaxBatch can end inside a transaction (its events
 		// share one moment), and a recount at that moment would hold the
@@ -479,6 +490,7 @@ func (p *projector) reader(ctx context.Context, from store.Position) (*store.Str
 func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 	p.plain = false // no stream until the recount is done
 	p.steady()
+	p.bg.spoil()
 	rc, err := p.s.cfg.Store.QueueRecount(ctx, store.QueueRecountParams{})
 	if err != nil {
 		return nil, err
@@ -554,6 +566,7 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 			delete(p.applied, q)
 			p.recount[q] = true
 		}
+		p.bg.advanced(deltas, res)
 	}
 	// Not past a batch whose queues are still to be recounted (another
 	// term moved them, or they lack counters): a successor resuming after
@@ -829,6 +842,11 @@ func (p *projector) reconcile(ctx context.Context) error {
 	}
 	if err := p.repair(ctx, rc, !p.unknown, false); err != nil {
 		return err
+	}
+	if p.full {
+		p.bg.spoil() // this one covered every queue
+	} else {
+		p.bg.skipAll(p.recount) // set at a later moment than its
 	}
 	p.full, p.unknown, p.recount, p.lastReconcile = false, false, map[bson.ObjectID]bool{}, p.s.clock.Now()
 	return nil

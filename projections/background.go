@@ -1,0 +1,209 @@
+package projections
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/disbatch-go/disbatch/store"
+)
+
+// background is the periodic recount of every queue, taken while the
+// batches go on rather than between two of them (0.4 s over 1,000,000
+// tasks, which the batches, and the leader's duties riding the stream,
+// would wait for). It is a snapshot at at, the moment of the last event
+// applied when it started. Until it is compared, since keeps what each
+// batch added to each queue after that moment, so that the counters less
+// since are the counters at at, which the recount must equal. It is only
+// started when nothing is known to need a recount (the term steady, no
+// queue marked); any other recount still runs between batches.
+type background struct {
+	at     bson.Timestamp
+	done   chan backgroundResult
+	cancel context.CancelFunc // ends its read (the term's end)
+	// since: per queue, what the batches added after at; skip: queues
+	// whose counters moved otherwise meanwhile (another recount set them,
+	// or a batch found them missing or moved by another term), left out
+	// of the comparison; spoiled: a recount of every queue ran meanwhile,
+	// or the stream restarted, and this one is dropped.
+	since   map[bson.ObjectID]*store.QueueCounts
+	skip    map[bson.ObjectID]bool
+	spoiled bool
+}
+
+type backgroundResult struct {
+	rc  store.Recount
+	err error
+}
+
+// startBackground starts the periodic recount at the position reached.
+func (p *projector) startBackground(ctx context.Context) {
+	at := p.at
+	ctx, cancel := context.WithCancel(ctx)
+	bg := &background{at: at, done: make(chan backgroundResult, 1), cancel: cancel, since: map[bson.ObjectID]*store.QueueCounts{}, skip: map[bson.ObjectID]bool{}}
+	p.bg, p.lastReconcile = bg, p.s.clock.Now()
+	go func() {
+		defer cancel()
+		rc, err := p.s.cfg.Store.QueueRecount(ctx, store.QueueRecountParams{At: &at})
+		bg.done <- backgroundResult{rc: rc, err: err}
+	}()
+}
+
+// stop ends the background recount's read, if any, and waits for it: for
+// the term's end, whatever ended it.
+func (bg *background) stop() {
+	if bg != nil {
+		bg.cancel()
+		<-bg.done
+	}
+}
+
+// spoil drops the background recount, if any, when it is compared.
+func (bg *background) spoil() {
+	if bg != nil {
+		bg.spoiled = true
+	}
+}
+
+// skipAll leaves queues out of the background recount's comparison.
+func (bg *background) skipAll(queues map[bson.ObjectID]bool) {
+	if bg != nil {
+		maps.Copy(bg.skip, queues)
+	}
+}
+
+// advanced records what a batch added (deltas, less the queues res found
+// missing or moved, which are skipped).
+func (bg *background) advanced(deltas map[bson.ObjectID]*store.QueueCounts, res store.CountersAdvanced) {
+	if bg == nil {
+		return
+	}
+	for _, q := range res.Missing {
+		bg.skip[q] = true
+	}
+	for q := range res.Moved {
+		bg.skip[q] = true
+	}
+	for q, d := range deltas {
+		if bg.skip[q] || *d == (store.QueueCounts{}) {
+			continue // skipped, or not advanced (nothing to add)
+		}
+		c := bg.since[q]
+		if c == nil {
+			c = &store.QueueCounts{}
+			bg.since[q] = c
+		}
+		c.Todo, c.Total, c.Running, c.Failed = c.Todo+d.Todo, c.Total+d.Total, c.Running+d.Running, c.Failed+d.Failed
+	}
+}
+
+// backgroundDone compares the background recount once it is back and no
+// other recount is pending (a repair writes the checkpoint, which must not
+// pass queues still to recount), and repairs what differs. A failure is
+// retried as a recount between batches is (Config.ReconcileEvery later,
+// spaced by the backoff).
+func (p *projector) backgroundDone(ctx context.Context) error {
+	bg := p.bg
+	if bg == nil || (!bg.spoiled && (p.full || len(p.recount) > 0)) {
+		return nil
+	}
+	var res backgroundResult
+	select {
+	case res = <-bg.done:
+	default:
+		return nil
+	}
+	p.bg = nil
+	switch {
+	case ctx.Err() != nil:
+		return nil // the term ends
+	case bg.spoiled:
+		return nil
+	case errors.Is(res.err, store.ErrSnapshotTooOld):
+		// Idle for longer than the server keeps snapshots: between two
+		// batches, which recounts at the present.
+		p.full = true
+		return nil
+	case res.err != nil:
+		wait := p.retry.NextBackOff()
+		p.retryAt = p.s.clock.Now().Add(wait)
+		p.s.log.Warn("periodic recount failed; retrying later", "error", res.err, "retry_in", wait.Round(time.Millisecond))
+		return nil
+	}
+	p.retry.Reset()
+	p.retryAt = time.Time{}
+	return p.compareBackground(ctx, bg, res.rc)
+}
+
+// compareBackground repairs the queues whose counters, less what the
+// batches added since the recount's moment, differ from it: each is set to
+// the recount plus those additions, at its own position (the recount's
+// moment when no batch added to it since). Any difference is drift, as a
+// recount's between batches is when no event went unknown.
+func (p *projector) compareBackground(ctx context.Context, bg *background, rc store.Recount) error {
+	stored, err := p.s.cfg.Store.QueueCounters(ctx)
+	if err != nil {
+		return err
+	}
+	sets := map[bson.ObjectID]store.QueueCounts{}
+	positions := map[bson.ObjectID]store.CounterPosition{}
+	drift := int64(0)
+	for q, c := range rc.Counts {
+		cur, ok := stored[q]
+		if bg.skip[q] || !ok {
+			continue
+		}
+		want, pos := c, store.CounterPosition{Time: bg.at}
+		if s := bg.since[q]; s != nil {
+			want = store.QueueCounts{Todo: c.Todo + s.Todo, Total: c.Total + s.Total, Running: c.Running + s.Running, Failed: c.Failed + s.Failed}
+			pos = *p.applied[q] // the last batch that added to it
+		}
+		if !cur.Complete() {
+			sets[q], positions[q] = want, pos
+			p.s.log.Info("queue counters created by a recount", "queue", q.Hex(), "count_todo", want.Todo, "count_total", want.Total,
+				"count_running", want.Running, "count_failed", want.Failed)
+			continue
+		}
+		if *cur.Todo == want.Todo && *cur.Total == want.Total && *cur.Running == want.Running && *cur.Failed == want.Failed {
+			continue
+		}
+		if !samePosition(cur.Applied, p.applied[q]) {
+			// Another term moved them: this term's next batch for the
+			// queue finds it so, and recounts it.
+			continue
+		}
+		sets[q], positions[q] = want, pos
+		drift++
+		p.s.log.Error("counter drift repaired", "queue", q.Hex(), "count_todo", *cur.Todo, "recount_todo", want.Todo, "count_total", *cur.Total,
+			"recount_total", want.Total, "count_running", *cur.Running, "recount_running", want.Running, "count_failed", *cur.Failed, "recount_failed", want.Failed)
+	}
+	if len(sets) > 0 {
+		// The sets write the checkpoint too: one in flight lands first.
+		if err := p.checkpointed(true); err != nil {
+			return err
+		}
+		if err := p.s.commit(ctx, store.CountersSetParams{Lease: p.ref, Session: p.sess, Sets: sets, Positions: positions, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
+			return err
+		}
+		for q, pos := range positions {
+			p.applied[q] = &pos
+		}
+		p.lastCheckpoint = p.s.clock.Now()
+	}
+	p.s.mu.Lock()
+	p.s.stats.Reconciles++
+	p.s.stats.DriftQueues += drift
+	p.s.mu.Unlock()
+	return nil
+}
+
+// samePosition reports whether two positions (nil: none said) are one.
+func samePosition(a, b *store.CounterPosition) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
