@@ -180,24 +180,7 @@ func (p *projector) compareBackground(ctx context.Context, bg *background, rc st
 		p.s.log.Error("counter drift repaired", "queue", q.Hex(), "count_todo", *cur.Todo, "recount_todo", want.Todo, "count_total", *cur.Total,
 			"recount_total", want.Total, "count_running", *cur.Running, "recount_running", want.Running, "count_failed", *cur.Failed, "recount_failed", want.Failed)
 	}
-	if len(sets) > 0 {
-		// The sets write the checkpoint too: one in flight lands first.
-		if err := p.checkpointed(true); err != nil {
-			return err
-		}
-		if err := p.s.commit(ctx, store.CountersSetParams{Lease: p.ref, Session: p.sess, Sets: sets, Positions: positions, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
-			return err
-		}
-		for q, pos := range positions {
-			p.applied[q] = &pos
-		}
-		p.lastCheckpoint = p.s.clock.Now()
-	}
-	p.s.mu.Lock()
-	p.s.stats.Reconciles++
-	p.s.stats.DriftQueues += drift
-	p.s.mu.Unlock()
-	return nil
+	return p.setRecounted(ctx, sets, positions, drift)
 }
 
 // samePosition reports whether two positions (nil: none said) are one.

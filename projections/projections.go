@@ -902,17 +902,29 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, exact, all boo
 			p.s.log.Warn("counters set from a recount", attrs...)
 		}
 	}
+	return p.setRecounted(ctx, sets, nil, drift)
+}
+
+// setRecounted writes a recount's sets, each queue at its position in
+// positions or else at the current moment, fenced by the lease in one
+// transaction that writes the checkpoint too, and counts the recount and
+// its drift in the stats.
+func (p *projector) setRecounted(ctx context.Context, sets map[bson.ObjectID]store.QueueCounts, positions map[bson.ObjectID]store.CounterPosition, drift int64) error {
 	if len(sets) > 0 {
 		// The sets write the checkpoint too: one in flight must land
 		// first, or it could take the checkpoint back behind them.
 		if err := p.checkpointed(true); err != nil {
 			return err
 		}
-		if err := p.s.commit(ctx, store.CountersSetParams{Lease: p.ref, Session: p.sess, Sets: sets, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
+		if err := p.s.commit(ctx, store.CountersSetParams{Lease: p.ref, Session: p.sess, Sets: sets, Positions: positions, Checkpoint: p.token, CheckpointTime: p.at}); err != nil {
 			return err
 		}
 		for q := range sets {
-			p.applied[q] = &store.CounterPosition{Time: p.at} // as CountersSet set it
+			pos, ok := positions[q]
+			if !ok {
+				pos = store.CounterPosition{Time: p.at} // as CountersSet set it
+			}
+			p.applied[q] = &pos
 		}
 		p.lastCheckpoint = p.s.clock.Now()
 	}

@@ -881,6 +881,34 @@ func (s *recountGated) QueueRecount(ctx context.Context, p store.QueueRecountPar
 	return s.Store.QueueRecount(ctx, p)
 }
 
+// holdNext holds the next recount at a stream position, and returns once
+// it is held.
+func (s *recountGated) holdNext(t *testing.T) {
+	t.Helper()
+	s.hold.Store(true)
+	select {
+	case <-s.g.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no recount began")
+	}
+}
+
+// periodicRecountHeld starts a projector (a periodic recount every 300
+// ms) over a fresh database with one queue whose counters are zero, waits
+// until it is steady, and holds its next periodic recount at the store's
+// gate (opened at the test's end).
+func periodicRecountHeld(t *testing.T) (*mongo.Database, *recountGated, bson.ObjectID, *projections.Service, *logBuf) {
+	t.Helper()
+	db, logs := mongotest.Database(t), &logBuf{}
+	s := &recountGated{Store: store.New(db, store.Options{}), g: newGate()}
+	q := newQueue(t, db, "a", 0, true)
+	svc := started(t, s, projections.Config{ReconcileEvery: 300 * time.Millisecond, PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
+	t.Cleanup(s.g.open) // before Stop
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	s.holdNext(t)
+	return db, s, q, svc, logs
+}
+
 // TestThePeriodicRecountLetsTheBatchesGoOn: the periodic recount of a
 // steady term is read in the background: while it is held, the batches
 // are still applied. A change by hand meanwhile is found against the
@@ -889,18 +917,7 @@ func (s *recountGated) QueueRecount(ctx context.Context, p store.QueueRecountPar
 func TestThePeriodicRecountLetsTheBatchesGoOn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, logs := mongotest.Database(t), &logBuf{}
-	s := &recountGated{Store: store.New(db, store.Options{}), g: newGate()}
-	q := newQueue(t, db, "a", 0, true)
-	svc := started(t, s, projections.Config{ReconcileEvery: 300 * time.Millisecond, PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
-	t.Cleanup(s.g.open) // before Stop
-	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
-	s.hold.Store(true)
-	select {
-	case <-s.g.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no periodic recount began")
-	}
+	db, s, q, svc, logs := periodicRecountHeld(t)
 
 	insertBurst(t, db, q, 0, 5, func(int) any { return -2 })
 	requireExact(t, s.Store, 10*time.Second) // applied while the recount is held
@@ -924,18 +941,7 @@ func TestThePeriodicRecountLetsTheBatchesGoOn(t *testing.T) {
 func TestABackgroundRecountLeavesOutQueuesRecountedMeanwhile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, logs := mongotest.Database(t), &logBuf{}
-	s := &recountGated{Store: store.New(db, store.Options{}), g: newGate()}
-	q := newQueue(t, db, "b", 0, true)
-	svc := started(t, s, projections.Config{ReconcileEvery: 300 * time.Millisecond, PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
-	t.Cleanup(s.g.open) // before Stop
-	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
-	s.hold.Store(true)
-	select {
-	case <-s.g.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no periodic recount began")
-	}
+	db, s, q, svc, logs := periodicRecountHeld(t)
 	reconciles := svc.Stats().Reconciles
 
 	insertBurst(t, db, q, 0, 2, func(int) any { return -2 })
@@ -970,12 +976,7 @@ func TestABackgroundRecountIsDroppedAfterARecountOfEveryQueue(t *testing.T) {
 	t.Cleanup(s.g.open) // before Stop
 	require.Eventually(t, func() bool { return svc.Stats().Reconciles >= 1 }, 20*time.Second, 10*time.Millisecond, "never reconciled")
 	require.NoError(t, s.TasksPreImagesSet(ctx, false)) // as after PreImagesIdle
-	s.hold.Store(true)
-	select {
-	case <-s.g.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no periodic recount began")
-	}
+	s.holdNext(t)
 	reconciles := svc.Stats().Reconciles
 
 	insertBurst(t, db, q, 3, 2, func(int) any { return -2 })
