@@ -924,6 +924,11 @@ func TestThePeriodicRecountLetsTheBatchesGoOn(t *testing.T) {
 	_, err := db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: q}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: int64(999)}}}})
 	require.NoError(t, err)
 	insertBurst(t, db, q, 5, 2, func(int) any { return -2 })
+	require.Eventually(t, func() bool {
+		stored, err := s.QueueCounters(ctx)
+		require.NoError(t, err)
+		return *stored[q].Total == 7
+	}, 10*time.Second, 10*time.Millisecond, "the last inserts applied")
 	require.Zero(t, svc.Stats().DriftQueues)
 
 	s.g.open()
@@ -950,7 +955,8 @@ func TestABackgroundRecountLeavesOutQueuesRecountedMeanwhile(t *testing.T) {
 	require.NoError(t, err)
 	insertBurst(t, db, q, 2, 1, func(int) any { return -2 })
 	requireExact(t, s.Store, 10*time.Second) // recounted between batches
-	require.Equal(t, reconciles+1, svc.Stats().Reconciles, "the queue's own recount")
+	// Counted just after its commit.
+	require.Eventually(t, func() bool { return svc.Stats().Reconciles == reconciles+1 }, 5*time.Second, 10*time.Millisecond, "the queue's own recount")
 	insertBurst(t, db, q, 3, 1, func(int) any { return -2 })
 	requireExact(t, s.Store, 10*time.Second)
 
