@@ -96,7 +96,7 @@ func (bg *background) advanced(deltas map[bson.ObjectID]*store.QueueCounts, res 
 			c = &store.QueueCounts{}
 			bg.since[q] = c
 		}
-		c.Todo, c.Total, c.Running, c.Failed = c.Todo+d.Todo, c.Total+d.Total, c.Running+d.Running, c.Failed+d.Failed
+		*c = c.Plus(*d)
 	}
 }
 
@@ -158,16 +158,15 @@ func (p *projector) compareBackground(ctx context.Context, bg *background, rc st
 		}
 		want, pos := c, store.CounterPosition{Time: bg.at}
 		if s := bg.since[q]; s != nil {
-			want = store.QueueCounts{Todo: c.Todo + s.Todo, Total: c.Total + s.Total, Running: c.Running + s.Running, Failed: c.Failed + s.Failed}
+			want = c.Plus(*s)
 			pos = *p.applied[q] // the last batch that added to it
 		}
 		if !cur.Complete() {
 			sets[q], positions[q] = want, pos
-			p.s.log.Info("queue counters created by a recount", "queue", q.Hex(), "count_todo", want.Todo, "count_total", want.Total,
-				"count_running", want.Running, "count_failed", want.Failed)
+			p.logCreated(q, want)
 			continue
 		}
-		if *cur.Todo == want.Todo && *cur.Total == want.Total && *cur.Running == want.Running && *cur.Failed == want.Failed {
+		if cur.Are(want) {
 			continue
 		}
 		if !samePosition(cur.Applied, p.applied[q]) {
@@ -177,8 +176,7 @@ func (p *projector) compareBackground(ctx context.Context, bg *background, rc st
 		}
 		sets[q], positions[q] = want, pos
 		drift++
-		p.s.log.Error("counter drift repaired", "queue", q.Hex(), "count_todo", *cur.Todo, "recount_todo", want.Todo, "count_total", *cur.Total,
-			"recount_total", want.Total, "count_running", *cur.Running, "recount_running", want.Running, "count_failed", *cur.Failed, "recount_failed", want.Failed)
+		p.s.log.Error("counter drift repaired", differs(q, cur, want)...)
 	}
 	return p.setRecounted(ctx, sets, positions, drift)
 }

@@ -410,18 +410,19 @@ func (p *projector) run(ctx context.Context) error {
 		}
 		onCatchUp := caughtUp && reconcileOnCatchUp
 		periodic := p.bg == nil && clk.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery
-		if periodic && b.CaughtUp && !onCatchUp && p.reconciled && !p.full && len(p.recount) == 0 && !clk.Now().Before(p.retryAt) {
-			// Nothing known to need it: the batches go on while it reads.
-			p.startBackground(ctx)
-			periodic = false
-		}
 		// A recount waits for a batch that held all there was: a reply
 		// cut short by MaxBatch can end inside a transaction (its events
 		// share one moment), and a recount at that moment would hold the
 		// whole of it where the counters hold part, and call the
 		// difference drift. While the projector is behind, its recounts
-		// wait.
-		if b.CaughtUp && !clk.Now().Before(p.retryAt) && (onCatchUp || periodic || p.full || len(p.recount) > 0) {
+		// wait; after a failed one, the backoff's wait too.
+		may := b.CaughtUp && !clk.Now().Before(p.retryAt)
+		if may && periodic && !onCatchUp && p.reconciled && !p.full && len(p.recount) == 0 {
+			// Nothing known to need it: the batches go on while it reads.
+			p.startBackground(ctx)
+			periodic = false
+		}
+		if may && (onCatchUp || periodic || p.full || len(p.recount) > 0) {
 			if onCatchUp || periodic {
 				p.full = true // every queue
 			}
@@ -758,7 +759,7 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 				newS = bson.RawValue{}
 			}
 		}
-		if oldQ.Equal(newQ) && schema.TodoValue(oldS) == schema.TodoValue(newS) && schema.RunningValue(oldS) == schema.RunningValue(newS) && schema.FailedValue(oldS) == schema.FailedValue(newS) {
+		if oldQ.Equal(newQ) && counted(oldS) == counted(newS) {
 			return
 		}
 		add(oldQ, oldS, -1)
@@ -794,6 +795,13 @@ func countReason(ev store.ChangeEvent, reasons map[ReasonKey]int64) {
 	if ok && r != "" && qok {
 		reasons[ReasonKey{Queue: q, Reason: r}]++
 	}
+}
+
+// counted is what one task whose status is s counts for in its queue.
+func counted(s bson.RawValue) store.QueueCounts {
+	var c store.QueueCounts
+	c.Add(s, 1)
+	return c
 }
 
 // recountRetry spaces the tries of a failing recount: 1 s, then twice as
@@ -879,11 +887,10 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, exact, all boo
 			// count_running or count_failed existed: the missing ones are
 			// created, and those already there are not drift if they differ.
 			sets[q] = c
-			p.s.log.Info("queue counters created by a recount", "queue", q.Hex(), "count_todo", c.Todo, "count_total", c.Total, "count_running", c.Running,
-				"count_failed", c.Failed)
+			p.logCreated(q, c)
 			continue
 		}
-		if *cur.Todo == c.Todo && *cur.Total == c.Total && *cur.Running == c.Running && *cur.Failed == c.Failed {
+		if cur.Are(c) {
 			if all {
 				sets[q] = c
 			}
@@ -893,8 +900,7 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, exact, all boo
 		// Counters past the recount's moment are another term's progress
 		// (a deposed projector's last batch): a difference, not drift.
 		isDrift := exact && (cur.Applied == nil || !cur.Applied.Time.After(rc.At))
-		attrs := []any{"queue", q.Hex(), "count_todo", *cur.Todo, "recount_todo", c.Todo, "count_total", *cur.Total, "recount_total", c.Total,
-			"count_running", *cur.Running, "recount_running", c.Running, "count_failed", *cur.Failed, "recount_failed", c.Failed}
+		attrs := differs(q, cur, c)
 		if isDrift {
 			drift++
 			p.s.log.Error("counter drift repaired", attrs...)
@@ -903,6 +909,19 @@ func (p *projector) repair(ctx context.Context, rc store.Recount, exact, all boo
 		}
 	}
 	return p.setRecounted(ctx, sets, nil, drift)
+}
+
+// logCreated says that a recount created a queue's counters.
+func (p *projector) logCreated(q bson.ObjectID, c store.QueueCounts) {
+	p.s.log.Info("queue counters created by a recount", "queue", q.Hex(), "count_todo", c.Todo, "count_total", c.Total, "count_running", c.Running,
+		"count_failed", c.Failed)
+}
+
+// differs is the log's account of a queue whose complete counters cur
+// differ from a recount's c: each stored value beside the recounted one.
+func differs(q bson.ObjectID, cur store.StoredCounters, c store.QueueCounts) []any {
+	return []any{"queue", q.Hex(), "count_todo", *cur.Todo, "recount_todo", c.Todo, "count_total", *cur.Total, "recount_total", c.Total,
+		"count_running", *cur.Running, "recount_running", c.Running, "count_failed", *cur.Failed, "recount_failed", c.Failed}
 }
 
 // setRecounted writes a recount's sets, each queue at its position in

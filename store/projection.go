@@ -576,6 +576,11 @@ func (c StoredCounters) Complete() bool {
 	return c.Todo != nil && c.Total != nil && c.Running != nil && c.Failed != nil
 }
 
+// Are reports whether every counter is there and they are want.
+func (c StoredCounters) Are(want QueueCounts) bool {
+	return c.Complete() && *c.Todo == want.Todo && *c.Total == want.Total && *c.Running == want.Running && *c.Failed == want.Failed
+}
+
 // QueueCounters reads the stored counters of every queue.
 func (s *Store) QueueCounters(ctx context.Context) (map[bson.ObjectID]StoredCounters, error) {
 	out, err := s.readCounters(ctx, bson.D{})

@@ -300,6 +300,11 @@ func (c *QueueCounts) Add(status bson.RawValue, n int64) {
 	}
 }
 
+// Plus is c and d added, counter by counter.
+func (c QueueCounts) Plus(d QueueCounts) QueueCounts {
+	return QueueCounts{Todo: c.Todo + d.Todo, Total: c.Total + d.Total, Running: c.Running + d.Running, Failed: c.Failed + d.Failed}
+}
+
 // QueueCountsGet recounts the tasks of every queue in one aggregation.
 func (s *Store) QueueCountsGet(ctx context.Context) (map[bson.ObjectID]QueueCounts, error) {
 	return s.queueCounts(ctx, s.tasks, bson.D{})

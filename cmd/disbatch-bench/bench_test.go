@@ -360,7 +360,7 @@ func TestRenderTable(t *testing.T) {
 		"SUPERVISED TASKS, ms", "NOT MET: RSS per supervisor <= 5 MiB (mean 8.8 MiB)", "supervised / in-process: insert -> shell process running   1.17x",
 		"supervised pickup (insert -> running seen) / pickup floor  0.80x", "pickup, supervised: the same",
 		"SCALE-OUT: node processes (maxthreads 8 each)", "lost batches", "  3          0.60     2000     2.00x        300             2       50           3.0",
-		"tasks stored  whole recount, ms", "whole recount: the projector's periodic",
+		"tasks stored  whole recount, ms", "whole recount: the projector's recount of every queue",
 		"SANITY: every figure present",
 		"mongod CPU µs/task  client CPU µs/task", "yes                391                 119",
 		"THROUGHPUT: what the primary did per task finished", "node  1 node          0.07      0.06     1.04      0.04             0.00           4.01          13.98       219        403           15",

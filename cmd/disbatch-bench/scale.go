@@ -32,9 +32,10 @@ type ScaleRow struct {
 	// many tasks of the same queue at the same backlog: the floor's fall.
 	RawRate float64 `json:"raw_tasks_per_s"`
 	// Recount is the median of three store.QueueRecount calls (the
-	// projector's periodic and catch-up recount: one $group over every
-	// task, as a snapshot) with RecountTasks in the collection, in ms.
-	// The projector's batches wait for it.
+	// projector's recount of every queue: one $group over every task, as a
+	// snapshot) with RecountTasks in the collection, in ms. The batches
+	// wait for it at a term's catch-up; the periodic one is read while they
+	// go on.
 	Recount      float64 `json:"recount_ms"`
 	RecountTasks int64   `json:"recount_tasks"`
 }
