@@ -166,8 +166,8 @@ func (r *reader) count(names ...string) *int64 {
 	return &i
 }
 
-// counter reads a projected counter: a non-negative int32 or int64
-// (Counter), or nil when missing, null or anything else. A counter is a
+// counter reads a projected counter as a count (Count: a non-negative
+// int32 or int64), or nil when missing, null or anything else. A counter is a
 // projection, not an order, so a bad one never makes the queue malformed:
 // its count is unknown, with a warning, until the projector's recount
 // sets it (as it does any counter Counter refuses).
@@ -176,8 +176,8 @@ func (r *reader) counter(name string) *int64 {
 	if !ok {
 		return nil
 	}
-	i, ok := Counter(v)
-	if !ok || i < 0 {
+	i, ok := Count(v)
+	if !ok {
 		r.warn("%s: want a non-negative integer counter, got %s: unknown until the counter projector recounts the queue", name, describe(v))
 		return nil
 	}

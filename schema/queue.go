@@ -104,6 +104,15 @@ func Counter(v bson.RawValue) (int64, bool) {
 	return 0, false
 }
 
+// Count is a projected counter read as a count to show: a Counter that is
+// not negative. A negative one (only an edit by hand makes one; the
+// projector's recount repairs it) is no count: DecodeQueue reads it as
+// unknown, and GET /queues counts the queue's tasks instead.
+func Count(v bson.RawValue) (int64, bool) {
+	n, ok := Counter(v)
+	return n, ok && n >= 0
+}
+
 // DecodeQueue decodes a queues document.
 func DecodeQueue(raw bson.Raw) (Queue, error) {
 	r := newReader(CollQueues, raw)

@@ -281,8 +281,9 @@ func TestGoldenTasks(t *testing.T) {
 	// The same answer from projected counters (queued = count_todo -
 	// running, completed = count_total - count_todo) while they are
 	// integers; any other value (here doubles another program wrote, 6.5
-	// and 9, which would read as queued 4) is not a counter, and the
-	// queue is counted the 4.103 way.
+	// and 9, which would read as queued 4; or a negative count_todo, which
+	// would read as queued 0) is not a count, and the queue is counted the
+	// 4.103 way.
 	counters := func(todo, total any) {
 		_, err := b.db.Collection(schema.CollQueues).UpdateOne(context.Background(), bson.D{{Key: "name", Value: "q1"}},
 			bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountTodo, Value: todo}, {Key: schema.QueueCountTotal, Value: total}}}})
@@ -294,6 +295,9 @@ func TestGoldenTasks(t *testing.T) {
 	b.run([]exchange{counts})
 	counters(6.5, 9.0)
 	counts.name = "queue counts beside counters that are not integers"
+	b.run([]exchange{counts})
+	counters(int64(-1), int32(7))
+	counts.name = "queue counts beside a negative counter"
 	b.run([]exchange{counts})
 }
 

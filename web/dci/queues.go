@@ -50,8 +50,8 @@ func (h *Handler) queueReport(ctx context.Context) ([]obj, error) {
 			"plugin":  fieldOr(d, schema.QueuePlugin, schema.QueueConstructor),
 			"threads": fieldOr(d, schema.QueueThreads, schema.QueueMaxThreads),
 		}
-		todo, okTodo := schema.Counter(d.Lookup(schema.QueueCountTodo))
-		total, okTotal := schema.Counter(d.Lookup(schema.QueueCountTotal))
+		todo, okTodo := schema.Count(d.Lookup(schema.QueueCountTodo))
+		total, okTotal := schema.Count(d.Lookup(schema.QueueCountTotal))
 		if okTodo && okTotal {
 			run := running[id]
 			o["running"] = run
