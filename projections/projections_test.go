@@ -864,30 +864,50 @@ func steadyWithAQueue(t *testing.T, cfg projections.Config) steadyRun {
 	return r
 }
 
-// recountGated is a store whose first recount at a stream position once
-// hold is set waits at its gate; the others pass.
+// recountGated is a store that holds its next recount at a stream
+// position, once asked to, at a gate; the others pass.
 type recountGated struct {
 	*store.Store
-	hold atomic.Bool
-	g    *gate
+	next atomic.Pointer[heldRecount]
+}
+
+// heldRecount is a recount to hold: at g, then answering err (nil: the
+// store's answer).
+type heldRecount struct {
+	g   *gate
+	err error
 }
 
 func (s *recountGated) QueueRecount(ctx context.Context, p store.QueueRecountParams) (store.Recount, error) {
-	if p.At != nil && s.hold.CompareAndSwap(true, false) {
-		if err := s.g.pass(ctx); err != nil {
-			return store.Recount{}, err
+	if p.At != nil {
+		if h := s.next.Swap(nil); h != nil {
+			if err := h.g.pass(ctx); err != nil {
+				return store.Recount{}, err
+			}
+			if h.err != nil {
+				return store.Recount{}, h.err
+			}
 		}
 	}
 	return s.Store.QueueRecount(ctx, p)
 }
 
-// holdNext holds the next recount at a stream position, and returns once
-// it is held.
-func (s *recountGated) holdNext(t *testing.T) {
+// holdNext holds the next recount at a stream position, answering err
+// once let go (nil: the store's answer), and returns its gate, which the
+// test's end opens.
+func (s *recountGated) holdNext(t *testing.T, err error) *gate {
 	t.Helper()
-	s.hold.Store(true)
+	g := newGate()
+	t.Cleanup(g.open) // before Stop (registered earlier, run later)
+	s.next.Store(&heldRecount{g: g, err: err})
+	return g
+}
+
+// entered waits until a recount is held at g.
+func entered(t *testing.T, g *gate) {
+	t.Helper()
 	select {
-	case <-s.g.entered:
+	case <-g.entered:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no recount began")
 	}
@@ -895,18 +915,19 @@ func (s *recountGated) holdNext(t *testing.T) {
 
 // periodicRecountHeld starts a projector (a periodic recount every 300
 // ms) over a fresh database with one queue whose counters are zero, waits
-// until it is steady, and holds its next periodic recount at the store's
-// gate (opened at the test's end).
-func periodicRecountHeld(t *testing.T) (*mongo.Database, *recountGated, bson.ObjectID, *projections.Service, *logBuf) {
+// until it is steady, and holds its next periodic recount at the returned
+// gate (opened at the test's end), which then answers err (nil: the
+// store's answer).
+func periodicRecountHeld(t *testing.T, err error) (*mongo.Database, *recountGated, bson.ObjectID, *projections.Service, *logBuf, *gate) {
 	t.Helper()
 	db, logs := mongotest.Database(t), &logBuf{}
-	s := &recountGated{Store: store.New(db, store.Options{}), g: newGate()}
+	s := &recountGated{Store: store.New(db, store.Options{})}
 	q := newQueue(t, db, "a", 0, true)
 	svc := started(t, s, projections.Config{ReconcileEvery: 300 * time.Millisecond, PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
-	t.Cleanup(s.g.open) // before Stop
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
-	s.holdNext(t)
-	return db, s, q, svc, logs
+	g := s.holdNext(t, err)
+	entered(t, g)
+	return db, s, q, svc, logs, g
 }
 
 // TestThePeriodicRecountLetsTheBatchesGoOn: the periodic recount of a
@@ -917,7 +938,7 @@ func periodicRecountHeld(t *testing.T) (*mongo.Database, *recountGated, bson.Obj
 func TestThePeriodicRecountLetsTheBatchesGoOn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, s, q, svc, logs := periodicRecountHeld(t)
+	db, s, q, svc, logs, g := periodicRecountHeld(t, nil)
 
 	insertBurst(t, db, q, 0, 5, func(int) any { return -2 })
 	requireExact(t, s.Store, 10*time.Second) // applied while the recount is held
@@ -931,7 +952,7 @@ func TestThePeriodicRecountLetsTheBatchesGoOn(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "the last inserts applied")
 	require.Zero(t, svc.Stats().DriftQueues)
 
-	s.g.open()
+	g.open()
 	requireExact(t, s.Store, 10*time.Second)
 	require.Eventually(t, func() bool { return svc.Stats().DriftQueues == 1 }, 5*time.Second, 10*time.Millisecond, "the repair was not counted as drift:\n%s", logs)
 	require.Contains(t, logs.String(), `msg="counter drift repaired" component=projector queue=`+q.Hex()+` count_todo=1001 recount_todo=7`)
@@ -946,7 +967,7 @@ func TestThePeriodicRecountLetsTheBatchesGoOn(t *testing.T) {
 func TestABackgroundRecountLeavesOutQueuesRecountedMeanwhile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, s, q, svc, logs := periodicRecountHeld(t)
+	db, s, q, svc, logs, g := periodicRecountHeld(t, nil)
 	reconciles := svc.Stats().Reconciles
 
 	insertBurst(t, db, q, 0, 2, func(int) any { return -2 })
@@ -960,7 +981,7 @@ func TestABackgroundRecountLeavesOutQueuesRecountedMeanwhile(t *testing.T) {
 	insertBurst(t, db, q, 3, 1, func(int) any { return -2 })
 	requireExact(t, s.Store, 10*time.Second)
 
-	s.g.open()
+	g.open()
 	require.Eventually(t, func() bool { return svc.Stats().Reconciles >= reconciles+2 }, 10*time.Second, 10*time.Millisecond, "the background recount was never compared")
 	requireExact(t, s.Store, 10*time.Second)
 	require.Zero(t, svc.Stats().DriftQueues, logs.String())
@@ -975,14 +996,14 @@ func TestABackgroundRecountIsDroppedAfterARecountOfEveryQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, logs := mongotest.Database(t), &logBuf{}
-	s := &recountGated{Store: store.New(db, store.Options{}), g: newGate()}
+	s := &recountGated{Store: store.New(db, store.Options{})}
 	q := newQueue(t, db, "b", 0, true)
 	ids := insertBurst(t, db, q, 0, 3, func(int) any { return -2 })
 	svc := started(t, s, projections.Config{ReconcileEvery: 300 * time.Millisecond, PreImagesIdle: time.Hour, Logger: logger(logs)})
-	t.Cleanup(s.g.open) // before Stop
 	require.Eventually(t, func() bool { return svc.Stats().Reconciles >= 1 }, 20*time.Second, 10*time.Millisecond, "never reconciled")
 	require.NoError(t, s.TasksPreImagesSet(ctx, false)) // as after PreImagesIdle
-	s.holdNext(t)
+	g := s.holdNext(t, nil)
+	entered(t, g)
 	reconciles := svc.Stats().Reconciles
 
 	insertBurst(t, db, q, 3, 2, func(int) any { return -2 })
@@ -995,7 +1016,92 @@ func TestABackgroundRecountIsDroppedAfterARecountOfEveryQueue(t *testing.T) {
 	insertBurst(t, db, q, 5, 1, func(int) any { return -2 })
 	requireExact(t, s.Store, 10*time.Second)
 
-	s.g.open()
+	g.open()
 	require.Never(t, func() bool { return svc.Stats().DriftQueues > 0 }, 2*time.Second, 20*time.Millisecond, logs.String())
 	requireExact(t, s.Store, 10*time.Second)
+}
+
+// TestAFailedBackgroundRecountBacksOff: a periodic recount read in the
+// background that fails is retried after the backoff's wait (1 s, less a
+// fifth at most), not at the next period (300 ms here), and the warning
+// says when.
+func TestAFailedBackgroundRecountBacksOff(t *testing.T) {
+	t.Parallel()
+	_, s, _, svc, logs, g := periodicRecountHeld(t, errors.New("injected failure"))
+	reconciles := svc.Stats().Reconciles
+	next := s.holdNext(t, nil)
+	failed := time.Now()
+	g.open()
+	entered(t, next)
+	waited := time.Since(failed)
+	require.Contains(t, logs.String(), `msg="periodic recount failed; retrying later" component=projector error="injected failure" retry_in=`)
+	require.GreaterOrEqual(t, waited, 800*time.Millisecond, "retried before the backoff's wait:\n%s", logs)
+
+	next.open()
+	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the retry was never compared")
+	require.Zero(t, svc.Stats().DriftQueues, logs.String())
+}
+
+// TestABackgroundRecountPastTheSnapshotHistoryRecountsBetweenBatches: a
+// periodic recount whose moment the server no longer keeps (the projector
+// idle for longer than its snapshot history) is not a failure to back off
+// from: every queue is recounted between two batches at once instead.
+func TestABackgroundRecountPastTheSnapshotHistoryRecountsBetweenBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, s, q, svc, logs, g := periodicRecountHeld(t, fmt.Errorf("recount: %w", store.ErrSnapshotTooOld))
+	next := s.holdNext(t, nil)
+	g.open()
+	entered(t, next)
+
+	// Between batches: while it is held, no batch is applied.
+	insertBurst(t, db, q, 0, 2, func(int) any { return -2 })
+	require.Never(t, func() bool {
+		stored, err := s.QueueCounters(ctx)
+		require.NoError(t, err)
+		return *stored[q].Total != 0
+	}, time.Second, 50*time.Millisecond, "a batch was applied while the recount of every queue was held:\n%s", logs)
+	next.open()
+	requireExact(t, s.Store, 10*time.Second)
+	require.NotContains(t, logs.String(), "periodic recount failed")
+	require.Zero(t, svc.Stats().DriftQueues, logs.String())
+}
+
+// TestABackgroundRecountLeavesOutAQueueAnotherTermMoved: counters that
+// another term moved while the periodic recount was read (their position
+// is not the one this term applied) are not this term's to judge: the
+// comparison leaves them out, where it would call them drift and set
+// them back.
+func TestABackgroundRecountLeavesOutAQueueAnotherTermMoved(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, logs := mongotest.Database(t), &logBuf{}
+	s := &recountGated{Store: store.New(db, store.Options{})}
+	a, b := newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)
+	svc := started(t, s, projections.Config{ReconcileEvery: 300 * time.Millisecond, PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	g := s.holdNext(t, nil)
+	entered(t, g)
+	reconciles := svc.Stats().Reconciles
+
+	// Another term's batch for b, as far as b's counters show.
+	moved := bson.Timestamp{T: uint32(time.Now().Add(time.Hour).Unix()), I: 1}
+	_, err := db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: b}}, bson.D{{Key: "$set", Value: bson.D{
+		{Key: schema.QueueCountTodo, Value: int64(5)}, {Key: schema.QueueCountTotal, Value: int64(5)},
+		{Key: schema.QueueCountsApplied, Value: bson.D{{Key: "t", Value: moved}, {Key: "token", Value: ""}}}}}})
+	require.NoError(t, err)
+	insertBurst(t, db, a, 0, 1, func(int) any { return -2 })
+	require.Eventually(t, func() bool {
+		stored, err := s.QueueCounters(ctx)
+		require.NoError(t, err)
+		return *stored[a].Total == 1
+	}, 10*time.Second, 10*time.Millisecond, "a's insert applied")
+
+	g.open()
+	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the background recount was never compared")
+	require.Zero(t, svc.Stats().DriftQueues, logs.String())
+	stored, err := s.QueueCounters(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), *stored[b].Todo, "b set back:\n%s", logs)
+	require.Equal(t, moved, stored[b].Applied.Time)
 }
