@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -102,9 +101,10 @@ func (bg *background) advanced(deltas map[bson.ObjectID]*store.QueueCounts, res 
 
 // backgroundDone compares the background recount once it is back and no
 // other recount is pending (a repair writes the checkpoint, which must not
-// pass queues still to recount), and repairs what differs. A failure is
-// retried as a recount between batches is (Config.ReconcileEvery later,
-// spaced by the backoff).
+// pass queues still to recount), and repairs what differs. A failure, of
+// the recount or of its repair, is retried as a recount between batches
+// is (Config.ReconcileEvery later, spaced by the backoff); only the
+// lease's loss ends the term.
 func (p *projector) backgroundDone(ctx context.Context) error {
 	bg := p.bg
 	if bg == nil || (!bg.spoiled && (p.full || len(p.recount) > 0)) {
@@ -128,14 +128,21 @@ func (p *projector) backgroundDone(ctx context.Context) error {
 		p.full = true
 		return nil
 	case res.err != nil:
-		wait := p.retry.NextBackOff()
-		p.retryAt = p.s.clock.Now().Add(wait)
-		p.s.log.Warn("periodic recount failed; retrying later", "error", res.err, "retry_in", wait.Round(time.Millisecond))
+		p.backOff("periodic recount", res.err)
 		return nil
 	}
-	p.retry.Reset()
-	p.retryAt = time.Time{}
-	return p.compareBackground(ctx, bg, res.rc)
+	switch err := p.compareBackground(ctx, bg, res.rc); {
+	case errors.Is(err, store.ErrLeaseLost) || ctx.Err() != nil:
+		return err
+	case err != nil:
+		// Its read of the counters, or its sets' transaction (which
+		// either wrote or did not: a queue it did write without this
+		// term knowing is found moved, and recounted, by its next batch).
+		p.backOff("periodic recount", err)
+	default:
+		p.recounted()
+	}
+	return nil
 }
 
 // compareBackground repairs the queues whose counters, less what the

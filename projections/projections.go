@@ -435,8 +435,7 @@ func (p *projector) run(ctx context.Context) error {
 				// failed one (p.full).
 				p.reconciled = caughtUp
 				p.steady()
-				p.retry.Reset()
-				p.retryAt = time.Time{}
+				p.recounted()
 			}
 			switch {
 			case errors.Is(err, errReposition):
@@ -451,14 +450,26 @@ func (p *projector) run(ctx context.Context) error {
 			case errors.Is(err, store.ErrLeaseLost) || ctx.Err() != nil:
 				return err
 			case err != nil:
-				wait := p.retry.NextBackOff()
-				p.retryAt = clk.Now().Add(wait)
-				p.s.log.Warn("reconcile failed; retrying later", "error", err, "retry_in", wait.Round(time.Millisecond))
+				p.backOff("reconcile", err)
 				p.lastReconcile = clk.Now()
 			}
 		}
 	}
 	return nil
+}
+
+// backOff spaces the next recount after what failed with err, and says
+// when it comes.
+func (p *projector) backOff(what string, err error) {
+	wait := p.retry.NextBackOff()
+	p.retryAt = p.s.clock.Now().Add(wait)
+	p.s.log.Warn(what+" failed; retrying later", "error", err, "retry_in", wait.Round(time.Millisecond))
+}
+
+// recounted ends the backoff after a recount that succeeded.
+func (p *projector) recounted() {
+	p.retry.Reset()
+	p.retryAt = time.Time{}
 }
 
 // open follows the stream from the checkpoint: after its token, or just

@@ -865,10 +865,20 @@ func steadyWithAQueue(t *testing.T, cfg projections.Config) steadyRun {
 }
 
 // recountGated is a store that holds its next recount at a stream
-// position, once asked to, at a gate; the others pass.
+// position, once asked to, at a gate; the others pass. It can fail its
+// next read of the counters.
 type recountGated struct {
 	*store.Store
 	next atomic.Pointer[heldRecount]
+	// countersErr: the next QueueCounters' answer, once (nil: the store's).
+	countersErr atomic.Pointer[error]
+}
+
+func (s *recountGated) QueueCounters(ctx context.Context) (map[bson.ObjectID]store.StoredCounters, error) {
+	if err := s.countersErr.Swap(nil); err != nil {
+		return nil, *err
+	}
+	return s.Store.QueueCounters(ctx)
 }
 
 // heldRecount is a recount to hold: at g, then answering err (nil: the
@@ -1104,4 +1114,29 @@ func TestABackgroundRecountLeavesOutAQueueAnotherTermMoved(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), *stored[b].Todo, "b set back:\n%s", logs)
 	require.Equal(t, moved, stored[b].Applied.Time)
+}
+
+// TestAFailedBackgroundRepairBacksOffWithoutEndingTheTerm: when the
+// comparison of a background recount fails (here its read of the stored
+// counters), the recount is retried after the backoff's wait, as a failed
+// read is; the term goes on (it ends for the lease's loss alone, where a
+// new term would recount every queue between batches).
+func TestAFailedBackgroundRepairBacksOffWithoutEndingTheTerm(t *testing.T) {
+	t.Parallel()
+	_, s, _, svc, logs, g := periodicRecountHeld(t, nil)
+	reconciles := svc.Stats().Reconciles
+	injected := errors.New("injected read failure")
+	s.countersErr.Store(&injected)
+	next := s.holdNext(t, nil)
+	failed := time.Now()
+	g.open()
+	entered(t, next)
+	waited := time.Since(failed)
+	require.Contains(t, logs.String(), `msg="periodic recount failed; retrying later" component=projector error="injected read failure" retry_in=`)
+	require.GreaterOrEqual(t, waited, 800*time.Millisecond, "retried before the backoff's wait:\n%s", logs)
+
+	next.open()
+	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the retry was never compared")
+	require.Zero(t, svc.Stats().DriftQueues, logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "projector lease acquired"), "the term ended:\n%s", logs)
 }
