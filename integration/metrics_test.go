@@ -182,6 +182,8 @@ func TestMetricsOfARealNode(t *testing.T) {
 	require.Equal(t, 1.0, value("disbatch_cluster_leader"), "the only node leads the cluster-wide duties")
 	require.Positive(t, value("disbatch_projection_events_total"))
 	require.Zero(t, value("disbatch_projection_drift_queues_total"))
+	require.Positive(t, value("disbatch_projection_recounts_total"), "the term's catch-up recount, at least")
+	require.Zero(t, value("disbatch_projection_recount_failures_total"))
 	value("disbatch_projection_lag_seconds", "quantile", "0.5")
 	value("disbatch_projection_lag_seconds", "quantile", "0.99")
 	require.Positive(t, value("go_goroutines"))

@@ -14,8 +14,9 @@
 //     disbatch_claims_total, disbatch_claim_passes_total{trigger="wakeup"|
 //     "tick"}, disbatch_change_stream_{events,resumes,rescans}_total,
 //     disbatch_projector_leader, disbatch_projection_lag_seconds{quantile},
-//     disbatch_projection_events_total and
-//     disbatch_projection_drift_queues_total;
+//     disbatch_projection_events_total,
+//     disbatch_projection_drift_queues_total and
+//     disbatch_projection_{recounts,recount_failures}_total;
 //   - the Go runtime and process collectors (go_*, process_*).
 //
 // Serve runs an HTTP server with /metrics, /healthz (200 while the process

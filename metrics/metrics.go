@@ -169,6 +169,11 @@ var (
 		"1 while this node holds the \"leader\" lease and runs the cluster-wide duties (stale-claim sweep, dead-node recovery), else 0.", nil, nil)
 	descDrift = prometheus.NewDesc("disbatch_projection_drift_queues_total",
 		"Queues whose counters differed from a recount (should stay 0).", nil, nil)
+	descRecounts = prometheus.NewDesc("disbatch_projection_recounts_total",
+		"Recounts of the queues' counters this node's counter projector completed (a term's catch-up, new or moved queues, every 10 minutes, after a change it could not place).", nil, nil)
+	descRecountFailures = prometheus.NewDesc("disbatch_projection_recount_failures_total",
+		"Recounts (or their repairs) that failed; each is retried after a backoff of 1 s, doubling to a minute (the log's retry_in). "+
+			"While they fail, counters that drifted stay unrepaired and the checkpoint waits.", nil, nil)
 	descPreImages = prometheus.NewDesc("disbatch_projection_pre_images",
 		"1 while this node's counter projector keeps the tasks collection's change-stream pre-images on (a term's start, and PreImagesIdle after another program's change), 0 otherwise.", nil, nil)
 	descReasons = prometheus.NewDesc("disbatch_task_reasons_total",
@@ -179,7 +184,7 @@ var (
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueueTasks, descRunning, descClaims, descPasses, descStreamEvents,
-		descStreamResumes, descStreamRescans, descStreamQuiets, descLeader, descLag, descProjEvents, descDrift, descPreImages, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons, descLingers} {
+		descStreamResumes, descStreamRescans, descStreamQuiets, descLeader, descLag, descProjEvents, descDrift, descRecounts, descRecountFailures, descPreImages, descNodeState, descBatches, descConflicts, descClusterLeader, descReasons, descLingers} {
 		ch <- d
 	}
 }
@@ -296,6 +301,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descLag, ps.LagP99.Seconds(), "0.99")
 	counter(descProjEvents, ps.Events)
 	counter(descDrift, ps.DriftQueues)
+	counter(descRecounts, ps.Reconciles)
+	counter(descRecountFailures, ps.RecountFailures)
 	gauge(descPreImages, flag(ps.PreImages))
 	// By queue name (same-named queues added up; a queue gone since is
 	// named by its id).

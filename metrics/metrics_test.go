@@ -193,7 +193,7 @@ func TestCollector(t *testing.T) {
 		running: map[bson.ObjectID]int{a: 2, b: 1, d1: 1, d2: 1},
 		claimer: claimer.Stats{Claims: 42, WakePasses: 30, TickPasses: 5, EmptyClaims: 9, Batches: 3, Contended: 11, Lingers: 7, LingersTimedOut: 2},
 		stream:  events.Stats{Events: 100, Resumes: 2, Rescans: 1, Quiets: 3},
-		projector: projections.Stats{Leader: true, Events: 77, DriftQueues: 0, LagP50: 40 * time.Millisecond, LagP99: 75 * time.Millisecond,
+		projector: projections.Stats{Leader: true, Events: 77, DriftQueues: 0, Reconciles: 12, RecountFailures: 2, LagP50: 40 * time.Millisecond, LagP99: 75 * time.Millisecond,
 			Reasons: map[projections.ReasonKey]int64{
 				{Queue: a, Reason: "cancelled"}: 4, {Queue: a, Reason: "retrying"}: 2,
 				{Queue: d1, Reason: "killed"}: 1, {Queue: d2, Reason: "killed"}: 2,
@@ -251,6 +251,9 @@ func TestCollector(t *testing.T) {
 	require.Equal(t, dto.MetricType_GAUGE, mfs["disbatch_projection_lag_seconds"].GetType())
 	require.Equal(t, 77.0, value(t, mfs, "disbatch_projection_events_total"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_projection_drift_queues_total"))
+	require.Equal(t, 12.0, value(t, mfs, "disbatch_projection_recounts_total"))
+	require.Equal(t, 2.0, value(t, mfs, "disbatch_projection_recount_failures_total"))
+	require.Equal(t, dto.MetricType_COUNTER, mfs["disbatch_projection_recount_failures_total"].GetType())
 	require.Equal(t, 3.0, value(t, mfs, "disbatch_claim_batches_total"))
 	require.Equal(t, 11.0, value(t, mfs, "disbatch_claim_conflicts_total"))
 	require.Equal(t, 5.0, value(t, mfs, "disbatch_claim_lingers_total", "end", "slots"))

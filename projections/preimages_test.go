@@ -263,6 +263,7 @@ func TestAFailingRecountBacksOff(t *testing.T) {
 	require.Len(t, tries, 3, "two failures and the success")
 	require.GreaterOrEqual(t, tries[1].Sub(tries[0]), 800*time.Millisecond, "the first retry waits about a second")
 	require.GreaterOrEqual(t, tries[2].Sub(tries[1]), 1600*time.Millisecond, "the second about two")
+	require.EqualValues(t, 2, svc.Stats().RecountFailures, "each failure counted (the metric's source)")
 }
 
 // applyHeld is a store whose batches' counter writes wait at its gate.

@@ -125,8 +125,11 @@ type Stats struct {
 	// DriftQueues counts queues whose counters differed from a recount
 	// (not counting counters that were missing).
 	DriftQueues int64
-	LagP50      time.Duration
-	LagP99      time.Duration
+	// RecountFailures counts recounts, or their repairs, that failed (each
+	// retried after a backoff).
+	RecountFailures int64
+	LagP50          time.Duration
+	LagP99          time.Duration
 	// Reasons counts the reasons written on tasks (why a task ended or is
 	// held: cancelled, killed, timeout, retrying, orphaned, ...), by queue,
 	// whoever wrote them (a node, the CLI, the web API, another program),
@@ -464,6 +467,9 @@ func (p *projector) backOff(what string, err error) {
 	wait := p.retry.NextBackOff()
 	p.retryAt = p.s.clock.Now().Add(wait)
 	p.s.log.Warn(what+" failed; retrying later", "error", err, "retry_in", wait.Round(time.Millisecond))
+	p.s.mu.Lock()
+	p.s.stats.RecountFailures++
+	p.s.mu.Unlock()
 }
 
 // recounted ends the backoff after a recount that succeeded.

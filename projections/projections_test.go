@@ -1046,6 +1046,7 @@ func TestAFailedBackgroundRecountBacksOff(t *testing.T) {
 	waited := time.Since(failed)
 	require.Contains(t, logs.String(), `msg="periodic recount failed; retrying later" component=projector error="injected failure" retry_in=`)
 	require.GreaterOrEqual(t, waited, 800*time.Millisecond, "retried before the backoff's wait:\n%s", logs)
+	require.EqualValues(t, 1, svc.Stats().RecountFailures)
 
 	next.open()
 	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the retry was never compared")
@@ -1074,6 +1075,7 @@ func TestABackgroundRecountPastTheSnapshotHistoryRecountsBetweenBatches(t *testi
 	next.open()
 	requireExact(t, s.Store, 10*time.Second)
 	require.NotContains(t, logs.String(), "periodic recount failed")
+	require.Zero(t, svc.Stats().RecountFailures)
 	require.Zero(t, svc.Stats().DriftQueues, logs.String())
 }
 
@@ -1134,6 +1136,7 @@ func TestAFailedBackgroundRepairBacksOffWithoutEndingTheTerm(t *testing.T) {
 	waited := time.Since(failed)
 	require.Contains(t, logs.String(), `msg="periodic recount failed; retrying later" component=projector error="injected read failure" retry_in=`)
 	require.GreaterOrEqual(t, waited, 800*time.Millisecond, "retried before the backoff's wait:\n%s", logs)
+	require.EqualValues(t, 1, svc.Stats().RecountFailures)
 
 	next.open()
 	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the retry was never compared")
