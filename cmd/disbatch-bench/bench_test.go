@@ -80,6 +80,10 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int{1000, 1_000_000}, c.Backlogs)
 
+	c, _, err = parseFlags([]string{"--scale-task-bytes", "2000", "--only", "scale"})
+	require.NoError(t, err)
+	require.Equal(t, 2000, c.ScaleTaskBytes)
+
 	c, _, err = parseFlags([]string{"--node-cpuprofile", "/tmp/cpu", "--only", "lag"})
 	require.NoError(t, err, "the lag group drains with node processes too")
 	require.Equal(t, "/tmp/cpu", c.NodeCPUProf)
@@ -89,6 +93,7 @@ func TestParseFlags(t *testing.T) {
 		{"--submit-tasks", "10001"}, {"--kill-samples", "0"}, {"--dag-edges", "0"}, {"--sched-queues", "1"}, {"--sched-tasks", "10", "--sched-queues", "20"}, {"--delay-probes", "-1"}, {"--web-tasks", "10", "--web-queue-count", "20"}, {"--sse-subscribers", "0"}, {"--web-duration", "0s"},
 		{"--members", "2"}, {"--members", "3", "--mongo-uri", "mongodb://x"}, {"--river", "--only", "throughput"},
 		{"--pairs", "-1"}, {"--pairs", "3", "--only", "lag"}, {"--node-cpuprofile", "/tmp/x", "--only", "pickup"},
+		{"--scale-task-bytes", "-1"}, {"--scale-task-bytes", "2000000"},
 	} {
 		_, _, err := parseFlags(bad)
 		require.Error(t, err, "%v", bad)
@@ -97,7 +102,7 @@ func TestParseFlags(t *testing.T) {
 	_, help, err := parseFlags([]string{"--help"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	for _, name := range []string{"mongo-uri", "json", "quick", "only", "maxthreads", "pickup-rate", "pickup-duration", "tasks",
-		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "rss-duration", "cache-gb", "oplog-mib", "members", "river", "river-dir", "scaleout-nodes", "scaleout-maxthreads", "scaleout-tasks", "scaleout-pickups", "verbose", "cpuprofile", "node-cpuprofile",
+		"ceiling-tasks", "drain-timeout", "backlogs", "claims", "scale-drain", "scale-task-bytes", "rss-duration", "cache-gb", "oplog-mib", "members", "river", "river-dir", "scaleout-nodes", "scaleout-maxthreads", "scaleout-tasks", "scaleout-pickups", "verbose", "cpuprofile", "node-cpuprofile",
 		"web-queue-count", "web-tasks", "web-rate", "web-duration", "web-slow", "sse-subscribers", "sse-rate", "sse-duration", "submit-tasks", "submit-repeats",
 		"kill-samples", "delay-held", "delay-probes", "wait-rounds", "dag-edges", "sched-queues", "sched-tasks", "pairs"} {
 		require.Regexp(t, `\n  -`+name+`[ \n]`, help, "help explains --%s", name)

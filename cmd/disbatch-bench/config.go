@@ -79,6 +79,9 @@ type config struct {
 	Claims      int
 	ScaleDrain  int
 	RSSDuration time.Duration
+	// ScaleTaskBytes pads each backlog task's parameters with as many
+	// random bytes (0: none, the no-op task's 150-byte document).
+	ScaleTaskBytes int
 
 	// Scale-out: node processes of ScaleoutThreads each, one row per
 	// count, each draining ScaleoutTasks, then timing ScaleoutPickups.
@@ -378,6 +381,7 @@ func parseFlags(args []string) (config, string, error) {
 	fs.IntVar(&c.ScaleDrain, "scale-drain", defaults.ScaleDrain, "scale: tasks an in-process node, then the raw batched loop, drain at each backlog (at most the backlog; quick: "+strconv.Itoa(quickDefaults.ScaleDrain)+")")
 	fs.StringVar(&c.NodeMemProf, "node-memprofile", "", "scale: the node process whose RSS is sampled writes a heap profile of its live objects to `FILE` at the end")
 	fs.StringVar(&c.NodeCPUProf, "node-cpuprofile", "", "throughput and lag: each node process of their drains (the rows' and the pairs') writes a CPU profile of its run to `PREFIX`-<its name>, e.g. PREFIX-bench-proc-1; a later drain's overwrites an earlier's")
+	fs.IntVar(&c.ScaleTaskBytes, "scale-task-bytes", defaults.ScaleTaskBytes, "scale: random bytes padding each backlog task's parameters, as a real task's parameters and output make its document larger (0: none)")
 	fs.DurationVar(&c.RSSDuration, "rss-duration", defaults.RSSDuration, "scale: how long the node process runs while its RSS is sampled (quick: "+quickDefaults.RSSDuration.String()+")")
 	fs.IntVar(&c.DashQueues, "dash-queues", defaults.DashQueues, "dashboard: queues on the overview")
 	fs.IntVar(&c.DashTasks, "dash-tasks", defaults.DashTasks, "dashboard: tasks in all (quick: "+strconv.Itoa(quickDefaults.DashTasks)+")")
@@ -502,6 +506,9 @@ func (c *config) validate() error {
 	positive("ceiling-tasks", c.CeilingTasks)
 	positive("claims", c.Claims)
 	positive("scale-drain", c.ScaleDrain)
+	if c.ScaleTaskBytes < 0 || c.ScaleTaskBytes > maxTaskBytes {
+		errs = append(errs, fmt.Errorf("--scale-task-bytes must be 0 to %d, got %d", maxTaskBytes, c.ScaleTaskBytes))
+	}
 	positive("scaleout-maxthreads", c.ScaleoutThreads)
 	positive("scaleout-tasks", c.ScaleoutTasks)
 	positive("scaleout-pickups", c.ScaleoutPickups)

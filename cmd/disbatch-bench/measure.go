@@ -147,6 +147,9 @@ func counts(cfg config) []Count {
 	add(groupScale, "TaskClaim calls per backlog", cfg.Claims)
 	add(groupScale, fmt.Sprintf("TaskClaimMany(%d) calls per backlog", scaleBatch), manyCalls(cfg.Claims))
 	add(groupScale, "tasks drained by the node per backlog", cfg.ScaleDrain)
+	if cfg.ScaleTaskBytes > 0 {
+		add(groupScale, "backlog tasks padded with", fmt.Sprintf("%d random bytes each (parameters.pad, binary)", cfg.ScaleTaskBytes))
+	}
 	add(groupScale, "node process RSS sampled for", cfg.RSSDuration.String())
 	add(groupScaleout, "node processes per row", joinInts(cfg.ScaleoutNodes))
 	add(groupScaleout, "each", fmt.Sprintf("this program's node subcommand, maxthreads %d, its own client and Go runtime; the queue paused until every one is ready; wake-up listeners %s", cfg.ScaleoutThreads, listenersSaid(cfg.ScaleoutListeners)))

@@ -84,7 +84,7 @@ func (e *env) scale(ctx context.Context) (*ScaleReport, error) {
 		}
 		e.log.Info("scale: queueing", "tasks", n, "backlog", target)
 		start := time.Now()
-		if err := insertTasks(ctx, e.log, s, q.ID, n); err != nil {
+		if err := insertPadded(ctx, e.log, s, q.ID, n, e.cfg.ScaleTaskBytes); err != nil {
 			return err
 		}
 		took := time.Since(start)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
@@ -69,9 +71,37 @@ func insertTasks(ctx context.Context, log *slog.Logger, s *store.Store, queue bs
 	return insertTasksControl(ctx, log, s, queue, n, nil)
 }
 
+// maxTaskBytes bounds --scale-task-bytes: well under MongoDB's 16 MiB
+// document.
+const maxTaskBytes = 1 << 20
+
+// insertPadded is insertTasks with parameters {pad: <pad random bytes>},
+// new bytes for each task (a document repeated would compress to nothing
+// on disk, where real parameters and output do not).
+func insertPadded(ctx context.Context, log *slog.Logger, s *store.Store, queue bson.ObjectID, n, pad int) error {
+	if pad == 0 {
+		return insertTasks(ctx, log, s, queue, n)
+	}
+	return insertTasksWith(ctx, log, s, queue, n, nil, func(size int) []bson.Raw {
+		params := make([]bson.Raw, size)
+		b := make([]byte, pad)
+		for i := range params {
+			rand.Read(b) //nolint:errcheck // never fails (crypto/rand)
+			params[i] = bson.Raw(bsoncore.NewDocumentBuilder().AppendBinary("pad", 0, b).Build())
+		}
+		return params
+	})
+}
+
 // insertTasksControl is insertTasks with control fields (a delay, ...) on
 // every task.
 func insertTasksControl(ctx context.Context, log *slog.Logger, s *store.Store, queue bson.ObjectID, n int, ctl *store.TaskInsertControl) error {
+	return insertTasksWith(ctx, log, s, queue, n, ctl, func(size int) []bson.Raw { return make([]bson.Raw, size) })
+}
+
+// insertTasksWith is insertTasksControl with each batch's parameters made
+// by params.
+func insertTasksWith(ctx context.Context, log *slog.Logger, s *store.Store, queue bson.ObjectID, n int, ctl *store.TaskInsertControl, params func(size int) []bson.Raw) error {
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -81,7 +111,7 @@ func insertTasksControl(ctx context.Context, log *slog.Logger, s *store.Store, q
 	for range insertParallel {
 		wg.Go(func() {
 			for size := range batches {
-				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: make([]bson.Raw, size), Control: ctl}); err != nil {
+				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: params(size), Control: ctl}); err != nil {
 					cancel(err)
 					continue
 				}
