@@ -390,3 +390,33 @@ func testQueueRecountOfSomeQueues(t *testing.T, newStore Factory) {
 	require.LessOrEqual(t, op.DocsExamined, int64(2), "q1's tasks alone are read, not q2's 50")
 	require.LessOrEqual(t, op.KeysExamined, int64(10), "through an index on queue")
 }
+
+// testQueueRecountReadsTheIndexAlone: a recount of every queue reads
+// (queue, status) from the {queue, status} index, never the tasks
+// themselves, which can be large (parameters, output) and which a
+// collection scan would pull through the server's cache (the profiler
+// says what the aggregation examined).
+func testQueueRecountReadsTheIndexAlone(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	require.NoError(t, s.IndexesEnsure(ctx))
+	q1, q2 := newQueue(t, s, "q1", schema.SortFIFO), newQueue(t, s, "q2", schema.SortFIFO)
+	insertTasks(t, s, q1.ID, 3)
+	insertTasks(t, s, q2.ID, 20)
+	_, err := db.Collection("tasks").InsertOne(ctx, bson.D{{Key: "queue", Value: q1.ID}}) // no status: to do
+	require.NoError(t, err)
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 2}}).Err())
+	t.Cleanup(func() { _ = db.RunCommand(context.Background(), bson.D{{Key: "profile", Value: 0}}).Err() })
+	rc, err := s.QueueRecount(ctx, store.QueueRecountParams{})
+	require.NoError(t, err)
+	require.Equal(t, map[bson.ObjectID]store.QueueCounts{q1.ID: {Todo: 4, Total: 4}, q2.ID: {Todo: 20, Total: 20}}, rc.Counts)
+	require.NoError(t, db.RunCommand(ctx, bson.D{{Key: "profile", Value: 0}}).Err())
+
+	var op struct {
+		DocsExamined int64 `bson:"docsExamined"`
+		KeysExamined int64 `bson:"keysExamined"`
+	}
+	require.NoError(t, db.Collection("system.profile").FindOne(ctx, bson.D{{Key: "ns", Value: db.Name() + ".tasks"}, {Key: "command.aggregate", Value: "tasks"}}).Decode(&op))
+	require.Zero(t, op.DocsExamined, "no task read: the index covers the count")
+	require.GreaterOrEqual(t, op.KeysExamined, int64(24), "every task's index entry")
+}
