@@ -924,20 +924,47 @@ func entered(t *testing.T, g *gate) {
 }
 
 // periodicRecountHeld starts a projector (a periodic recount every 300
-// ms) over a fresh database with one queue whose counters are zero, waits
-// until it is steady, and holds its next periodic recount at the returned
-// gate (opened at the test's end), which then answers err (nil: the
-// store's answer).
-func periodicRecountHeld(t *testing.T, err error) (*mongo.Database, *recountGated, bson.ObjectID, *projections.Service, *logBuf, *gate) {
+// ms) over a fresh database with queue "a" (and a queue of each name in
+// more, their ids returned in order) whose counters are zero, waits until
+// it is steady, and holds its next periodic recount at the returned gate
+// (opened at the test's end), which then answers err (nil: the store's
+// answer).
+func periodicRecountHeld(t *testing.T, err error, more ...string) (*mongo.Database, *recountGated, bson.ObjectID, *projections.Service, *logBuf, *gate, []bson.ObjectID) {
 	t.Helper()
 	db, logs := mongotest.Database(t), &logBuf{}
 	s := &recountGated{Store: store.New(db, store.Options{})}
 	q := newQueue(t, db, "a", 0, true)
+	var others []bson.ObjectID
+	for _, name := range more {
+		others = append(others, newQueue(t, db, name, 0, true))
+	}
 	svc := started(t, s, projections.Config{ReconcileEvery: 300 * time.Millisecond, PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
 	g := s.holdNext(t, err)
 	entered(t, g)
-	return db, s, q, svc, logs, g
+	return db, s, q, svc, logs, g, others
+}
+
+// retriedAfterTheBackoff lets the recount held at g go, requires that it
+// fails (the warning naming errText) and that the next recount comes only
+// after the backoff's wait (1 s, less a fifth at most), not at the next
+// period (300 ms), then lets that one go and requires it compared, without
+// drift.
+func retriedAfterTheBackoff(t *testing.T, s *recountGated, svc *projections.Service, logs *logBuf, g *gate, errText string) {
+	t.Helper()
+	reconciles := svc.Stats().Reconciles
+	next := s.holdNext(t, nil)
+	failed := time.Now()
+	g.open()
+	entered(t, next)
+	waited := time.Since(failed)
+	require.Contains(t, logs.String(), `msg="periodic recount failed; retrying later" component=projector error="`+errText+`" retry_in=`)
+	require.GreaterOrEqual(t, waited, 800*time.Millisecond, "retried before the backoff's wait:\n%s", logs)
+	require.EqualValues(t, 1, svc.Stats().RecountFailures)
+
+	next.open()
+	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the retry was never compared")
+	require.Zero(t, svc.Stats().DriftQueues, logs.String())
 }
 
 // TestThePeriodicRecountLetsTheBatchesGoOn: the periodic recount of a
@@ -948,7 +975,7 @@ func periodicRecountHeld(t *testing.T, err error) (*mongo.Database, *recountGate
 func TestThePeriodicRecountLetsTheBatchesGoOn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, s, q, svc, logs, g := periodicRecountHeld(t, nil)
+	db, s, q, svc, logs, g, _ := periodicRecountHeld(t, nil)
 
 	insertBurst(t, db, q, 0, 5, func(int) any { return -2 })
 	requireExact(t, s.Store, 10*time.Second) // applied while the recount is held
@@ -977,7 +1004,7 @@ func TestThePeriodicRecountLetsTheBatchesGoOn(t *testing.T) {
 func TestABackgroundRecountLeavesOutQueuesRecountedMeanwhile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, s, q, svc, logs, g := periodicRecountHeld(t, nil)
+	db, s, q, svc, logs, g, _ := periodicRecountHeld(t, nil)
 	reconciles := svc.Stats().Reconciles
 
 	insertBurst(t, db, q, 0, 2, func(int) any { return -2 })
@@ -1037,20 +1064,8 @@ func TestABackgroundRecountIsDroppedAfterARecountOfEveryQueue(t *testing.T) {
 // says when.
 func TestAFailedBackgroundRecountBacksOff(t *testing.T) {
 	t.Parallel()
-	_, s, _, svc, logs, g := periodicRecountHeld(t, errors.New("injected failure"))
-	reconciles := svc.Stats().Reconciles
-	next := s.holdNext(t, nil)
-	failed := time.Now()
-	g.open()
-	entered(t, next)
-	waited := time.Since(failed)
-	require.Contains(t, logs.String(), `msg="periodic recount failed; retrying later" component=projector error="injected failure" retry_in=`)
-	require.GreaterOrEqual(t, waited, 800*time.Millisecond, "retried before the backoff's wait:\n%s", logs)
-	require.EqualValues(t, 1, svc.Stats().RecountFailures)
-
-	next.open()
-	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the retry was never compared")
-	require.Zero(t, svc.Stats().DriftQueues, logs.String())
+	_, s, _, svc, logs, g, _ := periodicRecountHeld(t, errors.New("injected failure"))
+	retriedAfterTheBackoff(t, s, svc, logs, g, "injected failure")
 }
 
 // TestABackgroundRecountPastTheSnapshotHistoryRecountsBetweenBatches: a
@@ -1060,7 +1075,7 @@ func TestAFailedBackgroundRecountBacksOff(t *testing.T) {
 func TestABackgroundRecountPastTheSnapshotHistoryRecountsBetweenBatches(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, s, q, svc, logs, g := periodicRecountHeld(t, fmt.Errorf("recount: %w", store.ErrSnapshotTooOld))
+	db, s, q, svc, logs, g, _ := periodicRecountHeld(t, fmt.Errorf("recount: %w", store.ErrSnapshotTooOld))
 	next := s.holdNext(t, nil)
 	g.open()
 	entered(t, next)
@@ -1087,13 +1102,8 @@ func TestABackgroundRecountPastTheSnapshotHistoryRecountsBetweenBatches(t *testi
 func TestABackgroundRecountLeavesOutAQueueAnotherTermMoved(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, logs := mongotest.Database(t), &logBuf{}
-	s := &recountGated{Store: store.New(db, store.Options{})}
-	a, b := newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)
-	svc := started(t, s, projections.Config{ReconcileEvery: 300 * time.Millisecond, PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
-	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
-	g := s.holdNext(t, nil)
-	entered(t, g)
+	db, s, a, svc, logs, g, others := periodicRecountHeld(t, nil, "b")
+	b := others[0]
 	reconciles := svc.Stats().Reconciles
 
 	// Another term's batch for b, as far as b's counters show.
@@ -1125,21 +1135,9 @@ func TestABackgroundRecountLeavesOutAQueueAnotherTermMoved(t *testing.T) {
 // new term would recount every queue between batches).
 func TestAFailedBackgroundRepairBacksOffWithoutEndingTheTerm(t *testing.T) {
 	t.Parallel()
-	_, s, _, svc, logs, g := periodicRecountHeld(t, nil)
-	reconciles := svc.Stats().Reconciles
+	_, s, _, svc, logs, g, _ := periodicRecountHeld(t, nil)
 	injected := errors.New("injected read failure")
 	s.countersErr.Store(&injected)
-	next := s.holdNext(t, nil)
-	failed := time.Now()
-	g.open()
-	entered(t, next)
-	waited := time.Since(failed)
-	require.Contains(t, logs.String(), `msg="periodic recount failed; retrying later" component=projector error="injected read failure" retry_in=`)
-	require.GreaterOrEqual(t, waited, 800*time.Millisecond, "retried before the backoff's wait:\n%s", logs)
-	require.EqualValues(t, 1, svc.Stats().RecountFailures)
-
-	next.open()
-	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the retry was never compared")
-	require.Zero(t, svc.Stats().DriftQueues, logs.String())
+	retriedAfterTheBackoff(t, s, svc, logs, g, "injected read failure")
 	require.Equal(t, 1, strings.Count(logs.String(), "projector lease acquired"), "the term ended:\n%s", logs)
 }
