@@ -10,19 +10,22 @@ import (
 	"github.com/disbatch-go/disbatch/store"
 )
 
-// background is the periodic recount of every queue, taken while the
-// batches go on rather than between two of them (0.4 s over 1,000,000
-// tasks, which the batches, and the leader's duties riding the stream,
-// would wait for). It is a snapshot at at, the moment of the last event
-// applied when it started. Until it is compared, since keeps what each
-// batch added to each queue after that moment, so that the counters less
-// since are the counters at at, which the recount must equal. It is only
-// started when nothing is known to need a recount (the term steady, no
-// queue marked); any other recount still runs between batches.
+// background is the recount of every queue that a term takes once it has
+// caught up with its stream, and then every Config.ReconcileEvery, read
+// while the batches go on rather than between two of them (0.6 s over
+// 1,000,000 tasks, which the batches, and the leader's duties riding the
+// stream, would wait for). It is a snapshot at at, the moment of the last
+// event applied when it started. Until it is compared, since keeps what
+// each batch added to each queue after that moment, so that the counters
+// less since are the counters at at, which the recount must equal. It is
+// only started when nothing is known to need a recount (no queue marked,
+// no event the term could not place); any other recount still runs
+// between batches.
 type background struct {
-	at     bson.Timestamp
-	done   chan backgroundResult
-	cancel context.CancelFunc // ends its read (the term's end)
+	at      bson.Timestamp
+	catchUp bool // the term's catch-up recount: Steady once compared
+	done    chan backgroundResult
+	cancel  context.CancelFunc // ends its read (the term's end)
 	// since: per queue, what the batches added after at; skip: queues
 	// whose counters moved otherwise meanwhile (another recount set them,
 	// or a batch found them missing or moved by another term), left out
@@ -38,12 +41,16 @@ type backgroundResult struct {
 	err error
 }
 
-// startBackground starts the periodic recount at the position reached.
-func (p *projector) startBackground(ctx context.Context) {
+// startBackground starts a recount of every queue at the position
+// reached: the term's catch-up recount (catchUp), or a periodic one.
+func (p *projector) startBackground(ctx context.Context, catchUp bool) {
 	at := p.at
 	ctx, cancel := context.WithCancel(ctx)
-	bg := &background{at: at, done: make(chan backgroundResult, 1), cancel: cancel, since: map[bson.ObjectID]*store.QueueCounts{}, skip: map[bson.ObjectID]bool{}}
+	bg := &background{at: at, catchUp: catchUp, done: make(chan backgroundResult, 1), cancel: cancel, since: map[bson.ObjectID]*store.QueueCounts{}, skip: map[bson.ObjectID]bool{}}
 	p.bg, p.lastReconcile = bg, p.s.clock.Now()
+	if catchUp {
+		p.catchUp = false // due again if this one comes to nothing
+	}
 	go func() {
 		defer cancel()
 		rc, err := p.s.cfg.Store.QueueRecount(ctx, store.QueueRecountParams{At: &at})
@@ -117,6 +124,11 @@ func (p *projector) backgroundDone(ctx context.Context) error {
 		return nil
 	}
 	p.bg = nil
+	if bg.catchUp && !p.reconciled {
+		// Due again unless this one is compared, or a recount of every
+		// queue between batches (which spoils it) reconciled the term.
+		p.catchUp = true
+	}
 	switch {
 	case ctx.Err() != nil:
 		return nil // the term ends
@@ -128,7 +140,7 @@ func (p *projector) backgroundDone(ctx context.Context) error {
 		p.full = true
 		return nil
 	case res.err != nil:
-		p.backOff("periodic recount", res.err)
+		p.backOff(bg.what(), res.err)
 		return nil
 	}
 	switch err := p.compareBackground(ctx, bg, res.rc); {
@@ -138,11 +150,23 @@ func (p *projector) backgroundDone(ctx context.Context) error {
 		// Its read of the counters, or its sets' transaction (which
 		// either wrote or did not: a queue it did write without this
 		// term knowing is found moved, and recounted, by its next batch).
-		p.backOff("periodic recount", err)
+		p.backOff(bg.what(), err)
 	default:
 		p.recounted()
+		if bg.catchUp {
+			p.catchUp, p.reconciled = false, true
+			p.steady()
+		}
 	}
 	return nil
+}
+
+// what names the recount in the log.
+func (bg *background) what() string {
+	if bg.catchUp {
+		return "catch-up recount"
+	}
+	return "periodic recount"
 }
 
 // compareBackground repairs the queues whose counters, less what the

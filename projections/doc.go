@@ -116,13 +116,14 @@
 // (no checkpoint, lost history, a snapshot too old) it recounts at the
 // present and starts the stream at that time.
 //
-// The periodic recount of a steady term, when no queue is marked, is
-// read in the background while the batches go on (background.go): the
-// batches record what they add to each queue after its moment, and the
-// recount is compared with the counters less that. Every other recount
-// (a term's catch-up, marked queues, every queue after an event it could
+// A term's catch-up recount and the periodic one, when no queue is marked
+// and no event went unplaced, are read in the background while the
+// batches go on (background.go): the batches record what they add to each
+// queue after its moment, and the recount is compared with the counters
+// less that; the term is steady once its catch-up recount is compared.
+// Every other recount (marked queues, every queue after an event it could
 // not place) runs between two batches, which wait for it; a marked
-// queue's reads only its own tasks.
+// queue's reads only its own tasks' index entries.
 //
 // # Lag
 //

@@ -331,6 +331,7 @@ type projector struct {
 
 	plain      bool // the stream followed was opened without pre-images
 	reconciled bool // the term caught up and has reconciled since
+	catchUp    bool // a recount of every queue is due once caught up
 }
 
 // steady records Stats.Steady: the term caught up and reconciled, and
@@ -347,7 +348,7 @@ func (p *projector) run(ctx context.Context) error {
 	p.lastForeign = clk.Now()
 	p.setPreImages(ctx, true, "a term starts with them on")
 	caughtUp := false
-	reconcileOnCatchUp := true
+	p.catchUp = true
 	p.retry = recountRetry()
 	stored, err := p.s.cfg.Store.QueueCounters(ctx)
 	if err != nil {
@@ -411,7 +412,7 @@ func (p *projector) run(ctx context.Context) error {
 		if err := p.backgroundDone(ctx); err != nil {
 			return err
 		}
-		onCatchUp := caughtUp && reconcileOnCatchUp
+		onCatchUp := caughtUp && p.catchUp
 		periodic := p.bg == nil && clk.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery
 		// A recount waits for a batch that held all there was: a reply
 		// cut short by MaxBatch can end inside a transaction (its events
@@ -420,24 +421,30 @@ func (p *projector) run(ctx context.Context) error {
 		// difference drift. While the projector is behind, its recounts
 		// wait; after a failed one, the backoff's wait too.
 		may := b.CaughtUp && !clk.Now().Before(p.retryAt)
-		if may && periodic && !onCatchUp && p.reconciled && !p.full && len(p.recount) == 0 {
-			// Nothing known to need it: the batches go on while it reads.
-			p.startBackground(ctx)
-			periodic = false
+		if may && p.bg == nil && (periodic || onCatchUp) && !p.full && len(p.recount) == 0 {
+			// Nothing known to need it (no queue marked, no event it
+			// could not place): the batches go on while it reads, the
+			// term's catch-up recount as the periodic one.
+			p.startBackground(ctx, onCatchUp)
+			periodic, onCatchUp = false, false
 		}
 		if may && (onCatchUp || periodic || p.full || len(p.recount) > 0) {
 			if onCatchUp || periodic {
 				p.full = true // every queue
 			}
 			if onCatchUp {
-				reconcileOnCatchUp = false
+				p.catchUp = false
 			}
+			full := p.full
 			err := p.reconcile(ctx)
 			if err == nil || errors.Is(err, errReposition) {
-				// The reconcile on catching up, or the retry of a
-				// failed one (p.full).
-				p.reconciled = caughtUp
-				p.steady()
+				if full || err != nil {
+					// Every queue recounted (a repositioned stream
+					// recounts every queue at the present): the term
+					// has reconciled once caught up.
+					p.reconciled = caughtUp
+					p.steady()
+				}
 				p.recounted()
 			}
 			switch {
