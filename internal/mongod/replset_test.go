@@ -20,7 +20,13 @@ import (
 // concern majority.
 func majorityWrite(t *testing.T, rs *ReplicaSet) {
 	t.Helper()
-	ctx := testContext(t, 30*time.Second)
+	majorityWriteWithin(t, rs, 30*time.Second)
+}
+
+// majorityWriteWithin is majorityWrite given d to be acknowledged.
+func majorityWriteWithin(t *testing.T, rs *ReplicaSet, d time.Duration) {
+	t.Helper()
+	ctx := testContext(t, d)
 	c, err := mongo.Connect(options.Client().ApplyURI(rs.URI()))
 	require.NoError(t, err)
 	defer disconnect(c)
@@ -247,7 +253,12 @@ func TestThreeMemberFailover(t *testing.T) {
 	require.NoError(t, err)
 	require.NotSame(t, old, primary)
 	t.Logf("new primary %s elected %v after the kill", primary.Addr(), time.Since(killed))
-	majorityWrite(t, rs) // two of three members make a majority
+	// Two of three members make a majority, once the surviving secondary
+	// syncs from the new primary. A CI run of the whole suite (two busy
+	// cores) once took over 30 s for it: give it two minutes, and say.
+	acked := time.Now()
+	majorityWriteWithin(t, rs, 2*time.Minute)
+	t.Logf("a majority write acknowledged %v after the new primary", time.Since(acked))
 
 	restarted := time.Now()
 	require.NoError(t, old.Restart(ctx))
