@@ -22,10 +22,9 @@ import (
 // no event the term could not place); any other recount still runs
 // between batches.
 type background struct {
-	at      bson.Timestamp
-	catchUp bool // the term's catch-up recount: Steady once compared
-	done    chan backgroundResult
-	cancel  context.CancelFunc // ends its read (the term's end)
+	at     bson.Timestamp
+	done   chan backgroundResult
+	cancel context.CancelFunc // ends its read (the term's end)
 	// since: per queue, what the batches added after at; skip: queues
 	// whose counters moved otherwise meanwhile (another recount set them,
 	// or a batch found them missing or moved by another term), left out
@@ -42,15 +41,12 @@ type backgroundResult struct {
 }
 
 // startBackground starts a recount of every queue at the position
-// reached: the term's catch-up recount (catchUp), or a periodic one.
-func (p *projector) startBackground(ctx context.Context, catchUp bool) {
+// reached: the term's catch-up recount, or a periodic one.
+func (p *projector) startBackground(ctx context.Context) {
 	at := p.at
 	ctx, cancel := context.WithCancel(ctx)
-	bg := &background{at: at, catchUp: catchUp, done: make(chan backgroundResult, 1), cancel: cancel, since: map[bson.ObjectID]*store.QueueCounts{}, skip: map[bson.ObjectID]bool{}}
+	bg := &background{at: at, done: make(chan backgroundResult, 1), cancel: cancel, since: map[bson.ObjectID]*store.QueueCounts{}, skip: map[bson.ObjectID]bool{}}
 	p.bg, p.lastReconcile = bg, p.s.clock.Now()
-	if catchUp {
-		p.catchUp = false // due again if this one comes to nothing
-	}
 	go func() {
 		defer cancel()
 		rc, err := p.s.cfg.Store.QueueRecount(ctx, store.QueueRecountParams{At: &at})
@@ -110,8 +106,9 @@ func (bg *background) advanced(deltas map[bson.ObjectID]*store.QueueCounts, res 
 // other recount is pending (a repair writes the checkpoint, which must not
 // pass queues still to recount), and repairs what differs. A failure, of
 // the recount or of its repair, is retried as a recount between batches
-// is (Config.ReconcileEvery later, spaced by the backoff); only the
-// lease's loss ends the term.
+// is (Config.ReconcileEvery later, spaced by the backoff; a term's
+// catch-up recount, due until one is compared, after the backoff alone);
+// only the lease's loss ends the term. One compared reconciles the term.
 func (p *projector) backgroundDone(ctx context.Context) error {
 	bg := p.bg
 	if bg == nil || (!bg.spoiled && (p.full || len(p.recount) > 0)) {
@@ -124,11 +121,6 @@ func (p *projector) backgroundDone(ctx context.Context) error {
 		return nil
 	}
 	p.bg = nil
-	if bg.catchUp && !p.reconciled {
-		// Due again unless this one is compared, or a recount of every
-		// queue between batches (which spoils it) reconciled the term.
-		p.catchUp = true
-	}
 	switch {
 	case ctx.Err() != nil:
 		return nil // the term ends
@@ -140,7 +132,7 @@ func (p *projector) backgroundDone(ctx context.Context) error {
 		p.full = true
 		return nil
 	case res.err != nil:
-		p.backOff(bg.what(), res.err)
+		p.backOff(p.recountName(), res.err)
 		return nil
 	}
 	switch err := p.compareBackground(ctx, bg, res.rc); {
@@ -150,20 +142,19 @@ func (p *projector) backgroundDone(ctx context.Context) error {
 		// Its read of the counters, or its sets' transaction (which
 		// either wrote or did not: a queue it did write without this
 		// term knowing is found moved, and recounted, by its next batch).
-		p.backOff(bg.what(), err)
+		p.backOff(p.recountName(), err)
 	default:
 		p.recounted()
-		if bg.catchUp {
-			p.catchUp, p.reconciled = false, true
-			p.steady()
-		}
+		p.reconciled = true // started once caught up
+		p.steady()
 	}
 	return nil
 }
 
-// what names the recount in the log.
-func (bg *background) what() string {
-	if bg.catchUp {
+// recountName names the term's recount of every queue in the log: its
+// catch-up recount until one is compared, then the periodic one.
+func (p *projector) recountName() string {
+	if !p.reconciled {
 		return "catch-up recount"
 	}
 	return "periodic recount"

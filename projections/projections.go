@@ -317,7 +317,8 @@ type projector struct {
 	// one (zero when the last one did not fail).
 	retry   backoff.BackOff
 	retryAt time.Time
-	// bg: the periodic recount, taken in the background (nil: none).
+	// bg: the recount of every queue read in the background, the
+	// term's catch-up recount or a periodic one (nil: none).
 	bg *background
 	// preImages: pre-images are on (as this term last set them); foreign:
 	// the batch being applied holds a change another program made;
@@ -329,9 +330,10 @@ type projector struct {
 	lastSet     time.Time
 	failedAt    time.Time // the last failed switch: the next waits a minute
 
-	plain      bool // the stream followed was opened without pre-images
-	reconciled bool // the term caught up and has reconciled since
-	catchUp    bool // a recount of every queue is due once caught up
+	plain bool // the stream followed was opened without pre-images
+	// reconciled: the term caught up and has recounted every queue
+	// since; until then that recount (its catch-up) is due.
+	reconciled bool
 }
 
 // steady records Stats.Steady: the term caught up and reconciled, and
@@ -348,7 +350,6 @@ func (p *projector) run(ctx context.Context) error {
 	p.lastForeign = clk.Now()
 	p.setPreImages(ctx, true, "a term starts with them on")
 	caughtUp := false
-	p.catchUp = true
 	p.retry = recountRetry()
 	stored, err := p.s.cfg.Store.QueueCounters(ctx)
 	if err != nil {
@@ -412,7 +413,7 @@ func (p *projector) run(ctx context.Context) error {
 		if err := p.backgroundDone(ctx); err != nil {
 			return err
 		}
-		onCatchUp := caughtUp && p.catchUp
+		onCatchUp := caughtUp && !p.reconciled && p.bg == nil
 		periodic := p.bg == nil && clk.Since(p.lastReconcile) > p.s.cfg.ReconcileEvery
 		// A recount waits for a batch that held all there was: a reply
 		// cut short by MaxBatch can end inside a transaction (its events
@@ -425,15 +426,12 @@ func (p *projector) run(ctx context.Context) error {
 			// Nothing known to need it (no queue marked, no event it
 			// could not place): the batches go on while it reads, the
 			// term's catch-up recount as the periodic one.
-			p.startBackground(ctx, onCatchUp)
+			p.startBackground(ctx)
 			periodic, onCatchUp = false, false
 		}
 		if may && (onCatchUp || periodic || p.full || len(p.recount) > 0) {
 			if onCatchUp || periodic {
 				p.full = true // every queue
-			}
-			if onCatchUp {
-				p.catchUp = false
 			}
 			full := p.full
 			err := p.reconcile(ctx)
