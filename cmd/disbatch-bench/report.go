@@ -204,7 +204,7 @@ func renderTable(r *Report) string {
 				frate(row.RawRate), fx(row.DrainRate/row.RawRate), strconv.FormatInt(row.RecountTasks, 10), fms(row.Recount))
 		}
 		t.render(&b)
-		b.WriteString("whole recount: the projector's recount of every queue, one $group over every stored task's {queue, status} index entry, the documents unread (at a term's catch-up, which its batches wait for; every 10 minutes, read while they go on)\n\n")
+		b.WriteString("whole recount: the projector's recount of every queue, one $group over every stored task's {queue, status} index entry, the documents unread (at a term's catch-up and every 10 minutes, read while the batches go on; after a change the projector could not place, between two batches)\n\n")
 		if n := len(s.Rows); n > 1 {
 			first, last := s.Rows[0], s.Rows[n-1]
 			fmt.Fprintf(&b, "drain rate at %d queued / at %d: node %s, raw loop %s (goal for the node: within 20%%, 0.80x or more)\n\n",

@@ -32,10 +32,11 @@ type ScaleRow struct {
 	// many tasks of the same queue at the same backlog: the floor's fall.
 	RawRate float64 `json:"raw_tasks_per_s"`
 	// Recount is the median of three store.QueueRecount calls (the
-	// projector's recount of every queue: one $group over every task, as a
-	// snapshot) with RecountTasks in the collection, in ms. The batches
-	// wait for it at a term's catch-up; the periodic one is read while they
-	// go on.
+	// projector's recount of every queue: one $group over every task's
+	// {queue, status} index entry, as a snapshot) with RecountTasks in the
+	// collection, in ms. A term's catch-up recount and the periodic one
+	// are read while the batches go on; one after a change the projector
+	// could not place holds them.
 	Recount      float64 `json:"recount_ms"`
 	RecountTasks int64   `json:"recount_tasks"`
 }
