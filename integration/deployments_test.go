@@ -1288,6 +1288,8 @@ func TestDeploymentsWebServes(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, get(path, webExampleUser, "wrong"), "GET %s with a wrong password", path)
 		require.Equal(t, http.StatusOK, get(path, webExampleUser, webExamplePassword), "GET %s with the example credentials", path)
 	}
+	// The alerts on disbatch-web select series it serves.
+	requireAlertSeries(t, scrapeMetrics(t, base), isWebMetric, 2)
 
 	hc := depBinary(t, "./deployments/healthcheck")
 	require.Zero(t, runBin(t, hc, "", nil, base+"/healthz").code, "healthcheck on /healthz")
