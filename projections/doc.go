@@ -50,9 +50,9 @@
 // only with its position, so however a deposed leader's late batch and
 // its successor's interleave, an event is counted once in each queue. A
 // leader whose write finds a queue moved by another term takes the
-// position it found and recounts the queue (a recount's write is a
-// transaction fenced by the lease: a deposed leader's fails, and its
-// term ends). About once a second the leader writes the batch's resume
+// position it found and recounts the queue, holding it out of the batches
+// until then (a recount's write is a transaction fenced by the lease: a
+// deposed leader's fails, and its term ends). About once a second the leader writes the batch's resume
 // token into the lease document, fenced by its epoch, as the checkpoint
 // (in the background: no batch waits for it, only a recount's sets, which
 // write it too; and not while queues are still to be recounted); a

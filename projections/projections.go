@@ -238,7 +238,7 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 		defer s.cfg.Rider.Alight()
 	}
 	p := &projector{s: s, ref: term.Ref(), sess: sess, token: term.Lease.Checkpoint, at: term.Lease.CheckpointTime,
-		recount: map[bson.ObjectID]bool{}, applied: map[bson.ObjectID]*store.CounterPosition{}}
+		recount: map[bson.ObjectID]bool{}, held: map[bson.ObjectID]bool{}, applied: map[bson.ObjectID]*store.CounterPosition{}}
 	err = p.run(ctx)
 	if errors.Is(err, store.ErrLeaseLost) {
 		s.log.Warn("projector lease lost", "epoch", term.Lease.Epoch, "error", err)
@@ -307,7 +307,12 @@ type projector struct {
 	checkpointing  chan error
 	// recount: queues to recount at the next boundary; full: all of them.
 	recount map[bson.ObjectID]bool
-	full    bool
+	// held: queues another term moved, left out of the batches until
+	// their recount sets them (a subset of recount). Their counters hold
+	// that term's position, which this term has not applied up to: a
+	// batch advanced from it would claim events it never added.
+	held map[bson.ObjectID]bool
+	full bool
 	// unknown: an event could not be applied (no pre-image), so the next
 	// reconcile's differences are expected, not drift.
 	unknown       bool
@@ -529,7 +534,7 @@ func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.full, p.unknown, p.recount = false, false, map[bson.ObjectID]bool{}
+	p.full, p.unknown, p.recount, p.held = false, false, map[bson.ObjectID]bool{}, map[bson.ObjectID]bool{}
 	return r, nil
 }
 
@@ -561,6 +566,10 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	}
 	adv := make([]store.CounterAdvance, 0, len(deltas))
 	for q, d := range deltas {
+		if p.held[q] {
+			delete(deltas, q) // its recount counts these events
+			continue
+		}
 		if *d != (store.QueueCounts{}) {
 			adv = append(adv, store.CounterAdvance{Delta: store.CounterDelta{Queue: q, Todo: d.Todo, Total: d.Total, Running: d.Running, Failed: d.Failed}, From: p.applied[q]})
 		}
@@ -581,9 +590,12 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 			// moved this queue's counters: take its position, and recount
 			// the queue at this batch's end, which the recount fences by
 			// the lease (a deposed projector's recount fails, and its term
-			// ends). The difference it finds is expected, not drift.
+			// ends). The difference it finds is expected, not drift. Until
+			// then the queue is held out of the batches: its position may
+			// lie inside this batch, whose events for it were not added,
+			// and the next batch would advance it from there without them.
 			p.s.log.Warn("queue counters moved by another projector term: recounting the queue", "queue", q.Hex())
-			p.applied[q], p.recount[q], p.unknown = pos, true, true
+			p.applied[q], p.recount[q], p.held[q], p.unknown = pos, true, true, true
 		}
 		for _, q := range res.Missing {
 			delete(p.applied, q)
@@ -610,10 +622,12 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 
 // checkpoint writes the lease's checkpoint in the background, off the
 // batches' path: a round trip of its own, majority-acknowledged, that held
-// one batch a second back. At most one is in flight; a failure (the lease
-// lost) ends the term before the next batch is written (a deposed term
-// may have written one batch more meanwhile, which each queue's position
-// fences).
+// one batch a second back. At most one is in flight; the lease found lost
+// ends the term before the next batch is written (a deposed term may have
+// written one batch more meanwhile, which each queue's position fences).
+// Another failure is logged, and the next checkpoint, a period later,
+// tries again: until then a successor resumes from the last one written,
+// which only re-reads events the queues' positions already cover.
 func (p *projector) checkpoint(ctx context.Context, token bson.Raw, at bson.Timestamp) {
 	done := make(chan error, 1)
 	p.checkpointing, p.lastCheckpoint = done, p.s.clock.Now()
@@ -643,6 +657,10 @@ func (p *projector) checkpointed(wait bool) error {
 		}
 	}
 	p.checkpointing = nil
+	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		p.s.log.Warn("projector checkpoint not written: the next one tries again", "error", err)
+		return nil
+	}
 	return err
 }
 
@@ -879,7 +897,7 @@ func (p *projector) reconcile(ctx context.Context) error {
 	} else {
 		p.bg.skipAll(p.recount) // set at a later moment than its
 	}
-	p.full, p.unknown, p.recount, p.lastReconcile = false, false, map[bson.ObjectID]bool{}, p.s.clock.Now()
+	p.full, p.unknown, p.recount, p.held, p.lastReconcile = false, false, map[bson.ObjectID]bool{}, map[bson.ObjectID]bool{}, p.s.clock.Now()
 	return nil
 }
 

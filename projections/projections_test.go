@@ -727,20 +727,96 @@ func TestNoCheckpointPastQueuesStillToRecount(t *testing.T) {
 	requireExact(t, s.Store, 30*time.Second)
 }
 
+// movedInside is a store that, once armed, moves one queue's counters to
+// a position of its own just before the next batch for it is written (as
+// a deposed term's late batch would, here one that held no events of the
+// queue: the counts stay), and then refuses recounts until let go. It
+// counts the batches written after the move.
+type movedInside struct {
+	*store.Store
+	db                       *mongo.Database
+	armed, moved, recountsOK atomic.Bool
+	queue                    bson.ObjectID
+	pos                      store.CounterPosition
+	after                    atomic.Int64
+}
+
+func (s *movedInside) CountersAdvance(ctx context.Context, to store.CounterPosition, adv []store.CounterAdvance) (store.CountersAdvanced, error) {
+	if s.moved.Load() {
+		s.after.Add(1)
+	} else if s.armed.Load() {
+		for _, a := range adv {
+			if a.From == nil {
+				continue
+			}
+			// Just past the batch's From and before its first event: the
+			// counts hold exactly the events up to it.
+			s.queue, s.pos = a.Delta.Queue, store.CounterPosition{Time: a.From.Time, Token: a.From.Token + "0"}
+			_, err := s.db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: s.queue}},
+				bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueCountsApplied, Value: bson.D{{Key: "t", Value: s.pos.Time}, {Key: "token", Value: s.pos.Token}}}}}})
+			if err != nil {
+				return store.CountersAdvanced{}, err
+			}
+			s.moved.Store(true)
+			break
+		}
+	}
+	return s.Store.CountersAdvance(ctx, to, adv)
+}
+
+func (s *movedInside) QueueRecount(ctx context.Context, p store.QueueRecountParams) (store.Recount, error) {
+	if s.moved.Load() && !s.recountsOK.Load() {
+		return store.Recount{}, errors.New("recount refused by the test")
+	}
+	return s.Store.QueueRecount(ctx, p)
+}
+
+// A queue another term moved is held out of the batches until its
+// recount: its position may lie inside the batch that found it moved,
+// whose events for it were not added, so a later batch advanced from that
+// position would claim them without them.
+func TestAQueueAnotherTermMovedIsHeldUntilItsRecount(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	s := &movedInside{Store: store.New(db, store.Options{}), db: db}
+	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	stop := inserter(t, db, queues)
+	require.Eventually(t, func() bool { return svc.Stats().Events > 50 }, 20*time.Second, 10*time.Millisecond, "no events")
+
+	s.armed.Store(true)
+	require.Eventually(t, s.moved.Load, 10*time.Second, 10*time.Millisecond, "no batch came")
+	require.Eventually(t, func() bool { return s.after.Load() >= 5 }, 20*time.Second, 10*time.Millisecond, "no batches after the move")
+	stop()
+	stored, err := s.QueueCounters(context.Background())
+	require.NoError(t, err)
+	got := stored[s.queue].Applied
+	require.NotNil(t, got)
+	require.Equal(t, s.pos, *got, "the moved queue's counters were advanced from the other term's position before their recount")
+
+	s.recountsOK.Store(true)
+	requireExact(t, s.Store, 30*time.Second)
+}
+
 // checkpointHeld is a store whose checkpoints wait at its gate once armed,
 // counting those in flight, and whose next checkpoint, once lose is set,
 // fails as a lost lease would.
 type checkpointHeld struct {
 	*store.Store
-	g                 *gate
-	armed, lose       atomic.Bool
-	inFlight, mostNow atomic.Int64
+	g                          *gate
+	armed, lose, fail          atomic.Bool
+	inFlight, mostNow, written atomic.Int64
 }
 
 func (s *checkpointHeld) LeaseCheckpoint(ctx context.Context, ref store.LeaseRef, checkpoint bson.Raw, at bson.Timestamp) error {
 	if s.lose.CompareAndSwap(true, false) {
 		return fmt.Errorf("test: %w", store.ErrLeaseLost)
 	}
+	if s.fail.CompareAndSwap(true, false) {
+		return errors.New("test: the connection was reset")
+	}
+	defer s.written.Add(1)
 	if s.armed.Load() {
 		n := s.inFlight.Add(1)
 		defer s.inFlight.Add(-1)
@@ -788,6 +864,30 @@ func TestACheckpointDoesNotHoldBatchesBack(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Count(logs.String(), "projector lease acquired") == 2 }, 20*time.Second, 10*time.Millisecond,
 		"the term went on after its checkpoint found the lease lost:\n%s", logs)
 	require.Contains(t, logs.String(), "projector lease lost")
+}
+
+// A checkpoint that fails for another reason than the lease's loss does
+// not end the term: the next one, a period later, is written.
+func TestAFailedCheckpointIsRetriedWithoutEndingTheTerm(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	logs := &logBuf{}
+	s := &checkpointHeld{Store: store.New(db, store.Options{}), g: newGate()}
+	t.Cleanup(s.g.open)
+	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
+	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
+	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
+	stop := inserter(t, db, queues)
+
+	s.fail.Store(true)
+	require.Eventually(t, func() bool { return !s.fail.Load() }, 10*time.Second, 10*time.Millisecond, "no checkpoint was tried")
+	written := s.written.Load()
+	require.Eventually(t, func() bool { return s.written.Load() > written }, 10*time.Second, 10*time.Millisecond, "no checkpoint after the failed one")
+	stop()
+	requireExact(t, s.Store, 30*time.Second)
+	require.Equal(t, 1, strings.Count(logs.String(), "projector lease acquired"), "the failed checkpoint ended the term:\n%s", logs)
+	require.Contains(t, logs.String(), "projector checkpoint not written: the next one tries again")
+	require.Contains(t, logs.String(), "the connection was reset")
 }
 
 // A reply cut short by MaxBatch can end inside a transaction (its events
