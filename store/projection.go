@@ -530,7 +530,15 @@ func (s *Store) QueueRecount(ctx context.Context, p QueueRecountParams) (Recount
 	if err != nil {
 		return Recount{}, fmt.Errorf("recount: list queues: %w", snapshotErr(err))
 	}
-	for cur.Next(sctx) {
+	// Read reply by reply without ctx, which is checked between documents:
+	// a getMore cut off by ctx leaves the server's cursor open (for ten
+	// minutes), and the driver, believing it gone, would not kill it.
+	rd := context.WithoutCancel(sctx)
+	defer cur.Close(rd)
+	for cur.Next(rd) {
+		if err := ctx.Err(); err != nil {
+			return Recount{}, fmt.Errorf("recount: list queues: %w", err)
+		}
 		if id, ok := cur.Current.Lookup("_id").ObjectIDOK(); ok {
 			out.Counts[id] = QueueCounts{}
 		}
@@ -538,7 +546,7 @@ func (s *Store) QueueRecount(ctx context.Context, p QueueRecountParams) (Recount
 	if err := cur.Err(); err != nil {
 		return Recount{}, fmt.Errorf("recount: list queues: %w", snapshotErr(err))
 	}
-	_ = cur.Close(sctx)
+	_ = cur.Close(rd)
 	counts, err := s.queueCounts(sctx, s.db.Collection(schema.CollTasks, snap), tasks)
 	if err != nil {
 		return Recount{}, fmt.Errorf("recount: %w", snapshotErr(err))

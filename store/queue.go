@@ -347,9 +347,16 @@ func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection, match 
 	if err != nil {
 		return nil, fmt.Errorf("count tasks by queue: %w", err)
 	}
-	defer cur.Close(ctx)
+	// Read reply by reply without ctx, checked between documents: a
+	// getMore cut off by ctx leaves the server's cursor open (for ten
+	// minutes), and the driver, believing it gone, would not kill it.
+	rd := context.WithoutCancel(ctx)
+	defer cur.Close(rd)
 	out := map[bson.ObjectID]QueueCounts{}
-	for cur.Next(ctx) {
+	for cur.Next(rd) {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("count tasks by queue: %w", err)
+		}
 		id, ok := cur.Current.Lookup("_id", "q").ObjectIDOK()
 		if !ok {
 			continue // tasks with a malformed queue field belong to no queue
