@@ -110,7 +110,7 @@ func (s *Store) ThenPending(ctx context.Context, limit int) ([]bson.ObjectID, er
 	var docs []struct {
 		ID bson.ObjectID `bson:"_id"`
 	}
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := readAllInto(ctx, cur, &docs); err != nil {
 		return nil, fmt.Errorf("tasks with then pending: %w", err)
 	}
 	ids := make([]bson.ObjectID, len(docs))

@@ -23,7 +23,7 @@ func (s *Store) ConfigGet(ctx context.Context, label string) (schema.Config, err
 		return schema.Config{}, fmt.Errorf("read config: %w", err)
 	}
 	var docs []bson.Raw
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := readAllInto(ctx, cur, &docs); err != nil {
 		return schema.Config{}, fmt.Errorf("read config: %w", err)
 	}
 	switch len(docs) {

@@ -181,12 +181,13 @@ func (s *Store) readStates(ctx context.Context, ids []bson.ObjectID, into map[bs
 	if err != nil {
 		return err
 	}
-	defer cur.Close(ctx)
-	for cur.Next(ctx) {
+	r := readCursor(ctx, cur)
+	defer r.Close()
+	for r.Next() {
 		st := stateOf(cur.Current)
 		into[st.ID] = st
 	}
-	return cur.Err()
+	return r.Err()
 }
 
 func stateOf(raw bson.Raw) TaskState {
@@ -578,7 +579,7 @@ func (s *Store) findIDs(ctx context.Context, coll *mongo.Collection, filter bson
 	var docs []struct {
 		ID bson.ObjectID `bson:"_id"`
 	}
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := readAllInto(ctx, cur, &docs); err != nil {
 		return nil, err
 	}
 	ids := make([]bson.ObjectID, len(docs))

@@ -53,14 +53,15 @@ func (s *Store) TaskKillsPending(ctx context.Context, node string) ([]TaskKillRe
 	if err != nil {
 		return nil, fmt.Errorf("read kill requests for node %s: %w", node, err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var out []TaskKillRequest
-	for cur.Next(ctx) {
+	for r.Next() {
 		if k, ok := KillRequestOf(cur.Current); ok && !k.ID.IsZero() {
 			out = append(out, k)
 		}
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("read kill requests for node %s: %w", node, err)
 	}
 	return out, nil
@@ -160,7 +161,7 @@ func (s *Store) rerunBudgets(ctx context.Context) (map[int][]bson.ObjectID, erro
 		return nil, fmt.Errorf("read queues with rerun_orphans: %w", err)
 	}
 	var qs []bson.Raw
-	if err := cur.All(ctx, &qs); err != nil {
+	if err := readAllInto(ctx, cur, &qs); err != nil {
 		return nil, fmt.Errorf("read queues with rerun_orphans: %w", err)
 	}
 	out := map[int][]bson.ObjectID{}
@@ -236,7 +237,7 @@ func (s *Store) TaskExpireDue(ctx context.Context, p TaskTimersParams) (map[bson
 		ID    any           `bson:"_id"`
 		Queue bson.ObjectID `bson:"queue"`
 	}
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := readAllInto(ctx, cur, &docs); err != nil {
 		return nil, fmt.Errorf("find expired tasks: %w", err)
 	}
 	if len(docs) == 0 {

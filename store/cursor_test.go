@@ -18,17 +18,31 @@ import (
 	"github.com/disbatch-go/disbatch/store"
 )
 
-// A recount whose context ends while its reads span several replies (a
-// node stopping, a projector's term ending) closes their cursors all the
-// same: left open, each would stay on the server for ten minutes.
-func TestARecountCancelledBetweenRepliesLeavesNoCursor(t *testing.T) {
+// A read whose context ends while it spans several replies (a node
+// stopping, a projector's term ending, an HTTP client gone) closes its
+// cursors all the same: left open, each would stay on the server for ten
+// minutes, and the driver, believing a cut-off cursor gone, does not kill
+// it.
+func TestAReadCancelledBetweenRepliesLeavesNoCursor(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name             string
 		queues, statuses int
+		read             func(ctx context.Context, s *store.Store, queue bson.ObjectID) error
 	}{
-		{"the queues' listing", 150, 1}, // 150 queues: the listing takes two replies
-		{"the tasks' counts", 60, 2},    // 60 queues, 120 groups: the counts take two
+		// 150 queues: the recount's listing of them takes two replies.
+		{"the recount's queues", 150, 1, recount},
+		// 60 queues, 120 (queue, status) groups: the recount's counts take two.
+		{"the recount's counts", 60, 2, recount},
+		{"the queue list", 150, 1, func(ctx context.Context, s *store.Store, _ bson.ObjectID) error {
+			_, err := s.QueueList(ctx)
+			return err
+		}},
+		// 2 queues of 150 tasks: one queue's list takes two replies.
+		{"a task list", 2, 150, func(ctx context.Context, s *store.Store, q bson.ObjectID) error {
+			_, err := s.TaskList(ctx, store.TaskListParams{Queue: q})
+			return err
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -39,7 +53,7 @@ func TestARecountCancelledBetweenRepliesLeavesNoCursor(t *testing.T) {
 			cli, err := mongo.Connect(options.Client().ApplyURI(mongotest.URI(t)).SetMonitor(&event.CommandMonitor{
 				Started: func(_ context.Context, e *event.CommandStartedEvent) {
 					if e.CommandName == "getMore" && armed.Load() {
-						cancel() // the recount's context ends as it asks for its second reply
+						cancel() // the read's context ends as it asks for its second reply
 					}
 				},
 			}))
@@ -48,11 +62,15 @@ func TestARecountCancelledBetweenRepliesLeavesNoCursor(t *testing.T) {
 			s := store.New(cli.Database(db.Name()), store.Options{})
 			require.NoError(t, s.IndexesEnsure(context.Background()))
 			var queues, tasks []any
+			var first bson.ObjectID
 			for i := range tc.queues {
 				id := bson.NewObjectID()
-				queues = append(queues, bson.D{{Key: "_id", Value: id}, {Key: "name", Value: id.Hex()}})
+				if i == 0 {
+					first = id
+				}
+				queues = append(queues, bson.D{{Key: "_id", Value: id}, {Key: "name", Value: id.Hex()}, {Key: "plugin", Value: "Disbatch::Plugin::Demo"}})
 				for st := range tc.statuses {
-					tasks = append(tasks, bson.D{{Key: schema.TaskQueue, Value: id}, {Key: schema.TaskStatus, Value: int32(st - 2)}, {Key: "i", Value: i}})
+					tasks = append(tasks, bson.D{{Key: schema.TaskQueue, Value: id}, {Key: schema.TaskStatus, Value: int32(st%2 - 2)}, {Key: "i", Value: i}})
 				}
 			}
 			_, err = db.Collection(schema.CollQueues).InsertMany(context.Background(), queues)
@@ -61,12 +79,17 @@ func TestARecountCancelledBetweenRepliesLeavesNoCursor(t *testing.T) {
 			require.NoError(t, err)
 
 			armed.Store(true)
-			_, err = s.QueueRecount(ctx, store.QueueRecountParams{})
-			require.True(t, errors.Is(err, context.Canceled), "the recount did not end with its context: %v", err)
+			err = tc.read(ctx, s, first)
+			require.True(t, errors.Is(err, context.Canceled), "the read did not end with its context: %v", err)
 			require.Eventually(t, func() bool { return len(openCursors(t, db)) == 0 }, 5*time.Second, 50*time.Millisecond,
-				"a cursor of the recount is left open: %v", openCursors(t, db))
+				"a cursor of the read is left open: %v", openCursors(t, db))
 		})
 	}
+}
+
+func recount(ctx context.Context, s *store.Store, _ bson.ObjectID) error {
+	_, err := s.QueueRecount(ctx, store.QueueRecountParams{})
+	return err
 }
 
 // openCursors lists the idle cursors the server keeps on db's collections.

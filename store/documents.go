@@ -42,12 +42,13 @@ func refFilter(ref, nameField string) bson.D {
 }
 
 func readAll(ctx context.Context, cur *mongo.Cursor) ([]bson.Raw, error) {
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var out []bson.Raw
-	for cur.Next(ctx) {
+	for r.Next() {
 		out = append(out, append(bson.Raw(nil), cur.Current...))
 	}
-	return out, cur.Err()
+	return out, r.Err()
 }
 
 // NodeDocs returns every node document as stored, sorted by node name.
@@ -224,14 +225,15 @@ func (s *Store) TaskRunningCounts(ctx context.Context) (map[bson.ObjectID]int64,
 	if err != nil {
 		return nil, fmt.Errorf("count running tasks: %w", err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	out := map[bson.ObjectID]int64{}
-	for cur.Next(ctx) {
+	for r.Next() {
 		if id, ok := cur.Current.Lookup("_id").ObjectIDOK(); ok {
 			out[id] = cur.Current.Lookup("n").AsInt64()
 		}
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("count running tasks: %w", err)
 	}
 	return out, nil
@@ -332,9 +334,10 @@ func (s *Store) TaskIndexKeys(ctx context.Context) ([]TaskIndex, error) {
 		}
 		return nil, fmt.Errorf("list indexes of tasks: %w", err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var out []TaskIndex
-	for cur.Next(ctx) {
+	for r.Next() {
 		var spec struct {
 			Name string `bson:"name"`
 			Key  bson.D `bson:"key"`
@@ -348,7 +351,7 @@ func (s *Store) TaskIndexKeys(ctx context.Context) ([]TaskIndex, error) {
 		}
 		out = append(out, ix)
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("list indexes of tasks: %w", err)
 	}
 	return out, nil

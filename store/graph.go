@@ -578,9 +578,10 @@ func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.Find
 	if err != nil {
 		return nil, fmt.Errorf("read waiting children: %w", err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var out []graphChild
-	for cur.Next(ctx) {
+	for r.Next() {
 		raw := cur.Current
 		var c graphChild
 		c.ID, _ = raw.Lookup("_id").ObjectIDOK()
@@ -596,7 +597,7 @@ func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.Find
 		}
 		out = append(out, c)
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("read waiting children: %w", err)
 	}
 	return out, nil
@@ -911,9 +912,10 @@ func (s *Store) graphNodes(ctx context.Context, filter bson.D, limit int64) ([]G
 	if err != nil {
 		return nil, fmt.Errorf("read a task graph: %w", err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var out []GraphNode
-	for cur.Next(ctx) {
+	for r.Next() {
 		st := stateOf(cur.Current)
 		if st.ID.IsZero() {
 			continue
@@ -924,7 +926,7 @@ func (s *Store) graphNodes(ctx context.Context, filter bson.D, limit int64) ([]G
 		n.AwaitingParents, _ = cur.Current.Lookup(schema.TaskAwaitingParents).BooleanOK()
 		out = append(out, n)
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("read a task graph: %w", err)
 	}
 	return out, nil

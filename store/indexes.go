@@ -231,9 +231,10 @@ func existingKeys(ctx context.Context, c *mongo.Collection) (map[string]bool, er
 		}
 		return nil, err
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	out := map[string]bool{}
-	for cur.Next(ctx) {
+	for r.Next() {
 		var spec struct {
 			Key bson.D `bson:"key"`
 		}
@@ -242,7 +243,7 @@ func existingKeys(ctx context.Context, c *mongo.Collection) (map[string]bool, er
 		}
 		out[keyString(spec.Key)] = true
 	}
-	return out, cur.Err()
+	return out, r.Err()
 }
 
 // keyString renders an index key pattern so that {a: 1} and {a: 1.0} or

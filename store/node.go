@@ -129,9 +129,10 @@ func (s *Store) NodeList(ctx context.Context) (NodeListResult, error) {
 	if err != nil {
 		return NodeListResult{}, fmt.Errorf("list nodes: %w", err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var res NodeListResult
-	for cur.Next(ctx) {
+	for r.Next() {
 		raw := append(bson.Raw(nil), cur.Current...)
 		if now, ok := raw.Lookup("_now").TimeOK(); ok {
 			res.Now = now.UTC()
@@ -143,7 +144,7 @@ func (s *Store) NodeList(ctx context.Context) (NodeListResult, error) {
 		}
 		res.Nodes = append(res.Nodes, n)
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return NodeListResult{}, fmt.Errorf("list nodes: %w", err)
 	}
 	return res, nil
@@ -218,7 +219,7 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 		State     bson.RawValue `bson:"state"`
 		Queues    bson.RawValue `bson:"queues"`
 	}
-	if err := cur.All(ctx, &cands); err != nil {
+	if err := readAllInto(ctx, cur, &cands); err != nil {
 		return nil, fmt.Errorf("find dead nodes: %w", err)
 	}
 	var dead []DeadNode

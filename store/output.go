@@ -95,9 +95,10 @@ func (s *Store) TaskOutputRead(ctx context.Context, o schema.Output) (string, er
 	if err != nil {
 		return "", fmt.Errorf("read GridFS file %s: %w", o.FileID.Hex(), err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var b strings.Builder
-	for want := int32(0); cur.Next(ctx); want++ {
+	for want := int32(0); r.Next(); want++ {
 		n, _ := cur.Current.Lookup("n").AsInt64OK()
 		if int32(n) != want {
 			return "", fmt.Errorf("GridFS file %s: chunk %d missing", o.FileID.Hex(), want)
@@ -113,7 +114,7 @@ func (s *Store) TaskOutputRead(ctx context.Context, o schema.Output) (string, er
 			return "", fmt.Errorf("GridFS file %s: chunk %d: data is %s, want a string or binary", o.FileID.Hex(), n, d.Type)
 		}
 	}
-	return b.String(), cur.Err()
+	return b.String(), r.Err()
 }
 
 // validUTF8 replaces invalid bytes: BSON strings must be UTF-8.

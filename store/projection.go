@@ -123,7 +123,7 @@ func (s *Store) leaseEndAbandoned(ctx context.Context, p LeaseAcquireParams) err
 		Session bson.Raw `bson:"session"`
 		Free    bool     `bson:"free"`
 	}
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := readAllInto(ctx, cur, &docs); err != nil {
 		return fmt.Errorf("read lease %s: %w", p.Name, err)
 	}
 	if len(docs) == 0 || !docs[0].Free {
@@ -530,23 +530,17 @@ func (s *Store) QueueRecount(ctx context.Context, p QueueRecountParams) (Recount
 	if err != nil {
 		return Recount{}, fmt.Errorf("recount: list queues: %w", snapshotErr(err))
 	}
-	// Read reply by reply without ctx, which is checked between documents:
-	// a getMore cut off by ctx leaves the server's cursor open (for ten
-	// minutes), and the driver, believing it gone, would not kill it.
-	rd := context.WithoutCancel(sctx)
-	defer cur.Close(rd)
-	for cur.Next(rd) {
-		if err := ctx.Err(); err != nil {
-			return Recount{}, fmt.Errorf("recount: list queues: %w", err)
-		}
+	r := readCursor(sctx, cur)
+	defer r.Close()
+	for r.Next() {
 		if id, ok := cur.Current.Lookup("_id").ObjectIDOK(); ok {
 			out.Counts[id] = QueueCounts{}
 		}
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return Recount{}, fmt.Errorf("recount: list queues: %w", snapshotErr(err))
 	}
-	_ = cur.Close(rd)
+	r.Close()
 	counts, err := s.queueCounts(sctx, s.db.Collection(schema.CollTasks, snap), tasks)
 	if err != nil {
 		return Recount{}, fmt.Errorf("recount: %w", snapshotErr(err))
@@ -610,9 +604,10 @@ func (s *Store) readCounters(ctx context.Context, filter bson.D) (map[bson.Objec
 	if err != nil {
 		return nil, err
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	out := map[bson.ObjectID]StoredCounters{}
-	for cur.Next(ctx) {
+	for r.Next() {
 		id, ok := cur.Current.Lookup("_id").ObjectIDOK()
 		if !ok {
 			continue
@@ -626,7 +621,7 @@ func (s *Store) readCounters(ctx context.Context, filter bson.D) (map[bson.Objec
 		out[id] = StoredCounters{Todo: field(schema.QueueCountTodo), Total: field(schema.QueueCountTotal), Running: field(schema.QueueCountRunning),
 			Failed: field(schema.QueueCountFailed), Applied: decodePosition(cur.Current.Lookup(schema.QueueCountsApplied))}
 	}
-	return out, cur.Err()
+	return out, r.Err()
 }
 
 // TasksPreImagesEnable turns on changeStreamPreAndPostImages for the tasks

@@ -144,9 +144,10 @@ func (s *Store) QueueList(ctx context.Context) (QueueListResult, error) {
 	if err != nil {
 		return QueueListResult{}, fmt.Errorf("list queues: %w", err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var res QueueListResult
-	for cur.Next(ctx) {
+	for r.Next() {
 		q, err := schema.DecodeQueue(append(bson.Raw(nil), cur.Current...))
 		if err != nil {
 			res.Malformed = append(res.Malformed, err)
@@ -154,7 +155,7 @@ func (s *Store) QueueList(ctx context.Context) (QueueListResult, error) {
 		}
 		res.Queues = append(res.Queues, q)
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return QueueListResult{}, fmt.Errorf("list queues: %w", err)
 	}
 	return res, nil
@@ -347,16 +348,10 @@ func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection, match 
 	if err != nil {
 		return nil, fmt.Errorf("count tasks by queue: %w", err)
 	}
-	// Read reply by reply without ctx, checked between documents: a
-	// getMore cut off by ctx leaves the server's cursor open (for ten
-	// minutes), and the driver, believing it gone, would not kill it.
-	rd := context.WithoutCancel(ctx)
-	defer cur.Close(rd)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	out := map[bson.ObjectID]QueueCounts{}
-	for cur.Next(rd) {
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("count tasks by queue: %w", err)
-		}
+	for r.Next() {
 		id, ok := cur.Current.Lookup("_id", "q").ObjectIDOK()
 		if !ok {
 			continue // tasks with a malformed queue field belong to no queue
@@ -368,5 +363,5 @@ func (s *Store) queueCounts(ctx context.Context, tasks *mongo.Collection, match 
 		c.Add(status, cur.Current.Lookup("n").AsInt64())
 		out[id] = c
 	}
-	return out, cur.Err()
+	return out, r.Err()
 }

@@ -217,7 +217,7 @@ func (s *Store) nodeSessionsKill(ctx context.Context, node string) (ids bson.A, 
 		ID   bson.RawValue `bson:"_id"`
 		LSID bson.Raw      `bson:"lsid"`
 	}
-	if err := cur.All(ctx, &recs); err != nil {
+	if err := readAllInto(ctx, cur, &recs); err != nil {
 		return nil, 0, fmt.Errorf("read the sessions of node %q: %w", node, err)
 	}
 	if len(recs) == 0 {

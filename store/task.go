@@ -264,9 +264,10 @@ func (s *Store) TaskList(ctx context.Context, p TaskListParams) (TaskListResult,
 	if err != nil {
 		return TaskListResult{}, fmt.Errorf("list tasks of queue %s: %w", p.Queue.Hex(), err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	var res TaskListResult
-	for cur.Next(ctx) {
+	for r.Next() {
 		t, err := schema.DecodeTask(append(bson.Raw(nil), cur.Current...))
 		if err != nil {
 			res.Malformed = append(res.Malformed, err)
@@ -274,7 +275,7 @@ func (s *Store) TaskList(ctx context.Context, p TaskListParams) (TaskListResult,
 		}
 		res.Tasks = append(res.Tasks, t)
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		return TaskListResult{}, fmt.Errorf("list tasks of queue %s: %w", p.Queue.Hex(), err)
 	}
 	return res, nil
@@ -568,11 +569,12 @@ func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node s
 	if err != nil {
 		return TaskClaimManyResult{}, fmt.Errorf("read back the tasks claimed in queue %s: %w", queue.Hex(), err)
 	}
-	defer cur.Close(ctx)
+	r := readCursor(ctx, cur)
+	defer r.Close()
 	// Room for every id, as most claims win them all: grown from nothing,
 	// the slice of 416-byte tasks was copied six times for a batch of 64.
 	out := TaskClaimManyResult{Tasks: make([]schema.Task, 0, len(ids))}
-	for cur.Next(ctx) {
+	for r.Next() {
 		raw := append(bson.Raw(nil), cur.Current...)
 		t, err := schema.DecodeTask(raw)
 		if err != nil {
@@ -583,7 +585,7 @@ func (s *Store) readBackClaimed(ctx context.Context, queue bson.ObjectID, node s
 		}
 		out.Tasks = append(out.Tasks, t)
 	}
-	if err := cur.Err(); err != nil {
+	if err := r.Err(); err != nil {
 		// Won but not all read: hand every one back (the caller dispatches
 		// none of them), or, if even that fails, the reaper orphans them.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -716,6 +718,8 @@ func claimCandidates(ctx context.Context, tasks *mongo.Collection, filter bson.D
 		if err != nil {
 			return nil, err
 		}
+		// One reply (the batch size is the limit): no getMore for ctx to
+		// cut off, so no cursorReader on the claims' path.
 		for cur.Next(ctx) {
 			out = append(out, slices.Clone(cur.Current))
 		}
@@ -1055,7 +1059,7 @@ func (s *Store) guardedResolve(ctx context.Context, what string, ws []guardedWri
 		Attempt   any           `bson:"attempt"`
 	}
 	if err == nil {
-		err = cur.All(ctx, &docs)
+		err = readAllInto(ctx, cur, &docs)
 	}
 	if err != nil {
 		for i, w := range ws {
@@ -1442,7 +1446,7 @@ func (s *Store) TaskListClaimed(ctx context.Context, p TaskListClaimedParams) ([
 	var docs []struct {
 		ID any `bson:"_id"`
 	}
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := readAllInto(ctx, cur, &docs); err != nil {
 		return nil, fmt.Errorf("list tasks claimed by %s: %w", p.Node, err)
 	}
 	ids := make([]bson.ObjectID, 0, len(docs))
