@@ -7,27 +7,25 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// cursorReadTimeout bounds the reading of a cursor's replies after the
-// first (see cursorReader).
+// cursorReadTimeout bounds each of a cursor's replies after the first
+// (see cursorReader), and a readAllInto's whole read.
 const cursorReadTimeout = time.Minute
 
 // cursorReader reads a cursor's replies after the first without the
 // caller's context, which it checks between documents instead, and closes
 // the cursor without it. A getMore cut off by a context that ends (a
 // stopping node, an HTTP client gone) leaves the server's cursor open for
-// ten minutes, and the driver, believing it gone, does not kill it. The
-// reads are bounded by cursorReadTimeout instead.
+// ten minutes, and the driver, believing it gone, does not kill it. Each
+// reply's read is bounded by cursorReadTimeout instead.
 type cursorReader struct {
-	ctx    context.Context // the caller's: checked between documents
-	rd     context.Context // the replies' reads
-	cancel context.CancelFunc
-	cur    *mongo.Cursor
+	ctx      context.Context // the caller's: checked between documents
+	detached context.Context // ctx's values (a session), not its end
+	cur      *mongo.Cursor
 }
 
 // readCursor starts reading cur for a caller whose context is ctx. Close it.
 func readCursor(ctx context.Context, cur *mongo.Cursor) *cursorReader {
-	rd, cancel := context.WithTimeout(context.WithoutCancel(ctx), cursorReadTimeout)
-	return &cursorReader{ctx: ctx, rd: rd, cancel: cancel, cur: cur}
+	return &cursorReader{ctx: ctx, detached: context.WithoutCancel(ctx), cur: cur}
 }
 
 // Next moves to the next document (cur.Current), false once there is
@@ -36,7 +34,12 @@ func (r *cursorReader) Next() bool {
 	if r.ctx.Err() != nil {
 		return false
 	}
-	return r.cur.Next(r.rd)
+	if r.cur.RemainingBatchLength() > 0 {
+		return r.cur.Next(r.detached) // from the reply in hand: no round trip
+	}
+	rd, cancel := context.WithTimeout(r.detached, cursorReadTimeout)
+	defer cancel()
+	return r.cur.Next(rd)
 }
 
 // Err is the cursor's error, or else the caller's context's.
@@ -49,16 +52,19 @@ func (r *cursorReader) Err() error {
 
 // Close closes the cursor (killing it on the server if it is still open).
 func (r *cursorReader) Close() {
-	_ = r.cur.Close(r.rd)
-	r.cancel()
+	rd, cancel := context.WithTimeout(r.detached, cursorReadTimeout)
+	defer cancel()
+	_ = r.cur.Close(rd)
 }
 
 // readAllInto decodes every document of cur into results, as
-// mongo.Cursor.All does, read as a cursorReader reads, and closes cur.
+// mongo.Cursor.All does, its replies read without ctx (bounded by
+// cursorReadTimeout in all: the sets read so are small), and closes cur.
 func readAllInto(ctx context.Context, cur *mongo.Cursor, results any) error {
-	r := readCursor(ctx, cur)
-	defer r.Close()
-	if err := cur.All(r.rd, results); err != nil {
+	rd, cancel := context.WithTimeout(context.WithoutCancel(ctx), cursorReadTimeout)
+	defer cancel()
+	if err := cur.All(rd, results); err != nil {
+		_ = cur.Close(rd)
 		return err
 	}
 	return ctx.Err()
