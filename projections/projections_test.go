@@ -838,14 +838,7 @@ func (s *checkpointHeld) LeaseCheckpoint(ctx context.Context, ref store.LeaseRef
 // checkpoint that finds the lease lost still ends the term.
 func TestACheckpointDoesNotHoldBatchesBack(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
-	logs := &logBuf{}
-	s := &checkpointHeld{Store: store.New(db, store.Options{}), g: newGate()}
-	t.Cleanup(s.g.open)
-	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
-	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
-	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
-	stop := inserter(t, db, queues)
+	s, svc, logs, db, queues, stop := checkpointHeldInserting(t)
 
 	s.armed.Store(true)
 	select {
@@ -870,10 +863,11 @@ func TestACheckpointDoesNotHoldBatchesBack(t *testing.T) {
 	require.Contains(t, logs.String(), "projector lease lost")
 }
 
-// A checkpoint that fails for another reason than the lease's loss does
-// not end the term: the next one, a period later, is written.
-func TestAFailedCheckpointIsRetriedWithoutEndingTheTerm(t *testing.T) {
-	t.Parallel()
+// checkpointHeldInserting starts a projector over a checkpointHeld
+// store, waits until it is steady, and starts an inserter into two
+// queues.
+func checkpointHeldInserting(t *testing.T) (*checkpointHeld, *projections.Service, *logBuf, *mongo.Database, []bson.ObjectID, func()) {
+	t.Helper()
 	db := mongotest.Database(t)
 	logs := &logBuf{}
 	s := &checkpointHeld{Store: store.New(db, store.Options{}), g: newGate()}
@@ -881,7 +875,14 @@ func TestAFailedCheckpointIsRetriedWithoutEndingTheTerm(t *testing.T) {
 	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
 	svc := started(t, s, projections.Config{PreImagesIdle: time.Nanosecond, Logger: logger(logs)})
 	require.Eventually(t, func() bool { return svc.Stats().Steady }, 20*time.Second, 10*time.Millisecond, "never steady")
-	stop := inserter(t, db, queues)
+	return s, svc, logs, db, queues, inserter(t, db, queues)
+}
+
+// A checkpoint that fails for another reason than the lease's loss does
+// not end the term: the next one, a period later, is written.
+func TestAFailedCheckpointIsRetriedWithoutEndingTheTerm(t *testing.T) {
+	t.Parallel()
+	s, _, logs, _, _, stop := checkpointHeldInserting(t)
 
 	s.fail.Store(true)
 	require.Eventually(t, func() bool { return !s.fail.Load() }, 10*time.Second, 10*time.Millisecond, "no checkpoint was tried")
