@@ -238,7 +238,8 @@ func (s *Service) lead(ctx context.Context, term leadership.Term) error {
 		defer s.cfg.Rider.Alight()
 	}
 	p := &projector{s: s, ref: term.Ref(), sess: sess, token: term.Lease.Checkpoint, at: term.Lease.CheckpointTime,
-		recount: map[bson.ObjectID]bool{}, held: map[bson.ObjectID]bool{}, applied: map[bson.ObjectID]*store.CounterPosition{}}
+		applied: map[bson.ObjectID]*store.CounterPosition{}}
+	p.marksCleared()
 	err = p.run(ctx)
 	if errors.Is(err, store.ErrLeaseLost) {
 		s.log.Warn("projector lease lost", "epoch", term.Lease.Epoch, "error", err)
@@ -534,7 +535,7 @@ func (p *projector) restart(ctx context.Context) (*store.StreamReader, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.full, p.unknown, p.recount, p.held = false, false, map[bson.ObjectID]bool{}, map[bson.ObjectID]bool{}
+	p.marksCleared()
 	return r, nil
 }
 
@@ -897,8 +898,16 @@ func (p *projector) reconcile(ctx context.Context) error {
 	} else {
 		p.bg.skipAll(p.recount) // set at a later moment than its
 	}
-	p.full, p.unknown, p.recount, p.held, p.lastReconcile = false, false, map[bson.ObjectID]bool{}, map[bson.ObjectID]bool{}, p.s.clock.Now()
+	p.marksCleared()
+	p.lastReconcile = p.s.clock.Now()
 	return nil
+}
+
+// marksCleared forgets what called for a recount (the queues marked, and
+// held, every queue, an event it could not place): every queue that
+// needed one was just recounted.
+func (p *projector) marksCleared() {
+	p.full, p.unknown, p.recount, p.held = false, false, map[bson.ObjectID]bool{}, map[bson.ObjectID]bool{}
 }
 
 // repair compares a recount with the stored counters and sets those that
