@@ -34,8 +34,10 @@ func (r *cursorReader) Next() bool {
 	if r.ctx.Err() != nil {
 		return false
 	}
-	if r.cur.RemainingBatchLength() > 0 {
-		return r.cur.Next(r.detached) // from the reply in hand: no round trip
+	if r.cur.RemainingBatchLength() > 0 || r.cur.ID() == 0 {
+		// From the reply in hand, or the end of an exhausted cursor: no
+		// round trip (and no timer on a claim's read-back, one reply).
+		return r.cur.Next(r.detached)
 	}
 	rd, cancel := context.WithTimeout(r.detached, cursorReadTimeout)
 	defer cancel()
