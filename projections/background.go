@@ -192,8 +192,12 @@ func (p *projector) compareBackground(ctx context.Context, bg *background, rc st
 			continue
 		}
 		if !samePosition(cur.Applied, p.applied[q]) {
-			// Another term moved them: this term's next batch for the
-			// queue finds it so, and recounts it.
+			// Another term moved them: not drift, and not this
+			// comparison's to set. Marked and held as a batch that
+			// found them moved would (a batch that adds nothing to the
+			// queue never would): recounted between batches, fenced by
+			// the lease.
+			p.movedByAnother(q, cur.Applied)
 			continue
 		}
 		sets[q], positions[q] = want, pos

@@ -49,9 +49,9 @@
 // compare-and-set is the fence, queue by queue: a queue's counters move
 // only with its position, so however a deposed leader's late batch and
 // its successor's interleave, an event is counted once in each queue. A
-// leader whose write finds a queue moved by another term takes the
-// position it found and recounts the queue, holding it out of the batches
-// until then (a recount's write is a transaction fenced by the lease: a
+// leader whose write (or background recount) finds a queue moved by
+// another term takes the position it found and recounts the queue,
+// holding it out of the batches until then (a recount's write is a transaction fenced by the lease: a
 // deposed leader's fails, and its term ends). About once a second the leader writes the batch's resume
 // token into the lease document, fenced by its epoch, as the checkpoint
 // (in the background: no batch waits for it, only a recount's sets, which

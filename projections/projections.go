@@ -595,8 +595,7 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 			// then the queue is held out of the batches: its position may
 			// lie inside this batch, whose events for it were not added,
 			// and the next batch would advance it from there without them.
-			p.s.log.Warn("queue counters moved by another projector term: recounting the queue", "queue", q.Hex())
-			p.applied[q], p.recount[q], p.held[q], p.unknown = pos, true, true, true
+			p.movedByAnother(q, pos)
 		}
 		for _, q := range res.Missing {
 			delete(p.applied, q)
@@ -619,6 +618,15 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	p.s.recorded(lags, len(batch), reasons)
 	p.token, p.at, p.lastCommit = token, at, now
 	return nil
+}
+
+// movedByAnother marks queue q, whose counters another term moved to pos,
+// for a recount between batches and holds it out of the batches until
+// then. The recount is fenced by the lease: a deposed term's fails, and
+// the term ends. Its difference is another term's progress, not drift.
+func (p *projector) movedByAnother(q bson.ObjectID, pos *store.CounterPosition) {
+	p.s.log.Warn("queue counters moved by another projector term: recounting the queue", "queue", q.Hex())
+	p.applied[q], p.recount[q], p.held[q], p.unknown = pos, true, true, true
 }
 
 // checkpoint writes the lease's checkpoint in the background, off the

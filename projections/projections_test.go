@@ -1199,20 +1199,23 @@ func TestABackgroundRecountPastTheSnapshotHistoryRecountsBetweenBatches(t *testi
 	require.Zero(t, svc.Stats().DriftQueues, logs.String())
 }
 
-// TestABackgroundRecountLeavesOutAQueueAnotherTermMoved: counters that
+// TestABackgroundRecountRecountsAQueueAnotherTermMoved: counters that
 // another term moved while the periodic recount was read (their position
-// is not the one this term applied) are not this term's to judge: the
-// comparison leaves them out, where it would call them drift and set
-// them back.
-func TestABackgroundRecountLeavesOutAQueueAnotherTermMoved(t *testing.T) {
+// is not the one this term applied) are not the comparison's to judge:
+// it neither calls them drift nor sets them from its snapshot. It marks
+// them for a recount between batches, fenced by the lease, as a batch that
+// found them moved would; here no batch for the queue comes after the move
+// (its events could net to nothing), and the recount must come anyway.
+func TestABackgroundRecountRecountsAQueueAnotherTermMoved(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, s, a, svc, logs, g, others := periodicRecountHeld(t, nil, "b")
 	b := others[0]
 	reconciles := svc.Stats().Reconciles
 
-	// Another term's batch for b, as far as b's counters show.
-	moved := bson.Timestamp{T: uint32(time.Now().Add(time.Hour).Unix()), I: 1}
+	// Another term's batch for b, as far as b's counters show (b has no
+	// task: its true counts are zero).
+	moved := bson.Timestamp{T: uint32(time.Now().Add(-time.Second).Unix()), I: 1}
 	_, err := db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: b}}, bson.D{{Key: "$set", Value: bson.D{
 		{Key: schema.QueueCountTodo, Value: int64(5)}, {Key: schema.QueueCountTotal, Value: int64(5)},
 		{Key: schema.QueueCountsApplied, Value: bson.D{{Key: "t", Value: moved}, {Key: "token", Value: ""}}}}}})
@@ -1225,12 +1228,15 @@ func TestABackgroundRecountLeavesOutAQueueAnotherTermMoved(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "a's insert applied")
 
 	g.open()
-	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles }, 10*time.Second, 10*time.Millisecond, "the background recount was never compared")
-	require.Zero(t, svc.Stats().DriftQueues, logs.String())
+	require.Eventually(t, func() bool { return svc.Stats().Reconciles > reconciles+1 }, 10*time.Second, 10*time.Millisecond,
+		"the background recount, then b's own, were never done:\n%s", logs)
+	require.Contains(t, logs.String(), `msg="queue counters moved by another projector term: recounting the queue" component=projector queue=`+b.Hex())
+	require.Zero(t, svc.Stats().DriftQueues, "another term's progress taken for drift:\n%s", logs)
 	stored, err := s.QueueCounters(ctx)
 	require.NoError(t, err)
-	require.Equal(t, int64(5), *stored[b].Todo, "b set back:\n%s", logs)
-	require.Equal(t, moved, stored[b].Applied.Time)
+	require.Equal(t, int64(0), *stored[b].Todo, "b never recounted:\n%s", logs)
+	require.NotEqual(t, moved, stored[b].Applied.Time, "b's position is still the other term's")
+	requireExact(t, s.Store, 10*time.Second)
 }
 
 // TestAFailedBackgroundRepairBacksOffWithoutEndingTheTerm: when the
