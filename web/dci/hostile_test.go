@@ -43,6 +43,16 @@ func TestHostileInputWritesNothing(t *testing.T) {
 		{"unicode collection", "POST", "/tasks", "json", `{"queue":"q1","collection":"ü$","filter":{},"params":{"a":"document.b"}}`, ""},
 		{"balance not an object", "POST", "/balance", "json", `[1]`, ""},
 		{"server code in a legacy search", "POST", "/tasks/search", "json", `{"filter":{"$or":[{"$where":"sleep(1000)"}]}}`, `{"error":"$where is not allowed: it runs code on the database server"}`},
+		{"server code in a legacy search's projection", "POST", "/tasks/search", "json", `{"options":{"projection":{"x":{"$function":{"body":"function(){return 1}","args":[],"lang":"js"}}}}}`,
+			`{"error":"$function is not allowed: it runs code on the database server"}`},
+		{"server code in a legacy search's sort", "POST", "/tasks/search", "json", `{"options":{"sort":{"x":{"$meta":{"$accumulator":{}}}}}}`,
+			`{"error":"$accumulator is not allowed: it runs code on the database server"}`},
+		{"server code in GET /tasks .fields", "GET", "/tasks", "json", `{"node":"n",".fields":{"x":{"$function":{"body":"function(){return 1}","args":[],"lang":"js"}}}}`,
+			`{"error":".fields: $function is not allowed: it runs code on the database server"}`},
+		{"server code in a collection's filter", "POST", "/tasks", "json", `{"queue":"q1","collection":"tasks","filter":{"$expr":{"$function":{"body":"function(){return true}","args":[],"lang":"js"}}},"params":{"a":"document.queue"}}`,
+			`{"error":"'filter': $function is not allowed: it runs code on the database server"}`},
+		{"$where in a collection's filter", "POST", "/tasks", "json", `{"queue":"q1","collection":"tasks","filter":{"$where":"sleep(1000)"},"params":{"a":"document.queue"}}`,
+			`{"error":"'filter': $where is not allowed: it runs code on the database server"}`},
 	} {
 		status, _, body := b.do(x.method, x.path, x.ctype, x.body)
 		require.Equal(t, 400, status, "%s: %s", x.name, body)

@@ -65,9 +65,11 @@ func (h *Handler) legacySearch(w http.ResponseWriter, r *http.Request, _ map[str
 			*o.to = d.(bson.D)
 		}
 	}
-	if k := serverCode(filter); k != "" {
-		send(w, http.StatusBadRequest, obj{"error": k + " is not allowed: it runs code on the database server"}, false)
-		return
+	for _, v := range []any{filter, options["sort"], options["projection"]} {
+		if k := serverCode(v); k != "" {
+			send(w, http.StatusBadRequest, obj{"error": serverCodeRefused(k)}, false)
+			return
+		}
 	}
 	fd := bson.D{}
 	for k, v := range filter {
@@ -173,6 +175,11 @@ func (h *Handler) legacyCreate(w http.ResponseWriter, r *http.Request, m map[str
 // collection given by the path.
 func (h *Handler) legacyCreateFromCollection(w http.ResponseWriter, r *http.Request, m map[string]string) {
 	h.postTasks(w, r, map[string]any{"queue": m["queue"], "collection": m["collection"]})
+}
+
+// serverCodeRefused is the 400 text for an operator serverCode found.
+func serverCodeRefused(op string) string {
+	return op + " is not allowed: it runs code on the database server"
 }
 
 // serverCode finds an operator that runs JavaScript on the server in a

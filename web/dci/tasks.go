@@ -216,6 +216,9 @@ func (h *Handler) collectionTasks(ctx context.Context, tmpl map[string]any, fiel
 	if !ok || coll == "" {
 		return nil, "'collection' required and must be a scalar (string)'"
 	}
+	if k := serverCode(filter); k != "" {
+		return nil, "'filter': " + serverCodeRefused(k)
+	}
 	fd, err := toBSON(filter, 0)
 	if err != nil {
 		return nil, "'filter' " + err.Error()
@@ -709,6 +712,9 @@ func fieldsOption(v any) (bson.D, error) {
 		}
 		return d, nil
 	case map[string]any:
+		if k := serverCode(x); k != "" {
+			return nil, errors.New(".fields: " + serverCodeRefused(k))
+		}
 		d, err := toBSON(x, 0)
 		if err != nil {
 			return nil, err
