@@ -9,7 +9,9 @@
 //   - liveness (liveness.go): the heartbeat, the fence watchdog, drain and
 //     the operator's maxthreads, acting on the rest of the node through a
 //     small interface (livenessTarget);
-//   - strays (strays.go): hands back claims whose answer was lost;
+//   - strays (strays.go): hands back claims whose answer was lost (never
+//     a task whose plugin ran: one whose result is not yet written stays
+//     the runner's, runner.settle);
 //   - queues (queues.go): which queues the node serves;
 //   - the change-stream wake-ups (package events) on a bus (bus.go), the
 //     counter projector (package projections), and the cluster-wide duties

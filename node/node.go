@@ -105,7 +105,7 @@ func New(cfg Config) (*Node, error) {
 	if n.bus != nil {
 		n.kills.events, n.kills.quiet, n.kills.holding = n.bus, n.stream.IsQuiet, n.runner.holdsAny
 	}
-	n.strays = &strays{node: cfg.Name, store: cfg.Store, holds: n.runner.holds, claimRunning: cfg.ClaimRunning, fenced: n.live.isFenced, clock: n.clock, log: log}
+	n.strays = &strays{node: cfg.Name, store: cfg.Store, holds: n.runner.keeps, claimRunning: cfg.ClaimRunning, fenced: n.live.isFenced, clock: n.clock, log: log}
 	n.reaper = reaper.New(reaper.Config{
 		Node: cfg.Name, Store: cfg.Store, OrphanAfter: cfg.OrphanAfter, DeadAfter: cfg.DeadAfter, Clock: cfg.Clock, Logger: log,
 		MayJudge: n.live.mayJudge, Reaped: cfg.reaped,
@@ -245,7 +245,9 @@ func (n *Node) Start(ctx context.Context) error {
 				n.log.Warn("last heartbeat", "error", err)
 			}
 		})
-		n.runner.adopt(ctx, n.cfg.Store, supervised, qs, n.claimer.Adopt, n.cfg.Observer)
+		if err := n.runner.adopt(ctx, n.cfg.Store, supervised, qs, n.claimer.Adopt, n.cfg.Observer); err != nil {
+			return err
+		}
 		for _, s := range []lifecycle.Service{n.kills, n.strays, n.leader} {
 			if err := s.Start(ctx); err != nil {
 				return err

@@ -70,10 +70,20 @@ func (qs *queueSet) refresh(ctx context.Context) ([]claimer.Queue, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err() // stopping: not a config problem
 	}
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
+	var bad *schema.DecodeError
+	switch {
+	case err == nil || errors.Is(err, store.ErrNotFound):
+	case errors.As(err, &bad) || errors.Is(err, store.ErrConfigAmbiguous):
+		// The document is there but says nothing usable: as if none.
 		seen["config"] = true
 		qs.sayOnce("config", "config", err.Error())
 		cfg = schema.Config{}
+	default:
+		// Not read (no primary, a broken connection): the claimer keeps
+		// the queues it has. Taking it for no config would serve the
+		// queues the config's activequeues or ignorequeues keep from
+		// this node.
+		return nil, err
 	}
 	if len(qs.active) > 0 || len(qs.ignore) > 0 {
 		cfg.ActiveQueues, cfg.IgnoreQueues = qs.active, qs.ignore

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/disbatch-go/disbatch/claimer"
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
@@ -164,4 +165,56 @@ func TestAQueuesPeersDeafAndFullAreWhatTheHeartbeatsSay(t *testing.T) {
 	served, err = qs.refresh(ctx)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"a", "b"}, served[0].Full, "its own heartbeat, as its peers read it")
+}
+
+// configStore answers ConfigGet with err, once set, and otherwise with a
+// config whose activequeues is "mine".
+type configStore struct {
+	nodesStore
+	err error
+}
+
+func (s *configStore) ConfigGet(context.Context, string) (schema.Config, error) {
+	if s.err != nil {
+		return schema.Config{}, s.err
+	}
+	return schema.Config{ActiveQueues: []string{"mine"}}, nil
+}
+
+// TestAConfigNotReadKeepsTheQueuesServed: a read of the config document
+// that fails (no primary, a broken connection) fails the refresh, and the
+// claimer keeps the queues it has; taken for no config, it would serve
+// the queues the config's activequeues keeps from this node. A document
+// that is there but unusable (malformed, or one of several) counts as
+// none, and says so.
+func TestAConfigNotReadKeepsTheQueuesServed(t *testing.T) {
+	mine := schema.Queue{ID: bson.NewObjectID(), Name: "mine", Constructor: "C", MaxThreads: ptr(2)}
+	other := mine
+	other.ID, other.Name = bson.NewObjectID(), "other"
+	st := &configStore{nodesStore: nodesStore{queues: []schema.Queue{mine, other}}}
+	reg := plugin.NewRegistry()
+	reg.Register("C", plugin.Func(func(context.Context, plugin.Task) plugin.Result { return plugin.Result{} }))
+	qs := &queueSet{node: "a", store: st, plugins: reg, live: time.Second, clock: clock.NewFake(time.Now()), log: slog.New(slog.DiscardHandler)}
+	names := func(served []claimer.Queue) []string {
+		var out []string
+		for _, q := range served {
+			out = append(out, q.Name)
+		}
+		return out
+	}
+	ctx := context.Background()
+	served, err := qs.refresh(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"mine"}, names(served))
+
+	st.err = errors.New("read config: server selection error: no primary")
+	served, err = qs.refresh(ctx)
+	require.Error(t, err, "served %v without its config", names(served))
+
+	for _, bad := range []error{&schema.DecodeError{Collection: schema.CollConfig, Field: "activequeues", Err: errors.New("not an array")}, store.ErrConfigAmbiguous} {
+		st.err = bad
+		served, err = qs.refresh(ctx)
+		require.NoError(t, err, "%v", bad)
+		require.ElementsMatch(t, []string{"mine", "other"}, names(served), "%v: as if there were no config", bad)
+	}
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +56,9 @@ type runnerConfig struct {
 	// aliveAt is the send time of the last acknowledged heartbeat.
 	aliveAt     func() time.Time
 	beforeStart func(schema.Task) // test signal
+	// writeFor is how long a task write is retried before it is given
+	// up (a settle's round); 0: a minute. Tests shorten it.
+	writeFor time.Duration
 }
 
 // runner executes claimed tasks: start (status 0), plugin, finish, each
@@ -82,7 +86,11 @@ type runner struct {
 	// supervisor answers); detached those left running at stop.
 	supervised map[bson.ObjectID]*supervisor.Handle
 	detached   map[bson.ObjectID]bool
-	wg         sync.WaitGroup
+	// unsettled are tasks whose plugin started in this run and whose
+	// result could not be written before the node stopped: still running
+	// under its name in the database, for its next start to settle.
+	unsettled map[bson.ObjectID]bool
+	wg        sync.WaitGroup
 
 	// Concurrent tasks' start and finish writes share round trips.
 	starts   *coalescer[store.TaskTransitionParams]
@@ -99,7 +107,7 @@ const writeBatch = 128
 func newRunner(cfg runnerConfig, finished func(bson.ObjectID), c clock.Clock, log *slog.Logger) *runner {
 	r := &runner{cfg: cfg, finished: finished, clock: clock.Or(c), log: log,
 		held: map[bson.ObjectID]struct{}{}, slotOf: map[bson.ObjectID]bson.ObjectID{}, running: map[bson.ObjectID]context.CancelCauseFunc{}, pendingKills: map[bson.ObjectID]error{},
-		supervised: map[bson.ObjectID]*supervisor.Handle{}, detached: map[bson.ObjectID]bool{}}
+		supervised: map[bson.ObjectID]*supervisor.Handle{}, detached: map[bson.ObjectID]bool{}, unsettled: map[bson.ObjectID]bool{}}
 	st := cfg.Store
 	r.starts = newCoalescer(writeBatch, func(ps []store.TaskTransitionParams) []error {
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
@@ -229,8 +237,12 @@ func (r *runner) handle(q claimer.Queue, t schema.Task, work func() (after []fun
 				f()
 			}
 		}()
-		defer r.freeSlot(id)
+		// The slot first, then the hold (deferred, they run in the
+		// reverse order): once the hold is gone, a new claim of the same
+		// task may take a slot under the same id, which a later
+		// freeSlot here would give back.
 		defer r.hold(id, false)
+		defer r.freeSlot(id)
 		after = work()
 		if r.cfg.Supervise != nil && r.wasDetached(id) {
 			return // still running under its supervisor: its admission and slot go with the node
@@ -348,6 +360,15 @@ func (r *runner) holds(id bson.ObjectID) bool {
 	return ok
 }
 
+// keeps reports whether the task is this run's: held, or started here and
+// left unsettled (see settle). The stray sweep hands back neither.
+func (r *runner) keeps(id bson.ObjectID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.held[id]
+	return ok || r.unsettled[id]
+}
+
 // holdsAny reports whether the node holds a task.
 func (r *runner) holdsAny() bool {
 	r.mu.Lock()
@@ -357,7 +378,14 @@ func (r *runner) holdsAny() bool {
 
 // malformed is the claimer's Malformed: fail the task with the reason.
 func (r *runner) malformed(q claimer.Queue, t schema.Task, derr error) {
-	r.handle(q, t, func() []func() {
+	held := t
+	if t.ID.IsZero() {
+		// Its _id is not an ObjectId, and the zero one would be every
+		// such task's: held under an id of its own, so that two at once
+		// each give their slot back.
+		held.ID = bson.NewObjectID()
+	}
+	r.handle(q, held, func() []func() {
 		log := taskLogger(r.log, q.Name, t.ID.Hex())
 		p := store.TaskFailParams{ID: t.ID, Node: r.cfg.Name, From: t.Status, Reason: "disbatchd: malformed task document: " + derr.Error()}
 		if t.ID.IsZero() {
@@ -636,7 +664,7 @@ func (r *runner) complete(log *slog.Logger, q claimer.Queue, t schema.Task, runC
 	}
 	var err error
 	if !written {
-		err = r.write(log, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
+		err = r.settle(log, t.ID, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
 	}
 	steps.finished(res, err)
 	if err != nil {
@@ -703,7 +731,7 @@ func (r *runner) runWritingResult(log *slog.Logger, q claimer.Queue, t schema.Ta
 		}
 	}
 	var st store.TaskState
-	err := r.write(log, "read back", func(ctx context.Context) error {
+	err := r.settle(log, t.ID, "read back", func(ctx context.Context) error {
 		states, err := cfg.Store.TaskStates(ctx, []bson.ObjectID{t.ID})
 		if err == nil && len(states) == 1 {
 			st = states[0]
@@ -738,7 +766,7 @@ func (r *runner) runWritingResult(log *slog.Logger, q claimer.Queue, t schema.Ta
 		steps.ran(res)
 		fp := store.TaskFinishParams{ID: t.ID, Node: cfg.Name, Status: schema.StatusFailed, Stderr: res.Stderr, Reason: reason,
 			Attempt: t.Control.Attempt + 1}
-		err := r.write(log, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
+		err := r.settle(log, t.ID, "finish", func(ctx context.Context) error { return r.finishes.do(ctx, fp) })
 		steps.finished(res, err)
 		if err != nil {
 			return "lost"
@@ -817,15 +845,66 @@ func (r *runner) endUnstarted(log *slog.Logger, q claimer.Queue, t schema.Task, 
 // for up to a minute. A lost guard is logged and not retried: another node
 // or an operator owns the task now, and this node's write must not land.
 func (r *runner) write(log *slog.Logger, what string, fn func(context.Context) error) error {
+	err := r.retried(log, what, fn)
+	if err != nil && !guarded(err) {
+		log.Error(fmt.Sprintf("task %s could not be written; giving up", what), "error", err)
+	}
+	return err
+}
+
+// settle is write for a task whose plugin started in this run: its finish,
+// or the read of what its task_runner wrote. The task is running under this
+// node's name in the database, and only this node's write (or, once the
+// node is found dead, the reaper's) may settle it: one given up would
+// leave it to the stray sweep, which would hand it back to run again. So
+// settle goes on retrying, a minute at a time, until the write lands or a
+// guard answers, for as long as the node runs; the task stays held
+// meanwhile. At the node's stop it gives up and keeps the task as
+// unsettled, which the sweep leaves alone; the node's next start orphans
+// it (reaper.OrphanOwn).
+func (r *runner) settle(log *slog.Logger, id bson.ObjectID, what string, fn func(context.Context) error) error {
+	for {
+		err := r.retried(log, what, fn)
+		if err == nil || guarded(err) {
+			return err
+		}
+		if r.isStopping() {
+			r.mu.Lock()
+			r.unsettled[id] = true
+			r.mu.Unlock()
+			log.Error(fmt.Sprintf("task %s could not be written before the node stopped; the task stays running under this node's name, and its next start orphans it (it is not run again)", what), "error", err)
+			return err
+		}
+		log.Error(fmt.Sprintf("task %s could not be written for a minute; still retrying, as long as the node runs (no other node may run the task meanwhile)", what), "error", err)
+	}
+}
+
+// isStopping reports whether the node is stopping.
+func (r *runner) isStopping() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopping
+}
+
+// guarded reports whether err is a guard's answer to a task write: the
+// task is no longer this node's to write as it was, and retrying cannot
+// change that.
+func guarded(err error) bool {
+	return errors.Is(err, store.ErrLostTask) || errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired)
+}
+
+// retried performs a guarded write, retrying transient errors with backoff
+// for up to a minute; a guard's answer ends it at once.
+func (r *runner) retried(log *slog.Logger, what string, fn func(context.Context) error) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 5 * time.Second
-	b.MaxElapsedTime = time.Minute
+	b.MaxElapsedTime = cmp.Or(r.cfg.writeFor, time.Minute)
 	op := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 		defer cancel()
 		err := fn(ctx)
-		if errors.Is(err, store.ErrLostTask) || errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired) {
+		if guarded(err) {
 			return backoff.Permanent(err)
 		}
 		return err
@@ -833,14 +912,9 @@ func (r *runner) write(log *slog.Logger, what string, fn func(context.Context) e
 	err := backoff.RetryNotify(op, b, func(err error, wait time.Duration) {
 		log.Warn("task write failed; retrying", "write", what, "in", wait, "error", err)
 	})
-	switch {
-	case errors.Is(err, store.ErrKillRequested) || errors.Is(err, store.ErrExpired):
-		// the caller settles it
-	case errors.Is(err, store.ErrLostTask):
+	if errors.Is(err, store.ErrLostTask) {
 		log.Warn("task was taken from this node; its "+what+" was not written", "error", err)
-	case err != nil:
-		log.Error(fmt.Sprintf("task %s could not be written; giving up", what), "error", err)
-	}
+	} // a kill asked for, or an expiry: the caller settles it
 	return err
 }
 

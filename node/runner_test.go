@@ -17,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/claimer"
+	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/plugin"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
@@ -253,5 +254,157 @@ func TestAClaimWaitsForTheEarlierHandlingOfItsTask(t *testing.T) {
 			want = 1
 		}
 		require.Equal(t, want, runs.Load(), "landed %v", landed)
+	}
+}
+
+// downStore is a runner's store whose finishes fail while down, counting
+// them.
+type downStore struct {
+	orderStore
+	down   atomic.Bool
+	failed atomic.Int64
+}
+
+func (s *downStore) TaskFinishMany(ctx context.Context, ps []store.TaskFinishParams) []error {
+	if s.down.Load() {
+		s.failed.Add(1)
+		errs := make([]error, len(ps))
+		for i := range errs {
+			errs[i] = errors.New("test: no primary")
+		}
+		return errs
+	}
+	return s.orderStore.TaskFinishMany(ctx, ps)
+}
+
+// strayFake lists ids as this node's claims in running, and records what
+// the sweep hands back.
+type strayFake struct {
+	ids       []bson.ObjectID
+	unstarted []bson.ObjectID
+}
+
+func (s *strayFake) TaskListClaimed(_ context.Context, p store.TaskListClaimedParams) ([]bson.ObjectID, error) {
+	if p.Running {
+		return s.ids, nil
+	}
+	return nil, nil
+}
+
+func (s *strayFake) TaskRelease(context.Context, store.TaskTransitionParams) error { return nil }
+
+func (s *strayFake) TaskUnstart(_ context.Context, p store.TaskTransitionParams) error {
+	s.unstarted = append(s.unstarted, p.ID)
+	return nil
+}
+
+// TestAFinishNotWrittenKeepsItsTaskFromTheStraySweep: a task whose plugin
+// ran and whose finish cannot be written (no primary for longer than a
+// write is retried) is still this node's: the finish goes on being retried
+// while the node runs, and lands once it can; the stray sweep, which hands
+// back the node's running tasks it does not hold, never hands it back to
+// run again. A finish still unwritten when the node stops leaves its task
+// unsettled, which the sweep leaves alone too (the next start orphans it).
+func TestAFinishNotWrittenKeepsItsTaskFromTheStraySweep(t *testing.T) {
+	st := &downStore{}
+	st.down.Store(true)
+	reg := plugin.NewRegistry()
+	reg.Register("P", plugin.Func(func(context.Context, plugin.Task) plugin.Result {
+		return plugin.Result{Status: schema.StatusSucceeded}
+	}))
+	r := newRunner(runnerConfig{Name: "n1", Store: st, Plugins: reg, Observer: noObserver{}, writeFor: 150 * time.Millisecond},
+		func(bson.ObjectID) {}, nil, slog.New(slog.DiscardHandler))
+	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: "P", MaxThreads: 2}
+	claimed := func() schema.Task {
+		return schema.Task{ID: bson.NewObjectID(), Queue: q.ID, Node: "n1", Status: schema.StatusRunning} // claimed into running
+	}
+	sweep := func(ids ...bson.ObjectID) []bson.ObjectID {
+		sf := &strayFake{ids: ids}
+		s := &strays{node: "n1", store: sf, holds: r.keeps, claimRunning: true, fenced: func() bool { return false }, clock: clock.Or(nil), log: slog.New(slog.DiscardHandler)}
+		s.release(context.Background())
+		return sf.unstarted
+	}
+
+	first := claimed()
+	r.dispatch(q, first, claimer.Timing{End: time.Now()})
+	require.Eventually(t, func() bool { return st.failed.Load() >= 1 }, 10*time.Second, 10*time.Millisecond, "no finish tried")
+	time.Sleep(500 * time.Millisecond) // more than three of a write's rounds (writeFor)
+	require.Empty(t, sweep(first.ID), "a task whose finish is being retried was handed back to run again")
+	require.GreaterOrEqual(t, st.failed.Load(), int64(5), "the finish was not retried past a write's round")
+	st.down.Store(false)
+	r.wg.Wait()
+	require.Len(t, st.finishes, 1, "the finish never landed")
+	require.Equal(t, first.ID, st.finishes[0].ID)
+
+	st.down.Store(true)
+	second, before := claimed(), st.failed.Load()
+	r.dispatch(q, second, claimer.Timing{End: time.Now()})
+	require.Eventually(t, func() bool { return st.failed.Load() >= before+2 }, 10*time.Second, 10*time.Millisecond, "the finish was not retried")
+	r.drain(time.Second)
+	require.Empty(t, sweep(second.ID), "a task left unsettled at the stop was handed back to run again")
+	require.Len(t, st.finishes, 1, "a finish landed while the store was down")
+}
+
+// TestTwoMalformedTasksWithoutObjectIdsGiveBothSlotsBack: tasks whose _id
+// is not an ObjectId are failed by the _id they have; two handled at once
+// must not share one entry of the runner's slots (the zero ObjectId), or
+// one slot is never given back.
+func TestTwoMalformedTasksWithoutObjectIdsGiveBothSlotsBack(t *testing.T) {
+	var freed atomic.Int64
+	r := newRunner(runnerConfig{Name: "n1", Store: &slowFail{}, Plugins: plugin.NewRegistry(), Observer: noObserver{}},
+		func(bson.ObjectID) { freed.Add(1) }, nil, slog.New(slog.DiscardHandler))
+	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", MaxThreads: 4}
+	for _, id := range []string{"a", "b"} {
+		raw, err := bson.Marshal(bson.D{{Key: "_id", Value: id}})
+		require.NoError(t, err)
+		r.malformed(q, schema.Task{Queue: q.ID, Status: schema.StatusClaimed, Raw: raw}, &schema.DecodeError{Collection: "tasks", Err: errors.New("_id is not an ObjectId")})
+	}
+	r.wg.Wait()
+	require.Equal(t, int64(2), freed.Load(), "slots given back")
+}
+
+// slowFail fails tasks slowly enough for two to be handled at once.
+type slowFail struct{ orderStore }
+
+func (s *slowFail) TaskFail(context.Context, store.TaskFailParams) error {
+	time.Sleep(20 * time.Millisecond)
+	return nil
+}
+
+// unreadStore fails the reads adoption makes: every TaskStates, or (with
+// statesOK) every TaskGet, whose tasks it otherwise says are n1's running.
+type unreadStore struct{ statesOK bool }
+
+func (s *unreadStore) TaskStates(_ context.Context, ids []bson.ObjectID) ([]store.TaskState, error) {
+	if !s.statesOK {
+		return nil, errors.New("test: no primary")
+	}
+	out := make([]store.TaskState, len(ids))
+	for i := range ids {
+		out[i] = store.TaskState{Found: true, Node: "n1", Status: schema.StatusRunning}
+	}
+	return out, nil
+}
+
+func (s *unreadStore) TaskGet(context.Context, bson.ObjectID) (schema.Task, error) {
+	return schema.Task{}, errors.New("test: no primary")
+}
+
+// TestAdoptionThatCannotReadItsTasksFailsTheStart: a restarted node that
+// cannot read the tasks still running under their supervisors (after
+// retrying, as a task write is retried) fails its start, killing none and
+// adopting none: a task killed for a failed read would stay running under
+// the node's name, which the start's OrphanOwn has already passed over.
+// (The handles here are empty: a kill sent through one would panic.)
+func TestAdoptionThatCannotReadItsTasksFailsTheStart(t *testing.T) {
+	for _, statesOK := range []bool{false, true} {
+		r := newRunner(runnerConfig{Name: "n1", Store: &orderStore{}, Observer: noObserver{}, writeFor: 100 * time.Millisecond},
+			func(bson.ObjectID) {}, nil, slog.New(slog.DiscardHandler))
+		hs := map[bson.ObjectID]*supervisor.Handle{bson.NewObjectID(): {}, bson.NewObjectID(): {}}
+		took := 0
+		err := r.adopt(context.Background(), &unreadStore{statesOK: statesOK}, hs, nil, func(bson.ObjectID) { took++ }, noObserver{})
+		require.ErrorContains(t, err, "test: no primary", "states read %v", statesOK)
+		r.wg.Wait()
+		require.Zero(t, took, "adopted a task")
 	}
 }

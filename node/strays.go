@@ -37,7 +37,9 @@ type strays struct {
 	lifecycle.Base
 	node  string
 	store strayStore
-	holds func(bson.ObjectID) bool // the node received it from a claim
+	// holds: the node received it from a claim and holds it, or started it
+	// and could not write its result (runner.keeps).
+	holds func(bson.ObjectID) bool
 	// claimRunning: the node claims into running (Config.ClaimRunning),
 	// so lost claims may also be in status 0.
 	claimRunning bool

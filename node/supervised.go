@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/disbatch-go/disbatch/claimer"
@@ -287,19 +288,53 @@ type adoptStore interface {
 // run had started it. A supervisor whose task is not this node's running
 // one any more (recovered, finished) is told to kill it and let go.
 func (r *runner) adopt(ctx context.Context, st adoptStore, hs map[bson.ObjectID]*supervisor.Handle, queues []claimer.Queue,
-	take func(q bson.ObjectID), obs Observer) {
+	take func(q bson.ObjectID), obs Observer) error {
 	if len(hs) == 0 {
-		return
+		return nil
 	}
 	ids := make([]bson.ObjectID, 0, len(hs))
 	for id := range hs {
 		ids = append(ids, id)
 	}
-	states, err := st.TaskStates(ctx, ids)
+	// Read until read (as a task write is retried): a task killed for a
+	// read that failed would stay running under this node's name, which
+	// OrphanOwn has already passed over.
+	var states []store.TaskState
+	err := r.retried(r.log, "read of the supervised tasks' states", func(wctx context.Context) (err error) {
+		if err := ctx.Err(); err != nil {
+			return backoff.Permanent(err) // the start is abandoned
+		}
+		states, err = st.TaskStates(wctx, ids)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("read the states of the tasks still running under their supervisors: %w", err)
+	}
 	byID := map[bson.ObjectID]store.TaskState{}
-	if err == nil {
-		for i, s := range states {
-			byID[ids[i]] = s
+	for i, s := range states {
+		byID[ids[i]] = s
+	}
+	// Every task read before any is acted on: Start fails with none
+	// adopted or killed.
+	tasks := map[bson.ObjectID]schema.Task{}
+	for id := range hs {
+		if s := byID[id]; !s.Found || s.Node != r.cfg.Name || s.Status != schema.StatusRunning {
+			continue
+		}
+		var t schema.Task
+		err := r.retried(r.log.With("task_id", id.Hex()), "read of a supervised task", func(wctx context.Context) (err error) {
+			if err := ctx.Err(); err != nil {
+				return backoff.Permanent(err)
+			}
+			t, err = st.TaskGet(wctx, id)
+			return err
+		})
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+		case err != nil:
+			return fmt.Errorf("read task %s, still running under its supervisor: %w", id.Hex(), err)
+		default:
+			tasks[id] = t
 		}
 	}
 	sent := time.Now()
@@ -309,16 +344,10 @@ func (r *runner) adopt(ctx context.Context, st adoptStore, hs map[bson.ObjectID]
 	adopted := 0
 	for id, h := range hs {
 		log := r.log.With("task_id", id.Hex())
-		s, ok := byID[id]
-		var t schema.Task
-		if ok && s.Found && s.Node == r.cfg.Name && s.Status == schema.StatusRunning {
-			t, err = st.TaskGet(ctx, id)
-			ok = err == nil && r.sameAttempt(log, t)
-		} else {
-			ok = false
-		}
-		if !ok {
-			log.Warn("a supervisor's task is no longer this node's running task: killing it", "status", int(s.Status), "node", s.Node, "error", err)
+		s := byID[id]
+		t, ok := tasks[id]
+		if !ok || !r.sameAttempt(log, t) {
+			log.Warn("a supervisor's task is no longer this node's running task: killing it", "status", int(s.Status), "node", s.Node, "found", s.Found)
 			r.wg.Add(1)
 			go func() {
 				defer r.wg.Done()
@@ -352,6 +381,7 @@ func (r *runner) adopt(ctx context.Context, st adoptStore, hs map[bson.ObjectID]
 	if adopted > 0 {
 		r.log.Info("adopted the previous run's running tasks", "tasks", adopted)
 	}
+	return nil
 }
 
 // sameAttempt reports whether t's attempt is the one its supervisor runs

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -32,5 +33,8 @@ func (s *Store) ConfigGet(ctx context.Context, label string) (schema.Config, err
 	case 1:
 		return schema.DecodeConfig(docs[0])
 	}
-	return schema.Config{}, fmt.Errorf("read config: %d documents are %s; keep one (or give nodes distinct labels)", len(docs), what)
+	return schema.Config{}, fmt.Errorf("read config: %d documents are %s; keep one (or give nodes distinct labels): %w", len(docs), what, ErrConfigAmbiguous)
 }
+
+// ErrConfigAmbiguous: more than one config document applies to a node.
+var ErrConfigAmbiguous = errors.New("more than one config document applies")
