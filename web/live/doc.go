@@ -49,7 +49,10 @@
 // 200, Content-Type text/event-stream, Cache-Control no-cache,
 // X-Accel-Buffering no (and Connection close on HTTP/1.1: a stream's
 // connection is not reused). It starts with a "retry: 2000" line (the
-// reconnection delay, in milliseconds). From the moment the response
+// reconnection delay, in milliseconds) and an "id:" line, the position
+// it starts from (the one it resumes from, or the present's), so that a
+// client cut off or dropped before its first event still resumes without
+// loss (once the server has read its first batch of changes). From the moment the response
 // headers are sent, every change committed afterwards is delivered (and
 // maybe some committed just before: the stream runs a few milliseconds
 // behind the commits). Then events, each

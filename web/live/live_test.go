@@ -468,6 +468,14 @@ func TestASlowClientIsDroppedAndSlowsNobody(t *testing.T) {
 	c.quiet(100 * time.Millisecond)
 }
 
+func hexes(ws []want) []string {
+	out := make([]string, len(ws))
+	for i, w := range ws {
+		out[i] = w.id.Hex()
+	}
+	return out
+}
+
 func countIn(out string, ids []string) int {
 	n := 0
 	for _, id := range ids {
@@ -725,4 +733,56 @@ func TestResumesUnderLoadAreExact(t *testing.T) {
 	require.Positive(t, st.Handovers, "%+v", st)
 	require.Zero(t, st.Dropped)
 	t.Logf("%d events; %+v", len(frs), st)
+}
+
+// TestAClientDroppedBeforeItsFirstEventResumesWithoutLoss: a client that
+// gave no position is told the hub's as it joins (an id with the retry
+// line), so one dropped before any event reached it is given a resume id
+// all the same, and resuming there misses nothing.
+func TestAClientDroppedBeforeItsFirstEventResumesWithoutLoss(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	q := f.queue("q")
+	s := f.serve(live.Options{Buffer: 16, WriteTimeout: time.Hour})
+	f.insert(q.ID, 1) // the hub has a position
+	eventually(t, func() bool { return s.hub.Stats().Published > 0 }, wait, "the hub published nothing")
+	// Its first write (the retry and id lines) waits until it is dropped.
+	slow := &slowWriter{hdr: http.Header{}, release: make(chan struct{})}
+	var once sync.Once
+	release := func() { once.Do(func() { close(slow.release) }) }
+	t.Cleanup(release)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		s.hub.ServeHTTP(slow, httptest.NewRequest(http.MethodGet, "/api/v1/events", nil))
+	}()
+	eventually(t, func() bool { return s.hub.Stats().Subscribers == 1 }, wait, "the client never joined")
+
+	var wants []want
+	for range 4 { // the buffer overflows
+		for _, id := range f.insert(q.ID, 10) {
+			wants = append(wants, inserted(id, q.ID))
+		}
+	}
+	eventually(t, func() bool { return s.hub.Stats().Dropped == 1 }, wait, "the slow client is dropped")
+	release()
+	select {
+	case <-served:
+	case <-time.After(wait):
+		t.Fatal("the dropped client's handler did not return")
+	}
+	out := slow.String()
+	require.Contains(t, out, "event: lagged\n")
+	var lagged struct{ Resume string }
+	data := out[strings.LastIndex(out, "data: ")+len("data: "):]
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(data)), &lagged))
+	require.NotEmpty(t, lagged.Resume, "a client dropped before its first event is given no resume id:\n%s", out)
+	require.True(t, strings.HasPrefix(out, "id: "+lagged.Resume+"\n") || strings.Contains(out, "\nid: "+lagged.Resume+"\n"),
+		"the resume id is the one it was given as it joined:\n%s", out)
+	require.Zero(t, countIn(out, hexes(wants)), "events reached the client before it was dropped")
+	c := s.connect(t, "", lagged.Resume)
+	for _, w := range wants {
+		c.requireTask(w)
+	}
+	c.quiet(100 * time.Millisecond)
 }

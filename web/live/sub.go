@@ -215,6 +215,13 @@ func (h *Hub) join(r *http.Request, req request) (*sub, *Error) {
 	h.all[s] = struct{}{}
 	h.handlers.Add(1)
 	if req.from == nil {
+		// From the present: the hub's position is the client's, which
+		// its first frame gives it, so that a client dropped (or cut
+		// off) before its first event still resumes without loss.
+		s.fromID = h.pos
+		s.mu.Lock()
+		s.pos = h.pos
+		s.mu.Unlock()
 		h.attach(s)
 		h.mu.Unlock()
 		return s, nil
@@ -291,7 +298,7 @@ func (h *Hub) stream(w http.ResponseWriter, r *http.Request, s *sub) {
 	w.WriteHeader(http.StatusOK)
 
 	var buf bytes.Buffer
-	last := s.fromID // the last id the client has
+	last := s.fromID // the last id the client has, or is given now
 	write := func() bool {
 		if !s.deadline(h.opts.WriteTimeout) {
 			return false
@@ -303,7 +310,13 @@ func (h *Hub) stream(w http.ResponseWriter, r *http.Request, s *sub) {
 		}
 		return err == nil
 	}
-	buf.WriteString("retry: " + strconv.FormatInt(h.opts.Retry.Milliseconds(), 10) + "\n\n")
+	buf.WriteString("retry: " + strconv.FormatInt(h.opts.Retry.Milliseconds(), 10) + "\n")
+	if last != "" {
+		// Where it joins (the id it gave, or the hub's position): a
+		// client cut off before its first event resumes from there.
+		buf.WriteString("id: " + last + "\n")
+	}
+	buf.WriteString("\n")
 	if !write() {
 		return
 	}
