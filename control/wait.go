@@ -107,7 +107,12 @@ func wait(ctx context.Context, st WaitStore, ids []bson.ObjectID, reread time.Du
 			return states, nil
 		}
 		if _, err := r.Next(ctx); err != nil {
-			return states, fmt.Errorf("%w: %w", ErrWaitTimeout, err)
+			// The reader resumes by itself until ctx ends; anything
+			// else (it was closed) is a failure, not the wait's end.
+			if ctx.Err() != nil {
+				return states, fmt.Errorf("%w: %w", ErrWaitTimeout, err)
+			}
+			return states, fmt.Errorf("wait for tasks: follow their changes: %w", err)
 		}
 	}
 }

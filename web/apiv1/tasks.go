@@ -438,11 +438,34 @@ func (h *handler) taskOutput(name string) func(w http.ResponseWriter, r *http.Re
 		if r.Method == http.MethodHead {
 			return nil
 		}
-		if _, err := io.Copy(w, out); err != nil && r.Context().Err() == nil {
+		// A large output to a slow client outlasts the server's write
+		// timeout, which would cut it: lifted, each write gets a
+		// deadline of its own instead (a client that stops reading is
+		// still let go).
+		rc := http.NewResponseController(w)
+		_ = rc.SetWriteDeadline(time.Time{})
+		dw := &deadlineWriter{w: w, rc: rc, each: outputWriteTimeout}
+		if _, err := io.Copy(dw, out); err != nil && r.Context().Err() == nil {
 			// The status is sent: the short body (against Content-Length)
 			// tells the client.
 			h.log.Error("streaming a task's output failed", "task_id", id.Hex(), "output", name, "error", err)
 		}
 		return nil
 	}
+}
+
+// outputWriteTimeout bounds each write of a task's output to the client.
+const outputWriteTimeout = 30 * time.Second
+
+// deadlineWriter gives each write to w a deadline of its own, each from
+// its start.
+type deadlineWriter struct {
+	w    io.Writer
+	rc   *http.ResponseController
+	each time.Duration
+}
+
+func (d *deadlineWriter) Write(p []byte) (int, error) {
+	_ = d.rc.SetWriteDeadline(time.Now().Add(d.each))
+	return d.w.Write(p)
 }

@@ -1,11 +1,15 @@
 package apiv1
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -485,4 +489,52 @@ func TestTaskMalformedDocuments(t *testing.T) {
 	task = Task{}
 	e.want(200, "GET", "/api/v1/tasks/"+negative.Hex(), nil).decode(t, &task)
 	require.Nil(t, task.Priority)
+}
+
+// TestALargeOutputOutlastsTheWriteTimeout: a task's output from GridFS,
+// read by a client slower than the server's write timeout allows for the
+// whole body, still arrives whole: each write has a deadline of its own.
+func TestALargeOutputOutlastsTheWriteTimeout(t *testing.T) {
+	e := setup(t, func(_ *Options, so *store.Options) { so.OutputThreshold = 4 << 10 })
+	ctx := ctxT(t)
+	qid := e.newQueue("q")
+	e.submit("q", `{}`)
+	task, err := e.st.TaskClaim(ctx, store.TaskClaimParams{Queue: qid, Node: "n1", Sort: schema.SortFIFO})
+	require.NoError(t, err)
+	require.NoError(t, e.st.TaskStart(ctx, store.TaskTransitionParams{ID: task.ID, Node: "n1"}))
+	big := strings.Repeat("0123456789abcdef", 1<<19) // 8 MiB, more than the sockets' buffers hold
+	require.NoError(t, e.st.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: big}))
+	srv := httptest.NewUnstartedServer(e.h)
+	srv.Config.WriteTimeout = 300 * time.Millisecond
+	srv.Start()
+	t.Cleanup(srv.Close)
+
+	// A small receive buffer, so that the server's writes wait for the
+	// client's reads.
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = c.(*net.TCPConn).SetReadBuffer(16 << 10)
+		}
+		return c, err
+	}}}
+	t.Cleanup(client.CloseIdleConnections)
+	res, err := client.Get(srv.URL + "/api/v1/tasks/" + task.ID.Hex() + "/stdout")
+	require.NoError(t, err)
+	defer res.Body.Close()
+	require.Equal(t, 200, res.StatusCode)
+	var got bytes.Buffer
+	start, buf := time.Now(), make([]byte, 128<<10)
+	for {
+		n, err := res.Body.Read(buf)
+		got.Write(buf[:n])
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err, "cut off after %d bytes in %s", got.Len(), time.Since(start).Round(time.Millisecond))
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Greater(t, time.Since(start), time.Second/2, "read faster than the write timeout: the test proves nothing")
+	require.Equal(t, len(big), got.Len())
+	require.Equal(t, big, got.String())
 }
