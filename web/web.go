@@ -19,7 +19,9 @@
 package web
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -123,19 +125,40 @@ func NewHandler(o Options) http.Handler {
 // limitBody refuses bodies over n bytes: the handlers read at most n+1 and
 // answer 413 (through the error http.MaxBytesReader returns). v1: in the v1
 // error shape, else in 4.103's.
+//
+// A 4.103 route's body of unknown length (chunked) is read here, up to
+// n+1 bytes, before its handler (which would read it whole anyway): its
+// handlers answer a body they could not read with a 400, in 4.103's words.
 func limitBody(n int64, v1 bool, next http.Handler) http.Handler {
+	tooLarge := func(w http.ResponseWriter) {
+		if v1 {
+			apiv1.WriteError(w, http.StatusRequestEntityTooLarge, "too_large", "the request body is larger than "+strconv.FormatInt(n, 10)+" bytes", "")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		_, _ = w.Write([]byte(`{"error":"the request body is larger than ` + strconv.FormatInt(n, 10) + ` bytes"}`))
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > n {
-			if v1 {
-				apiv1.WriteError(w, http.StatusRequestEntityTooLarge, "too_large", "the request body is larger than "+strconv.FormatInt(n, 10)+" bytes", "")
-				return
-			}
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusRequestEntityTooLarge)
-			_, _ = w.Write([]byte(`{"error":"the request body is larger than ` + strconv.FormatInt(n, 10) + ` bytes"}`))
+			tooLarge(w)
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, n)
+		if !v1 && r.ContentLength < 0 && r.Body != http.NoBody {
+			b, err := io.ReadAll(r.Body)
+			switch {
+			case IsTooLarge(err):
+				tooLarge(w)
+				return
+			case err != nil:
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = w.Write([]byte(`{"error":"Could not read the request body"}`))
+				return
+			}
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+		}
 		next.ServeHTTP(w, r)
 	})
 }

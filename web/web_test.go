@@ -127,6 +127,29 @@ func TestBodyLimit(t *testing.T) {
 	resp, body = c.do("POST", "/api/v1/queues", "", big, "Content-Type", "application/json")
 	require.Equal(t, 413, resp.StatusCode, body)
 	require.Contains(t, body, `"code":"too_large"`)
+	// Chunked (no Content-Length): read to the limit, then refused alike.
+	for _, path := range []string{"/queues", "/tasks", "/api/v1/queues"} {
+		req, err := http.NewRequest("POST", c.url+path, io.MultiReader(strings.NewReader(big)))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, 413, resp.StatusCode, "chunked %s: %s", path, b)
+		require.Contains(t, string(b), "larger than 1000 bytes", path)
+	}
+	// A chunked body within the limit is served as before.
+	req, err := http.NewRequest("POST", c.url+"/queues", io.MultiReader(strings.NewReader(`{"name":"small","plugin":"Disbatch::Plugin::Demo"}`)))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, 200, resp.StatusCode, string(b))
 	resp, _ = c.do("GET", "/queues", "", "")
 	require.Equal(t, 200, resp.StatusCode, "still serving")
 }
