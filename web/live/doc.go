@@ -24,9 +24,10 @@
 //
 //   - queue: only task events of these queues (a task moved between queues
 //     matches either) and queue events of these queues. Repeatable, or
-//     comma-separated. An id is 24 hex digits; a name is resolved once, at
-//     connection, when the server has a Lookup (otherwise names are
-//     refused).
+//     comma-separated (a value that is one queue's whole name, commas and
+//     all, is that queue). An id is 24 hex digits; a name is resolved
+//     once, at connection, when the server has a Lookup (otherwise names
+//     are refused).
 //   - task: only task events of these tasks (ObjectIds). Repeatable, or
 //     comma-separated.
 //   - types: the kinds of events wanted, a comma-separated subset of task,

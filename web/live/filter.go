@@ -102,15 +102,17 @@ func (h *Hub) parse(ctx context.Context, r *http.Request) (request, *Error) {
 		}
 		req.filter.tasks[id] = true
 	}
-	for _, v := range values(r, "queue") {
-		id, err := h.queueID(ctx, v)
+	for _, v := range q["queue"] {
+		ids, err := h.queueIDs(ctx, v)
 		if err != nil {
 			return req, err
 		}
-		if req.filter.queues == nil {
-			req.filter.queues = map[bson.ObjectID]bool{}
+		for _, id := range ids {
+			if req.filter.queues == nil {
+				req.filter.queues = map[bson.ObjectID]bool{}
+			}
+			req.filter.queues[id] = true
 		}
-		req.filter.queues[id] = true
 	}
 	// Without types=, a filter names what the subscriber is interested in:
 	// task= asks for task events, queue= for task and queue events.
@@ -140,6 +142,37 @@ func (h *Hub) parse(ctx context.Context, r *http.Request) (request, *Error) {
 
 // queueID resolves a queue parameter: an id (24 hex digits, taken as
 // is: a queue created later or deleted is still its id), or a name.
+// queueIDs resolves one value of queue=: a queue's id or name, or a
+// comma-separated list of them. A name may hold commas (queue names are
+// free text): a value that is one queue's whole name is that queue, and
+// only otherwise a list.
+func (h *Hub) queueIDs(ctx context.Context, v string) ([]bson.ObjectID, *Error) {
+	whole := strings.TrimSpace(v)
+	if strings.Contains(whole, ",") && h.opts.Lookup != nil {
+		q, err := h.opts.Lookup.QueueGet(ctx, store.QueueGetParams{Ref: whole})
+		switch {
+		case err == nil:
+			return []bson.ObjectID{q.ID}, nil
+		case !errors.Is(err, store.ErrNotFound):
+			h.log.Warn("look up queue", "queue", whole, "error", err)
+			return nil, &Error{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Field: "queue",
+				Message: fmt.Sprintf("could not look up queue %q; try again", whole)}
+		}
+	}
+	var ids []bson.ObjectID
+	for _, ref := range strings.Split(whole, ",") {
+		if ref = strings.TrimSpace(ref); ref == "" {
+			continue
+		}
+		id, err := h.queueID(ctx, ref)
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
 func (h *Hub) queueID(ctx context.Context, ref string) (bson.ObjectID, *Error) {
 	if id, err := bson.ObjectIDFromHex(ref); err == nil {
 		return id, nil

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,6 +109,10 @@ func TestFilters(t *testing.T) {
 	byName := s.connect(t, "?queue=qb", "")
 	both := s.connect(t, "?queue=qa,qb&types=queue", "")
 	nodes := s.connect(t, "?types=node", "")
+	// A name with a comma in it is that queue's, not a list of two.
+	comma := f.queue("qa,qb")
+	commaName := s.connect(t, "?queue="+url.QueryEscape("qa,qb"), "")
+	commaTask := f.insert(comma.ID, 1)[0]
 
 	as, bs := make([]bson.ObjectID, 2), make([]bson.ObjectID, 2)
 	for i := range 2 {
@@ -181,7 +186,9 @@ func TestFilters(t *testing.T) {
 	byTask.requireTask(claimA)
 	byTask.requireTask(claimB)
 
-	for _, c := range []*client{byID, byName, both, nodes, byTask} {
+	commaName.requireTask(inserted(commaTask, comma.ID))
+
+	for _, c := range []*client{byID, byName, both, nodes, byTask, commaName} {
 		c.quiet(100 * time.Millisecond)
 	}
 }
