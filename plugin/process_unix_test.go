@@ -322,3 +322,31 @@ func TestCommandResultAndMixedout(t *testing.T) {
 	require.Equal(t, Result{Status: schema.StatusFailed, Stdout: "a\nc\n", Stderr: "b\nd\nexit status 3\n", Extra: extra(3, "a\nb\nc\nd")}, res)
 	require.IsType(t, int32(0), res.Extra[0].Value, "result is an int32")
 }
+
+// TestATaskRunnerLeavesNothingRunning: 4.103's task_runner, run as a
+// process, whose plugin left a child in the background holding its
+// output, neither holds the task past the wait for its pipes nor leaves
+// the child running.
+func TestATaskRunnerLeavesNothingRunning(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "pid")
+	script := filepath.Join(dir, "task_runner")
+	require.NoError(t, os.WriteFile(script, []byte("#!/bin/bash\nsleep 30 &\necho $! > "+pidFile+"\nexit 0\n"), 0o700))
+	start := time.Now()
+	_, err := TaskRunner{Path: script, Config: "/dev/null"}.RunWritingResult(context.Background(), Task{ID: bson.NewObjectID()})
+	took := time.Since(start)
+	b, rerr := os.ReadFile(pidFile)
+	require.NoError(t, rerr)
+	pid, rerr := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, rerr)
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	require.Less(t, took, proc.WaitDelay+5*time.Second, "the task was held by its background child (%v)", err)
+	require.Eventually(t, func() bool {
+		if syscall.Kill(pid, 0) != nil {
+			return true
+		}
+		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		return err != nil || strings.Contains(string(st), ") Z ")
+	}, 5*time.Second, 10*time.Millisecond, "the task's background process outlived it")
+}

@@ -52,9 +52,11 @@ func (r TaskRunner) RunWritingResult(ctx context.Context, t Task) (string, error
 	}
 	cmd := exec.CommandContext(ctx, r.Path, args...)
 	proc.KillGroupOnCancel(cmd)
+	cmd.WaitDelay = proc.WaitDelay // a child left holding its output must not hold the task
 	out := &proc.Capped{Limit: 64 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
 	err := cmd.Run()
+	proc.KillGroup(cmd)
 	if err == nil {
 		return "", nil
 	}

@@ -128,7 +128,8 @@ func CauseOf(err error) *Cause {
 }
 
 // Run starts the command as the leader of a new process group, kills the
-// whole group when ctx is done, and waits for it.
+// whole group when ctx is done, and waits for it; once it has ended, what
+// is left of its group is killed too (KillGroup).
 func (c Command) Run(ctx context.Context) Result {
 	cmd := exec.CommandContext(ctx, c.Path, c.Args...)
 	cmd.Dir = c.Dir
@@ -148,6 +149,7 @@ func (c Command) Run(ctx context.Context) Result {
 	cmd.WaitDelay = WaitDelay
 
 	err := cmd.Run()
+	KillGroup(cmd)
 	var r Result
 	r.Stdout, r.StdoutCut = stdout.Bytes()
 	r.Stderr, r.StderrCut = stderr.Bytes()

@@ -21,6 +21,17 @@ func KillGroupOnCancel(cmd *exec.Cmd) {
 	}
 }
 
+// KillGroup kills what is left of the process group of cmd, which has been
+// waited for: whatever the command started in the background (sleep &, a
+// daemon) dies with its task rather than outliving it, a retry beside it.
+// The group's id stays taken while any member lives, so it is not another
+// group's; one with no member left is ESRCH, ignored.
+func KillGroup(cmd *exec.Cmd) {
+	if cmd.Process != nil && cmd.SysProcAttr != nil && cmd.SysProcAttr.Setpgid {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
 // signalled reports the signal that ended the process, if one did.
 func signalled(st *os.ProcessState) (int, bool) {
 	ws, ok := st.Sys().(syscall.WaitStatus)
