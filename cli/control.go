@@ -122,7 +122,12 @@ func (f *targetFlags) target(cmd *cobra.Command, args []string, now time.Time) (
 		return store.TaskTarget{IDs: ids}, err
 	}
 	var flt store.TaskFilter
-	for _, v := range []struct{ name, val string }{{"queue", f.queue}, {"node", f.node}, {"since", f.since}, {"until", f.until}, {"reason", f.reason}} {
+	checked := []struct{ name, val string }{{"queue", f.queue}, {"node", f.node}, {"since", f.since}, {"until", f.until}}
+	if f.withReason {
+		// retry's --reason filters; kill's and cancel's is their own text.
+		checked = append(checked, struct{ name, val string }{"reason", f.reason})
+	}
+	for _, v := range checked {
 		if cmd.Flags().Changed(v.name) && strings.TrimSpace(v.val) == "" {
 			return store.TaskTarget{}, usagef("--%s is empty", v.name)
 		}

@@ -119,8 +119,9 @@ func TestTaskKillByFilter(t *testing.T) {
 	ids := e.tasks(4)
 	e.runningOn(ids[0], "n1")
 	e.runningOn(ids[1], "n2")
-	out := e.ok("", "task", "kill", "--queue", "q", "--status", "running", "--node", "n1")
+	out := e.ok("", "task", "kill", "--queue", "q", "--status", "running", "--node", "n1", "--reason", "wrong input")
 	require.Contains(t, out, "requested 1 ")
+	require.Equal(t, "wrong input", e.task(ids[0]).Lookup("kill", "reason").StringValue(), "a filter's kill with its reason")
 	require.Contains(t, out, "cancelled 0 ")
 	require.Equal(t, "n1", e.task(ids[0]).Lookup("kill", "node").StringValue())
 	_, err := e.task(ids[1]).LookupErr("kill")
@@ -145,8 +146,9 @@ func TestTaskCancel(t *testing.T) {
 	require.Equal(t, "typo", cancelled.Lookup("cancel", "reason").StringValue())
 	require.Equal(t, before, e.task(ids[1]), "the running task is left alone")
 
-	require.Contains(t, e.ok("", "task", "cancel", "--queue", "q", "--status", "queued"), "cancelled 1 ")
+	require.Contains(t, e.ok("", "task", "cancel", "--queue", "q", "--status", "queued", "--reason", "wrong input"), "cancelled 1 ")
 	require.EqualValues(t, 2, status(e.task(ids[2])))
+	require.Equal(t, "wrong input", e.task(ids[2]).Lookup("cancel", "reason").StringValue(), "a filter's cancel with its reason")
 
 	// Cancelling again: already finished, so scripts notice.
 	r = e.run("", "task", "cancel", ids[0].Hex())
