@@ -75,12 +75,17 @@ func (t *Timers) Lead(ctx context.Context, _ leadership.Term, src Source) error 
 	defer func() { <-done }()
 	t.log.Info("leading: queueing delayed tasks and expiring waiting ones on time")
 	next := t.pass(ctx)
+	// The safety net's pass comes a Tick after the last, whatever the
+	// hints: they only bring a pass sooner (a stream of hints, each
+	// restarting a Tick's wait, would put it off for as long as they
+	// come, and a hint an hour out after a failed pass by an hour).
+	safety := t.clock.Now().Add(t.cfg.Tick)
 	for {
-		d := t.cfg.Tick
-		if !next.IsZero() {
-			d = min(d, max(next.Sub(t.clock.Now()), 0))
+		wake := safety
+		if !next.IsZero() && next.Before(wake) {
+			wake = next
 		}
-		timer := t.clock.NewTimer(d)
+		timer := t.clock.NewTimer(max(wake.Sub(t.clock.Now()), 0))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -94,6 +99,7 @@ func (t *Timers) Lead(ctx context.Context, _ leadership.Term, src Source) error 
 		case <-timer.C():
 		}
 		next = t.pass(ctx)
+		safety = t.clock.Now().Add(t.cfg.Tick)
 	}
 }
 
