@@ -422,6 +422,10 @@ func parseMaxThreads(s string) (*int, error) {
 // setting of its own.
 const notInFile = math.MinInt
 
+// durationNotInFile marks a duration the config file does not give: "0s"
+// is a setting of its own (no grace, no plugin timeout), or is refused.
+const durationNotInFile = duration(math.MinInt64)
+
 // applyConfigFile fills every setting not given by a flag or the
 // environment from the JSON file.
 func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *string, external *[]string, getenv func(string) string) error {
@@ -432,6 +436,9 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 	// 0 in a file means every node (wakeup_listeners), or is refused
 	// (claim_batch).
 	file := settings{WakeupListeners: notInFile, ClaimBatch: notInFile}
+	for _, d := range []*duration{&file.PluginTimeout, &file.Grace, &file.Tick, &file.OrphanAfter, &file.Heartbeat, &file.FenceAfter, &file.DeadAfter, &file.PreImagesIdle} {
+		*d = durationNotInFile
+	}
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&file); err != nil {
@@ -470,7 +477,7 @@ func applyConfigFile(cmd *cobra.Command, path string, s *settings, maxThreads *s
 		"heartbeat": {&s.Heartbeat, &file.Heartbeat}, "fence-after": {&s.FenceAfter, &file.FenceAfter},
 		"dead-after": {&s.DeadAfter, &file.DeadAfter}, "pre-images-idle": {&s.PreImagesIdle, &file.PreImagesIdle},
 	} {
-		if *pair[1] != 0 && unset(flag, "") {
+		if *pair[1] != durationNotInFile && unset(flag, "") {
 			*pair[0] = *pair[1]
 		}
 	}

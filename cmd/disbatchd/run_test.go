@@ -102,6 +102,25 @@ func TestApplyConfigFileFillsWhatIsUnset(t *testing.T) {
 	require.Equal(t, []string{"X=/file/x"}, external)
 }
 
+// TestApplyConfigFileZeroDurations: a duration of "0s" in the file is a
+// setting (no grace, no plugin timeout), not a key left out.
+func TestApplyConfigFileZeroDurations(t *testing.T) {
+	s := defaults()
+	s.PluginTimeout = duration(time.Minute)
+	var maxThreads string
+	external := []string{}
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"grace": "0s", "plugin_timeout": "0s", "pre_images_idle": "0s"}`), &s, &maxThreads, &external, noEnv))
+	require.Zero(t, s.Grace, "grace")
+	require.Zero(t, s.PluginTimeout, "plugin_timeout")
+	require.Zero(t, s.PreImagesIdle, "pre_images_idle")
+	require.Equal(t, duration(time.Second), s.Tick, "a duration not in the file is left as it was")
+	// A zero where zero is refused reaches checkSettings, which says so.
+	s = defaults()
+	s.Heartbeat, s.FenceAfter, s.DeadAfter = duration(time.Second), duration(time.Second), duration(time.Second)
+	require.NoError(t, applyConfigFile(flagsSet(t), writeConfig(t, `{"tick": "0s"}`), &s, &maxThreads, &external, noEnv))
+	require.ErrorContains(t, checkSettings(s), "--tick (config key tick) must be positive")
+}
+
 func TestApplyConfigFileFlagsAndEnvironmentWin(t *testing.T) {
 	// As run has them after parsing these flags.
 	cmd := flagsSet(t, "--node", "flag-node", "--maxthreads", "7", "--label", "flag-label", "--enable-plugin", "exec",
