@@ -198,13 +198,25 @@ func findTasks(t *testing.T, db *mongo.Database) []task {
 	return out
 }
 
-// TestSupervisorsFenceWhenTheNodeNeverReturns: a node killed for good
-// leaves its tasks to their supervisors, which kill them once no
-// heartbeat was acknowledged for --fence-after, before the other node
-// declares it dead (--dead-after) and reruns them (rerun_orphans): no run
-// overlaps another, every task ends once, on the live node.
+// TestSupervisorsFenceWhenTheNodeNeverReturns: a node killed for good,
+// or stopped (SIGTERM, --grace 0) leaving its tasks running under their
+// supervisors and never started again, leaves its tasks to them, which
+// kill them once no heartbeat was acknowledged for --fence-after, before
+// the other node declares it dead (--dead-after) and reruns them
+// (rerun_orphans): no run overlaps another, every task ends once, on the
+// live node. The stopped node's last heartbeat says it left five tasks
+// (left_tasks), which is why it is judged at all.
 func TestSupervisorsFenceWhenTheNodeNeverReturns(t *testing.T) {
 	t.Parallel()
+	for _, how := range []string{"killed", "stopped"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			supervisorsFenceWhenTheNodeNeverReturns(t, how)
+		})
+	}
+}
+
+func supervisorsFenceWhenTheNodeNeverReturns(t *testing.T, how string) {
 	db, uri, _, runs, locks := restartSetup(t)
 	cli(t, uri, db.Name(), "", "queue", "create", "sh", "--constructor", "shell", "--maxthreads", "5")
 	cli(t, uri, db.Name(), "", "queue", "set", "sh", "--rerun-orphans=true")
@@ -219,7 +231,7 @@ echo "end $DISBATCH_TASK_ID $DISBATCH_ATTEMPT" >> %s`, locks, runs, runs)
 	}
 	cli(t, uri, db.Name(), strings.Join(lines, "\n")+"\n", "task", "submit", "sh")
 	timing := []string{"--heartbeat", "500ms", "--fence-after", "2s", "--dead-after", "5s"}
-	args := append([]string{"--mongo-uri", uri, "--database", db.Name(), "--node", "gone", "--enable-plugin", "shell"}, timing...)
+	args := append([]string{"--mongo-uri", uri, "--database", db.Name(), "--node", "gone", "--enable-plugin", "shell", "--grace", "0s"}, timing...)
 	p := startNode(t, args)
 	p.waitLog("node started", 30*time.Second)
 	waitRunning(t, db, 5, 30*time.Second)
@@ -228,8 +240,18 @@ echo "end $DISBATCH_TASK_ID $DISBATCH_ATTEMPT" >> %s`, locks, runs, runs)
 		return strings.Count(string(b), " 1 gone\n") == 5
 	}, 30*time.Second, 50*time.Millisecond, "the five first attempts run")
 	killed := time.Now()
-	require.NoError(t, p.cmd.Process.Kill())
-	<-p.done
+	if how == "killed" {
+		require.NoError(t, p.cmd.Process.Kill())
+		<-p.done
+	} else {
+		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+		<-p.done
+		require.Contains(t, p.log.String(), "leaving supervised tasks running")
+		var nd bson.M
+		require.NoError(t, db.Collection("nodes").FindOne(context.Background(), bson.D{{Key: "node", Value: "gone"}}).Decode(&nd))
+		require.Equal(t, "stopped", nd["state"])
+		require.EqualValues(t, 5, nd["left_tasks"], "the last heartbeat says what the node left running: %v", nd)
+	}
 	live := startNode(t, append([]string{"--mongo-uri", uri, "--database", db.Name(), "--node", "live", "--enable-plugin", "shell"}, timing...))
 	live.waitLog("node started", 30*time.Second)
 	ctx := context.Background()

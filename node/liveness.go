@@ -82,6 +82,9 @@ type livenessTarget interface {
 	// tasks still held.
 	drain()
 	held() int
+	// leftBehind counts the tasks the run leaves in the node's name as it
+	// stops (left running under supervisors, or with results unwritten).
+	leftBehind() int
 	// beatAcked: a heartbeat sent at sent was acknowledged.
 	beatAcked(sent time.Time)
 	// setMaxThreads sets the node-wide cap (nil: none).
@@ -144,7 +147,8 @@ func (l *liveness) lastAcked() time.Time {
 	return l.lastOK
 }
 
-// last is the heartbeat after the node stopped.
+// last is the heartbeat after the node stopped: state stopped, and how
+// many tasks it leaves in its name (schema.NodeLeftTasks).
 func (l *liveness) last(ctx context.Context) error {
 	return l.write(ctx, nil, schema.NodeStateStopped, false)
 }
@@ -168,8 +172,13 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 		}
 	}
 	queues, serves, full := l.target.heartbeatQueues()
+	left := 0
+	if state == schema.NodeStateStopped {
+		left = l.target.leftBehind()
+	}
 	before, err := l.cfg.Store.NodeUpsert(ctx, store.NodeUpsertParams{
 		Node: l.cfg.Name, Queues: queues, Serves: serves, Full: full, WakeupStream: l.cfg.WakeupStream, State: state, ClearDrain: first,
+		LeftTasks: left,
 	})
 	var de *schema.DecodeError
 	if errors.As(err, &de) {

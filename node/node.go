@@ -395,6 +395,8 @@ func (t *nodeTarget) beatAcked(sent time.Time) { t.runner.alive(sent) }
 
 func (t *nodeTarget) held() int { return t.claimer.Total() }
 
+func (t *nodeTarget) leftBehind() int { return t.runner.leftBehind() }
+
 func (t *nodeTarget) setMaxThreads(limit *int) {
 	if !t.claimer.SetNodeMax(limit) {
 		return

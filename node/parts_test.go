@@ -36,6 +36,7 @@ func (fakeParts) fence(time.Duration)                                           
 func (fakeParts) rejoin()                                                       {}
 func (fakeParts) drain()                                                        {}
 func (fakeParts) held() int                                                     { return 0 }
+func (fakeParts) leftBehind() int                                               { return 0 }
 func (fakeParts) beatAcked(time.Time)                                           {}
 func (fakeParts) setMaxThreads(*int)                                            {}
 

@@ -86,11 +86,14 @@ type runner struct {
 	// supervisor answers); detached those left running at stop.
 	supervised map[bson.ObjectID]*supervisor.Handle
 	detached   map[bson.ObjectID]bool
-	// unsettled are tasks whose plugin started in this run and whose
-	// result could not be written before the node stopped: still running
-	// under its name in the database, for its next start to settle.
-	unsettled map[bson.ObjectID]bool
-	wg        sync.WaitGroup
+	// left are the tasks this run leaves in its name at the stop, still
+	// running in the database: those whose result could not be written
+	// before the node stopped (settle), and supervised ones left running
+	// under their supervisors. The last heartbeat says how many
+	// (schema.NodeLeftTasks), so that the node is judged like a silent one
+	// should it never come back.
+	left map[bson.ObjectID]bool
+	wg   sync.WaitGroup
 
 	// Concurrent tasks' start and finish writes share round trips.
 	starts   *coalescer[store.TaskTransitionParams]
@@ -107,7 +110,7 @@ const writeBatch = 128
 func newRunner(cfg runnerConfig, finished func(bson.ObjectID), c clock.Clock, log *slog.Logger) *runner {
 	r := &runner{cfg: cfg, finished: finished, clock: clock.Or(c), log: log,
 		held: map[bson.ObjectID]struct{}{}, slotOf: map[bson.ObjectID]bson.ObjectID{}, running: map[bson.ObjectID]context.CancelCauseFunc{}, pendingKills: map[bson.ObjectID]error{},
-		supervised: map[bson.ObjectID]*supervisor.Handle{}, detached: map[bson.ObjectID]bool{}, unsettled: map[bson.ObjectID]bool{}}
+		supervised: map[bson.ObjectID]*supervisor.Handle{}, detached: map[bson.ObjectID]bool{}, left: map[bson.ObjectID]bool{}}
 	st := cfg.Store
 	r.starts = newCoalescer(writeBatch, func(ps []store.TaskTransitionParams) []error {
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
@@ -366,7 +369,7 @@ func (r *runner) keeps(id bson.ObjectID) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	_, ok := r.held[id]
-	return ok || r.unsettled[id]
+	return ok || r.left[id]
 }
 
 // holdsAny reports whether the node holds a task.
@@ -870,13 +873,20 @@ func (r *runner) settle(log *slog.Logger, id bson.ObjectID, what string, fn func
 		}
 		if r.isStopping() {
 			r.mu.Lock()
-			r.unsettled[id] = true
+			r.left[id] = true
 			r.mu.Unlock()
 			log.Error(fmt.Sprintf("task %s could not be written before the node stopped; the task stays running under this node's name, and its next start orphans it (it is not run again)", what), "error", err)
 			return err
 		}
 		log.Error(fmt.Sprintf("task %s could not be written for a minute; still retrying, as long as the node runs (no other node may run the task meanwhile)", what), "error", err)
 	}
+}
+
+// leftBehind is how many tasks this run leaves in its name (left).
+func (r *runner) leftBehind() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.left)
 }
 
 // isStopping reports whether the node is stopping.

@@ -153,7 +153,7 @@ func (r *runner) await(ctx context.Context, log *slog.Logger, id bson.ObjectID, 
 		cause := context.Cause(ctx)
 		if errors.Is(cause, errDetach) {
 			r.mu.Lock()
-			r.detached[id] = true
+			r.detached[id], r.left[id] = true, true
 			r.mu.Unlock()
 			h.Close()
 			log.Info("task left running under its supervisor", "supervisor_pid", h.PID)

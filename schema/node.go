@@ -27,6 +27,12 @@ const (
 	NodeDead   = "dead"
 	NodeDeadAt = "dead_at"
 	NodeDeadBy = "dead_by"
+	// NodeLeftTasks is set by the last heartbeat of a node that stops
+	// leaving tasks running in its name (supervised ones it left running,
+	// results it could not write): how many. Dead-node recovery judges
+	// such a stopped node as it does a silent one, so that its tasks are
+	// recovered should it never come back. Any other heartbeat removes it.
+	NodeLeftTasks = "left_tasks"
 	// NodeServes lists the ids (hex strings) of the queues the node
 	// serves as of its last read of them, or would but for what stops
 	// every node alike (a pause, maxthreads 0); queues lists every queue

@@ -27,6 +27,9 @@ type NodeUpsertParams struct {
 	// Always written, with serves_at, the lists as [] when nil.
 	Serves, Full []string
 	WakeupStream bool
+	// LeftTasks, with State stopped, is schema.NodeLeftTasks (0: none, and
+	// the field is removed).
+	LeftTasks int
 }
 
 // NodeUpsert writes node, timestamp, queues, serves, full, wakeup_stream,
@@ -69,6 +72,11 @@ func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) (schema.Node
 		set = append(set, bson.E{Key: schema.NodeState, Value: literal(p.State)})
 	}
 	unset := bson.A{schema.NodeDead, schema.NodeDeadAt, schema.NodeDeadBy}
+	if p.LeftTasks > 0 && p.State == schema.NodeStateStopped {
+		set = append(set, bson.E{Key: schema.NodeLeftTasks, Value: p.LeftTasks})
+	} else {
+		unset = append(unset, schema.NodeLeftTasks)
+	}
 	if p.ClearDrain {
 		unset = append(unset, schema.NodeDrain)
 	}
@@ -193,7 +201,8 @@ type DeadNode struct {
 // for or abort the other: either the node is alive and keeps its tasks, or
 // it is dead and every task it held is recovered exactly once, by exactly
 // one live node. Only nodes with a date timestamp (ours; Disbatch 4.103's)
-// are judged. Nodes that stopped cleanly (state stopped) are not.
+// are judged. Nodes that stopped cleanly (state stopped) are not, unless
+// they left tasks running in their name (schema.NodeLeftTasks).
 func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) ([]DeadNode, error) {
 	if p.DeadAfter <= 0 {
 		return nil, errors.New("recover dead nodes: dead-after must be positive")
@@ -201,7 +210,10 @@ func (s *Store) NodesDeadRecover(ctx context.Context, p NodesDeadRecoverParams) 
 	stale := bson.D{
 		{Key: schema.NodeTimestamp, Value: bson.D{{Key: "$type", Value: "date"}}},
 		{Key: schema.NodeDead, Value: bson.D{{Key: "$ne", Value: true}}},
-		{Key: schema.NodeState, Value: bson.D{{Key: "$ne", Value: schema.NodeStateStopped}}},
+		{Key: "$or", Value: bson.A{
+			bson.D{{Key: schema.NodeState, Value: bson.D{{Key: "$ne", Value: schema.NodeStateStopped}}}},
+			bson.D{{Key: schema.NodeLeftTasks, Value: bson.D{{Key: "$gt", Value: 0}}}},
+		}},
 		{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{
 			"$" + schema.NodeTimestamp,
 			bson.D{{Key: "$subtract", Value: bson.A{"$$NOW", p.DeadAfter.Milliseconds()}}},

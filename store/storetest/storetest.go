@@ -88,6 +88,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"NodeUpsertKeepsOperatorFields", testNodeUpsert},
 		{"NodeDrainAndList", testNodeDrainList},
 		{"NodesDeadRecover", testNodesDeadRecover},
+		{"NodesDeadRecoverStoppedLeavingTasks", testNodesDeadRecoverStoppedLeavingTasks},
 		{"NodesDeadRecoverConcurrentOnce", testNodesDeadRecoverConcurrent},
 		{"ConfigGet", testConfigGet},
 		{"TaskFail", testTaskFail},
@@ -906,6 +907,43 @@ func setNodeAge(t *testing.T, db *mongo.Database, node string, age time.Duration
 	_, err := db.Collection("nodes").UpdateOne(ctxT(t), bson.D{{Key: "node", Value: node}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "timestamp", Value: time.Now().Add(-age)}}}})
 	require.NoError(t, err)
+}
+
+// testNodesDeadRecoverStoppedLeavingTasks: a node that stopped leaving
+// tasks running in its name (its last heartbeat says how many: supervised
+// ones left running, results not written) is judged as a silent node is,
+// so that its tasks are recovered should it never come back; one that
+// stopped leaving none is not. A heartbeat after the stop removes the
+// count.
+func testNodesDeadRecoverStoppedLeavingTasks(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 2)
+	for i, n := range []struct {
+		name string
+		left int
+	}{{"left", 1}, {"clean", 0}} {
+		_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: n.name, State: schema.NodeStateStopped, LeftTasks: n.left})
+		require.NoError(t, err)
+		_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[i]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: n.name}, {Key: "status", Value: 0}}}})
+		require.NoError(t, err)
+		setNodeAge(t, db, n.name, time.Minute)
+	}
+	require.EqualValues(t, 1, rawDoc(t, db, "nodes", bson.D{{Key: "node", Value: "left"}}).Lookup(schema.NodeLeftTasks).AsInt64())
+	dead, err := s.NodesDeadRecover(ctx, store.NodesDeadRecoverParams{DeadAfter: 30 * time.Second, By: "n1"})
+	require.NoError(t, err)
+	require.Len(t, dead, 1, "%+v", dead)
+	require.Equal(t, "left", dead[0].Node)
+	require.Equal(t, int64(1), dead[0].Orphaned)
+	require.EqualValues(t, schema.StatusOrphaned, rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: ids[0]}}).Lookup("status").Int32())
+	require.EqualValues(t, schema.StatusRunning, rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: ids[1]}}).Lookup("status").Int32(),
+		"a node that stopped leaving nothing is not judged")
+
+	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "left", State: schema.NodeStateRunning})
+	require.NoError(t, err)
+	_, err = rawDoc(t, db, "nodes", bson.D{{Key: "node", Value: "left"}}).LookupErr(schema.NodeLeftTasks)
+	require.Error(t, err, "a heartbeat after the stop keeps the count")
 }
 
 func testNodesDeadRecover(t *testing.T, newStore Factory) {
