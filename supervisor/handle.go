@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -438,9 +439,18 @@ func (h *Handle) Kill(reason, text string) error {
 	return send(h.conn, message{Op: opKill, Reason: reason, Text: text})
 }
 
-// Ack tells the supervisor its result is taken care of, and lets go.
+// ackWait bounds how long Ack waits for the supervisor to be gone.
+const ackWait = 5 * time.Second
+
+// Ack tells the supervisor its result is taken care of, and lets go once
+// the supervisor has removed its files and closed the connection (at most
+// ackWait): the files are named by the task, and a supervisor of the
+// task's next attempt, here, must not find the last one removing them.
 func (h *Handle) Ack() {
-	_ = send(h.conn, message{Op: opAck})
+	if send(h.conn, message{Op: opAck}) == nil {
+		_ = h.conn.SetReadDeadline(time.Now().Add(ackWait))
+		_, _ = io.Copy(io.Discard, h.conn) // until it closes
+	}
 	h.Close()
 }
 

@@ -124,3 +124,34 @@ func TestThePoolReopensAndRefillsAfterACancelledTake(t *testing.T) {
 	p.Cancel()
 	idle(t, l, 1) // refilled though the one taken never ran
 }
+
+// TestAnAckedSupervisorLeavesTheNextAttemptsFilesAlone: a task retried at
+// once and claimed again by the same node is given an idle supervisor,
+// renamed to the task's socket, as soon as the first run's supervisor is
+// acknowledged. Ack returns only once that supervisor has removed its
+// files (named by the task too), so its removals never reach the new
+// supervisor's socket, log or spec.
+func TestAnAckedSupervisorLeavesTheNextAttemptsFilesAlone(t *testing.T) {
+	l := poolLauncher(t, 1)
+	l.Warm()
+	idle(t, l, 1)
+	id, h, done := runInProcess(t, l.Dir, shellSpec("exit 1", time.Minute))
+	_, err := h.Outcome()
+	require.NoError(t, err)
+
+	h.Ack()                // the finish (a retry) is written
+	p, err := l.Launch(id) // the retry, claimed again here
+	require.NoError(t, err)
+	require.True(t, p.pooled)
+	require.NoError(t, <-done)
+	_, err = os.Stat(sockPath(l.Dir, id))
+	require.NoError(t, err, "the next attempt's socket was removed by the last attempt's supervisor")
+	_, err = os.Stat(logPath(l.Dir, id))
+	require.NoError(t, err, "the next attempt's log was removed by the last attempt's supervisor")
+	h2, err := p.Run(shellSpec("echo second", time.Minute))
+	require.NoError(t, err, "the next attempt's supervisor given its task")
+	o, err := h2.Outcome()
+	require.NoError(t, err)
+	require.Equal(t, "second\n", string(o.Proc.Stdout))
+	h2.Ack()
+}

@@ -345,16 +345,21 @@ func (s *sup) writeFinish(o Outcome) error {
 // match: the task is no longer the node's.
 const FinishLost = 3
 
+// cleanup removes the supervisor's files, then closes the node's
+// connection: a node's Ack waits for that close before it lets the task go,
+// so that these removals, by the task's name, never reach the files of a
+// supervisor of its next attempt.
 func (s *sup) cleanup(ln net.Listener) {
 	s.mu.Lock()
 	s.stopping = true
-	if s.conn != nil {
-		_ = s.conn.Close()
-	}
+	conn := s.conn
 	s.mu.Unlock()
 	_ = ln.Close()
 	for _, p := range []string{sockPath(s.dir, s.id), specPath(s.dir, s.id), resultPath(s.dir, s.id)} {
 		_ = os.Remove(p)
+	}
+	if conn != nil {
+		_ = conn.Close()
 	}
 }
 
