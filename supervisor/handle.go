@@ -64,7 +64,7 @@ func (l *Launcher) Check() error {
 	if err := os.MkdirAll(l.Dir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
-	return nil
+	return checkPrivate(l.Dir)
 }
 
 // startWait bounds how long Start waits for a new supervisor's socket.
