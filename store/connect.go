@@ -76,10 +76,23 @@ func (e *UnreachableError) Error() string {
 	return fmt.Sprintf("cannot reach MongoDB at %s: %s", e.URI, e.Cause)
 }
 
+// AuthError is a MongoDB that refused the URI's credentials: retrying
+// cannot help. Its text never holds the password.
+type AuthError struct {
+	URI   string // redacted
+	Cause string
+}
+
+func (e *AuthError) Error() string {
+	return fmt.Sprintf("MongoDB at %s refused the credentials: %s", e.URI, e.Cause)
+}
+
 // Connect opens a client, checks that MongoDB answers, asks what it is,
-// and returns a Store over the database. A URI that cannot be parsed is a
-// *URIError at once, retried or not; a MongoDB that does not answer is an
-// *UnreachableError (without Retry) or another attempt (with it).
+// and returns a Store over the database. A URI that cannot be parsed, or
+// whose options cannot be applied (a TLS file missing), is a *URIError at
+// once, retried or not, and so are refused credentials (*AuthError); a
+// MongoDB that does not answer is an *UnreachableError (without Retry) or
+// another attempt (with it).
 func Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 	log := p.Logger
 	if log == nil {
@@ -91,7 +104,8 @@ func Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 	for attempt := 1; ; attempt++ {
 		conn, err := connectOnce(ctx, p)
 		var ue *URIError
-		if err == nil || errors.As(err, &ue) || !p.Retry {
+		var ae *AuthError
+		if err == nil || errors.As(err, &ue) || errors.As(err, &ae) || !p.Retry {
 			return conn, err
 		}
 		wait := b.NextBackOff()
@@ -119,7 +133,9 @@ func connectOnce(ctx context.Context, p ConnectParams) (*Conn, error) {
 	}
 	client, err := mongo.Connect(opts)
 	if err != nil {
-		return nil, unreachable(p.URI, err)
+		// No I/O yet: the options themselves (a TLS file that is not
+		// there), which no retry mends.
+		return nil, &URIError{URI: RedactURI(p.URI), Err: errors.New(scrub(err, p.URI))}
 	}
 	conn := &Conn{client: client}
 	pctx, cancel := context.WithTimeout(ctx, ConnectTimeout+time.Second)
@@ -142,12 +158,19 @@ func connectOnce(ctx context.Context, p ConnectParams) (*Conn, error) {
 
 func unreachable(uri string, err error) error {
 	cause := scrub(err, uri)
+	var se mongo.ServerError
+	if errors.As(err, &se) && se.HasErrorCode(authenticationFailed) {
+		return &AuthError{URI: RedactURI(uri), Cause: cause}
+	}
 	// The driver's server-selection errors are long; keep the gist.
 	if i := strings.Index(cause, ", current topology:"); i > 0 {
 		cause = cause[:i]
 	}
 	return &UnreachableError{URI: RedactURI(uri), Cause: cause}
 }
+
+// authenticationFailed is MongoDB's AuthenticationFailed error code.
+const authenticationFailed = 18
 
 var userinfo = regexp.MustCompile(`^(mongodb(?:\+srv)?://)([^@/]*)@`)
 
@@ -163,12 +186,18 @@ func RedactURI(uri string) string {
 	})
 }
 
-// scrub removes the URI's password from an error text.
+// scrub removes the URI's password from an error text: the URI itself,
+// and its userinfo, wherever they appear, and the password alone when it
+// is long enough not to be found inside ordinary words (a password of a
+// few letters, replaced everywhere, garbles the text and hides nothing).
 func scrub(err error, uri string) string {
-	s := err.Error()
+	s := strings.ReplaceAll(err.Error(), uri, RedactURI(uri))
 	if m := userinfo.FindStringSubmatch(uri); m != nil {
-		if _, pass, ok := strings.Cut(m[2], ":"); ok && pass != "" {
-			s = strings.ReplaceAll(s, pass, "xxxxx")
+		if user, pass, ok := strings.Cut(m[2], ":"); ok && pass != "" {
+			s = strings.ReplaceAll(s, m[2]+"@", user+":xxxxx@")
+			if len(pass) >= 6 {
+				s = strings.ReplaceAll(s, pass, "xxxxx")
+			}
 		}
 	}
 	return s

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,6 +48,46 @@ func TestConnectErrorsHideThePassword(t *testing.T) {
 	require.ErrorAs(t, err, &un)
 	require.NotContains(t, err.Error(), "s3cret")
 	require.Contains(t, err.Error(), "cannot reach MongoDB at mongodb://alice:xxxxx@127.0.0.1:1/")
+}
+
+// TestConnectDoesNotRetryWhatNoRetryMends: refused credentials and a TLS
+// file that is not there fail at once, with Retry too (a daemon would
+// otherwise retry them for ever, logging "cannot connect"), and say what
+// they are.
+func TestConnectDoesNotRetryWhatNoRetryMends(t *testing.T) {
+	t.Parallel()
+	uri := mongotest.URI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bad := strings.Replace(uri, "mongodb://", "mongodb://bob:wrongpassword@", 1)
+	_, err := store.Connect(ctx, store.ConnectParams{URI: bad, Database: "d", Retry: true})
+	var ae *store.AuthError
+	require.ErrorAs(t, err, &ae, "%v", err)
+	require.Contains(t, err.Error(), "refused the credentials")
+	require.Contains(t, err.Error(), "AuthenticationFailed")
+	require.NotContains(t, err.Error(), "wrongpassword")
+
+	sep := "?"
+	if strings.Contains(uri, "?") {
+		sep = "&"
+	}
+	_, err = store.Connect(ctx, store.ConnectParams{URI: uri + sep + "tls=true&tlsCAFile=/nonexistent/ca.pem", Database: "d", Retry: true})
+	var ue *store.URIError
+	require.ErrorAs(t, err, &ue, "%v", err)
+	require.Contains(t, err.Error(), "/nonexistent/ca.pem")
+	require.NoError(t, ctx.Err(), "retried")
+}
+
+// TestConnectErrorsKeepTheirWordsWithAShortPassword: a short password is
+// hidden where it is (the URI's userinfo), not replaced inside every word
+// of the error that happens to hold its letters.
+func TestConnectErrorsKeepTheirWordsWithAShortPassword(t *testing.T) {
+	t.Parallel()
+	_, err := store.Connect(context.Background(), store.ConnectParams{URI: "mongodb://u:o@127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200", Database: "d"})
+	var un *store.UnreachableError
+	require.ErrorAs(t, err, &un)
+	require.Contains(t, err.Error(), "cannot reach MongoDB at mongodb://u:xxxxx@127.0.0.1:1/")
+	require.Contains(t, err.Error(), "selection", "the error's own words garbled: %v", err)
 }
 
 func TestConnectRetriesWithBackoffUntilTheContextEnds(t *testing.T) {

@@ -76,6 +76,9 @@ func AddConnectionFlags(cmd *cobra.Command, uri, db *string, getenv func(string)
 // be parsed is a usage error naming --mongo-uri, an unreachable MongoDB
 // says what to try.
 func Connect(ctx context.Context, p store.ConnectParams) (*store.Conn, error) {
+	if p.Database == "" {
+		return nil, &UsageError{Err: fmt.Errorf("--database is empty (env %s)", EnvDatabase)}
+	}
 	conn, err := store.Connect(ctx, p)
 	var ue *store.URIError
 	var un *store.UnreachableError
