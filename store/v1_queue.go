@@ -74,6 +74,10 @@ func (s *Store) queueUpdateDoc(ctx context.Context, p QueueUpdateParams) (bson.D
 			return nil, err
 		}
 		set = append(set, bson.E{Key: schema.QueueThreads, Value: threads})
+		// An operator's cap replaces QueueBalance's hold, as setting
+		// threads did in 4.103 (whose hold was threads 0); a balance
+		// still listing the queue holds it again at its next pass.
+		unset = append(unset, bson.E{Key: schema.QueueBalanceHold, Value: ""})
 	}
 	if p.Sort != nil {
 		if !p.Sort.Valid() {

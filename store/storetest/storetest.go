@@ -350,6 +350,19 @@ func testQueueUpdate(t *testing.T, newStore Factory) {
 	_, err = raw.LookupErr("nodes_pin")
 	require.Error(t, err, "empty list removes nodes_pin")
 
+	// QueueBalance's hold is replaced by an operator's cap (in 4.103 the
+	// hold was threads 0, which setting threads undid); a rename keeps it.
+	require.NoError(t, s.QueueBalanceSet(ctx, id, 0))
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, Name: ptr("renamed")}))
+	require.True(t, rawDoc(t, db, "queues", bson.D{{Key: "_id", Value: id}}).Lookup("balance_hold").Boolean(), "held")
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, MaxRunning: ptr(3)}))
+	_, err = rawDoc(t, db, "queues", bson.D{{Key: "_id", Value: id}}).LookupErr("balance_hold")
+	require.Error(t, err, "an operator's max_running leaves the queue held by QueueBalance")
+	require.NoError(t, s.QueueBalanceSet(ctx, id, 0))
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, SetMaxThreads: true, MaxThreads: ptr(4)}))
+	_, err = rawDoc(t, db, "queues", bson.D{{Key: "_id", Value: id}}).LookupErr("balance_hold")
+	require.Error(t, err, "an operator's maxthreads leaves the queue held by QueueBalance")
+
 	require.ErrorIs(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, Name: ptr("other")}), store.ErrQueueExists)
 	require.ErrorIs(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: bson.NewObjectID(), Name: ptr("x")}), store.ErrNotFound)
 	require.ErrorContains(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: id, SetMaxThreads: true, MaxThreads: ptr(-2)}), "non-negative")
