@@ -25,6 +25,9 @@ type Store interface {
 	TaskTimerNext(ctx context.Context) (time.Time, bool, error)
 	TaskReleaseDue(ctx context.Context, p store.TaskTimersParams) (int64, error)
 	TaskExpireDue(ctx context.Context, p store.TaskTimersParams) (map[bson.ObjectID]int64, error)
+	// ServerNow is the server's clock: what is due is judged by it, as
+	// dead nodes are, not by the leader's host.
+	ServerNow(ctx context.Context) (time.Time, error)
 }
 
 // Config configures the timers.
@@ -50,6 +53,10 @@ type Timers struct {
 	cfg   Config
 	clock clock.Clock
 	log   *slog.Logger
+	// ahead is how far the server's clock was ahead of the leader's at
+	// the last pass: the times in tasks are the server's, the waits the
+	// leader's.
+	ahead time.Duration
 }
 
 // New returns the timers.
@@ -82,8 +89,8 @@ func (t *Timers) Lead(ctx context.Context, _ leadership.Term, src Source) error 
 	safety := t.clock.Now().Add(t.cfg.Tick)
 	for {
 		wake := safety
-		if !next.IsZero() && next.Before(wake) {
-			wake = next
+		if !next.IsZero() && next.Add(-t.ahead).Before(wake) {
+			wake = next.Add(-t.ahead) // on the leader's clock
 		}
 		timer := t.clock.NewTimer(max(wake.Sub(t.clock.Now()), 0))
 		select {
@@ -113,7 +120,7 @@ func (t *Timers) listen(ctx context.Context, src Source, hints chan time.Time) {
 		}
 		var earliest time.Time
 		if b.Lost != "" {
-			earliest = t.clock.Now() // unknown changes: look now
+			earliest = time.Unix(0, 0) // unknown changes: look now (a time long past is now, whichever clock)
 		}
 		for _, ev := range b.Events {
 			for _, doc := range []bson.Raw{ev.Doc, ev.Updated} {
@@ -148,7 +155,14 @@ func (t *Timers) listen(ctx context.Context, src Source, hints chan time.Time) {
 func (t *Timers) pass(ctx context.Context) time.Time {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	now := t.clock.Now()
+	now, err := t.cfg.Store.ServerNow(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			t.log.Warn("read the server's clock", "error", err)
+		}
+		return time.Time{} // the tick tries again
+	}
+	t.ahead = now.Sub(t.clock.Now())
 	// After a failed write, wait for the tick rather than retry at once.
 	failed := false
 	expired, err := t.cfg.Store.TaskExpireDue(ctx, store.TaskTimersParams{Now: now})

@@ -33,6 +33,72 @@ func (s *passStore) TaskReleaseDue(context.Context, store.TaskTimersParams) (int
 	return 0, nil
 }
 
+func (s *passStore) ServerNow(context.Context) (time.Time, error) { return time.Now(), nil }
+
+// skewedStore's server clock is an hour ahead of the leader's; its next
+// timer is 200 ms after the first pass, by the server's clock. It records
+// the moments the passes judged by.
+type skewedStore struct {
+	first  atomic.Pointer[time.Time]
+	judged chan time.Time
+}
+
+func (s *skewedStore) ServerNow(context.Context) (time.Time, error) {
+	return time.Now().Add(time.Hour), nil
+}
+
+func (s *skewedStore) TaskTimerNext(context.Context) (time.Time, bool, error) {
+	if f := s.first.Load(); f != nil {
+		if next := f.Add(200 * time.Millisecond); time.Now().Add(time.Hour).Before(next) {
+			return next, true, nil
+		}
+	}
+	return time.Time{}, false, nil
+}
+
+func (s *skewedStore) TaskExpireDue(context.Context, store.TaskTimersParams) (map[bson.ObjectID]int64, error) {
+	return nil, nil
+}
+
+func (s *skewedStore) TaskReleaseDue(_ context.Context, p store.TaskTimersParams) (int64, error) {
+	s.first.CompareAndSwap(nil, &p.Now)
+	select {
+	case s.judged <- p.Now:
+	default:
+	}
+	return 0, nil
+}
+
+// quiet is a stream with nothing to say.
+type quiet struct{}
+
+func (quiet) Next(ctx context.Context) (store.StreamBatch, error) {
+	<-ctx.Done()
+	return store.StreamBatch{}, ctx.Err()
+}
+
+// TestTimersJudgeByTheServersClock: what is due is judged by the server's
+// clock (a leader whose clock runs behind would expire tasks late, one
+// ahead early, for good), and a time read from the tasks is waited for on
+// the leader's clock less the difference: the pass 200 ms later by the
+// server's clock comes about 200 ms later, neither an hour off nor at once
+// over and over.
+func TestTimersJudgeByTheServersClock(t *testing.T) {
+	t.Parallel()
+	st := &skewedStore{judged: make(chan time.Time, 100)}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	require.NoError(t, New(Config{Store: st, Tick: time.Minute}).Lead(ctx, leadership.Term{}, quiet{}))
+	var judged []time.Time
+	for len(st.judged) > 0 {
+		judged = append(judged, <-st.judged)
+	}
+	require.Len(t, judged, 2, "the first pass and the one at the next timer, no more: %v", judged)
+	require.WithinDuration(t, start.Add(time.Hour), judged[0], time.Second, "judged by the server's clock")
+	require.WithinDuration(t, judged[0].Add(200*time.Millisecond), judged[1], 150*time.Millisecond, "the next timer's pass, on time")
+}
+
 // hinting is a stream whose every batch, every 10 ms, names a time an
 // hour out (tasks inserted with expires_at an hour away, say).
 type hinting struct{}
