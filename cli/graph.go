@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -296,8 +295,8 @@ ended "failed" with reason parent_failed. At most --limit tasks are shown.`,
 				}
 				return writeJSON(g.io.Out, map[string]any{"id": id.Hex(), "tasks": nodes, "truncated": view.Truncated})
 			}
-			tw := tabwriter.NewWriter(g.io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DEPTH\tID\tSTATUS\tREASON\tQUEUE\tPARENTS")
+			var tw table
+			tw.row("DEPTH", "ID", "STATUS", "REASON", "QUEUE", "PARENTS")
 			for _, n := range view.Nodes {
 				st := n.Status.String()
 				if n.AwaitingParents {
@@ -311,9 +310,9 @@ ended "failed" with reason parent_failed. At most --limit tasks are shown.`,
 				if ps == "" {
 					ps = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\n", mark, strings.Repeat("  ", abs(n.Depth)), n.ID.Hex(), st, dash(n.Reason), queueName(n.Queue), ps)
+				tw.row(mark, strings.Repeat("  ", abs(n.Depth))+n.ID.Hex(), st, dash(n.Reason), queueName(n.Queue), ps)
 			}
-			if err := tw.Flush(); err != nil {
+			if err := tw.print(g.io.Out); err != nil {
 				return err
 			}
 			if view.Truncated {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -64,16 +63,16 @@ last heartbeat).`,
 				}
 				return writeJSON(g.io.Out, out)
 			}
-			tw := tabwriter.NewWriter(g.io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tSTATE\tHEARTBEAT\tRUNNING\tMAXTHREADS\tNOTES")
+			var tw table
+			tw.row("NODE", "STATE", "HEARTBEAT", "RUNNING", "MAXTHREADS", "NOTES")
 			for _, n := range res.Nodes {
 				state := n.State
 				if state == "" {
 					state = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", n.Node, state, heartbeatAge(n, res.Now), running(n), fmtMaxThreads(n.MaxThreads), nodeNotes(n))
+				tw.row(n.Node, state, heartbeatAge(n, res.Now), fmt.Sprint(running(n)), fmtMaxThreads(n.MaxThreads), nodeNotes(n))
 			}
-			return tw.Flush()
+			return tw.print(g.io.Out)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")

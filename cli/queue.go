@@ -7,7 +7,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -191,20 +190,20 @@ stderr and skipped.`,
 				}
 				return writeJSON(g.io.Out, out)
 			}
-			tw := tabwriter.NewWriter(g.io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tCONSTRUCTOR\tMAXTHREADS\tSORT\tTODO\tRUNNING\tTOTAL\tFAILED\tID")
+			var tw table
+			tw.row("NAME", "CONSTRUCTOR", "MAXTHREADS", "SORT", "TODO", "RUNNING", "TOTAL", "FAILED", "ID")
 			for _, q := range res.Queues {
 				c := counts(q)
 				sort := q.Sort
 				if sort == "" {
 					sort = schema.SortDefault
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", q.Name, q.Constructor, fmtMaxThreads(q.MaxThreads), sort, c.Todo, c.Running, c.Total, c.Failed, q.ID.Hex())
+				tw.row(q.Name, q.Constructor, fmtMaxThreads(q.MaxThreads), string(sort), fmt.Sprint(c.Todo), fmt.Sprint(c.Running), fmt.Sprint(c.Total), fmt.Sprint(c.Failed), q.ID.Hex())
 				for _, w := range q.Warnings {
 					fmt.Fprintf(g.io.Err, "warning: queue %s: %s\n", q.Name, w)
 				}
 			}
-			return tw.Flush()
+			return tw.print(g.io.Out)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")

@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -70,17 +69,14 @@ said: ` + strings.Join(schema.Reasons, ", ") + `.`,
 				}
 				return writeJSON(g.io.Out, out)
 			}
-			tw := tabwriter.NewWriter(g.io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATUS\tREASON\tNODE\tMTIME\tPARAMETERS")
+			var tw table
+			tw.row("ID", "STATUS", "REASON", "NODE", "MTIME", "PARAMETERS")
 			for _, t := range res.Tasks {
 				node := t.Node
 				if node == "" {
 					node = "-"
 				}
-				params := string(extJSON(t.Parameters))
-				if len(params) > 60 {
-					params = params[:57] + "..."
-				}
+				params := clip(string(extJSON(t.Parameters)), 60)
 				mtime := "-"
 				if !t.MTime.IsZero() {
 					mtime = t.MTime.Local().Format(time.DateTime)
@@ -89,9 +85,9 @@ said: ` + strings.Join(schema.Reasons, ", ") + `.`,
 				if reason == "" {
 					reason = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID.Hex(), t.Status, reason, node, mtime, params)
+				tw.row(t.ID.Hex(), t.Status.String(), reason, node, mtime, params)
 			}
-			return tw.Flush()
+			return tw.print(g.io.Out)
 		},
 	}
 	cmd.Flags().StringVar(&status, "status", "", "only tasks with this status (name or number)")
