@@ -209,7 +209,20 @@ func check(s settings) (checked, error) {
 			return checked{}, errors.New("--plugins has an empty name")
 		}
 	}
+	if s.webRoot != "" {
+		if st, err := os.Stat(s.webRoot); err != nil || !st.IsDir() {
+			return checked{}, fmt.Errorf("--web-root %s is not a folder here", s.webRoot)
+		}
+	}
 	return c, nil
+}
+
+// twoArgs is cobra.ExactArgs(2) as a usage error (exit 2): NAME and ROLE.
+func twoArgs(_ *cobra.Command, args []string) error {
+	if len(args) != 2 {
+		return &cmdline.UsageError{Err: fmt.Errorf("want 2 arguments (NAME ROLE), got %d", len(args))}
+	}
+	return nil
 }
 
 // loopback reports whether addr listens on this machine only.
@@ -315,7 +328,7 @@ and prints a line for the --users file:
 
 Roles: read (GET routes), write (queues and tasks), admin (nodes, balance).
 4.103's CLI sends these as --username NAME --password PASSWORD.`,
-		Args: cobra.ExactArgs(2),
+		Args: twoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			role, err := nameAndRole(args)
 			if err != nil {
@@ -377,7 +390,7 @@ func tokenCommand(e env) *cobra.Command {
 sends as 'Authorization: Bearer TOKEN' (or as the password of HTTP Basic with
 user NAME), and the line to add to the --users file, which holds only a salted
 hash of it.`,
-		Args: cobra.ExactArgs(2),
+		Args: twoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			role, err := nameAndRole(args)
 			if err != nil {
