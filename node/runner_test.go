@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -407,4 +408,28 @@ func TestAdoptionThatCannotReadItsTasksFailsTheStart(t *testing.T) {
 		r.wg.Wait()
 		require.Zero(t, took, "adopted a task")
 	}
+}
+
+// TestASocketNothingListensOnIsRemoved: a supervisor's socket left in the
+// state directory with nothing listening on it (the node died handing an
+// idle supervisor its task, which then exited under its pool name) is
+// removed at the next start, not tried again at every start.
+func TestASocketNothingListensOnIsRemoved(t *testing.T) {
+	dir, err := os.MkdirTemp("", "sock") // short: a socket's path is bounded
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	id := bson.NewObjectID().Hex()
+	path := filepath.Join(dir, id+".sock")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	require.NoError(t, ln.Close())
+	_, err = os.Stat(path)
+	require.NoError(t, err, "the stale socket is there")
+
+	r := newRunner(runnerConfig{Name: "n1", Store: &orderStore{}, Observer: noObserver{}, Supervise: &supervisor.Launcher{Dir: dir}},
+		func(bson.ObjectID) {}, nil, slog.New(slog.DiscardHandler))
+	require.Empty(t, r.attachSupervisors())
+	_, err = os.Stat(path)
+	require.True(t, os.IsNotExist(err), "the stale socket is still there: %v", err)
 }

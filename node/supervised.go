@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -262,6 +263,15 @@ func (r *runner) attachSupervisors() map[bson.ObjectID]*supervisor.Handle {
 			continue
 		}
 		h, err := supervisor.Attach(l.Dir, s)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// Nothing listens on it: its supervisor is gone (a node that
+			// died while handing it a task, a supervisor killed), and
+			// every start would try it again.
+			if rerr := supervisor.RemoveSocket(l.Dir, s); rerr == nil {
+				r.log.Info("removed a supervisor's socket that nothing listens on", "task_id", s)
+			}
+			continue
+		}
 		if err != nil {
 			r.log.Info("a supervisor left in the state directory did not answer", "task_id", s, "error", err)
 			continue

@@ -318,6 +318,10 @@ func List(dir string) ([]string, error) {
 	return ids, nil
 }
 
+// RemoveSocket removes the socket of task id's supervisor in dir: for one
+// that nothing listens on any more.
+func RemoveSocket(dir, id string) error { return os.Remove(sockPath(dir, id)) }
+
 // Handle is the node's connection to one supervisor.
 type Handle struct {
 	dir, id string
