@@ -143,6 +143,9 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	defer s.cleanup(ln)
+	// A signal (ctx) ends every wait, not only the task's run: the wait
+	// for the node's first connection, and for its acknowledgement.
+	defer context.AfterFunc(ctx, func() { _ = ln.Close() })()
 	// The node may start the supervisor before the task is marked running
 	// (Launcher.Launch): its first connection says go, and carries the
 	// spec. Without it, nothing runs: the node gave the task up. An
@@ -200,7 +203,7 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 		}
 		s.adopt(first, in)
 		go s.accept(ln)
-		return s.handOver(Outcome{Fenced: true,
+		return s.handOver(ctx, Outcome{Fenced: true,
 			Failure: fmt.Sprintf("task killed: supervisor fenced before the start: no acknowledged heartbeat of node %s for %s\n", s.spec.Node, late.Round(time.Millisecond))})
 	}
 	procCtx := runCtx
@@ -255,7 +258,7 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 	s.mu.Lock()
 	o.Fenced = s.fenced
 	s.mu.Unlock()
-	if err := s.handOver(o); err != nil {
+	if err := s.handOver(ctx, o); err != nil {
 		return err
 	}
 	if !o.Fenced {
@@ -266,7 +269,7 @@ func Run(ctx context.Context, dir, id string, log *slog.Logger) error {
 
 // handOver gives the outcome to a node, or writes the finish itself when
 // no node is there to.
-func (s *sup) handOver(o Outcome) error {
+func (s *sup) handOver(ctx context.Context, o Outcome) error {
 	if err := writeFile(resultPath(s.dir, s.id), o); err != nil {
 		return fmt.Errorf("write the result: %w", err)
 	}
@@ -291,6 +294,9 @@ func (s *sup) handOver(o Outcome) error {
 				return nil
 			case <-gone: // the node went before it acknowledged: again
 				continue
+			case <-ctx.Done():
+				s.log.Warn("supervisor terminated by a signal before the node acknowledged the result: its finish is left to its node (which has the result, or recovers the task)")
+				return nil
 			}
 		}
 		if o.Fenced {
@@ -303,9 +309,15 @@ func (s *sup) handOver(o Outcome) error {
 			case <-time.After(s.spec.DeadAfter):
 				s.log.Warn("fenced and not adopted: exiting without writing a finish (the task is recovered as its node's)")
 				return nil
+			case <-ctx.Done():
+				return nil
 			}
 		}
-		return s.writeFinish(o)
+		if ctx.Err() != nil {
+			s.log.Warn("supervisor terminated by a signal: its finish is left to its node's recovery")
+			return nil
+		}
+		return s.writeFinish(ctx, o)
 	}
 }
 
@@ -313,11 +325,11 @@ func (s *sup) handOver(o Outcome) error {
 // {_id, node, status: 0}, written by the spec's FinishCommand (package
 // supervisor/finish: it links the MongoDB driver, which this process does
 // not, to stay small).
-func (s *sup) writeFinish(o Outcome) error {
+func (s *sup) writeFinish(ctx context.Context, o Outcome) error {
 	if len(s.spec.FinishCommand) == 0 {
 		return errors.New("no finish command in the spec: the result stays in the state directory")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.spec.FinishCommand[0], append(append([]string{}, s.spec.FinishCommand[1:]...), s.dir, s.id)...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr

@@ -122,3 +122,52 @@ func TestAnotherVersionIsRefused(t *testing.T) {
 	_, err := Attach(dir, bson.NewObjectID().Hex())
 	require.Error(t, err, "no supervisor there")
 }
+
+// TestASignalEndsEveryWait: a supervisor told to stop (SIGTERM, SIGINT:
+// its context) stops waiting for its node's first connection, and for the
+// node's acknowledgement of a result, at once, not only while the task
+// runs.
+func TestASignalEndsEveryWait(t *testing.T) {
+	t.Run("first connection", func(t *testing.T) {
+		dir := t.TempDir()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Run(ctx, dir, bson.NewObjectID().Hex(), slog.New(slog.DiscardHandler)) }()
+		time.Sleep(100 * time.Millisecond)
+		stopped := time.Now()
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			require.Less(t, time.Since(stopped), time.Second)
+		case <-time.After(firstWait / 2):
+			t.Fatal("still waiting for its node's first connection")
+		}
+	})
+	t.Run("acknowledgement", func(t *testing.T) {
+		dir := t.TempDir()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		spec := shellSpec("echo hi", time.Minute)
+		spec.TaskID = bson.NewObjectID().Hex()
+		done := make(chan error, 1)
+		go func() { done <- Run(ctx, dir, spec.TaskID, slog.New(slog.DiscardHandler)) }()
+		var h *Handle
+		require.Eventually(t, func() bool {
+			var err error
+			h, err = attach(dir, spec.TaskID, 5*time.Second, &message{Op: opTask, Spec: &spec})
+			return err == nil
+		}, 5*time.Second, 5*time.Millisecond)
+		defer h.Close()
+		o, err := h.Outcome()
+		require.NoError(t, err)
+		require.Equal(t, "hi\n", string(o.Proc.Stdout))
+		cancel() // never acknowledged
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("still waiting for the node's acknowledgement")
+		}
+	})
+}
