@@ -420,14 +420,7 @@ func TestASlowClientIsDroppedAndSlowsNobody(t *testing.T) {
 	s := f.serve(live.Options{Buffer: 64, WriteTimeout: time.Hour})
 	fast := s.connect(t, "", "")
 	slow := &slowWriter{hdr: http.Header{}, open: true, release: make(chan struct{})}
-	var once sync.Once
-	release := func() { once.Do(func() { close(slow.release) }) }
-	t.Cleanup(release)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		s.hub.ServeHTTP(slow, httptest.NewRequest(http.MethodGet, "/api/v1/events", nil))
-	}()
+	release, served := serveSlowly(t, s, slow)
 	eventually(t, func() bool { return s.hub.Stats().Subscribers == 2 }, wait, "two subscribers")
 	first := f.insert(q.ID, 1)[0]
 	fast.requireTask(inserted(first, q.ID))
@@ -445,6 +438,42 @@ func TestASlowClientIsDroppedAndSlowsNobody(t *testing.T) {
 	for _, w := range wants {
 		fast.requireTask(w)
 	}
+	out, resume := droppedLagged(t, s, slow, release, served)
+	require.Equal(t, 1, s.hub.Stats().Subscribers, "the slow client is gone")
+	require.NotEmpty(t, resume)
+
+	// The client had the first k of wants; resuming from the id it was
+	// given goes on with exactly the rest.
+	k := countIn(out, hexes(wants))
+	require.Contains(t, out, "id: "+resume+"\n", "the resume id is the last the client was sent")
+	c := s.connect(t, "", resume)
+	for _, w := range wants[k:] {
+		c.requireTask(w)
+	}
+	c.quiet(100 * time.Millisecond)
+}
+
+// serveSlowly serves the hub's events to slow in a goroutine: release
+// lets its writes go (at the test's end too), served is closed once the
+// handler has returned.
+func serveSlowly(t *testing.T, s *server, slow *slowWriter) (release func(), served <-chan struct{}) {
+	t.Helper()
+	var once sync.Once
+	release = func() { once.Do(func() { close(slow.release) }) }
+	t.Cleanup(release)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.hub.ServeHTTP(slow, httptest.NewRequest(http.MethodGet, "/api/v1/events", nil))
+	}()
+	return release, done
+}
+
+// droppedLagged waits until the hub drops the slow client, lets its writes
+// go, waits for its handler, and returns what it was sent and the resume
+// id of the lagged event that ends it.
+func droppedLagged(t *testing.T, s *server, slow *slowWriter, release func(), served <-chan struct{}) (out, resume string) {
+	t.Helper()
 	eventually(t, func() bool { return s.hub.Stats().Dropped == 1 }, wait, "the slow client is dropped")
 	release()
 	select {
@@ -452,27 +481,12 @@ func TestASlowClientIsDroppedAndSlowsNobody(t *testing.T) {
 	case <-time.After(wait):
 		t.Fatal("the dropped client's handler did not return")
 	}
-	require.Equal(t, 1, s.hub.Stats().Subscribers, "the slow client is gone")
-	out := slow.String()
+	out = slow.String()
 	require.Contains(t, out, "event: lagged\ndata: {\"type\":\"lagged\"")
 	var lagged struct{ Resume string }
 	data := out[strings.LastIndex(out, "data: ")+len("data: "):]
 	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(data)), &lagged))
-	require.NotEmpty(t, lagged.Resume)
-
-	// The client had the first k of wants; resuming from the id it was
-	// given goes on with exactly the rest.
-	var hexes []string
-	for _, w := range wants {
-		hexes = append(hexes, w.id.Hex())
-	}
-	k := countIn(out, hexes)
-	require.Contains(t, out, "id: "+lagged.Resume+"\n", "the resume id is the last the client was sent")
-	c := s.connect(t, "", lagged.Resume)
-	for _, w := range wants[k:] {
-		c.requireTask(w)
-	}
-	c.quiet(100 * time.Millisecond)
+	return out, lagged.Resume
 }
 
 func hexes(ws []want) []string {
@@ -755,14 +769,7 @@ func TestAClientDroppedBeforeItsFirstEventResumesWithoutLoss(t *testing.T) {
 	eventually(t, func() bool { return s.hub.Stats().Published > 0 }, wait, "the hub published nothing")
 	// Its first write (the retry and id lines) waits until it is dropped.
 	slow := &slowWriter{hdr: http.Header{}, release: make(chan struct{})}
-	var once sync.Once
-	release := func() { once.Do(func() { close(slow.release) }) }
-	t.Cleanup(release)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		s.hub.ServeHTTP(slow, httptest.NewRequest(http.MethodGet, "/api/v1/events", nil))
-	}()
+	release, served := serveSlowly(t, s, slow)
 	eventually(t, func() bool { return s.hub.Stats().Subscribers == 1 }, wait, "the client never joined")
 
 	var wants []want
@@ -771,23 +778,12 @@ func TestAClientDroppedBeforeItsFirstEventResumesWithoutLoss(t *testing.T) {
 			wants = append(wants, inserted(id, q.ID))
 		}
 	}
-	eventually(t, func() bool { return s.hub.Stats().Dropped == 1 }, wait, "the slow client is dropped")
-	release()
-	select {
-	case <-served:
-	case <-time.After(wait):
-		t.Fatal("the dropped client's handler did not return")
-	}
-	out := slow.String()
-	require.Contains(t, out, "event: lagged\n")
-	var lagged struct{ Resume string }
-	data := out[strings.LastIndex(out, "data: ")+len("data: "):]
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(data)), &lagged))
-	require.NotEmpty(t, lagged.Resume, "a client dropped before its first event is given no resume id:\n%s", out)
-	require.True(t, strings.HasPrefix(out, "id: "+lagged.Resume+"\n") || strings.Contains(out, "\nid: "+lagged.Resume+"\n"),
+	out, resume := droppedLagged(t, s, slow, release, served)
+	require.NotEmpty(t, resume, "a client dropped before its first event is given no resume id:\n%s", out)
+	require.True(t, strings.HasPrefix(out, "id: "+resume+"\n") || strings.Contains(out, "\nid: "+resume+"\n"),
 		"the resume id is the one it was given as it joined:\n%s", out)
 	require.Zero(t, countIn(out, hexes(wants)), "events reached the client before it was dropped")
-	c := s.connect(t, "", lagged.Resume)
+	c := s.connect(t, "", resume)
 	for _, w := range wants {
 		c.requireTask(w)
 	}
