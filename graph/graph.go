@@ -120,7 +120,7 @@ func (g *Graph) listen(ctx context.Context, src Source) {
 func (g *Graph) settle(ctx context.Context, ended []bson.ObjectID) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	res, err := g.cfg.Store.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: ended, Now: g.clock.Now()})
+	res, err := g.cfg.Store.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: ended})
 	if err != nil && ctx.Err() == nil {
 		g.log.Warn("settle children of ended tasks; the sweep will retry", "tasks", len(ended), "error", err)
 	}
@@ -131,7 +131,7 @@ func (g *Graph) settle(ctx context.Context, ended []bson.ObjectID) {
 func (g *Graph) sweep(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	res, err := g.cfg.Store.TaskGraphSweep(ctx, store.TaskGraphSweepParams{Now: g.clock.Now()})
+	res, err := g.cfg.Store.TaskGraphSweep(ctx, store.TaskGraphSweepParams{})
 	if err != nil && ctx.Err() == nil {
 		g.log.Warn("sweep task graphs", "error", err)
 	}

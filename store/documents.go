@@ -434,6 +434,21 @@ func (s *Store) ServerNow(ctx context.Context) (time.Time, error) {
 	return out.LocalTime.UTC(), nil
 }
 
+// dueClock is the moment a not_before is judged by: the server's clock, as
+// every time several hosts must agree on is (a host whose clock runs ahead
+// would queue a delayed task early), read only when needed (the caller
+// has a not_before to judge); otherwise the store's own.
+func (s *Store) dueClock(ctx context.Context, needed bool) (time.Time, error) {
+	if !needed {
+		return s.nowMS(), nil
+	}
+	now, err := s.ServerNow(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return now.Truncate(time.Millisecond), nil
+}
+
 // isDuplicateKey reports MongoDB's E11000.
 func isDuplicateKey(err error) bool {
 	return err != nil && mongo.IsDuplicateKeyError(err)

@@ -222,6 +222,14 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 
 	docs := make([]any, len(p.Tasks))
 	var held []bson.ObjectID
+	delays := false
+	for _, t := range p.Tasks {
+		delays = delays || (t.Control != nil && !t.Control.NotBefore.IsZero())
+	}
+	due, err := s.dueClock(ctx, delays)
+	if err != nil {
+		return nil, fmt.Errorf("insert a graph: %w", err)
+	}
 	for i, t := range p.Tasks {
 		awaiting := false
 		for _, par := range parents[i] {
@@ -230,7 +238,7 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 			}
 		}
 		nt := newTask{Queue: t.Queue, Control: t.Control, TraceParent: p.TraceParent, TraceState: p.TraceState}
-		d, err := nt.doc(ids[i], t.Parameters, now)
+		d, err := nt.doc(ids[i], t.Parameters, now, due)
 		if err != nil {
 			return nil, bad(i, "%v", err)
 		}
@@ -280,7 +288,7 @@ func (s *Store) TaskInsertGraph(ctx context.Context, p TaskInsertGraphParams) ([
 	}
 	if len(held) > 0 {
 		var res TaskGraphResult
-		if err := s.graphSettleFrontier(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(held)}}}}, now, &res); err != nil {
+		if err := s.graphSettleFrontier(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(held)}}}}, &res); err != nil {
 			return ids, fmt.Errorf("inserted %d tasks; settling the held ones whose parents already ended failed (the leader's sweep will): %w", len(ids), err)
 		}
 	}
@@ -420,9 +428,6 @@ func (r *TaskGraphResult) queuedIn(q bson.ObjectID) {
 // waiting children are settled.
 type TaskGraphSettleParams struct {
 	Parents []bson.ObjectID
-	// Now decides whether a child's not_before is ahead (zero: the
-	// store's clock).
-	Now time.Time
 	// Ended, when set, is how every one of Parents ended, as the caller
 	// knows it (the node that finished them): they are not read again.
 	Ended *TaskState
@@ -468,10 +473,6 @@ func (s *Store) TaskGraphSettle(ctx context.Context, p TaskGraphSettleParams) (T
 	if len(p.Parents) == 0 {
 		return res, nil
 	}
-	now := p.Now
-	if now.IsZero() {
-		now = s.nowMS()
-	}
 	var known map[bson.ObjectID]TaskState
 	if p.Ended != nil {
 		known = make(map[bson.ObjectID]TaskState, len(p.Parents))
@@ -485,34 +486,28 @@ func (s *Store) TaskGraphSettle(ctx context.Context, p TaskGraphSettleParams) (T
 		if len(p.Parents) != 1 || p.Parents[0] != w.parent {
 			return res, fmt.Errorf("settle task graph: the waiting children read are %s's, not those of %d parents", w.parent.Hex(), len(p.Parents))
 		}
-		return res, s.graphSettleCascade(ctx, w.children, known, now, &res)
+		return res, s.graphSettleCascade(ctx, w.children, known, &res)
 	}
 	for chunk := range slices.Chunk(p.Parents, idChunk) {
 		children, err := s.graphWaiting(ctx, bson.D{{Key: schema.TaskParents, Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, nil)
 		if err != nil {
 			return res, err
 		}
-		if err := s.graphSettleCascade(ctx, children, known, now, &res); err != nil {
+		if err := s.graphSettleCascade(ctx, children, known, &res); err != nil {
 			return res, err
 		}
 	}
 	return res, nil
 }
 
-// TaskGraphSweepParams: see TaskGraphSettleParams.Now.
-type TaskGraphSweepParams struct {
-	Now time.Time
-}
+// TaskGraphSweepParams ask for a sweep (nothing to say yet).
+type TaskGraphSweepParams struct{}
 
 // TaskGraphSweep settles every task held awaiting its parents, in pages
 // of _id order: the safety net for finish events nobody acted on (the
 // leader died between a parent's finish and its children's settling, or
 // its stream lost its position).
-func (s *Store) TaskGraphSweep(ctx context.Context, p TaskGraphSweepParams) (TaskGraphResult, error) {
-	now := p.Now
-	if now.IsZero() {
-		now = s.nowMS()
-	}
+func (s *Store) TaskGraphSweep(ctx context.Context, _ TaskGraphSweepParams) (TaskGraphResult, error) {
 	var res TaskGraphResult
 	var last bson.ObjectID
 	for {
@@ -528,7 +523,7 @@ func (s *Store) TaskGraphSweep(ctx context.Context, p TaskGraphSweepParams) (Tas
 			return res, nil
 		}
 		last = page[len(page)-1].ID
-		if err := s.graphSettleCascade(ctx, page, nil, now, &res); err != nil {
+		if err := s.graphSettleCascade(ctx, page, nil, &res); err != nil {
 			return res, fmt.Errorf("sweep task graphs: %w", err)
 		}
 		if len(page) < graphPage {
@@ -605,21 +600,21 @@ func (s *Store) graphWaiting(ctx context.Context, filter bson.D, o *options.Find
 
 // graphSettleFrontier settles the waiting children within filter
 // (graphSettleCascade).
-func (s *Store) graphSettleFrontier(ctx context.Context, filter bson.D, now time.Time, res *TaskGraphResult) error {
+func (s *Store) graphSettleFrontier(ctx context.Context, filter bson.D, res *TaskGraphResult) error {
 	children, err := s.graphWaiting(ctx, filter, nil)
 	if err != nil {
 		return err
 	}
-	return s.graphSettleCascade(ctx, children, nil, now, res)
+	return s.graphSettleCascade(ctx, children, nil, res)
 }
 
 // graphSettleCascade settles waiting children, then, through
 // TaskGraphSettle, the children of those it failed, until none fails.
 // known are parents' states already known (not read again).
-func (s *Store) graphSettleCascade(ctx context.Context, children []graphChild, known map[bson.ObjectID]TaskState, now time.Time, res *TaskGraphResult) error {
+func (s *Store) graphSettleCascade(ctx context.Context, children []graphChild, known map[bson.ObjectID]TaskState, res *TaskGraphResult) error {
 	var failed []bson.ObjectID
 	for chunk := range slices.Chunk(children, graphPage) {
-		f, err := s.graphSettleChildren(ctx, chunk, known, now, res)
+		f, err := s.graphSettleChildren(ctx, chunk, known, res)
 		if err != nil {
 			return err
 		}
@@ -631,14 +626,14 @@ func (s *Store) graphSettleCascade(ctx context.Context, children []graphChild, k
 	// They were just failed with parent_failed, but they are read again:
 	// a retry of their ancestor may have blocked them anew since, and then
 	// their children must wait rather than fail.
-	more, err := s.TaskGraphSettle(ctx, TaskGraphSettleParams{Parents: failed, Now: now})
+	more, err := s.TaskGraphSettle(ctx, TaskGraphSettleParams{Parents: failed})
 	res.add(more)
 	return err
 }
 
 // graphSettleChildren decides and writes each child's fate; it returns
 // the children it failed (their own children are next).
-func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, known map[bson.ObjectID]TaskState, now time.Time, res *TaskGraphResult) ([]bson.ObjectID, error) {
+func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, known map[bson.ObjectID]TaskState, res *TaskGraphResult) ([]bson.ObjectID, error) {
 	var ids []bson.ObjectID
 	seen := map[bson.ObjectID]bool{}
 	for _, c := range children {
@@ -662,7 +657,10 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 	}
 	var queue, hold []bson.ObjectID
 	var fails []mongo.WriteModel
-	var failedIDs []bson.ObjectID
+	var failedIDs, failing []bson.ObjectID
+	// A child whose parents let it go waits for its not_before by the
+	// server's clock (dueClock), read once, and only if one has it.
+	var due time.Time
 	for _, c := range children {
 		allOK, pending := true, false
 		var failedParent bson.ObjectID
@@ -690,7 +688,12 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 		}
 		switch {
 		case allOK || (c.Run && !pending):
-			if c.NotBefore.After(now) {
+			if !c.NotBefore.IsZero() && due.IsZero() {
+				if due, err = s.dueClock(ctx, true); err != nil {
+					return nil, fmt.Errorf("settle children: %w", err)
+				}
+			}
+			if c.NotBefore.After(due) {
 				hold = append(hold, c.ID)
 			} else {
 				queue = append(queue, c.ID)
@@ -698,6 +701,9 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 			}
 		case !failedParent.IsZero() && !c.Run:
 			failedIDs = append(failedIDs, c.ID)
+			if !slices.Contains(failing, failedParent) {
+				failing = append(failing, failedParent)
+			}
 			line := fmt.Sprintf("parent_failed: not run: its parent %s %s", failedParent.Hex(), why)
 			fails = append(fails, mongo.NewUpdateOneModel().
 				SetFilter(append(bson.D{{Key: "_id", Value: c.ID}}, awaiting...)).
@@ -733,6 +739,27 @@ func (s *Store) graphSettleChildren(ctx context.Context, children []graphChild, 
 			return nil, fmt.Errorf("finish %d children of failed parents: %w", len(fails), err)
 		}
 		res.Failed += r.ModifiedCount
+		// A retry of a parent read as failed may have come between that
+		// read and this write: it requeued the parent, then looked for
+		// its parent_failed children and found none yet. The parents are
+		// read again after the write, so that one side always sees the
+		// other's (write skew, which a transaction would not prevent):
+		// a parent no longer failed has its children blocked again.
+		again, err := s.statesByID(ctx, failing)
+		if err != nil {
+			return nil, fmt.Errorf("read again the parents of the children failed: %w", err)
+		}
+		var retried []bson.ObjectID
+		for _, id := range failing {
+			if st, ok := again[id]; ok && (st.Status == schema.StatusSucceeded || !schema.ParentEnded(st.Status)) {
+				retried = append(retried, id)
+			}
+		}
+		if len(retried) > 0 {
+			if _, err := s.graphReblock(ctx, retried); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return failedIDs, nil
 }
@@ -778,7 +805,7 @@ func (s *Store) graphReblock(ctx context.Context, parents []bson.ObjectID) (int6
 	if len(all) > 0 {
 		var res TaskGraphResult
 		for chunk := range slices.Chunk(all, idChunk) {
-			if err := s.graphSettleFrontier(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, s.nowMS(), &res); err != nil {
+			if err := s.graphSettleFrontier(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, &res); err != nil {
 				return n, err
 			}
 		}

@@ -120,13 +120,17 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 	if p.Control != nil {
 		c = *p.Control
 	}
+	due, err := s.dueClock(ctx, !c.NotBefore.IsZero())
+	if err != nil {
+		return nil, fmt.Errorf("insert tasks: %w", err)
+	}
 	for i, params := range p.Parameters {
 		nti := nt
 		if p.Priorities != nil {
 			c.Priority = p.Priorities[i]
 			nti.Control = &c // doc reads it and keeps nothing
 		}
-		d, err := nti.doc(ids[i], params, now)
+		d, err := nti.doc(ids[i], params, now, due)
 		if err != nil {
 			return nil, fmt.Errorf("insert tasks: task %d: %w", i, err)
 		}
@@ -149,10 +153,10 @@ type newTask struct {
 }
 
 // doc is a new task as seed 000 describes it: queued (node -1, status -2),
-// or held (-4) for a not_before ahead of now; ctime = mtime = now, stdout
-// and stderr null; then its control fields, its trace context and the
-// extra fields.
-func (nt newTask) doc(id bson.ObjectID, params bson.Raw, now time.Time) (bson.D, error) {
+// or held (-4) for a not_before ahead of due (the server's clock:
+// dueClock); ctime = mtime = now, stdout and stderr null; then its control
+// fields, its trace context and the extra fields.
+func (nt newTask) doc(id bson.ObjectID, params bson.Raw, now, due time.Time) (bson.D, error) {
 	if params == nil {
 		params = emptyDoc
 	} else if err := params.Validate(); err != nil {
@@ -163,7 +167,7 @@ func (nt newTask) doc(id bson.ObjectID, params bson.Raw, now time.Time) (bson.D,
 		node, paramsKey = nil, schema.TaskParams
 	}
 	status := schema.StatusQueued
-	if c := nt.Control; c != nil && c.NotBefore.After(now) {
+	if c := nt.Control; c != nil && c.NotBefore.After(due) {
 		status = schema.StatusBlocked
 	}
 	d := bson.D{

@@ -140,12 +140,12 @@ func testTaskGraphUnblock(t *testing.T, newStore Factory) {
 	requireGraph(t, db, map[bson.ObjectID]schema.Status{a: -2, b: -4, c: -4, d: -4, e: -4}, names)
 
 	// Settling a parent that has not ended changes nothing.
-	res, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}, Now: now})
+	res, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}})
 	require.NoError(t, err)
 	require.Zero(t, res)
 
 	setStatus(t, db, a, schema.StatusSucceeded, "n1")
-	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}, Now: now})
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}})
 	require.NoError(t, err)
 	require.Equal(t, store.TaskGraphResult{Queued: 2, Held: 1}, counted(res))
 	require.ElementsMatch(t, []bson.ObjectID{qa.ID, qb.ID}, res.QueuedIn, "the queues children were queued in")
@@ -159,18 +159,18 @@ func testTaskGraphUnblock(t *testing.T, newStore Factory) {
 	require.Equal(t, schema.StatusQueued, graphStateOf(t, db, e).status)
 
 	// Again: nothing more to do (every write is guarded).
-	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}, Now: now})
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{a}})
 	require.NoError(t, err)
 	require.Zero(t, res)
 
 	setStatus(t, db, b, schema.StatusSucceeded, "n1")
-	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{b}, Now: now})
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{b}})
 	require.NoError(t, err)
 	require.Zero(t, res, "d still waits for c")
 	requireGraph(t, db, map[bson.ObjectID]schema.Status{d: -4}, names)
 
 	setStatus(t, db, c, schema.StatusSucceeded, "n2")
-	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{c}, Now: now})
+	res, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{c}})
 	require.NoError(t, err)
 	require.Equal(t, store.TaskGraphResult{Queued: 1}, counted(res))
 	require.Equal(t, []bson.ObjectID{qb.ID}, res.QueuedIn)
@@ -752,4 +752,61 @@ func testTaskGraphSettleWaitingReadAhead(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, store.TaskGraphResult{Queued: 1}, counted(res), "a settle that reads finds the late child")
 	requireGraph(t, db, map[bson.ObjectID]schema.Status{late: -2}, names)
+}
+
+// testTaskGraphSettleAfterARetry: a settle that read a parent as failed,
+// and writes its child's parent_failed end only after an operator's retry
+// requeued that parent (whose search for parent_failed children found
+// none yet), blocks the child again: once the parent succeeds, the child
+// runs. (The interleaving a retry racing a settle can make, taken step by
+// step.)
+func testTaskGraphSettleAfterARetry(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "g", schema.SortFIFO)
+	p, c := bson.NewObjectID(), bson.NewObjectID()
+	graphInsert(t, s, store.GraphTask{ID: p, Queue: q.ID}, store.GraphTask{ID: c, Queue: q.ID, Parents: []bson.ObjectID{p}})
+	setStatus(t, db, p, schema.StatusFailed, "n1") // the settle reads it so
+	r, err := s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{IDs: []bson.ObjectID{p}}, By: "op"})
+	require.NoError(t, err)
+	require.Zero(t, r.Reblocked, "the child was still waiting")
+	// The settle's write, with the state it read before the retry.
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{p}, Ended: &store.TaskState{Status: schema.StatusFailed}})
+	require.NoError(t, err)
+	st := graphStateOf(t, db, c)
+	require.Equal(t, schema.StatusBlocked, st.status, "the child of a retried parent was left %s (%s)", st.status, st.reason)
+	require.True(t, st.awaiting)
+
+	setStatus(t, db, p, schema.StatusSucceeded, "n1")
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{p}})
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusQueued, graphStateOf(t, db, c).status, "its parent succeeded")
+}
+
+// testNotBeforeByTheServersClock: a not_before is judged by the server's
+// clock, not the host's, when a task is inserted and when its parents let
+// it go: a host whose clock runs ten minutes ahead neither inserts nor
+// releases a task due in five, by the server's clock, as if it were due.
+func testNotBeforeByTheServersClock(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{Now: func() time.Time { return time.Now().Add(10 * time.Minute) }})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "g", schema.SortFIFO)
+	server, err := s.ServerNow(ctx)
+	require.NoError(t, err)
+	soon := &store.TaskInsertControl{NotBefore: server.Add(5 * time.Minute)}
+
+	ids, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{nil}, Control: soon})
+	require.NoError(t, err)
+	require.Equal(t, schema.StatusBlocked, graphStateOf(t, db, ids[0]).status, "inserted as due")
+
+	p, c, d := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	graphInsert(t, s, store.GraphTask{ID: p, Queue: q.ID}, store.GraphTask{ID: c, Queue: q.ID, Parents: []bson.ObjectID{p}, Control: soon},
+		store.GraphTask{ID: d, Queue: q.ID, Control: soon})
+	require.Equal(t, schema.StatusBlocked, graphStateOf(t, db, d).status, "a graph's task inserted as due")
+	setStatus(t, db, p, schema.StatusSucceeded, "n1")
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{p}})
+	require.NoError(t, err)
+	st := graphStateOf(t, db, c)
+	require.Equal(t, schema.StatusBlocked, st.status, "released by its parent as due")
+	require.False(t, st.awaiting, "handed over to the timers")
 }

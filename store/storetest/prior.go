@@ -216,7 +216,7 @@ func testStreamEveryOwnTransitionSaysWhereTheTaskStood(t *testing.T, newStore Fa
 		require.Equal(t, []error{nil, nil}, errs)
 	})
 	step("settle the children", true, func() {
-		res, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{p1, p2}, Now: time.Now()})
+		res, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{p1, p2}})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, res.Queued)
 		require.EqualValues(t, 1, res.Failed)

@@ -133,6 +133,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskGraphUnblock", testTaskGraphUnblock},
 		{"TaskGraphParentFailed", testTaskGraphParentFailed},
 		{"TaskGraphRetryReblocks", testTaskGraphRetryReblocks},
+		{"TaskGraphSettleAfterARetry", testTaskGraphSettleAfterARetry},
+		{"NotBeforeByTheServersClock", testNotBeforeByTheServersClock},
 		{"TaskGraphEndUnrun", testTaskGraphEndUnrun},
 		{"TaskGraphInsertRefuses", testTaskGraphInsertRefuses},
 		{"TaskGraphInsertAllOrNothing", testTaskGraphInsertAllOrNothing},
