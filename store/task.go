@@ -382,7 +382,8 @@ type TaskClaimManyParams struct {
 	// MaxClaimBatch) and claims Limit of them picked at random, in claim
 	// order: nodes that contend for one queue then mostly take different
 	// tasks, for an order loosened within that window. 0 or 1: the first
-	// Limit, in order.
+	// Limit, in order. A priority queue is never spread: its order is
+	// the point (higher first, then older).
 	Spread int
 	// Prefer, when set and the spread read more candidates than Limit,
 	// takes the candidates it prefers first (the first Limit of them, in
@@ -455,7 +456,7 @@ func (s *Store) TaskClaimMany(ctx context.Context, p TaskClaimManyParams) (TaskC
 	contended := 0
 	short := false
 	window := p.Limit
-	if p.Spread > 1 {
+	if p.Spread > 1 && p.Sort != schema.SortPriority {
 		window = min(p.Limit*p.Spread, MaxClaimBatch)
 	}
 	var prefer func(bson.Raw) bool

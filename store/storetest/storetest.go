@@ -1422,6 +1422,24 @@ func testTaskClaimManySpread(t *testing.T, newStore Factory) {
 		got[i] = task.ID
 	}
 	require.Equal(t, few, got, "all three, in order")
+
+	// A priority queue is never spread: higher first, whatever the spread
+	// asked (a contended claimer's doubling of it would otherwise take
+	// tasks of no priority while priority-9 ones wait).
+	pq := newQueue(t, s, "prio", schema.SortPriority)
+	high := map[bson.ObjectID]bool{}
+	for range 4 {
+		ids, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: pq.ID, Parameters: []bson.Raw{nil}, Control: &store.TaskInsertControl{Priority: 9}})
+		require.NoError(t, err)
+		high[ids[0]] = true
+	}
+	insertTasks(t, s, pq.ID, 28)
+	res, err = s.TaskClaimMany(ctx, store.TaskClaimManyParams{Queue: pq.ID, Node: "n1", Sort: schema.SortPriority, Limit: 4, Spread: 8})
+	require.NoError(t, err)
+	require.Len(t, res.Tasks, 4)
+	for _, task := range res.Tasks {
+		require.True(t, high[task.ID], "a spread priority claim took a task of lower priority")
+	}
 }
 
 // A spread claim with Prefer takes the first Limit candidates it prefers,
