@@ -19,6 +19,7 @@ import (
 const (
 	strayAge   = claimer.ClaimTimeout + 5*time.Second
 	strayEvery = 5 * time.Second
+	strayPage  = 1000 // ids a sweep reads at most
 )
 
 // strayStore finds and hands back claims.
@@ -46,6 +47,10 @@ type strays struct {
 	fenced       func() bool // a fenced node writes nothing
 	clock        clock.Clock
 	log          *slog.Logger
+	// after is where each sweep (by running) goes on from: a node may
+	// hold more tasks than one read lists, and the first ones are the
+	// same each time, so the sweeps page through them.
+	after [2]bson.ObjectID
 }
 
 // Start sweeps every strayEvery until Stop.
@@ -73,12 +78,20 @@ func (s *strays) release(ctx context.Context) {
 // sweep hands back, with handBack, this node's tasks in status -1 (or 0
 // with running) older than strayAge that it does not hold.
 func (s *strays) sweep(ctx context.Context, running bool, handBack func(context.Context, store.TaskTransitionParams) error) {
-	ids, err := s.store.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: s.node, Running: running, ClaimedFor: strayAge, Limit: 1000})
+	page := &s.after[0]
+	if running {
+		page = &s.after[1]
+	}
+	ids, err := s.store.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: s.node, Running: running, ClaimedFor: strayAge, Limit: strayPage, After: *page})
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Debug("look for stray claims", "running", running, "error", err)
 		}
 		return
+	}
+	*page = bson.ObjectID{} // from the first again, once at the end
+	if len(ids) == strayPage {
+		*page = ids[len(ids)-1]
 	}
 	for _, id := range ids {
 		if s.holds(id) {

@@ -1429,22 +1429,29 @@ type TaskListClaimedParams struct {
 	// ClaimedFor: only claims older than this, by this store's clock
 	// (Options.Now), which wrote their mtime when Node claimed them.
 	ClaimedFor time.Duration
-	Limit      int64
+	// Limit bounds the ids returned, in _id order after After (zero:
+	// from the first): a caller pages through them over its calls.
+	Limit int64
+	After bson.ObjectID
 }
 
 // TaskListClaimed returns the ids of Node's tasks in status -1 claimed more
-// than ClaimedFor ago, for a node to find claims it does not know it made
-// (the server applied a claim whose answer was lost).
+// than ClaimedFor ago, in _id order, for a node to find claims it does not
+// know it made (the server applied a claim whose answer was lost).
 func (s *Store) TaskListClaimed(ctx context.Context, p TaskListClaimedParams) ([]bson.ObjectID, error) {
-	o := options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}})
+	o := options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(bson.D{{Key: "_id", Value: 1}})
 	if p.Limit > 0 {
 		o.SetLimit(p.Limit)
 	}
-	cur, err := s.tasks.Find(ctx, bson.D{
+	filter := bson.D{
 		{Key: schema.TaskNode, Value: p.Node},
 		{Key: schema.TaskStatus, Value: int32(claimTo(p.Running))},
 		{Key: schema.TaskMTime, Value: bson.D{{Key: "$lt", Value: s.nowMS().Add(-p.ClaimedFor)}}},
-	}, o)
+	}
+	if !p.After.IsZero() {
+		filter = append(filter, bson.E{Key: "_id", Value: bson.D{{Key: "$gt", Value: p.After}}})
+	}
+	cur, err := s.tasks.Find(ctx, filter, o)
 	if err != nil {
 		return nil, fmt.Errorf("list tasks claimed by %s: %w", p.Node, err)
 	}

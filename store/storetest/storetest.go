@@ -1546,6 +1546,22 @@ func testTaskListClaimedUnstart(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, []bson.ObjectID{old.ID}, ids, "only n1's claims older than the cut")
 
+	// In _id order, a page at a time after After.
+	now = now.Add(time.Minute)
+	more := insertTasks(t, s, q.ID, 3)
+	for range more {
+		_, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO})
+		require.NoError(t, err)
+	}
+	now = now.Add(time.Minute)
+	all := append([]bson.ObjectID{old.ID, recent.ID}, more...)
+	first, err := s.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: "n1", ClaimedFor: 30 * time.Second, Limit: 3})
+	require.NoError(t, err)
+	require.Equal(t, all[:3], first)
+	rest, err := s.TaskListClaimed(ctx, store.TaskListClaimedParams{Node: "n1", ClaimedFor: 30 * time.Second, Limit: 3, After: first[2]})
+	require.NoError(t, err)
+	require.Equal(t, all[3:], rest)
+
 	me := store.TaskTransitionParams{ID: recent.ID, Node: "n1"}
 	require.ErrorIs(t, s.TaskUnstart(ctx, me), store.ErrLostTask, "not running")
 	require.NoError(t, s.TaskStart(ctx, me))
