@@ -89,6 +89,18 @@ func (s *Store) TaskClaimCapped(ctx context.Context, p TaskClaimCappedParams) (T
 		if q.Admitted != nil {
 			admitted = *q.Admitted
 		}
+		// Tasks claimed or running without an admission count too: a
+		// Disbatch 4.103 node's (its claims take none; threads is its
+		// cap across every node) until the leader's sweep adopts them.
+		unadmitted, err := s.tasks.CountDocuments(ctx, bson.D{
+			{Key: schema.TaskQueue, Value: p.Queue},
+			{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: bson.A{int32(schema.StatusClaimed), int32(schema.StatusRunning)}}}},
+			{Key: schema.TaskAdmitted, Value: bson.D{{Key: "$ne", Value: true}}},
+		})
+		if err != nil {
+			return err
+		}
+		admitted += unadmitted
 		filter := claimFilter(p.Queue, s.nowMS(), false)
 		cands, err := claimCandidates(ctx, s.tasks, filter, p.Sort, p.Limit, bson.D{{Key: "_id", Value: 1}, {Key: schema.TaskAdmitted, Value: 1}})
 		if err != nil {

@@ -34,6 +34,33 @@ func countWith(t *testing.T, db *mongo.Database, filter bson.D) int64 {
 	return n
 }
 
+// testTaskClaimCappedCounts4103Claims: tasks a Disbatch 4.103 node claimed
+// or runs (it takes no admission; threads is its cap across every node)
+// count against the cap as admissions do: with threads 2 and two such
+// tasks, our capped claim takes none, where it took two more (four in
+// -1/0) until the leader's sweep adopted them.
+func testTaskClaimCappedCounts4103Claims(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "perl", schema.SortFIFO)
+	ids := insertTasks(t, s, q.ID, 4)
+	for i, st := range []schema.Status{schema.StatusClaimed, schema.StatusRunning} {
+		_, err := db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[i]}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: "node", Value: "perl1"}, {Key: "status", Value: int32(st)}}}})
+		require.NoError(t, err)
+	}
+	_, err := s.TaskClaimCapped(ctx, store.TaskClaimCappedParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Max: 2})
+	require.ErrorIs(t, err, store.ErrCapReached)
+	require.Equal(t, int64(2), countWith(t, db, bson.D{{Key: schema.TaskStatus, Value: bson.D{{Key: "$in", Value: bson.A{-1, 0}}}}}), "above threads 2")
+
+	// One of them ends: one admission's room.
+	_, err = db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[1]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: int32(1)}}}})
+	require.NoError(t, err)
+	res, err := s.TaskClaimCapped(ctx, store.TaskClaimCappedParams{Queue: q.ID, Node: "n1", Sort: schema.SortFIFO, Limit: 4, Max: 2})
+	require.NoError(t, err)
+	require.Len(t, res.Tasks, 1)
+}
+
 // testTaskClaimCapped: a capped claim takes at most what the cap leaves,
 // says when the cap is reached, and a finished task's admission comes
 // back once released, exactly once.

@@ -65,6 +65,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskClaimManyReadsInOneReplyEach", testTaskClaimManyOneReplyPerRead},
 		{"TaskClaimManySpreadConcurrentOnce", testTaskClaimManySpreadConcurrent},
 		{"TaskClaimCapped", testTaskClaimCapped},
+		{"TaskClaimCappedCounts4103Claims", testTaskClaimCappedCounts4103Claims},
 		{"TaskClaimCappedConcurrentNeverAboveTheCap", testTaskClaimCappedConcurrent},
 		{"AdmissionsSweep", testAdmissionsSweep},
 		{"NodeSessionsKillAbortsAnOpenTransaction", testNodeSessionsKillAbortsAnOpenTransaction},
