@@ -20,6 +20,7 @@ import (
 // Streams opens change streams (the store does).
 type Streams interface {
 	StreamOpen(ctx context.Context, p store.StreamParams) (*store.StreamReader, error)
+	StreamTokenForget(ctx context.Context, name string) error
 }
 
 // Config configures a Stream.
@@ -151,6 +152,7 @@ func (s *Stream) follow(ctx context.Context, r *store.StreamReader) {
 	for {
 		if s.quiet.Load() {
 			s.retire(r)
+			s.forget()
 			if r = s.quietSpell(ctx); r == nil {
 				return // stopped
 			}
@@ -166,6 +168,19 @@ func (s *Stream) follow(ctx context.Context, r *store.StreamReader) {
 		for _, ev := range b.Events {
 			s.handle(ctx, ev)
 		}
+	}
+}
+
+// forget drops the stream's saved position as a quiet spell begins: the
+// spell ends with a reopening at the present and a Rescan, and so must a
+// next Start (a restart, a crash) that comes first, not a replay of the
+// whole spell (hours, for a node that listens to no queue), with the kill
+// requests an operator withdrew since among its events.
+func (s *Stream) forget() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.cfg.Store.StreamTokenForget(ctx, s.cfg.Name); err != nil {
+		s.log.Warn("forgetting the change stream's position for a quiet spell failed; a restart meanwhile replays the spell", "error", err)
 	}
 }
 

@@ -627,4 +627,25 @@ func TestQuietClosesTheStreamUntilWakeUpsAreNeeded(t *testing.T) {
 	case <-time.After(wait):
 		t.Fatal("Stop did not return during a quiet spell")
 	}
+
+	// Started again (the node restarted during the spell): at the present,
+	// not at the spell's start: what was written during it (here a kill
+	// asked for, then withdrawn by a requeue) is not replayed.
+	during := insertTasks(t, st, q, 1)[0]
+	tasks := db.Collection(schema.CollTasks, majority)
+	for _, u := range []bson.D{
+		{{Key: "$set", Value: bson.D{{Key: schema.TaskNode, Value: "n1"}, {Key: schema.TaskStatus, Value: int32(schema.StatusRunning)}}}},
+		{{Key: "$set", Value: bson.D{{Key: schema.TaskKill, Value: bson.D{{Key: schema.KillNode, Value: "n1"}, {Key: schema.KillBy, Value: "op"}}}}}},
+		{{Key: "$set", Value: bson.D{{Key: schema.TaskNode, Value: -1}, {Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}}},
+			{Key: "$unset", Value: bson.D{{Key: schema.TaskKill, Value: ""}}}},
+	} {
+		_, err := tasks.UpdateOne(testContext(t, wait), bson.D{{Key: "_id", Value: during}}, u)
+		require.NoError(t, err)
+	}
+	bus2 := newBus(t)
+	c2 := collect(t, bus2)
+	startStream(t, events.Config{Store: st, Publisher: bus2, Name: "n1", MaxAwait: 100 * time.Millisecond})
+	id = insertTasks(t, st, q, 1)[0]
+	_, replayed := c2.until(t, wait, taskEvent(events.OpInsert, id))
+	require.Empty(t, replayed, "a restart during a quiet spell replayed it")
 }

@@ -733,6 +733,17 @@ func (s *Store) StreamTokenSave(ctx context.Context, name string, token bson.Raw
 	return nil
 }
 
+// StreamTokenForget drops the saved position of the named stream: its
+// next StreamOpen with Checkpoint starts at the present.
+func (s *Store) StreamTokenForget(ctx context.Context, name string) error {
+	_, err := s.db.Collection(CollStreams).UpdateOne(ctx, bson.D{{Key: "_id", Value: name}},
+		bson.D{{Key: "$unset", Value: bson.D{{Key: "token", Value: ""}}}, {Key: "$set", Value: bson.D{{Key: "saved", Value: s.nowMS()}}}})
+	if err != nil {
+		return fmt.Errorf("forget resume token of stream %s: %w", name, err)
+	}
+	return nil
+}
+
 // StreamPositionLost reports whether a change stream cannot resume from the
 // position it was given, so its reader must start afresh and re-read the
 // database: the history is gone (ChangeStreamHistoryLost 286), the token is
