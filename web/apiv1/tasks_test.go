@@ -2,12 +2,10 @@ package apiv1
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -502,29 +500,19 @@ func TestALargeOutputOutlastsTheWriteTimeout(t *testing.T) {
 	task, err := e.st.TaskClaim(ctx, store.TaskClaimParams{Queue: qid, Node: "n1", Sort: schema.SortFIFO})
 	require.NoError(t, err)
 	require.NoError(t, e.st.TaskStart(ctx, store.TaskTransitionParams{ID: task.ID, Node: "n1"}))
-	big := strings.Repeat("0123456789abcdef", 1<<19) // 8 MiB, more than the sockets' buffers hold
+	big := strings.Repeat("0123456789abcdef", 3<<19) // 24 MiB, more than the sockets' buffers hold
 	require.NoError(t, e.st.TaskFinish(ctx, store.TaskFinishParams{ID: task.ID, Node: "n1", Status: schema.StatusSucceeded, Stdout: big}))
 	srv := httptest.NewUnstartedServer(e.h)
 	srv.Config.WriteTimeout = 300 * time.Millisecond
 	srv.Start()
 	t.Cleanup(srv.Close)
 
-	// A small receive buffer, so that the server's writes wait for the
-	// client's reads.
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil {
-			err = c.(*net.TCPConn).SetReadBuffer(16 << 10)
-		}
-		return c, err
-	}}}
-	t.Cleanup(client.CloseIdleConnections)
-	res, err := client.Get(srv.URL + "/api/v1/tasks/" + task.ID.Hex() + "/stdout")
+	res, err := http.Get(srv.URL + "/api/v1/tasks/" + task.ID.Hex() + "/stdout")
 	require.NoError(t, err)
 	defer res.Body.Close()
 	require.Equal(t, 200, res.StatusCode)
 	var got bytes.Buffer
-	start, buf := time.Now(), make([]byte, 128<<10)
+	start, buf, pause := time.Now(), make([]byte, 128<<10), 1<<20
 	for {
 		n, err := res.Body.Read(buf)
 		got.Write(buf[:n])
@@ -532,9 +520,12 @@ func TestALargeOutputOutlastsTheWriteTimeout(t *testing.T) {
 			break
 		}
 		require.NoError(t, err, "cut off after %d bytes in %s", got.Len(), time.Since(start).Round(time.Millisecond))
-		time.Sleep(10 * time.Millisecond)
+		if got.Len() >= pause { // 50 ms each MiB: about 1.2 s in all
+			time.Sleep(50 * time.Millisecond)
+			pause += 1 << 20
+		}
 	}
-	require.Greater(t, time.Since(start), time.Second/2, "read faster than the write timeout: the test proves nothing")
+	require.Greater(t, time.Since(start), time.Second, "read faster than the write timeout: the test proves nothing")
 	require.Equal(t, len(big), got.Len())
 	require.Equal(t, big, got.String())
 }
