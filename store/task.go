@@ -38,6 +38,13 @@ type TaskInsertManyParams struct {
 	// parameters object, each from 0 to schema.MaxTaskPriority), in place
 	// of Control's: tasks that differ only in priority share one write.
 	Priorities []int64
+	// Controls, when set, are the tasks' own controls (one per parameters
+	// object), in place of Control and Priorities: tasks that differ in
+	// their limits, expiries or delays share one write too.
+	Controls []TaskInsertControl
+	// Atomic inserts the tasks in one transaction: all or none, whatever
+	// fails on the server partway (a failover, a validator).
+	Atomic bool
 	// Dialect4103 writes the tasks as Disbatch 4.103's web API does, with
 	// params for parameters and node null for -1, so that Perl nodes
 	// sharing the database run them too (this project's nodes read both).
@@ -88,6 +95,16 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 			return nil, fmt.Errorf("insert tasks: %w", err)
 		}
 	}
+	if p.Controls != nil {
+		if len(p.Controls) != len(p.Parameters) || p.Control != nil || p.Priorities != nil {
+			return nil, fmt.Errorf("insert tasks: %d controls for %d parameters (and no Control or Priorities beside them)", len(p.Controls), len(p.Parameters))
+		}
+		for i, c := range p.Controls {
+			if err := c.Validate(); err != nil {
+				return nil, fmt.Errorf("insert tasks: task %d: %w", i, err)
+			}
+		}
+	}
 	if p.Priorities != nil {
 		if len(p.Priorities) != len(p.Parameters) {
 			return nil, fmt.Errorf("insert tasks: %d priorities for %d parameters", len(p.Priorities), len(p.Parameters))
@@ -120,13 +137,20 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 	if p.Control != nil {
 		c = *p.Control
 	}
-	due, err := s.dueClock(ctx, !c.NotBefore.IsZero())
+	delays := !c.NotBefore.IsZero()
+	for _, c := range p.Controls {
+		delays = delays || !c.NotBefore.IsZero()
+	}
+	due, err := s.dueClock(ctx, delays)
 	if err != nil {
 		return nil, fmt.Errorf("insert tasks: %w", err)
 	}
 	for i, params := range p.Parameters {
 		nti := nt
-		if p.Priorities != nil {
+		switch {
+		case p.Controls != nil:
+			nti.Control = &p.Controls[i]
+		case p.Priorities != nil:
 			c.Priority = p.Priorities[i]
 			nti.Control = &c // doc reads it and keeps nothing
 		}
@@ -136,7 +160,16 @@ func (s *Store) TaskInsertMany(ctx context.Context, p TaskInsertManyParams) ([]b
 		}
 		docs[i] = d
 	}
-	if _, err := s.tasks.InsertMany(ctx, docs); err != nil {
+	insert := func(ctx context.Context) error {
+		_, err := s.tasks.InsertMany(ctx, docs)
+		return err
+	}
+	if p.Atomic && len(docs) > 1 {
+		err = s.inTxn(ctx, insert)
+	} else {
+		err = insert(ctx)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("insert %d tasks into queue %s: %w", len(docs), p.Queue.Hex(), err)
 	}
 	return ids, nil

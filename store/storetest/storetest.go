@@ -50,6 +50,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"CountersAdvanceAsEachWould", testCountersAdvanceAsEachWould},
 		{"CountersAdvanceComparesEachQueuesPosition", testCountersAdvance},
 		{"TaskInsertManySeedShape", testTaskInsertMany},
+		{"TaskInsertManyOwnControlsAtomic", testTaskInsertManyOwnControlsAtomic},
 		{"TaskClaimOrder", testTaskClaimOrder},
 		{"TaskClaimPriority", testTaskClaimPriority},
 		{"TaskClaimPerlUnclaimed", testTaskClaimPerl},
@@ -444,6 +445,53 @@ func testQueueCounts(t *testing.T, newStore Factory) {
 	counts, err = s.QueueCountsGet(ctx)
 	require.NoError(t, err)
 	require.Equal(t, map[bson.ObjectID]store.QueueCounts{a.ID: {Todo: 1, Total: 9, Failed: 2}, b.ID: {Todo: 10, Total: 12, Running: 4}}, counts, "through a multikey index")
+}
+
+// testTaskInsertManyOwnControlsAtomic: tasks with controls of their own
+// (a time limit, an expiry, a delay, a priority each) go in one insert,
+// each with its own; an atomic insert that fails partway (here a
+// duplicate id, last) leaves none of its tasks, where a plain one leaves
+// those before the failure.
+func testTaskInsertManyOwnControlsAtomic(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	controls := []store.TaskInsertControl{
+		{Timeout: 5 * time.Second},
+		{ExpiresAt: now.Add(time.Hour)},
+		{NotBefore: now.Add(time.Hour)},
+		{Priority: 7},
+	}
+	ids, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: make([]bson.Raw, 4), Controls: controls, Atomic: true})
+	require.NoError(t, err)
+	raws := make([]bson.Raw, 4)
+	for i, id := range ids {
+		raws[i] = rawDoc(t, db, "tasks", bson.D{{Key: "_id", Value: id}})
+	}
+	require.Equal(t, 5.0, raws[0].Lookup(schema.TaskTimeout).Double())
+	require.Equal(t, now.Add(time.Hour), raws[1].Lookup(schema.TaskExpiresAt).Time().UTC())
+	require.EqualValues(t, schema.StatusBlocked, raws[2].Lookup("status").Int32(), "its delay")
+	require.EqualValues(t, schema.StatusQueued, raws[3].Lookup("status").Int32())
+	require.EqualValues(t, 7, raws[3].Lookup(schema.TaskPriority).AsInt64())
+	for i := 1; i < 4; i++ {
+		_, err := raws[i].LookupErr(schema.TaskTimeout)
+		require.Error(t, err, "task %d took another's time limit", i)
+	}
+
+	taken := ids[0]
+	for _, atomic := range []bool{true, false} {
+		fresh := []bson.ObjectID{bson.NewObjectID(), bson.NewObjectID(), taken}
+		_, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, IDs: fresh, Parameters: make([]bson.Raw, 3), Atomic: atomic})
+		require.Error(t, err, "a duplicate id")
+		n, err := db.Collection(schema.CollTasks).CountDocuments(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{fresh[0], fresh[1]}}}}})
+		require.NoError(t, err)
+		if atomic {
+			require.Zero(t, n, "an atomic insert left part of its tasks")
+		} else {
+			require.EqualValues(t, 2, n, "a plain insert keeps what went in before the failure")
+		}
+	}
 }
 
 func testTaskInsertMany(t *testing.T, newStore Factory) {

@@ -145,50 +145,23 @@ func bindTaskControl(o object) (store.TaskInsertControl, *apiError) {
 	return c, nil
 }
 
-// insertTasks inserts the tasks with ids made here, in submission order, so
-// that _id order (fifo) is the order given. The store takes one control
-// for all tasks of an insert, and a priority per task: tasks are inserted
-// in one write per distinct control but for the priority (one write when
-// none has any).
+// insertTasks inserts the tasks, each with its own control, in one
+// transaction (all or none, whatever fails partway), with ids made here in
+// submission order, so that _id order (fifo) is the order given.
 func (h *handler) insertTasks(r *http.Request, queue bson.ObjectID, params []bson.Raw, controls []store.TaskInsertControl) ([]bson.ObjectID, error) {
 	ids := make([]bson.ObjectID, len(params))
 	for i := range ids {
 		ids[i] = bson.NewObjectID()
 	}
-	type group struct {
-		ids         []bson.ObjectID
-		params      []bson.Raw
-		priorities  []int64
-		prioritized bool
-	}
-	var order []store.TaskInsertControl
-	groups := map[store.TaskInsertControl]*group{}
-	for i, c := range controls {
-		pr := c.Priority
-		c.Priority = 0
-		g := groups[c]
-		if g == nil {
-			g = &group{}
-			groups[c] = g
-			order = append(order, c)
-		}
-		g.ids = append(g.ids, ids[i])
-		g.params = append(g.params, params[i])
-		g.priorities = append(g.priorities, pr)
-		g.prioritized = g.prioritized || pr != 0
-	}
-	for _, c := range order {
-		g := groups[c]
-		p := store.TaskInsertManyParams{Queue: queue, IDs: g.ids, Parameters: g.params, Dialect4103: h.dialect}
+	p := store.TaskInsertManyParams{Queue: queue, IDs: ids, Parameters: params, Dialect4103: h.dialect, Atomic: true}
+	for _, c := range controls {
 		if c != (store.TaskInsertControl{}) {
-			p.Control = &c
+			p.Controls = controls
+			break
 		}
-		if g.prioritized {
-			p.Priorities = g.priorities
-		}
-		if _, err := h.st.TaskInsertMany(r.Context(), p); err != nil {
-			return nil, err
-		}
+	}
+	if _, err := h.st.TaskInsertMany(r.Context(), p); err != nil {
+		return nil, err
 	}
 	return ids, nil
 }
