@@ -36,6 +36,7 @@ import (
 	"github.com/disbatch-go/disbatch/internal/chromium"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/web/auth"
+	"github.com/disbatch-go/disbatch/web/ui"
 )
 
 // chromiumPath finds the browser, or fails the test saying how to get one.
@@ -649,4 +650,72 @@ func textOf(b *browser, sel string) string {
 	var s string
 	b.eval(fmt.Sprintf(`document.querySelector(%q)?.innerText ?? ""`, sel), &s)
 	return s
+}
+
+// TestTheDashboardReconnectsAfterARefusedReconnect: the browser reconnects
+// a dropped event stream by itself, but an answer other than 200 (a
+// disbatch-web starting, with MongoDB not reached yet; a proxy's 502)
+// closes its EventSource for good. The page opens a new one after a
+// backoff, and, resuming from nothing, reads its data again (here the
+// overview reads the queues once more).
+func TestTheDashboardReconnectsAfterARefusedReconnect(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	streams, queueReads := 0, 0
+	mux := http.NewServeMux()
+	dash := ui.New(ui.Options{})
+	mux.Handle("GET /{$}", dash)
+	mux.Handle("GET /ui/", dash)
+	mux.HandleFunc("GET /api/v1/queues", func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		queueReads++
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"queues":[]}`)
+	})
+	mux.HandleFunc("GET /api/v1/nodes", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"nodes":[]}`)
+	})
+	mux.HandleFunc("GET /api/v1/cluster", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{}`)
+	})
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		streams++
+		n := streams
+		mu.Unlock()
+		switch n {
+		case 1: // a stream that drops at once: the browser reconnects
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "retry: 100\nid: x\n\n")
+		case 2: // refused, as a server that is starting refuses
+			http.Error(w, `{"error":"not ready"}`, http.StatusServiceUnavailable)
+		default: // served: held open
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "retry: 100\n\n")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	b := newBrowser(t, srv.URL, "nobody", "nothing")
+	b.open("/", "#live")
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return streams >= 3
+	}, 15*time.Second, 50*time.Millisecond, "the page gave up on its events after a refused reconnect")
+	var state string
+	require.Eventually(t, func() bool {
+		b.eval(`document.getElementById('live').className`, &state)
+		return strings.Contains(state, " on")
+	}, 10*time.Second, 50*time.Millisecond, "the badge says live again")
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return queueReads >= 2
+	}, 10*time.Second, 50*time.Millisecond, "the page did not read its data again after reconnecting")
 }

@@ -165,14 +165,36 @@ function rateSeries(queue) {
 }
 
 const live = {
-  es: null, listeners: new Set(), state: 'connecting',
+  es: null, listeners: new Set(), state: 'connecting', tries: 0, reopened: false,
   start() {
     if (!window.EventSource) { this.set('off', 'no live events in this browser'); return; }
-    this.es = new EventSource('/api/v1/events');
-    this.es.onopen = () => this.set('on', 'live');
-    this.es.onerror = () => this.set('off', 'reconnecting…');
+    this.open();
+  },
+  // open follows the events. The browser reconnects by itself after a
+  // dropped stream, resuming from the last id; an answer other than 200 (a
+  // server starting or stopping, a proxy's 502) closes the EventSource for
+  // good, so a new one is opened after a backoff, and, since it resumes
+  // from nothing, the page is told to read everything again (a reset).
+  open() {
+    const es = new EventSource('/api/v1/events');
+    this.es = es;
+    es.onopen = () => {
+      this.set('on', 'live');
+      this.tries = 0;
+      if (this.reopened) {
+        this.reopened = false;
+        for (const fn of this.listeners) fn('reset', { type: 'reset', reason: 'reconnected' });
+      }
+    };
+    es.onerror = () => {
+      this.set('off', 'reconnecting…');
+      if (es.readyState !== EventSource.CLOSED) return; // the browser retries
+      es.close();
+      this.reopened = true;
+      setTimeout(() => this.open(), Math.min(30000, 1000 * 2 ** this.tries++));
+    };
     for (const type of ['task', 'queue', 'node', 'reset']) {
-      this.es.addEventListener(type, (e) => {
+      es.addEventListener(type, (e) => {
         let d;
         stats.events++;
         try { d = JSON.parse(e.data); } catch { return; }
