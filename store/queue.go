@@ -235,6 +235,9 @@ type QueueDeleteResult struct {
 	FilesDeleted int64
 }
 
+// queueDeletePage is how many task ids QueueDelete reads at a time.
+const queueDeletePage = 10000
+
 // QueueDelete removes a queue together with its tasks and their GridFS
 // output: tasks whose queue is gone can never run and would only confuse
 // listings and counters.
@@ -253,17 +256,35 @@ func (s *Store) QueueDelete(ctx context.Context, p QueueDeleteParams) (QueueDele
 		return QueueDeleteResult{}, fmt.Errorf("delete queue %s: %w", p.ID.Hex(), err)
 	}
 	if res.DeletedCount == 0 {
-		return QueueDeleteResult{}, fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+		// Gone already; tasks of it left behind (a delete cut short) are
+		// still deleted, so that running it again finishes the job.
+		err := s.tasks.FindOne(ctx, bson.D{{Key: schema.TaskQueue, Value: p.ID}}, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
+		switch {
+		case errors.Is(err, mongo.ErrNoDocuments):
+			return QueueDeleteResult{}, fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+		case err != nil:
+			return QueueDeleteResult{}, fmt.Errorf("look for tasks of deleted queue %s: %w", p.ID.Hex(), err)
+		}
 	}
 	var out QueueDeleteResult
-	// Output files first: they are found through the tasks.
-	var ids []any
-	if err := s.tasks.Distinct(ctx, "_id", bson.D{{Key: schema.TaskQueue, Value: p.ID}}).Decode(&ids); err != nil {
-		return out, fmt.Errorf("list tasks of deleted queue %s: %w", p.ID.Hex(), err)
-	}
-	for start := 0; start < len(ids); start += 10000 {
-		batch := ids[start:min(start+10000, len(ids))]
-		n, err := s.outputDelete(ctx, bson.D{{Key: "metadata.task_id", Value: bson.D{{Key: "$in", Value: batch}}}})
+	// Output files first: they are found through the tasks, read a page of
+	// ids at a time (one list of every id stops fitting a reply at about
+	// 840,000 tasks).
+	var last bson.ObjectID
+	for {
+		page := bson.D{{Key: schema.TaskQueue, Value: p.ID}}
+		if !last.IsZero() {
+			page = append(page, bson.E{Key: "_id", Value: bson.D{{Key: "$gt", Value: last}}})
+		}
+		ids, err := s.findIDs(ctx, s.tasks, page, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(queueDeletePage))
+		if err != nil {
+			return out, fmt.Errorf("list tasks of deleted queue %s: %w", p.ID.Hex(), err)
+		}
+		if len(ids) == 0 {
+			break
+		}
+		last = ids[len(ids)-1]
+		n, err := s.outputDelete(ctx, bson.D{{Key: "metadata.task_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}})
 		out.FilesDeleted += n
 		if err != nil {
 			return out, fmt.Errorf("delete output of deleted queue %s: %w", p.ID.Hex(), err)

@@ -402,6 +402,18 @@ func testQueueDelete(t *testing.T, newStore Factory) {
 	}
 	_, err = s.QueueDelete(ctx, store.QueueDeleteParams{ID: q.ID, Force: true})
 	require.ErrorIs(t, err, store.ErrNotFound)
+
+	// A delete cut short after the queue document went (its tasks left):
+	// running it again deletes them, rather than saying not found.
+	cut := newQueue(t, s, "cut", schema.SortFIFO)
+	insertTasks(t, s, cut.ID, 3)
+	_, err = db.Collection("queues").DeleteOne(ctx, bson.D{{Key: "_id", Value: cut.ID}})
+	require.NoError(t, err)
+	res, err = s.QueueDelete(ctx, store.QueueDeleteParams{ID: cut.ID, Force: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.TasksDeleted)
+	_, err = s.QueueDelete(ctx, store.QueueDeleteParams{ID: cut.ID, Force: true})
+	require.ErrorIs(t, err, store.ErrNotFound, "nothing left")
 }
 
 func testQueueCounts(t *testing.T, newStore Factory) {

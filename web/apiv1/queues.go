@@ -405,7 +405,17 @@ func (h *handler) queueDelete(w http.ResponseWriter, r *http.Request) error {
 			return errorf(http.StatusBadRequest, CodeInvalidParameter, "force", "want true or false, got %q", clip(s))
 		}
 	}
-	q, err := h.queueByRef(r, r.PathValue("queue"), "queue")
+	q, err := h.st.QueueGet(r.Context(), store.QueueGetParams{Ref: r.PathValue("queue")})
+	if errors.Is(err, store.ErrNotFound) {
+		// By its id, with force, a queue that is gone still has its tasks
+		// deleted, if a delete cut short left some (QueueDelete says
+		// whether there were any).
+		id, perr := bson.ObjectIDFromHex(r.PathValue("queue"))
+		if !force || perr != nil {
+			return errorf(http.StatusNotFound, CodeNotFound, "queue", "no queue with the id or name %q", clip(r.PathValue("queue")))
+		}
+		q, err = schema.Queue{ID: id, Name: id.Hex()}, nil
+	}
 	if err != nil {
 		return err
 	}

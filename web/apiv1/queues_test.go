@@ -122,6 +122,22 @@ func TestQueueDeleteEmpty(t *testing.T) {
 	require.EqualValues(t, 0, del["tasks_deleted"])
 }
 
+// TestAQueueDeleteCutShortIsFinishedByItsID: a forced delete cut short
+// after the queue document went (its tasks left) is run again by the
+// queue's id, and deletes them; then there is nothing left to delete.
+func TestAQueueDeleteCutShortIsFinishedByItsID(t *testing.T) {
+	e := setup(t)
+	qid := e.newQueue("cut")
+	e.submit("cut", `{}`, `{}`)
+	_, err := e.db.Collection(schema.CollQueues).DeleteOne(ctxT(t), bson.D{{Key: "_id", Value: qid}})
+	require.NoError(t, err)
+	e.wantErr(404, CodeNotFound, "queue", "DELETE", "/api/v1/queues/"+qid.Hex(), nil)
+	var del map[string]any
+	e.want(200, "DELETE", "/api/v1/queues/"+qid.Hex()+"?force=true", nil).decode(t, &del)
+	require.EqualValues(t, 2, del["tasks_deleted"])
+	e.wantErr(404, CodeNotFound, "queue", "DELETE", "/api/v1/queues/"+qid.Hex()+"?force=true", nil)
+}
+
 func TestQueueCreateConflicts(t *testing.T) {
 	e := setup(t)
 	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "taken", "plugin": "P", "nodes_pin": []string{"n1"}})
