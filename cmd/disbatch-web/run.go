@@ -24,6 +24,7 @@ import (
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 	"github.com/disbatch-go/disbatch/web"
+	"github.com/disbatch-go/disbatch/web/apiv1"
 	"github.com/disbatch-go/disbatch/web/auth"
 )
 
@@ -259,8 +260,12 @@ func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals
 				(*h).ServeHTTP(w, r)
 				return
 			}
-			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Retry-After", "1")
+			if strings.HasPrefix(r.URL.Path, "/api/v1/") {
+				apiv1.WriteError(w, http.StatusServiceUnavailable, apiv1.CodeUnavailable, "not ready: connecting to MongoDB; try again", "")
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = io.WriteString(w, `{"error":"not ready: connecting to MongoDB"}`)
 		}),

@@ -188,6 +188,14 @@ func TestHealthzWhileMongoDBIsUnreachable(t *testing.T) {
 	require.Equal(t, 200, status("healthz"))
 	require.Equal(t, 503, status("readyz"))
 	require.Equal(t, 503, status("queues"))
+	// The v1 API says so in its own error shape.
+	resp, err := http.Get(base + "api/v1/queues")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 503, resp.StatusCode)
+	require.JSONEq(t, `{"error":{"code":"unavailable","message":"not ready: connecting to MongoDB; try again","field":null}}`, string(body))
 	sigs <- syscall.SIGTERM
 	select {
 	case c := <-done:

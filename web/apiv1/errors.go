@@ -61,7 +61,8 @@ const (
 	// was written by another tool or by hand); the message names the field.
 	CodeMalformedDocument = "malformed_document"
 	// CodeUnavailable (503): GET /api/v1/events while its hub is not
-	// running (web/live).
+	// running (web/live); any route while the server has not reached
+	// MongoDB yet (it listens at once).
 	CodeUnavailable = "unavailable"
 )
 
