@@ -259,10 +259,34 @@ func (e *Elector) lead(ctx context.Context, term Term) error {
 }
 
 // renew extends the lease every TTL/4 and ends the term when it is lost or
-// cannot be renewed for 3/4 of the TTL.
+// when no renewal sent within 3/4 of the TTL has landed. A watchdog checks
+// that every TTL/20, apart from the renewals: a renewal that hangs for its
+// whole timeout (a failover, a partition) would otherwise put the check
+// off until the lease had expired, when a successor may already lead.
+// The time counted from is a landed renewal's sending, not its answer:
+// the server set the lease's expiry after it was sent.
 func (e *Elector) renew(ctx context.Context, term Term, end context.CancelCauseFunc) {
-	last := e.clock.Now()
+	var mu sync.Mutex
+	last := e.clock.Now() // about when the lease was taken
+	limit := e.cfg.TTL * 3 / 4
+	silent := func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return e.clock.Since(last)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		lifecycle.Every(ctx, e.clock, max(e.cfg.TTL/20, time.Millisecond), func(context.Context) {
+			if s := silent(); s > limit {
+				// The lease may expire before a renewal lands: step back.
+				end(fmt.Errorf("cannot renew the lease: none landed of those sent in the last %s", s.Round(time.Millisecond)))
+			}
+		})
+	}()
 	lifecycle.Every(ctx, e.clock, e.cfg.TTL/4, func(ctx context.Context) {
+		sent := e.clock.Now()
 		// Not cancelled by Stop: a cancelled renewal may still land on the
 		// server after the release and hold the lease for another TTL.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.TTL/4)
@@ -270,15 +294,19 @@ func (e *Elector) renew(ctx context.Context, term Term, end context.CancelCauseF
 		rcancel()
 		switch {
 		case err == nil:
-			last = e.clock.Now()
+			mu.Lock()
+			if sent.After(last) {
+				last = sent
+			}
+			mu.Unlock()
 		case errors.Is(err, store.ErrLeaseLost):
-			end(err) // ends ctx, and so the loop
+			end(err) // ends ctx, and so the loops
 		case ctx.Err() != nil:
-		case e.clock.Since(last) > e.cfg.TTL*3/4:
-			// The lease may expire before a renewal lands: step back.
+		case silent() > limit:
 			end(fmt.Errorf("cannot renew the lease: %w", err))
 		}
 	})
+	wg.Wait()
 }
 
 // release lets the lease expire now, with a context Stop did not cancel,

@@ -141,10 +141,16 @@ func TestAbandonedLeaseIsTakenAfterItExpires(t *testing.T) {
 type flaky struct {
 	*store.Store
 	failRenew atomic.Bool
+	// hangRenew: renewals wait for their timeout, as in a failover.
+	hangRenew atomic.Bool
 	renewed   atomic.Int64
 }
 
 func (f *flaky) LeaseRenew(ctx context.Context, ref store.LeaseRef, ttl time.Duration) error {
+	if f.hangRenew.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	if f.failRenew.Load() {
 		return errors.New("test: MongoDB does not answer")
 	}
@@ -174,7 +180,8 @@ func TestLeaderStepsBackWhenItCannotRenew(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // the last renewal's bookkeeping
 
 	// Renewals fail: it leads on until 3/4 of the TTL passed without one,
-	// then steps back (its duty ends), before the lease could expire.
+	// then steps back (its duty ends), before the lease could expire, and
+	// before the next renewal's turn: its watchdog, not a renewal, says so.
 	st.failRenew.Store(true)
 	fake.Advance(ttl / 4)
 	fake.Advance(ttl / 4)
@@ -182,9 +189,9 @@ func TestLeaderStepsBackWhenItCannotRenew(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	require.True(t, e.Status().Leader, "stepped back before 3/4 of the TTL")
 	require.Equal(t, 1, ts.leaders())
-	fake.Advance(ttl / 4)
+	fake.Advance(ttl / 10)
 	require.Eventually(t, func() bool { return !e.Status().Leader && ts.leaders() == 0 }, 10*time.Second, time.Millisecond,
-		"still leading after a whole TTL without a renewal")
+		"still leading past 3/4 of the TTL without a renewal")
 
 	// MongoDB answers again: it stands and, the lease being still its own,
 	// gets it back at the same epoch.
@@ -194,6 +201,32 @@ func TestLeaderStepsBackWhenItCannotRenew(t *testing.T) {
 	require.Eventually(t, func() bool { return e.Status().Leader }, 10*time.Second, time.Millisecond)
 	require.Equal(t, int64(1), e.Status().Epoch)
 	require.Equal(t, int64(2), e.Status().Terms)
+}
+
+// TestLeaderStepsBackWhileARenewalHangs: a renewal that hangs for its
+// whole timeout (TTL/4 of real time here) does not put off the step back:
+// 3/4 of the TTL after the last renewal that landed, the term ends, while
+// the renewal still hangs.
+func TestLeaderStepsBackWhileARenewalHangs(t *testing.T) {
+	t.Parallel()
+	st := &flaky{Store: store.New(mongotest.Database(t), store.Options{})}
+	fake := clock.NewFake(time.Now())
+	const ttl = 8 * time.Second // a renewal hangs 2 s of real time
+	ts := newTerms()
+	e := leadership.New(leadership.Config{Lease: "leader", Owner: "a", Store: st, TTL: ttl, Clock: fake}, ts.duty)
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(func() { st.hangRenew.Store(false); e.Stop() })
+	require.Eventually(t, func() bool { return e.Status().Leader && ts.leaders() == 1 }, 10*time.Second, 5*time.Millisecond)
+
+	st.hangRenew.Store(true)
+	fake.Advance(ttl / 4) // a renewal goes out, and hangs
+	time.Sleep(20 * time.Millisecond)
+	for range 14 { // to 3/4 of the TTL and a little more, in steps
+		fake.Advance(ttl / 24)
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.Eventually(t, func() bool { return ts.leaders() == 0 }, 5*time.Second, time.Millisecond,
+		"still leading past 3/4 of the TTL while a renewal hung")
 }
 
 // holding holds one renewal, on demand, until its ctx ends or a second
