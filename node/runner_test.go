@@ -278,27 +278,6 @@ func (s *downStore) TaskFinishMany(ctx context.Context, ps []store.TaskFinishPar
 	return s.orderStore.TaskFinishMany(ctx, ps)
 }
 
-// strayFake lists ids as this node's claims in running, and records what
-// the sweep hands back.
-type strayFake struct {
-	ids       []bson.ObjectID
-	unstarted []bson.ObjectID
-}
-
-func (s *strayFake) TaskListClaimed(_ context.Context, p store.TaskListClaimedParams) ([]bson.ObjectID, error) {
-	if p.Running {
-		return s.ids, nil
-	}
-	return nil, nil
-}
-
-func (s *strayFake) TaskRelease(context.Context, store.TaskTransitionParams) error { return nil }
-
-func (s *strayFake) TaskUnstart(_ context.Context, p store.TaskTransitionParams) error {
-	s.unstarted = append(s.unstarted, p.ID)
-	return nil
-}
-
 // TestAFinishNotWrittenKeepsItsTaskFromTheStraySweep: a task whose plugin
 // ran and whose finish cannot be written (no primary for longer than a
 // write is retried) is still this node's: the finish goes on being retried
@@ -320,7 +299,7 @@ func TestAFinishNotWrittenKeepsItsTaskFromTheStraySweep(t *testing.T) {
 		return schema.Task{ID: bson.NewObjectID(), Queue: q.ID, Node: "n1", Status: schema.StatusRunning} // claimed into running
 	}
 	sweep := func(ids ...bson.ObjectID) []bson.ObjectID {
-		sf := &strayFake{ids: ids}
+		sf := &pagedClaims{ids: ids}
 		s := &strays{node: "n1", store: sf, holds: r.keeps, claimRunning: true, fenced: func() bool { return false }, clock: clock.Or(nil), log: slog.New(slog.DiscardHandler)}
 		s.release(context.Background())
 		return sf.unstarted
