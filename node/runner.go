@@ -363,8 +363,8 @@ func (r *runner) holds(id bson.ObjectID) bool {
 	return ok
 }
 
-// keeps reports whether the task is this run's: held, or started here and
-// left unsettled (see settle). The stray sweep hands back neither.
+// keeps reports whether the task is this run's: held, or left in its name
+// at the stop (see settle). The stray sweep hands back neither.
 func (r *runner) keeps(id bson.ObjectID) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -862,9 +862,11 @@ func (r *runner) write(log *slog.Logger, what string, fn func(context.Context) e
 // leave it to the stray sweep, which would hand it back to run again. So
 // settle goes on retrying, a minute at a time, until the write lands or a
 // guard answers, for as long as the node runs; the task stays held
-// meanwhile. At the node's stop it gives up and keeps the task as
-// unsettled, which the sweep leaves alone; the node's next start orphans
-// it (reaper.OrphanOwn).
+// meanwhile. At the node's stop it gives up and keeps the task in left,
+// which the sweep leaves alone; the node's next start orphans it
+// (reaper.OrphanOwn). A write the server refuses for good (not a lost
+// connection) is retried as long, an error logged each minute: a held
+// task is visible, a task run twice is not.
 func (r *runner) settle(log *slog.Logger, id bson.ObjectID, what string, fn func(context.Context) error) error {
 	for {
 		err := r.retried(log, what, fn)
