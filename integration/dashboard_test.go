@@ -662,24 +662,13 @@ func TestTheDashboardReconnectsAfterARefusedReconnect(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	streams, queueReads := 0, 0
-	mux := http.NewServeMux()
-	dash := ui.New(ui.Options{})
-	mux.Handle("GET /{$}", dash)
-	mux.Handle("GET /ui/", dash)
+	mux := fakeDashboard(map[string]string{"GET /api/v1/nodes": `{"nodes":[]}`, "GET /api/v1/cluster": `{}`})
 	mux.HandleFunc("GET /api/v1/queues", func(w http.ResponseWriter, _ *http.Request) {
 		mu.Lock()
 		queueReads++
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"queues":[]}`)
-	})
-	mux.HandleFunc("GET /api/v1/nodes", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"nodes":[]}`)
-	})
-	mux.HandleFunc("GET /api/v1/cluster", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{}`)
 	})
 	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
@@ -718,4 +707,48 @@ func TestTheDashboardReconnectsAfterARefusedReconnect(t *testing.T) {
 		defer mu.Unlock()
 		return queueReads >= 2
 	}, 10*time.Second, 50*time.Millisecond, "the page did not read its data again after reconnecting")
+}
+
+// fakeDashboard serves the dashboard's page and assets, and answers each
+// of the routes given with its JSON, for a test of the page alone.
+func fakeDashboard(answers map[string]string) *http.ServeMux {
+	mux := http.NewServeMux()
+	dash := ui.New(ui.Options{})
+	mux.Handle("GET /{$}", dash)
+	mux.Handle("GET /ui/", dash)
+	for route, body := range answers {
+		mux.HandleFunc(route, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, body)
+		})
+	}
+	return mux
+}
+
+// TestTheNodesPageSaysWhenANodesTasksAreBeyondItsList: the nodes page
+// lists the cluster's first 1,000 claimed or running tasks; a node whose
+// running tasks lie beyond them says how many, rather than "No tasks
+// running."
+func TestTheNodesPageSaysWhenANodesTasksAreBeyondItsList(t *testing.T) {
+	t.Parallel()
+	node := `{"node":"busy","state":"running","heartbeat_age_ms":100,"maxthreads":64,"queues":[{"id":"6b0d00000000000000000001","name":"q","tasks_doing":5}]}`
+	mux := fakeDashboard(map[string]string{
+		"GET /api/v1/nodes":   `{"nodes":[` + node + `]}`,
+		"GET /api/v1/tasks":   `{"tasks":[],"next":"6b0d00000000000000000009","skipped":0}`,
+		"GET /api/v1/cluster": `{}`,
+	})
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "retry: 1000\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	b := newBrowser(t, srv.URL, "nobody", "nothing")
+	b.open("/ui/nodes", `section[data-node="busy"]`)
+	var text string
+	b.eval(`document.querySelector('section[data-node="busy"]').textContent`, &text)
+	require.Contains(t, text, "5 more running here, beyond the cluster's first 1,000 listed on this page.")
+	require.NotContains(t, text, "No tasks running.")
 }

@@ -767,7 +767,13 @@ function nodesPage() {
         h('p', { class: 'muted' }, `${nodeRunning(n)} running of ${n.maxthreads ?? '∞'}; queues: `,
           (n.queues || []).map((q) => `${q.name} (${q.tasks_doing})`).join(', ') || 'none'),
         h('p', { class: 'muted', 'data-wakeups': '', title: 'A queue\'s new tasks wake the first few nodes (disbatchd --wakeup-listeners, 3 by default) among those that serve it with a change stream; nodes with no free slot for it rank last. The others find its tasks by their 1-second tick.' }, wakeups(n)),
-        tasks.length ? h('div', { class: 'scroll' }, h('table', {}, h('tbody', {}, tasks.map(taskRow)))) : h('p', { class: 'muted' }, 'No tasks running.'));
+        tasks.length ? h('div', { class: 'scroll' }, h('table', {}, h('tbody', {}, tasks.map(taskRow)))) : null,
+        // One read lists the cluster's first 1,000 claimed or running
+        // tasks: a node whose tasks lie beyond them says so rather than
+        // "no tasks".
+        tasks.length < nodeRunning(n) && running.next ? h('p', { class: 'muted', 'data-beyond': '' },
+          `${fmtN(nodeRunning(n) - tasks.length)} more running here, beyond the cluster's first 1,000 listed on this page.`) : null,
+        !tasks.length && !(nodeRunning(n) && running.next) ? h('p', { class: 'muted' }, 'No tasks running.') : null);
     }) : [h('p', { class: 'muted' }, 'No node has written a heartbeat.')]));
   };
   const load = throttle(async () => { nodes = (await api('GET', '/api/v1/nodes')).nodes; await draw(); }, 500);
