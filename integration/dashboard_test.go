@@ -752,3 +752,67 @@ func TestTheNodesPageSaysWhenANodesTasksAreBeyondItsList(t *testing.T) {
 	require.Contains(t, text, "5 more running here, beyond the cluster's first 1,000 listed on this page.")
 	require.NotContains(t, text, "No tasks running.")
 }
+
+// TestTheQueuePageFollowsItsQueueByID: the queue page re-reads its queue
+// by id, not by the name in its address: renamed, the page shows the new
+// name and its address follows; deleted, it says so (it went on showing
+// the old name and frozen counters, every re-read a 404).
+func TestTheQueuePageFollowsItsQueueByID(t *testing.T) {
+	t.Parallel()
+	const id = "6b0d00000000000000000001"
+	var mu sync.Mutex
+	current := `{"id":"` + id + `","name":"old","plugin":"P","counts":{"queued":1,"running":0,"finished":0,"failed":0,"total":1}}`
+	mux := fakeDashboard(map[string]string{
+		"GET /api/v1/queues/old": current,
+		"GET /api/v1/tasks":      `{"tasks":[],"next":null,"skipped":0}`,
+	})
+	mux.HandleFunc("GET /api/v1/queues/"+id, func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		body := current
+		mu.Unlock()
+		if body == "" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"error":{"code":"not_found","message":"no queue","field":"queue"}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, body)
+	})
+	frames := make(chan string, 4)
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "retry: 1000\n\n")
+		w.(http.Flusher).Flush()
+		for {
+			select {
+			case f := <-frames:
+				_, _ = io.WriteString(w, f)
+				w.(http.Flusher).Flush()
+			case <-r.Context().Done():
+				return
+			}
+		}
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	b := newBrowser(t, srv.URL, "nobody", "nothing")
+	b.open("/ui/queues/old", "#queue-counts")
+	queueEvent := "event: queue\ndata: {\"type\":\"queue\",\"op\":\"update\",\"id\":\"" + id + "\"}\n\n"
+
+	mu.Lock()
+	current = strings.Replace(current, `"name":"old"`, `"name":"new"`, 1)
+	mu.Unlock()
+	frames <- queueEvent
+	var got string
+	require.Eventually(t, func() bool {
+		b.eval(`document.querySelector('h1').textContent + ' ' + location.pathname`, &got)
+		return strings.HasPrefix(got, "Queue new") && strings.HasSuffix(got, " /ui/queues/new")
+	}, 10*time.Second, 50*time.Millisecond, "after the rename: %q", got)
+
+	mu.Lock()
+	current = ""
+	mu.Unlock()
+	frames <- queueEvent
+	require.Eventually(t, func() bool { return b.exists("[data-gone]") }, 10*time.Second, 50*time.Millisecond, "a deleted queue's page does not say so")
+}

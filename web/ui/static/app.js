@@ -557,8 +557,23 @@ function queuePage(name) {
         h('dt', {}, 'Nodes pinned'), h('dd', {}, (q.nodes_pin || []).join(', ') || '–'),
         h('dt', {}, 'Config'), h('dd', {}, q.config ? JSON.stringify(q.config) : '–')));
   };
+  // Re-read by its id once known: a rename keeps the page on the queue (and
+  // the address follows its name), a delete says so.
   const loadQueue = throttle(async () => {
-    q = await api('GET', '/api/v1/queues/' + encodeURIComponent(name));
+    try {
+      q = await api('GET', '/api/v1/queues/' + (q ? q.id : encodeURIComponent(name)));
+    } catch (e) {
+      if (e.status === 404 && q && gen === pageGen) {
+        fill(main, h('h1', {}, 'Queue ' + q.name), h('p', { class: 'errors', 'data-gone': '' }, 'This queue was deleted.'));
+        q = null;
+      }
+      return;
+    }
+    if (gen !== pageGen) return;
+    if (q.name !== name) {
+      name = q.name;
+      history.replaceState(history.state, '', '/ui/queues/' + encodeURIComponent(name) + location.search);
+    }
     drawHead();
     if (!settings.firstChild || !settings.contains(document.activeElement)) drawSettings();
   }, 500);
