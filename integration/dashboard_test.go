@@ -682,15 +682,10 @@ func TestTheDashboardReconnectsAfterARefusedReconnect(t *testing.T) {
 		case 2: // refused, as a server that is starting refuses
 			http.Error(w, `{"error":"not ready"}`, http.StatusServiceUnavailable)
 		default: // served: held open
-			w.Header().Set("Content-Type", "text/event-stream")
-			_, _ = io.WriteString(w, "retry: 100\n\n")
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
+			serveEvents(w, r, nil)
 		}
 	})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	b := newBrowser(t, srv.URL, "nobody", "nothing")
+	b := fakeBrowser(t, mux)
 	b.open("/", "#live")
 	require.Eventually(t, func() bool {
 		mu.Lock()
@@ -725,6 +720,31 @@ func fakeDashboard(answers map[string]string) *http.ServeMux {
 	return mux
 }
 
+// serveEvents answers an event stream that stays open until the page
+// goes, writing each of frames as it comes.
+func serveEvents(w http.ResponseWriter, r *http.Request, frames <-chan string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	_, _ = io.WriteString(w, "retry: 100\n\n")
+	w.(http.Flusher).Flush()
+	for {
+		select {
+		case f := <-frames:
+			_, _ = io.WriteString(w, f)
+			w.(http.Flusher).Flush()
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// fakeBrowser serves mux and opens a browser on it.
+func fakeBrowser(t *testing.T, mux *http.ServeMux) *browser {
+	t.Helper()
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return newBrowser(t, srv.URL, "nobody", "nothing")
+}
+
 // TestTheNodesPageSaysWhenANodesTasksAreBeyondItsList: the nodes page
 // lists the cluster's first 1,000 claimed or running tasks; a node whose
 // running tasks lie beyond them says how many, rather than "No tasks
@@ -737,15 +757,8 @@ func TestTheNodesPageSaysWhenANodesTasksAreBeyondItsList(t *testing.T) {
 		"GET /api/v1/tasks":   `{"tasks":[],"next":"6b0d00000000000000000009","skipped":0}`,
 		"GET /api/v1/cluster": `{}`,
 	})
-	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, "retry: 1000\n\n")
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-	})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	b := newBrowser(t, srv.URL, "nobody", "nothing")
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, nil) })
+	b := fakeBrowser(t, mux)
 	b.open("/ui/nodes", `section[data-node="busy"]`)
 	var text string
 	b.eval(`document.querySelector('section[data-node="busy"]').textContent`, &text)
@@ -780,23 +793,8 @@ func TestTheQueuePageFollowsItsQueueByID(t *testing.T) {
 		_, _ = io.WriteString(w, body)
 	})
 	frames := make(chan string, 4)
-	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, "retry: 1000\n\n")
-		w.(http.Flusher).Flush()
-		for {
-			select {
-			case f := <-frames:
-				_, _ = io.WriteString(w, f)
-				w.(http.Flusher).Flush()
-			case <-r.Context().Done():
-				return
-			}
-		}
-	})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	b := newBrowser(t, srv.URL, "nobody", "nothing")
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, frames) })
+	b := fakeBrowser(t, mux)
 	b.open("/ui/queues/old", "#queue-counts")
 	queueEvent := "event: queue\ndata: {\"type\":\"queue\",\"op\":\"update\",\"id\":\"" + id + "\"}\n\n"
 
