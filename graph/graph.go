@@ -27,7 +27,7 @@ import (
 // Store is what the graph duty reads and writes.
 type Store interface {
 	TaskGraphSettle(ctx context.Context, p store.TaskGraphSettleParams) (store.TaskGraphResult, error)
-	TaskGraphSweep(ctx context.Context, p store.TaskGraphSweepParams) (store.TaskGraphResult, error)
+	TaskGraphSweep(ctx context.Context) (store.TaskGraphResult, error)
 }
 
 // DefaultEvery is the period of the sweep.
@@ -131,7 +131,7 @@ func (g *Graph) settle(ctx context.Context, ended []bson.ObjectID) {
 func (g *Graph) sweep(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	res, err := g.cfg.Store.TaskGraphSweep(ctx, store.TaskGraphSweepParams{})
+	res, err := g.cfg.Store.TaskGraphSweep(ctx)
 	if err != nil && ctx.Err() == nil {
 		g.log.Warn("sweep task graphs", "error", err)
 	}

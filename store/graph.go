@@ -500,14 +500,11 @@ func (s *Store) TaskGraphSettle(ctx context.Context, p TaskGraphSettleParams) (T
 	return res, nil
 }
 
-// TaskGraphSweepParams ask for a sweep (nothing to say yet).
-type TaskGraphSweepParams struct{}
-
 // TaskGraphSweep settles every task held awaiting its parents, in pages
 // of _id order: the safety net for finish events nobody acted on (the
 // leader died between a parent's finish and its children's settling, or
 // its stream lost its position).
-func (s *Store) TaskGraphSweep(ctx context.Context, _ TaskGraphSweepParams) (TaskGraphResult, error) {
+func (s *Store) TaskGraphSweep(ctx context.Context) (TaskGraphResult, error) {
 	var res TaskGraphResult
 	var last bson.ObjectID
 	for {

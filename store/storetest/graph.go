@@ -339,7 +339,7 @@ func testTaskGraphEndUnrun(t *testing.T, newStore Factory) {
 		require.Equal(t, reason, st.reason, names[id])
 		require.False(t, st.awaiting, "%s: finished, no longer awaiting its parents", names[id])
 	}
-	res, err := s.TaskGraphSweep(ctx, store.TaskGraphSweepParams{})
+	res, err := s.TaskGraphSweep(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res, "nothing waits any more")
 }
@@ -435,11 +435,11 @@ func testTaskGraphSweep(t *testing.T, newStore Factory) {
 	setStatus(t, db, ok, schema.StatusSucceeded, "n1")
 	setStatus(t, db, bad, schema.StatusFailed, "n1")
 	setStatus(t, db, wait, schema.StatusRunning, "n1")
-	res, err := s.TaskGraphSweep(ctx, store.TaskGraphSweepParams{})
+	res, err := s.TaskGraphSweep(ctx)
 	require.NoError(t, err)
 	require.Equal(t, store.TaskGraphResult{Queued: 1, Failed: 2}, counted(res))
 	requireGraph(t, db, map[bson.ObjectID]schema.Status{okc: -2, badc: 2, badcc: 2, waitc: -4}, nil)
-	res, err = s.TaskGraphSweep(ctx, store.TaskGraphSweepParams{})
+	res, err = s.TaskGraphSweep(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res)
 }
