@@ -648,7 +648,7 @@ func (r *runner) complete(log *slog.Logger, q claimer.Queue, t schema.Task, runC
 		Reason: reason, Claimed: claimed, Started: started, Extra: res.Extra, Output: res.Output, Then: q.Sched.Then,
 		Attempt: t.Control.Attempt + 1}
 	if fp.Retry = r.retry(q, t, res.Status, reason); fp.Retry != nil {
-		wait := fp.Retry.NotBefore.Sub(r.clock.Now()).Round(time.Millisecond)
+		wait := fp.Retry.Delay.Round(time.Millisecond)
 		log.Info("task failed; retrying it", "try", fp.Retry.Tries, "retries", q.Control.Retries, "in", wait)
 		steps.controlled(ControlRetry, fmt.Sprintf("try %d of %d in %s", fp.Retry.Tries, q.Control.Retries, wait))
 	}
@@ -801,7 +801,7 @@ func (r *runner) retry(q claimer.Queue, t schema.Task, status schema.Status, rea
 	if tries > q.Control.Retries {
 		return nil
 	}
-	return &store.TaskRetryAt{NotBefore: r.clock.Now().Add(RetryDelay(q.Control.Backoff, tries)), Tries: tries}
+	return &store.TaskRetryAt{Delay: RetryDelay(q.Control.Backoff, tries), Tries: tries}
 }
 
 // RetryDelay is the delay before retry n (1 for the first): exponential

@@ -117,7 +117,7 @@ func (r *runner) runSupervised(ctx context.Context, log *slog.Logger, q claimer.
 		spec.TimeoutReason = schema.ReasonTimeout
 	}
 	if rt := r.retry(q, t, schema.StatusFailed, ""); rt != nil {
-		spec.Finish.RetryTries, spec.Finish.RetryDelay = rt.Tries, rt.NotBefore.Sub(r.clock.Now())
+		spec.Finish.RetryTries, spec.Finish.RetryDelay = rt.Tries, rt.Delay
 	}
 	r.mu.Lock()
 	r.supervised[t.ID] = nil

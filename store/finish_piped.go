@@ -50,13 +50,13 @@ func pipedChunk(ps []TaskFinishParams, at []int) int {
 // statement, which may have finished others first: then every finish is
 // written again one by one (guardedMany), whose guards tell the ones
 // already written.
-func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now time.Time) []error {
+func (s *Store) finishPiped(ctx context.Context, ps []TaskFinishParams, now, due time.Time) []error {
 	ids := make(bson.A, len(ps))
 	recs := make(bson.A, len(ps))
 	ws := make([]guardedWrite, len(ps))
 	changes := make([]finishChange, len(ps))
 	for i, p := range ps {
-		c := finishOf(p, validUTF8(p.Stdout), validUTF8(p.Stderr), s.finishExtra(p, true), now)
+		c := finishOf(p, validUTF8(p.Stdout), validUTF8(p.Stderr), s.finishExtra(p, true), now, due)
 		ids[i], ws[i], changes[i], recs[i] = p.ID, c.guarded(p), c, c.rec
 	}
 	// The task's place among the ids, looked up for each value that

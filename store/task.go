@@ -929,17 +929,20 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 	var ws []guardedWrite
 	var at, piped []int
 	now := s.nowMS()
+	due, dueErr := s.retryClock(ctx, ps...)
 	for i, p := range ps {
 		switch {
 		case !p.Status.Finished():
 			errs[i] = fmt.Errorf("finish task %s: status %d is not a finished status (> 0)", p.ID.Hex(), p.Status)
+		case p.Retry != nil && dueErr != nil:
+			errs[i] = fmt.Errorf("finish task %s: %w", p.ID.Hex(), dueErr)
 		case len(p.Stdout)+len(p.Stderr)+len(mixedout(p.Extra)) > s.threshold/16:
 			errs[i] = s.TaskFinish(ctx, p)
 		case p.Node == ps[0].Node:
 			piped = append(piped, i)
 		default:
 			at = append(at, i)
-			ws = append(ws, finishWrite(p, validUTF8(p.Stdout), validUTF8(p.Stderr), s.finishExtra(p, true), now))
+			ws = append(ws, finishWrite(p, validUTF8(p.Stdout), validUTF8(p.Stderr), s.finishExtra(p, true), now, due))
 		}
 	}
 	if len(ws) > 0 {
@@ -953,7 +956,7 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 		for j, i := range piped[:n] {
 			part[j] = ps[i]
 		}
-		for j, err := range s.finishPiped(ctx, part, now) {
+		for j, err := range s.finishPiped(ctx, part, now, due) {
 			errs[piped[j]] = err
 		}
 		piped = piped[n:]
@@ -1177,8 +1180,8 @@ type TaskFinishParams struct {
 	// its result. 0: not guarded (a supervisor's spec from before it).
 	Attempt int
 	// Retry, when set, sends the task back for another attempt instead of
-	// finishing it: held (-4) until NotBefore, or queued (-2) when that is
-	// not in the future, with its tries counted.
+	// finishing it: held (-4) for its Delay, or queued (-2) when that is
+	// not above 0, with its tries counted.
 	Retry *TaskRetryAt
 	// Extra are more fields for the task document, from its plugin
 	// (plugin.Result.Extra), written with the result (retry or not). Only
@@ -1239,10 +1242,21 @@ func (s *Store) finishExtra(p TaskFinishParams, keepMixed bool) bson.D {
 	return set
 }
 
-// TaskRetryAt schedules a failed attempt's retry.
+// TaskRetryAt schedules a failed attempt's retry. The store turns Delay
+// into the task's not_before by the server's clock, read when the finish
+// is written, as every moment several hosts must agree on is: the timers
+// judge not_before by that clock, and a node whose own runs ahead or
+// behind would otherwise stretch or cut every backoff by its error.
 type TaskRetryAt struct {
-	NotBefore time.Time
-	Tries     int // failed attempts so far, this one included
+	Delay time.Duration
+	Tries int // failed attempts so far, this one included
+}
+
+// retryClock is the moment the retries among ps count their delays from:
+// the server's clock (dueClock), read once, and only if one of them is a
+// retry.
+func (s *Store) retryClock(ctx context.Context, ps ...TaskFinishParams) (time.Time, error) {
+	return s.dueClock(ctx, slices.ContainsFunc(ps, func(p TaskFinishParams) bool { return p.Retry != nil }))
 }
 
 // finishChange is what the write that ends an attempt does to its task:
@@ -1259,9 +1273,9 @@ type finishChange struct {
 // finishOf is the change that ends p's attempt: the task finishes (or,
 // with Retry, goes back), its attempt is recorded and counted. extra are
 // the TaskFinishParams.Extra fields to set (finishExtra); the others of
-// extraFields are removed. finishWrite writes it as update operators,
-// finishPiped as a pipeline.
-func finishOf(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Time) finishChange {
+// extraFields are removed. A retry's delay counts from due (retryClock).
+// finishWrite writes it as update operators, finishPiped as a pipeline.
+func finishOf(p TaskFinishParams, stdout, stderr any, extra bson.D, now, due time.Time) finishChange {
 	var reason any
 	if p.Reason != "" {
 		reason = p.Reason
@@ -1277,14 +1291,14 @@ func finishOf(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Tim
 	if p.Retry != nil {
 		c.handsBack = true
 		c.to = schema.StatusQueued
-		if p.Retry.NotBefore.After(now) {
+		if p.Retry.Delay > 0 {
 			c.to = schema.StatusBlocked
 		}
 		c.set[0].Value = int32(c.to)
 		c.set[4].Value = schema.ReasonRetrying
 		c.set = append(c.set,
 			bson.E{Key: schema.TaskNode, Value: schema.Unclaimed},
-			bson.E{Key: schema.TaskNotBefore, Value: p.Retry.NotBefore.UTC().Truncate(time.Millisecond)},
+			bson.E{Key: schema.TaskNotBefore, Value: due.Add(p.Retry.Delay).UTC().Truncate(time.Millisecond)},
 			bson.E{Key: schema.TaskTries, Value: p.Retry.Tries})
 	}
 	if p.Retry == nil {
@@ -1312,8 +1326,8 @@ func finishOf(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Tim
 
 // finishWrite is the guarded write of finishOf's change, as a pipeline
 // that says where the task stood (finishChange.pipeline).
-func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now time.Time) guardedWrite {
-	c := finishOf(p, stdout, stderr, extra, now)
+func finishWrite(p TaskFinishParams, stdout, stderr any, extra bson.D, now, due time.Time) guardedWrite {
+	c := finishOf(p, stdout, stderr, extra, now, due)
 	w := c.guarded(p)
 	w.update = c.pipeline(p.Node)
 	return w
@@ -1414,8 +1428,12 @@ func (s *Store) finish(ctx context.Context, p TaskFinishParams, stdoutGFS, stder
 		return fmt.Errorf("finish task %s: %w", p.ID.Hex(), err)
 	}
 	stderr, err := value(schema.TaskStderr, p.Stderr, stderrGFS)
+	var due time.Time
 	if err == nil {
-		err = s.guardedMany(ctx, "finish", []guardedWrite{finishWrite(p, stdout, stderr, extra, s.nowMS())}, false)[0]
+		due, err = s.retryClock(ctx, p)
+	}
+	if err == nil {
+		err = s.guardedMany(ctx, "finish", []guardedWrite{finishWrite(p, stdout, stderr, extra, s.nowMS(), due)}, false)[0]
 	}
 	if err != nil && len(written) > 0 {
 		// The files belong to no task: remove them with a context that

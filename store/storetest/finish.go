@@ -103,7 +103,7 @@ func testTaskFinishExtra(t *testing.T, newStore Factory) {
 	// a later finish without them removes them.
 	id = running(t, s, q.ID)
 	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusFailed, Stdout: "try 1\n",
-		Retry: &store.TaskRetryAt{NotBefore: time.Now().Add(-time.Second), Tries: 1}, Extra: extra(3, "try 1\n")}))
+		Retry: &store.TaskRetryAt{Tries: 1}, Extra: extra(3, "try 1\n")}))
 	require.Equal(t, int32(schema.StatusQueued), doc(id).Lookup(schema.TaskStatus).Int32())
 	require.Equal(t, int32(3), doc(id).Lookup(schema.TaskResult).Int32())
 	require.Equal(t, "try 1\n", doc(id).Lookup(schema.TaskMixedout).StringValue())
@@ -194,9 +194,9 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 			Extra: extra(1, "$$REMOVE")}},
 		{"retried now", bson.D{{Key: schema.TaskComplete, Value: true}, {Key: schema.TaskOutput, Value: "old"}},
 			store.TaskFinishParams{Status: schema.StatusFailed, Stderr: "try 1", Extra: extra(2, "try 1"),
-				Retry: &store.TaskRetryAt{NotBefore: now.Add(-time.Second), Tries: 1}}},
+				Retry: &store.TaskRetryAt{Tries: 1}}},
 		{"retried later", nil, store.TaskFinishParams{Status: schema.StatusFailed, Reason: schema.ReasonTimeout,
-			Retry: &store.TaskRetryAt{NotBefore: now.Add(time.Hour), Tries: 2}}},
+			Retry: &store.TaskRetryAt{Delay: time.Hour, Tries: 2}}},
 	}
 	// Each case twice: one finished alone, one among the others at once.
 	asOne := func(what string, cases []finishCase) (together []bson.ObjectID) {
@@ -242,7 +242,12 @@ func testTaskFinishManyAsOne(t *testing.T, newStore Factory) {
 				require.Equal(t, schema.Prior{Queue: q.ID, Status: schema.StatusRunning, Node: "n1"}, prior, "%s: %s", what, c.name)
 			}
 			notPrior := func(k string) bool { return k == schema.TaskPrior }
-			require.Equal(t, fieldsOf(t, a, "_id", schema.TaskParameters, schema.TaskPrior), fieldsOf(t, b, "_id", schema.TaskParameters, schema.TaskPrior), "%s: %s", what, c.name)
+			// A retry's not_before is by the server's clock, read by each
+			// write: the two are a few milliseconds apart.
+			if c.p.Retry != nil {
+				require.WithinDuration(t, a.Lookup(schema.TaskNotBefore).Time(), b.Lookup(schema.TaskNotBefore).Time(), 5*time.Second, "%s: %s", what, c.name)
+			}
+			require.Equal(t, fieldsOf(t, a, "_id", schema.TaskParameters, schema.TaskPrior, schema.TaskNotBefore), fieldsOf(t, b, "_id", schema.TaskParameters, schema.TaskPrior, schema.TaskNotBefore), "%s: %s", what, c.name)
 			require.Equal(t, slices.DeleteFunc(keysOf(t, a), notPrior), slices.DeleteFunc(keysOf(t, b), notPrior), "%s, %s: the fields' order", what, c.name)
 		}
 		return together
@@ -326,4 +331,38 @@ func mustMarshal(t *testing.T, v any) []byte {
 	b, err := bson.Marshal(v)
 	require.NoError(t, err)
 	return b
+}
+
+// testTaskRetryDelayByServerClock: a retry's not_before is its delay from
+// the server's clock when the finish is written, not from the writer's
+// (here an hour behind), alone and in a batch; a retry without a delay is
+// queued at once.
+func testTaskRetryDelayByServerClock(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{Now: func() time.Time { return time.Now().Add(-time.Hour) }})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	insertTasks(t, s, q.ID, 3)
+	alone, batch, now := running(t, s, q.ID), running(t, s, q.ID), running(t, s, q.ID)
+	server, err := s.ServerNow(ctx)
+	require.NoError(t, err)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: alone, Node: "n1", Status: schema.StatusFailed,
+		Retry: &store.TaskRetryAt{Delay: 10 * time.Minute, Tries: 1}}))
+	for i, err := range s.TaskFinishMany(ctx, []store.TaskFinishParams{
+		{ID: batch, Node: "n1", Status: schema.StatusFailed, Retry: &store.TaskRetryAt{Delay: 10 * time.Minute, Tries: 1}},
+		{ID: now, Node: "n1", Status: schema.StatusFailed, Retry: &store.TaskRetryAt{Tries: 1}},
+	}) {
+		require.NoError(t, err, i)
+	}
+	for _, c := range []struct {
+		what   string
+		id     bson.ObjectID
+		status schema.Status
+		delay  time.Duration
+	}{{"alone", alone, schema.StatusBlocked, 10 * time.Minute}, {"in a batch", batch, schema.StatusBlocked, 10 * time.Minute},
+		{"no delay", now, schema.StatusQueued, 0}} {
+		d := rawDoc(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: c.id}})
+		require.Equal(t, int32(c.status), d.Lookup(schema.TaskStatus).Int32(), c.what)
+		nb := d.Lookup(schema.TaskNotBefore).Time()
+		require.WithinDuration(t, server.Add(c.delay), nb, 30*time.Second, "%s: not_before by the server's clock", c.what)
+	}
 }

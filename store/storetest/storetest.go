@@ -85,6 +85,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskFinishExtra", testTaskFinishExtra},
 		{"TaskFinishManyAsOneWritesWhatEachWould", testTaskFinishManyAsOne},
 		{"TaskFinishExtraMixedoutNeverTooLarge", testTaskFinishExtraTooLarge},
+		{"TaskRetryDelayByServerClock", testTaskRetryDelayByServerClock},
 		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
 		{"TaskListFiltersAndMalformed", testTaskList},
 		{"NodeUpsertKeepsOperatorFields", testNodeUpsert},

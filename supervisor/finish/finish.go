@@ -73,7 +73,7 @@ func Write(ctx context.Context, dir, id string, log *slog.Logger) error {
 		Reason: o.Reason, Claimed: f.Claimed, Started: f.Started, Extra: res.Extra, Output: res.Output, Then: f.Then,
 		Attempt: f.Attempt}
 	if res.Status >= schema.StatusFailed && o.Reason != schema.ReasonKilled && f.RetryTries > 0 {
-		fp.Retry = &store.TaskRetryAt{NotBefore: time.Now().Add(f.RetryDelay), Tries: f.RetryTries}
+		fp.Retry = &store.TaskRetryAt{Delay: f.RetryDelay, Tries: f.RetryTries}
 	}
 	for attempt := 1; ; attempt++ {
 		err = conn.Store.TaskFinish(ctx, fp)
