@@ -22,7 +22,11 @@ import (
 // Store is what the duty reads and writes.
 type Store interface {
 	QueueList(ctx context.Context) (store.QueueListResult, error)
-	ContinuousCreate(ctx context.Context, queue bson.ObjectID, interval time.Duration) (bson.ObjectID, bool, error)
+	ContinuousCreate(ctx context.Context, queue bson.ObjectID, interval time.Duration, now time.Time) (bson.ObjectID, bool, error)
+	// ServerNow is the server's clock, which judges when a queue is due:
+	// the leader's may be ahead or behind it, and the next leader's
+	// differently.
+	ServerNow(ctx context.Context) (time.Time, error)
 }
 
 // Config configures the duty.
@@ -58,13 +62,28 @@ func (c *Creator) Pass(ctx context.Context) {
 		}
 		return
 	}
-	now := c.Clock.Now()
+	due := res.Queues[:0:0]
 	for _, q := range res.Queues {
+		if sc := q.Sched; sc.Continuous && !sc.Paused {
+			due = append(due, q)
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	now, err := c.cfg.Store.ServerNow(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.Log.Warn("read the server's clock", "error", err)
+		}
+		return
+	}
+	for _, q := range due {
 		sc := q.Sched
-		if !sc.Continuous || sc.Paused || (!sc.NextContinuous.IsZero() && sc.NextContinuous.After(now)) {
+		if !sc.NextContinuous.IsZero() && sc.NextContinuous.After(now) {
 			continue
 		}
-		id, created, err := c.cfg.Store.ContinuousCreate(ctx, q.ID, sc.Interval)
+		id, created, err := c.cfg.Store.ContinuousCreate(ctx, q.ID, sc.Interval, now)
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {

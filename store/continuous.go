@@ -23,7 +23,13 @@ var notDone = bson.D{{Key: "$in", Value: bson.A{int32(schema.StatusBlocked), int
 // leaders or retries try at once, one task is created per interval: two
 // transactions both write the queue document, and one of them aborts. It
 // returns the new task's id, or false when nothing was due.
-func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, interval time.Duration) (bson.ObjectID, bool, error) {
+//
+// now is the moment of the creation, by the server's clock (ServerNow,
+// which the caller reads): leaders on hosts whose clocks disagree then
+// agree on when a queue is due, and a leader whose clock ran ahead does
+// not stretch the interval after it for the next one.
+func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, interval time.Duration, now time.Time) (bson.ObjectID, bool, error) {
+	now = now.UTC().Truncate(time.Millisecond)
 	var id bson.ObjectID
 	var created bool
 	err := s.inTxn(ctx, func(ctx context.Context) error {
@@ -32,7 +38,6 @@ func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, inter
 		if err != nil || n > 0 {
 			return err
 		}
-		now := s.nowMS()
 		res, err := s.queues.UpdateOne(ctx, bson.D{
 			{Key: "_id", Value: queue},
 			{Key: schema.QueueContinuous, Value: true},
@@ -45,9 +50,8 @@ func (s *Store) ContinuousCreate(ctx context.Context, queue bson.ObjectID, inter
 		if err != nil || res.ModifiedCount == 0 {
 			return err
 		}
-		// The name and ctime are one moment: a second may begin between
-		// this now and the insert's (a CI run named a task ...907 whose
-		// ctime was in ...908).
+		// The name and ctime are one moment (a CI run once named a task
+		// ...907 whose ctime was in ...908, from two reads of a clock).
 		ids, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: queue, Parameters: []bson.Raw{emptyDoc}, At: now,
 			Extra: bson.D{{Key: schema.TaskName, Value: strconv.FormatInt(now.Unix(), 10)}}})
 		if err != nil {

@@ -20,7 +20,7 @@ import (
 func testContinuousCreate(t *testing.T, newStore Factory) {
 	var now atomic.Int64
 	now.Store(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC).UnixMilli())
-	s, db := newStore(t, store.Options{Now: func() time.Time { return time.UnixMilli(now.Load()) }})
+	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "cont", schema.SortFIFO)
 	tryAll := func() int {
@@ -30,7 +30,7 @@ func testContinuousCreate(t *testing.T, newStore Factory) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, ok, err := s.ContinuousCreate(ctx, q.ID, time.Minute)
+				_, ok, err := s.ContinuousCreate(ctx, q.ID, time.Minute, time.UnixMilli(now.Load()))
 				require.NoError(t, err)
 				if ok {
 					created.Add(1)
@@ -72,21 +72,25 @@ func testContinuousCreate(t *testing.T, newStore Factory) {
 	require.Equal(t, time.UnixMilli(now.Load()).Add(time.Minute).UTC(), got.Sched.NextContinuous.UTC())
 }
 
-// testContinuousNameIsItsCTime: a continuous queue's task is named by the
-// second of its ctime, even when a second begins while it is created
-// (here the clock moves 1 ms at every read, from 999 ms into a second).
-func testContinuousNameIsItsCTime(t *testing.T, newStore Factory) {
-	var now atomic.Int64
-	now.Store(time.Date(2026, 11, 23, 12, 0, 0, 999_000_000, time.UTC).UnixMilli())
-	s, db := newStore(t, store.Options{Now: func() time.Time { return time.UnixMilli(now.Add(1) - 1) }})
+// testContinuousAtTheGivenMoment: a continuous queue's task is created at
+// the moment the caller gives (the server's clock, which the leader
+// reads), not at the store's own clock (here a day off): its name is that
+// second, its ctime and mtime that moment, and the queue's next_continuous
+// that moment plus the interval.
+func testContinuousAtTheGivenMoment(t *testing.T, newStore Factory) {
+	at := time.Date(2026, 11, 23, 12, 0, 0, 999_000_000, time.UTC)
+	s, db := newStore(t, store.Options{Now: func() time.Time { return time.Now().Add(24 * time.Hour) }})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "cont", schema.SortFIFO)
 	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Continuous: ptr(true), Interval: ptr(time.Minute)}))
-	_, ok, err := s.ContinuousCreate(ctx, q.ID, time.Minute)
+	_, ok, err := s.ContinuousCreate(ctx, q.ID, time.Minute, at)
 	require.NoError(t, err)
 	require.True(t, ok)
 	task := rawDoc(t, db, schema.CollTasks, bson.D{{Key: schema.TaskQueue, Value: q.ID}})
-	ctime := task.Lookup(schema.TaskCTime).Time()
-	require.Equal(t, strconv.FormatInt(ctime.Unix(), 10), task.Lookup("name").StringValue())
-	require.Equal(t, ctime, task.Lookup(schema.TaskMTime).Time())
+	require.Equal(t, strconv.FormatInt(at.Unix(), 10), task.Lookup("name").StringValue())
+	require.Equal(t, at, task.Lookup(schema.TaskCTime).Time().UTC())
+	require.Equal(t, at, task.Lookup(schema.TaskMTime).Time().UTC())
+	got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: q.ID.Hex()})
+	require.NoError(t, err)
+	require.Equal(t, at.Add(time.Minute), got.Sched.NextContinuous.UTC())
 }

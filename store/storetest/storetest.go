@@ -73,7 +73,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ForNodeRecordsItsSessions", testForNodeRecordsItsSessions},
 		{"ThreadsMirrorsTheCap", testThreadsMirrorsTheCap},
 		{"ContinuousCreateOnePerInterval", testContinuousCreate},
-		{"ContinuousNameIsItsCTime", testContinuousNameIsItsCTime},
+		{"ContinuousAtTheGivenMoment", testContinuousAtTheGivenMoment},
 		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
 		{"TaskGuardedTransitions", testTaskGuarded},
 		{"TaskStartFinishManyGuardEach", testTaskStartFinishMany},
