@@ -684,12 +684,18 @@ func intOption(v any) (int64, bool) {
 }
 
 // fieldsOption reads .fields: an array of names, a projection object, or
-// a JSON string of either.
+// a JSON string of either; any other string is names separated by commas,
+// which is what 4.103's CLI sends for --fields status,node (4.103's web
+// answered it 500).
 func fieldsOption(v any) (bson.D, error) {
 	if s, ok := v.(string); ok && s != "" {
 		parsed, err := decodeJSON([]byte(s))
 		if err != nil {
-			parsed = []any{s}
+			var names []any
+			for _, n := range strings.Split(s, ",") {
+				names = append(names, strings.TrimSpace(n))
+			}
+			parsed = names
 		}
 		v = parsed
 	}
