@@ -814,3 +814,57 @@ func TestTheQueuePageFollowsItsQueueByID(t *testing.T) {
 	frames <- queueEvent
 	require.Eventually(t, func() bool { return b.exists("[data-gone]") }, 10*time.Second, 50*time.Millisecond, "a deleted queue's page does not say so")
 }
+
+// TestTheTaskPageNamesItsQueueAsItIsNow: a task page reads its queue's
+// name again when that queue changes, and after a failed read (it kept
+// the first answer for good: a failed read showed the queue's id, a
+// renamed queue its old name, until the page was loaded anew).
+func TestTheTaskPageNamesItsQueueAsItIsNow(t *testing.T) {
+	t.Parallel()
+	const taskID, queueID = "6b0d00000000000000000009", "6b0d00000000000000000001"
+	var mu sync.Mutex
+	name := "" // "": the read fails
+	mux := fakeDashboard(map[string]string{
+		"GET /api/v1/tasks/" + taskID: `{"id":"` + taskID + `","queue":"` + queueID + `","status":-2,"params":{},"stdout":null,"stderr":null,` +
+			`"ctime":"2026-11-30T10:00:00Z","mtime":"2026-11-30T10:00:00Z","node":null}`,
+		"GET /api/v1/tasks/" + taskID + "/graph": `{"tasks":[],"truncated":false}`,
+	})
+	mux.HandleFunc("GET /api/v1/queues/"+queueID, func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		n := name
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if n == "" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error":{"code":"unavailable","message":"no primary"}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"id":"`+queueID+`","name":"`+n+`","plugin":"P","counts":{}}`)
+	})
+	frames := make(chan string, 4)
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, frames) })
+	b := fakeBrowser(t, mux)
+	b.open("/ui/tasks/"+taskID, "#task-queue")
+	shown := func(want, what string) {
+		t.Helper()
+		var got string
+		require.Eventually(t, func() bool {
+			b.eval(`document.querySelector('#task-queue').textContent`, &got)
+			return got == want
+		}, 10*time.Second, 50*time.Millisecond, "%s: the page shows %q", what, got)
+	}
+	shown(queueID, "the name could not be read")
+	_ = b.takeErrors() // the failed read's
+
+	mu.Lock()
+	name = "old"
+	mu.Unlock()
+	frames <- "event: task\ndata: {\"type\":\"task\",\"id\":\"" + taskID + "\"}\n\n"
+	shown("old", "read again at the task's next change")
+
+	mu.Lock()
+	name = "new"
+	mu.Unlock()
+	frames <- "event: queue\ndata: {\"type\":\"queue\",\"op\":\"update\",\"id\":\"" + queueID + "\"}\n\n"
+	shown("new", "the queue renamed")
+}

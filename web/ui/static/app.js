@@ -662,19 +662,23 @@ function outputBlock(t, which) {
   return wrap;
 }
 
-// queueNames: ids to names, as far as this page has seen queues.
+// queueNames: ids to names, as far as this page has seen queues: what a
+// task page shows until it has read its queue's name itself.
 const queueNames = new Map();
 
 function taskPage(id) {
   let t = null, lastStatus = null;
+  // The queue's name as this page read it (a queue may be renamed: read
+  // once a page, again on the queue's events; a failed read is not kept).
+  let named = null;
   const load = throttle(async () => {
     let nt;
     try { nt = await api('GET', '/api/v1/tasks/' + id); } catch (e) {
       fill(main, h('h1', {}, 'Task ' + id), h('p', { class: 'errors' }, e.message)); return;
     }
     const outputsChanged = !t || nt.status !== lastStatus || JSON.stringify(nt.stdout) !== JSON.stringify(t.stdout);
-    if (!queueNames.has(nt.queue)) {
-      try { queueNames.set(nt.queue, (await api('GET', '/api/v1/queues/' + nt.queue)).name); } catch { queueNames.set(nt.queue, nt.queue); }
+    if (named !== nt.queue) {
+      try { queueNames.set(nt.queue, (await api('GET', '/api/v1/queues/' + nt.queue)).name); named = nt.queue; } catch { /* shown by id, read again next time */ }
     }
     t = nt; lastStatus = t.status;
     draw(outputsChanged);
@@ -735,8 +739,9 @@ function taskPage(id) {
   return page({
     onEvent(type, d) {
       if (type === 'task' && d.id === id) load();
+      if (type === 'queue' && t && d.id === t.queue) { named = null; load(); }
       if (type === 'task' && graph.querySelector(`[data-graph-task="${d.id}"]`)) loadGraph();
-      if (type === 'reset') { load(); loadGraph(); }
+      if (type === 'reset') { named = null; load(); loadGraph(); }
     },
   });
 }
