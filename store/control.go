@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -479,18 +480,17 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 			}
 			return res, nil
 		}
-		r, err := s.tasks.UpdateMany(ctx, p.Target.match(retryables), requeue(p.By))
-		if err != nil {
-			return res, fmt.Errorf("requeue tasks: %w", err)
-		}
-		res.Requeued = r.ModifiedCount
-		var requeued []bson.ObjectID
+		var ids []bson.ObjectID
 		for _, b := range before {
 			if b.Found && retryable(b.Status) {
-				requeued = append(requeued, b.ID)
+				ids = append(ids, b.ID)
 			}
 		}
-		if res.Reblocked, err = s.graphReblock(ctx, requeued); err != nil {
+		rt := &retrying{by: p.By, parents: map[bson.ObjectID]bool{}, res: &res}
+		if err := s.retryPage(ctx, ids, rt); err != nil {
+			return res, fmt.Errorf("requeue tasks: %w", err)
+		}
+		if err := s.retryWaited(ctx, rt); err != nil {
 			return res, fmt.Errorf("requeued %d tasks: %w", res.Requeued, err)
 		}
 		if p.Progress != nil {
@@ -508,6 +508,7 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 		res.Requeued = total
 		return res, nil
 	}
+	rt := &retrying{by: p.By, filter: match, parents: map[bson.ObjectID]bool{}, res: &res}
 	var last bson.ObjectID
 	for res.Requeued < total {
 		page := match
@@ -522,21 +523,137 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 			break
 		}
 		last = chunk[len(chunk)-1]
-		r, err := s.tasks.UpdateMany(ctx, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, retryables}}}, requeue(p.By))
-		if err != nil {
-			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
-		}
-		res.Requeued += r.ModifiedCount
-		n, err := s.graphReblock(ctx, chunk)
-		res.Reblocked += n
-		if err != nil {
+		if err := s.retryPage(ctx, chunk, rt); err != nil {
 			return res, fmt.Errorf("requeue tasks (%d of %d done): %w", res.Requeued, total, err)
 		}
 		if p.Progress != nil {
 			p.Progress(res.Requeued, total)
 		}
 	}
+	if err := s.retryWaited(ctx, rt); err != nil {
+		return res, fmt.Errorf("requeued %d tasks: %w", res.Requeued, err)
+	}
 	return res, nil
+}
+
+// retrying is what a retry keeps from page to page.
+type retrying struct {
+	by     string
+	filter bson.D // the retry's filter; nil for a retry by ids (one page)
+	// parents are the tasks with children this retry requeued so far.
+	parents map[bson.ObjectID]bool
+	// waiting are the tasks it requeued held (parentWaits), to settle once
+	// every page is done.
+	waiting []bson.ObjectID
+	res     *TaskRetryResult
+}
+
+// retryPage requeues the retryable tasks among ids, then holds again the
+// descendants of theirs that had ended parent_failed (graphReblock). A
+// task of the page that had itself ended parent_failed, and one of whose
+// parents this retry requeues (in this page, an earlier one, or, being
+// matched by the retry's filter, a later one), is requeued held, waiting
+// for its parents (-4, awaiting_parents), as its descendants are; its
+// parent's page may come before it or after it, and the outcome is the
+// same. One the retry names without its failed parent runs whatever the
+// parent says: the operator asked for it.
+func (s *Store) retryPage(ctx context.Context, ids []bson.ObjectID, rt *retrying) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	waits, err := s.parentWaits(ctx, ids, rt)
+	if err != nil {
+		return err
+	}
+	var now, held []bson.ObjectID
+	for _, id := range ids {
+		if waits[id] {
+			held = append(held, id)
+		} else {
+			now = append(now, id)
+		}
+	}
+	for _, part := range []struct {
+		ids    []bson.ObjectID
+		update mongo.Pipeline
+	}{{now, requeue(rt.by)}, {held, requeueHeld(rt.by)}} {
+		if len(part.ids) == 0 {
+			continue
+		}
+		r, err := s.tasks.UpdateMany(ctx, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(part.ids)}}}}, retryables}}}, part.update)
+		if err != nil {
+			return err
+		}
+		rt.res.Requeued += r.ModifiedCount
+	}
+	rt.waiting = append(rt.waiting, held...)
+	n, err := s.graphReblock(ctx, ids)
+	rt.res.Reblocked += n
+	return err
+}
+
+// parentWaits reads the retryable tasks among ids, records those with
+// children as requeued parents, and says which had ended parent_failed
+// with a parent the retry requeues.
+func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retrying) (map[bson.ObjectID]bool, error) {
+	cur, err := s.tasks.Find(ctx, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}}, retryables}}},
+		options.Find().SetProjection(bson.D{{Key: schema.TaskReason, Value: 1}, {Key: schema.TaskParents, Value: 1}, {Key: schema.TaskHasChildren, Value: 1}}))
+	if err != nil {
+		return nil, err
+	}
+	var docs []bson.Raw
+	if err := readAllInto(ctx, cur, &docs); err != nil {
+		return nil, err
+	}
+	children := map[bson.ObjectID][]bson.ObjectID{}
+	var unknown []bson.ObjectID
+	for _, d := range docs {
+		id, _ := d.Lookup("_id").ObjectIDOK()
+		if b, _ := d.Lookup(schema.TaskHasChildren).BooleanOK(); b {
+			rt.parents[id] = true
+		}
+		if r, _ := d.Lookup(schema.TaskReason).StringValueOK(); r == schema.ReasonParentFailed {
+			if ps := schema.DecodeParents(d.Lookup(schema.TaskParents)); len(ps) > 0 {
+				children[id] = ps
+				unknown = append(unknown, ps...)
+			}
+		}
+	}
+	waits := map[bson.ObjectID]bool{}
+	if len(children) == 0 {
+		return waits, nil
+	}
+	later := map[bson.ObjectID]bool{}
+	if rt.filter != nil {
+		slices.SortFunc(unknown, func(a, b bson.ObjectID) int { return bytes.Compare(a[:], b[:]) })
+		unknown = slices.Compact(unknown)
+		for chunk := range slices.Chunk(unknown, idChunk) {
+			found, err := s.findIDs(ctx, s.tasks, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, rt.filter}}})
+			if err != nil {
+				return nil, err
+			}
+			for _, id := range found {
+				later[id] = true
+			}
+		}
+	}
+	for id, ps := range children {
+		waits[id] = slices.ContainsFunc(ps, func(p bson.ObjectID) bool { return rt.parents[p] || later[p] })
+	}
+	return waits, nil
+}
+
+// retryWaited settles the tasks a retry requeued held, once every page
+// is done: their parents requeued by then, they wait for them; one whose
+// parents all succeeded meanwhile is queued.
+func (s *Store) retryWaited(ctx context.Context, rt *retrying) error {
+	var res TaskGraphResult
+	for chunk := range slices.Chunk(rt.waiting, idChunk) {
+		if err := s.graphSettleFrontier(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, &res); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // retryable: what a retry requeues, finished or orphaned (retryables, the
@@ -554,17 +671,29 @@ func notRetryable(b TaskState) string {
 }
 
 // requeue is TaskRetry's update.
-func requeue(by string) mongo.Pipeline {
+func requeue(by string) mongo.Pipeline { return requeueAs(by, false) }
+
+// requeueHeld is TaskRetry's update of a task that waits for its parents
+// (retryPage): held, awaiting them, for a settle to queue.
+func requeueHeld(by string) mongo.Pipeline { return requeueAs(by, true) }
+
+func requeueAs(by string, held bool) mongo.Pipeline {
+	status, unset := int32(schema.StatusQueued), bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries, schema.TaskAwaitingParents, schema.TaskComplete}
+	var waits bson.D
+	if held {
+		status, unset = int32(schema.StatusBlocked), slices.DeleteFunc(unset, func(k any) bool { return k == schema.TaskAwaitingParents })
+		waits = bson.D{{Key: schema.TaskAwaitingParents, Value: true}}
+	}
 	return mongo.Pipeline{
-		{{Key: "$set", Value: bson.D{
-			{Key: schema.TaskStatus, Value: int32(schema.StatusQueued)},
+		{{Key: "$set", Value: append(bson.D{
+			{Key: schema.TaskStatus, Value: status},
 			{Key: schema.TaskNode, Value: int32(schema.Unclaimed)},
 			{Key: schema.TaskReason, Value: schema.ReasonRequeued},
 			{Key: schema.TaskRequeued, Value: bson.D{{Key: schema.KillBy, Value: literal(by)}, {Key: schema.KillAt, Value: "$$NOW"}}},
 			{Key: schema.TaskMTime, Value: "$$NOW"},
 			priorSet(""),
-		}}},
-		{{Key: "$unset", Value: bson.A{schema.TaskKill, schema.TaskCancel, schema.TaskNotBefore, schema.TaskExpiresAt, schema.TaskTries, schema.TaskAwaitingParents, schema.TaskComplete}}},
+		}, waits...)}},
+		{{Key: "$unset", Value: unset}},
 	}
 }
 

@@ -810,3 +810,70 @@ func testNotBeforeByTheServersClock(t *testing.T, newStore Factory) {
 	require.Equal(t, schema.StatusBlocked, st.status, "released by its parent as due")
 	require.False(t, st.awaiting, "handed over to the timers")
 }
+
+// testTaskGraphRetryWaitsWhateverThePaging: a retry that requeues a failed
+// parent and its parent_failed child holds the child for the parent,
+// whichever of the retry's pages of 1,000 each falls in (the same page,
+// or the child's first: both queued it at once, to run before its parent
+// ran again), by filter or by ids; a child retried alone runs. Once the
+// parent succeeds, the child is queued.
+func testTaskGraphRetryWaitsWhateverThePaging(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	failed := func(parent, child bson.ObjectID) {
+		t.Helper()
+		setStatus(t, db, parent, schema.StatusFailed, "n1")
+		_, err := s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{parent}})
+		require.NoError(t, err)
+		require.Equal(t, schema.ReasonParentFailed, graphStateOf(t, db, child).reason)
+	}
+	retry := func(target store.TaskTarget) store.TaskRetryResult {
+		t.Helper()
+		res, err := s.TaskRetry(ctx, store.TaskRetryParams{Target: target, By: "op"})
+		require.NoError(t, err)
+		return res
+	}
+	byFilter := store.TaskTarget{Filter: &store.TaskFilter{Queue: q.ID, Statuses: []schema.Status{schema.StatusFailed}}}
+
+	// The child's page first: its id is below 1,000 failed others', its
+	// parent's above them.
+	child := bson.NewObjectID()
+	others := insertTasks(t, s, q.ID, 1000)
+	_, err := db.Collection("tasks").UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: others}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 2}, {Key: "node", Value: "n1"}}}})
+	require.NoError(t, err)
+	parent := bson.NewObjectID()
+	names := map[bson.ObjectID]string{parent: "parent", child: "child"}
+	graphInsert(t, s, store.GraphTask{ID: parent, Queue: q.ID}, store.GraphTask{ID: child, Queue: q.ID, Parents: []bson.ObjectID{parent}})
+	failed(parent, child)
+	res := retry(byFilter)
+	require.Equal(t, int64(1002), res.Requeued)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{parent: -2, child: -4}, names)
+
+	// One page, by filter and by ids.
+	_, err = db.Collection("tasks").DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: others}}}})
+	require.NoError(t, err)
+	for _, target := range []store.TaskTarget{byFilter, {IDs: []bson.ObjectID{child, parent}}} {
+		failed(parent, child)
+		res = retry(target)
+		require.Equal(t, int64(2), res.Requeued, "%+v", target)
+		requireGraph(t, db, map[bson.ObjectID]schema.Status{parent: -2, child: -4}, names)
+	}
+
+	// The child alone: the operator asked for it, whatever its parent.
+	failed(parent, child)
+	retry(store.TaskTarget{IDs: []bson.ObjectID{child}})
+	require.Equal(t, schema.StatusQueued, graphStateOf(t, db, child).status)
+
+	// Both again; the parent succeeds: the child is queued.
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: child}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -4}, {Key: "awaiting_parents", Value: true}}}})
+	require.NoError(t, err)
+	failed(parent, child)
+	retry(byFilter)
+	setStatus(t, db, parent, schema.StatusSucceeded, "n1")
+	_, err = s.TaskGraphSettle(ctx, store.TaskGraphSettleParams{Parents: []bson.ObjectID{parent}})
+	require.NoError(t, err)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{child: -2}, names)
+}

@@ -136,6 +136,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskGraphUnblock", testTaskGraphUnblock},
 		{"TaskGraphParentFailed", testTaskGraphParentFailed},
 		{"TaskGraphRetryReblocks", testTaskGraphRetryReblocks},
+		{"TaskGraphRetryWaitsWhateverThePaging", testTaskGraphRetryWaitsWhateverThePaging},
 		{"TaskGraphSettleAfterARetry", testTaskGraphSettleAfterARetry},
 		{"NotBeforeByTheServersClock", testNotBeforeByTheServersClock},
 		{"TaskGraphEndUnrun", testTaskGraphEndUnrun},
