@@ -24,6 +24,10 @@ func isTooLarge(err error) bool {
 			}
 		}
 	}
+	var bwe mongo.BulkWriteError // one write of a bulk write (guardedMany's)
+	if errors.As(err, &bwe) && (bwe.Code == 10334 || bwe.Code == 17419 || bwe.Code == 17420) {
+		return true
+	}
 	return errors.Is(err, driver.ErrDocumentTooLarge)
 }
 

@@ -961,6 +961,13 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 		}
 		piped = piped[n:]
 	}
+	for i, err := range errs {
+		if isTooLarge(err) {
+			// Its document would outgrow 16 MiB with its output (large
+			// parameters): alone, whose output goes to GridFS when so.
+			errs[i] = s.TaskFinish(ctx, ps[i])
+		}
+	}
 	return errs
 }
 

@@ -366,3 +366,31 @@ func testTaskRetryDelayByServerClock(t *testing.T, newStore Factory) {
 		require.WithinDuration(t, server.Add(c.delay), nb, 30*time.Second, "%s: not_before by the server's clock", c.what)
 	}
 }
+
+// testTaskFinishNearlyFullDocument: a task whose document nearly fills
+// MongoDB's 16 MiB (its parameters) is finished, alone and in a batch,
+// its output put in GridFS when it does not fit beside them.
+func testTaskFinishNearlyFullDocument(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	big, err := bson.Marshal(bson.D{{Key: "blob", Value: strings.Repeat("p", 16<<20-24<<10)}})
+	require.NoError(t, err)
+	_, err = s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{big, big}})
+	require.NoError(t, err)
+	out := strings.Repeat("o", 40<<10)
+	alone, batched := running(t, s, q.ID), running(t, s, q.ID)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: alone, Node: "n1", Status: schema.StatusSucceeded, Stdout: out}))
+	for _, err := range s.TaskFinishMany(ctx, []store.TaskFinishParams{{ID: batched, Node: "n1", Status: schema.StatusSucceeded, Stdout: out}}) {
+		require.NoError(t, err)
+	}
+	for _, id := range []bson.ObjectID{alone, batched} {
+		got, err := s.TaskGet(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, schema.StatusSucceeded, got.Status)
+		text, err := s.TaskOutputRead(ctx, got.Stdout)
+		require.NoError(t, err)
+		require.Equal(t, out, text)
+	}
+	_ = db
+}

@@ -86,6 +86,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskFinishManyAsOneWritesWhatEachWould", testTaskFinishManyAsOne},
 		{"TaskFinishExtraMixedoutNeverTooLarge", testTaskFinishExtraTooLarge},
 		{"TaskRetryDelayByServerClock", testTaskRetryDelayByServerClock},
+		{"TaskFinishNearlyFullDocument", testTaskFinishNearlyFullDocument},
 		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
 		{"TaskListFiltersAndMalformed", testTaskList},
 		{"NodeUpsertKeepsOperatorFields", testNodeUpsert},
