@@ -90,27 +90,37 @@ func pick(sorted []int, want int) int {
 
 // Queue is one queue of a group, as the plan sees it.
 type Queue struct {
-	Name    string
-	Queued  int // status <= -2
+	Name string
+	// Queued are the tasks that may run now (status -2). 4.103 counted
+	// every status <= -2; its nodes made none of the others, where ours
+	// hold tasks (-4: a delay, a retry's backoff, parents to wait for) and
+	// orphan them (-6), which a cap could not run, and would take the
+	// share of queues whose tasks can.
+	Queued  int
 	Running int // status -1 or 0
 }
 
+// need is what q could use: its running tasks and those that may run.
+func (q Queue) need() int { return q.Queued + q.Running }
+
 // Plan gives each queue of the groups its cap, as 4.103's QueueBalance
 // meant to: groups[0] is the default group, which gets what the later
-// groups' queued tasks leave of max (all of it when it is the only group);
+// groups' needs leave of max (all of it when it is the only group);
 // each later group gets what the groups before it hold (their running
 // tasks, or their caps when larger) leave; a group's share is split evenly
-// among its queues, never above a queue's queued tasks, and the first queue
-// still short of its queued tasks also gets the group's remainder.
+// among its queues, never above a queue's need (its queued and running
+// tasks: 4.103 left the running out, which its nodes never enforced, and
+// a cap below them would keep a busy queue's last tasks waiting), and the
+// first queue still short of its need also gets the group's remainder.
 func Plan(groups [][]Queue, max int) map[string]int {
 	out := map[string]int{}
 	if len(groups) == 0 {
 		return out
 	}
-	reserved := 0 // for the later groups' queued tasks
+	reserved := 0 // for the later groups' needs
 	for _, g := range groups[1:] {
 		for _, q := range g {
-			reserved += q.Queued
+			reserved += q.need()
 		}
 	}
 	reserved = min(reserved, max)
@@ -121,11 +131,11 @@ func Plan(groups [][]Queue, max int) map[string]int {
 		avail = maxInt(0, avail)
 		sum := 0
 		for _, q := range g {
-			out[q.Name] = min(avail/len(g), q.Queued)
+			out[q.Name] = min(avail/len(g), q.need())
 			sum += out[q.Name]
 		}
 		for _, q := range g {
-			if out[q.Name] < q.Queued {
+			if out[q.Name] < q.need() {
 				out[q.Name] += avail - sum
 				break
 			}
@@ -137,11 +147,11 @@ func Plan(groups [][]Queue, max int) map[string]int {
 		for _, q := range groups[i-1] {
 			held += maxInt(q.Running, out[q.Name])
 		}
-		queued := 0
+		need := 0
 		for _, q := range groups[i] {
-			queued += q.Queued
+			need += q.need()
 		}
-		split(groups[i], min(max-held, queued))
+		split(groups[i], min(max-held, need))
 	}
 	return out
 }

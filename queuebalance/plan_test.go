@@ -64,5 +64,12 @@ func TestPlan(t *testing.T) {
 	// What the default group runs beyond its cap is taken from the later
 	// groups (it is not killed, only not given more).
 	require.Equal(t, map[string]int{"d": 18, "x": 0}, Plan([][]Queue{{{"d", 100, 25}}, {{"x", 2, 0}}}, 20))
+	// A queue's need is its queued and running tasks: a busy queue with a
+	// short backlog keeps a cap its running tasks fit under (a cap of its
+	// queued tasks alone, 4.103's, kept its last 5 waiting for 15 of the
+	// running to end).
+	require.Equal(t, map[string]int{"a": 20}, Plan([][]Queue{{{"a", 5, 20}}}, 20))
+	require.Equal(t, map[string]int{"a": 7, "b": 13}, Plan([][]Queue{{{"a", 1, 6}, {"b", 100, 0}}}, 20))
+	require.Equal(t, map[string]int{"d": 18, "x": 2}, Plan([][]Queue{{{"d", 100, 0}}, {{"x", 0, 2}}}, 20), "x's running tasks count in the later group's need")
 	require.Empty(t, Plan(nil, 10))
 }

@@ -32,6 +32,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/leadership"
+	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
 
@@ -43,6 +44,9 @@ type Store interface {
 	BalanceGet(ctx context.Context) (bson.Raw, error)
 	QueueList(ctx context.Context) (store.QueueListResult, error)
 	QueueBalanceSet(ctx context.Context, id bson.ObjectID, cap int) error
+	// TaskQueuedCount counts a queue's tasks that may run now (status
+	// -2), up to limit.
+	TaskQueuedCount(ctx context.Context, queue bson.ObjectID, limit int64) (int64, error)
 	BalanceStatusSet(ctx context.Context, status, message string, now time.Time, clearDisabled bool) error
 }
 
@@ -87,10 +91,11 @@ type doc struct {
 // queueState is what a pass knows of a queue.
 type queueState struct {
 	id      bson.ObjectID
-	queued  int // projected: count_todo - count_running
+	queued  int // status -2, counted (TaskQueuedCount)
 	running int // projected: count_running
 	cap     int // max_running now
 	held    bool
+	threads int64 // threads now; -1 when absent or not a number
 }
 
 // Pass balances once.
@@ -144,20 +149,15 @@ func (b *Balancer) Pass(ctx context.Context) {
 	}
 	byName := map[string]queueState{}
 	for _, q := range res.Queues {
-		var todo, running int64
-		if q.CountTodo != nil {
-			todo = *q.CountTodo
-		}
+		var running int64
 		if q.CountRunning != nil {
 			running = *q.CountRunning
 		}
-		byName[q.Name] = struct {
-			id      bson.ObjectID
-			queued  int
-			running int
-			cap     int
-			held    bool
-		}{q.ID, int(todo - running), int(running), q.Sched.MaxRunning, q.Sched.BalanceHold}
+		threads, ok := q.Raw.Lookup(schema.QueueThreads).AsInt64OK()
+		if !ok {
+			threads = -1 // absent or not a number: never what a cap wrote
+		}
+		byName[q.Name] = queueState{id: q.ID, running: int(running), cap: q.Sched.MaxRunning, held: q.Sched.BalanceHold, threads: threads}
 	}
 	var gs [][]Queue
 	for _, g := range names {
@@ -168,6 +168,16 @@ func (b *Balancer) Pass(ctx context.Context) {
 				b.Log.Warn("the balance document names a queue that does not exist", "queue", n)
 				continue
 			}
+			// Counted up to max: the plan never gives a queue more.
+			queued, err := b.cfg.Store.TaskQueuedCount(ctx, q.id, int64(max)+1)
+			if err != nil {
+				if ctx.Err() == nil {
+					b.Log.Warn("count queued tasks", "queue", n, "error", err)
+				}
+				return
+			}
+			q.queued = int(queued)
+			byName[n] = q
 			qs = append(qs, Queue{Name: n, Queued: q.queued, Running: q.running})
 		}
 		gs = append(gs, qs)
@@ -175,7 +185,9 @@ func (b *Balancer) Pass(ctx context.Context) {
 	plan := Plan(gs, max)
 	for name, cap := range plan {
 		q := byName[name]
-		if (cap > 0 && q.cap == cap && !q.held) || (cap == 0 && q.held) {
+		// threads is 4.103's nodes' cap: a 4.103 web or node may have
+		// written it since (an update-queue, a plugin that failed to load).
+		if q.threads == int64(cap) && ((cap > 0 && q.cap == cap && !q.held) || (cap == 0 && q.held)) {
 			continue // already so
 		}
 		if b.cfg.Pretend {

@@ -32,7 +32,9 @@ func TestPassAppliesTheBalanceDocument(t *testing.T) {
 		_, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: name, Constructor: "Disbatch::Plugin::Demo", MaxThreads: &one})
 		require.NoError(t, err)
 	}
-	// Counters as the projector keeps them: 10 queued each.
+	// 10 queued each, and the counters as the projector keeps them.
+	queued(t, s, "a", 10)
+	queued(t, s, "b", 10)
 	_, err := db.Collection(schema.CollQueues).UpdateMany(ctx, bson.D{}, bson.D{{Key: "$set", Value: bson.D{
 		{Key: "count_todo", Value: 10}, {Key: "count_total", Value: 10}, {Key: "count_running", Value: 0}, {Key: "count_failed", Value: 0}}}})
 	require.NoError(t, err)
@@ -100,4 +102,89 @@ func TestPassAppliesTheBalanceDocument(t *testing.T) {
 	d = balance()
 	require.Equal(t, "CRITICAL", d["status"])
 	require.Contains(t, d["message"], "QueueBalance: queues")
+}
+
+// queued inserts n tasks that may run now (status -2) into the queue name.
+func queued(t *testing.T, s *store.Store, name string, n int) []bson.ObjectID {
+	t.Helper()
+	q, err := s.QueueGet(context.Background(), store.QueueGetParams{Ref: name})
+	require.NoError(t, err)
+	params := make([]bson.Raw, n)
+	for i := range params {
+		params[i] = bson.Raw{5, 0, 0, 0, 0}
+	}
+	ids, err := s.TaskInsertMany(context.Background(), store.TaskInsertManyParams{Queue: q.ID, Parameters: params})
+	require.NoError(t, err)
+	return ids
+}
+
+// TestPassGivesCapsToTasksThatMayRun: a later group's tasks held (a
+// delay, parents to wait for) or orphaned take none of the default
+// group's share (4.103 counted every status <= -2: the default group was
+// held while the later group could run nothing); its running tasks do.
+func TestPassGivesCapsToTasksThatMayRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	one := 1
+	for _, name := range []string{"default", "oneoff"} {
+		_, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: name, Constructor: "Disbatch::Plugin::Demo", MaxThreads: &one})
+		require.NoError(t, err)
+	}
+	queued(t, s, "default", 20)
+	later := queued(t, s, "oneoff", 50)
+	_, err := db.Collection(schema.CollTasks).UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: later[:40]}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -4}, {Key: "not_before", Value: time.Now().Add(24 * time.Hour)}}}})
+	require.NoError(t, err)
+	_, err = db.Collection(schema.CollTasks).UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: later[40:47]}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: -6}}}})
+	require.NoError(t, err)
+	_, err = db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "name", Value: "oneoff"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "count_running", Value: 2}}}})
+	require.NoError(t, err)
+	require.NoError(t, s.BalanceSet(ctx, bson.D{{Key: "max_tasks", Value: bson.D{{Key: "* 00:00", Value: 10}}}, {Key: "queues", Value: bson.A{bson.A{"default"}, bson.A{"oneoff"}}}}))
+	queuebalance.New(queuebalance.Config{Store: s}).Pass(ctx)
+	got := map[string]int{}
+	qs, err := s.QueueList(ctx)
+	require.NoError(t, err)
+	for _, q := range qs.Queues {
+		require.False(t, q.Sched.BalanceHold, q.Name)
+		got[q.Name] = q.Sched.MaxRunning
+	}
+	require.Equal(t, map[string]int{"default": 5, "oneoff": 5}, got, "oneoff: 3 queued and 2 running")
+}
+
+// TestPassPutsThreadsBack: threads, which 4.103's nodes read as the cap,
+// written since by a 4.103 web or node, is written again to the cap, held
+// or not.
+func TestPassPutsThreadsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	one := 1
+	for _, name := range []string{"held", "capped"} {
+		_, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: name, Constructor: "Disbatch::Plugin::Demo", MaxThreads: &one})
+		require.NoError(t, err)
+	}
+	queued(t, s, "capped", 10)
+	require.NoError(t, s.BalanceSet(ctx, bson.D{{Key: "max_tasks", Value: bson.D{{Key: "* 00:00", Value: 3}}}, {Key: "queues", Value: bson.A{bson.A{"capped", "held"}}}}))
+	b := queuebalance.New(queuebalance.Config{Store: s})
+	b.Pass(ctx)
+	threads := func(name string) any {
+		var q bson.M
+		require.NoError(t, db.Collection(schema.CollQueues).FindOne(ctx, bson.D{{Key: "name", Value: name}}).Decode(&q))
+		return q["threads"]
+	}
+	require.EqualValues(t, 0, threads("held"))
+	require.EqualValues(t, 3, threads("capped"))
+	// What 4.103's update-queue writes, and what a 4.103 node writes when
+	// its plugin fails to load.
+	_, err := db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "name", Value: "held"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "threads", Value: 8}}}})
+	require.NoError(t, err)
+	_, err = db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "name", Value: "capped"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "threads", Value: 0}}}})
+	require.NoError(t, err)
+	b.Pass(ctx)
+	require.EqualValues(t, 0, threads("held"))
+	require.EqualValues(t, 3, threads("capped"))
 }

@@ -137,7 +137,7 @@ type QueueSetParams struct {
 // QueueSet updates the queue Ref names (as QueueResolve reads it) and says
 // what matched. A new name already taken is ErrQueueExists.
 func (s *Store) QueueSet(ctx context.Context, p QueueSetParams) (WriteCounts, error) {
-	set := bson.D{}
+	set, unset := bson.D{}, bson.D{}
 	if p.Name != nil {
 		if err := ValidateQueueName(*p.Name); err != nil {
 			return WriteCounts{}, err
@@ -156,20 +156,32 @@ func (s *Store) QueueSet(ctx context.Context, p QueueSetParams) (WriteCounts, er
 		}
 		// threads is 4.103's name of the cap across all nodes: on a queue
 		// with max_running it sets that cap, elsewhere the per-node limit.
+		// 0 runs nothing in 4.103; max_running 0 would mean no cap to
+		// these nodes, so a capped queue is held instead (balance_hold,
+		// as QueueBalanceSet holds one), its max_running kept; a cap
+		// above 0 lifts a hold, as setting threads did in 4.103.
 		_, capped, err := s.queueCap(ctx, refFilter(p.Ref, schema.QueueName))
 		if err != nil {
 			return WriteCounts{}, err
 		}
-		if capped {
+		switch {
+		case capped && *p.Threads == 0:
+			set = append(set, bson.E{Key: schema.QueueThreads, Value: 0}, bson.E{Key: schema.QueueBalanceHold, Value: true})
+		case capped:
 			set = append(set, bson.E{Key: schema.QueueThreads, Value: *p.Threads}, bson.E{Key: schema.QueueMaxRunning, Value: *p.Threads})
-		} else {
+			unset = append(unset, bson.E{Key: schema.QueueBalanceHold, Value: ""})
+		default:
 			set = append(set, bson.E{Key: schema.QueueThreads, Value: *p.Threads}, bson.E{Key: schema.QueueMaxThreads, Value: *p.Threads})
 		}
 	}
 	if len(set) == 0 {
 		return WriteCounts{}, errors.New("nothing to update")
 	}
-	res, err := s.queues.UpdateOne(ctx, refFilter(p.Ref, schema.QueueName), bson.D{{Key: "$set", Value: set}})
+	update := bson.D{{Key: "$set", Value: set}}
+	if len(unset) > 0 {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
+	}
+	res, err := s.queues.UpdateOne(ctx, refFilter(p.Ref, schema.QueueName), update)
 	if isDuplicateKey(err) {
 		return WriteCounts{}, fmt.Errorf("rename queue %q: %w", p.Ref, ErrQueueExists)
 	}
@@ -237,6 +249,17 @@ func (s *Store) TaskRunningCounts(ctx context.Context) (map[bson.ObjectID]int64,
 		return nil, fmt.Errorf("count running tasks: %w", err)
 	}
 	return out, nil
+}
+
+// TaskQueuedCount counts queue's tasks that may run now (status -2), up
+// to limit (0: all), through the {queue, status} index.
+func (s *Store) TaskQueuedCount(ctx context.Context, queue bson.ObjectID, limit int64) (int64, error) {
+	n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: schema.TaskQueue, Value: queue}, {Key: schema.TaskStatus, Value: int32(schema.StatusQueued)}},
+		options.Count().SetLimit(limit))
+	if err != nil {
+		return 0, fmt.Errorf("count queued tasks of %s: %w", queue.Hex(), err)
+	}
+	return n, nil
 }
 
 // QueueStatusCounts recounts one queue's tasks the way Disbatch 4.103's

@@ -348,6 +348,20 @@ func testThreadsMirrorsTheCap(t *testing.T, newStore Factory) {
 	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "q", Threads: ptr(7)})
 	require.NoError(t, err)
 	check("4.103's threads on a capped queue is its cap", int64(3), int64(7), int64(7))
+	held := func() bool {
+		t.Helper()
+		got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: "q"})
+		require.NoError(t, err)
+		return got.Sched.BalanceHold
+	}
+	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "q", Threads: ptr(0)})
+	require.NoError(t, err)
+	check("4.103's threads 0 on a capped queue holds it (max_running 0 is no cap)", int64(3), int64(0), int64(7))
+	require.True(t, held(), "threads 0 runs nothing")
+	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "q", Threads: ptr(7)})
+	require.NoError(t, err)
+	check("threads again", int64(3), int64(7), int64(7))
+	require.False(t, held(), "a cap above 0 lifts the hold")
 	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, MaxRunning: ptr(0)}))
 	check("uncapped: threads is maxthreads again", int64(3), int64(3), int64(0))
 	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "q", Threads: ptr(4)})
