@@ -77,7 +77,7 @@ func New() *Metrics {
 			Buckets: PickupBuckets,
 		}, []string{"queue"}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "disbatch_tasks_finished_total", Help: "Tasks this node finished, by final status (1 succeeded, 2 failed, other plugin statuses).",
+			Name: "disbatch_tasks_finished_total", Help: "Tasks this node finished, by final status (1 succeeded, 2 failed, other plugin statuses); an attempt sent back for a retry is not a finish (disbatch_task_control_total{action=\"retry\"} counts those).",
 		}, []string{"queue", "status"}),
 		control: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "disbatch_task_control_total",
@@ -117,8 +117,10 @@ func (m *Metrics) TaskStarted(queue string, pickup time.Duration) {
 }
 
 // TaskFinished implements node.Observer.
-func (m *Metrics) TaskFinished(queue string, status schema.Status, run time.Duration) {
-	m.finished.WithLabelValues(queue, strconv.Itoa(int(status))).Inc()
+func (m *Metrics) TaskFinished(queue string, status schema.Status, run time.Duration, retried bool) {
+	if !retried {
+		m.finished.WithLabelValues(queue, strconv.Itoa(int(status))).Inc()
+	}
 	m.run.WithLabelValues(queue).Observe(max(run, 0).Seconds())
 }
 

@@ -88,9 +88,10 @@ func TestObserver(t *testing.T) {
 	m.TaskStarted("q1", 3*time.Millisecond)
 	m.TaskStarted("q1", -time.Second) // the submitter's clock ahead: 0
 	m.TaskStarted("q2", 2*time.Minute)
-	m.TaskFinished("q1", schema.StatusSucceeded, 1500*time.Millisecond)
-	m.TaskFinished("q1", schema.StatusFailed, 10*time.Millisecond)
-	m.TaskFinished("q2", schema.Status(7), time.Hour)
+	m.TaskFinished("q1", schema.StatusSucceeded, 1500*time.Millisecond, false)
+	m.TaskFinished("q1", schema.StatusFailed, 10*time.Millisecond, false)
+	m.TaskFinished("q1", schema.StatusFailed, 20*time.Millisecond, true) // retried: ran, not finished
+	m.TaskFinished("q2", schema.Status(7), time.Hour, false)
 
 	mfs := gather(t, m)
 	require.Equal(t, 2.0, value(t, mfs, "disbatch_tasks_claimed_total", "queue", "q1"))
@@ -131,8 +132,8 @@ func TestObserver(t *testing.T) {
 	require.Equal(t, uint64(0), h2.GetBucket()[len(h2.GetBucket())-1].GetCumulativeCount())
 
 	run := find(mfs, "disbatch_task_run_seconds", "queue", "q1").GetHistogram()
-	require.Equal(t, uint64(2), run.GetSampleCount())
-	require.InDelta(t, 1.51, run.GetSampleSum(), 1e-9)
+	require.Equal(t, uint64(3), run.GetSampleCount(), "a retried attempt ran too")
+	require.InDelta(t, 1.53, run.GetSampleSum(), 1e-9)
 
 	// The Go and process collectors are there; nothing from a node yet.
 	require.Contains(t, mfs, "go_goroutines")

@@ -157,8 +157,10 @@ type Observer interface {
 	// TaskStarted: the task is running (status 0); pickup is from its
 	// ctime to now.
 	TaskStarted(queue string, pickup time.Duration)
-	// TaskFinished: the task ended with status after running for run.
-	TaskFinished(queue string, status schema.Status, run time.Duration)
+	// TaskFinished: the task's attempt ended with status after running
+	// for run; retried: it was sent back for another attempt (a failure
+	// with retries left), so the task has not finished.
+	TaskFinished(queue string, status schema.Status, run time.Duration, retried bool)
 	// TaskControlled: task control acted on n tasks of queue (action:
 	// one of the Control* names).
 	TaskControlled(queue, action string, n int)
@@ -166,10 +168,10 @@ type Observer interface {
 
 type noObserver struct{}
 
-func (noObserver) TaskClaimed(string)                                {}
-func (noObserver) TaskStarted(string, time.Duration)                 {}
-func (noObserver) TaskFinished(string, schema.Status, time.Duration) {}
-func (noObserver) TaskControlled(string, string, int)                {}
+func (noObserver) TaskClaimed(string)                                      {}
+func (noObserver) TaskStarted(string, time.Duration)                       {}
+func (noObserver) TaskFinished(string, schema.Status, time.Duration, bool) {}
+func (noObserver) TaskControlled(string, string, int)                      {}
 
 // Validate checks the config and fills defaults.
 func (c *Config) Validate() error {

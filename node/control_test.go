@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -318,6 +319,15 @@ func (o *controlObserver) TaskControlled(queue, action string, n int) {
 	o.n[queue+"/"+action] += n
 }
 
+func (o *controlObserver) TaskFinished(queue string, _ schema.Status, _ time.Duration, retried bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[string]int{}
+	}
+	o.n[fmt.Sprintf("%s/finished retried=%t", queue, retried)]++
+}
+
 func (o *controlObserver) count(key string) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -341,6 +351,9 @@ func TestTimeoutsAndRetriesAreCountedAndTraced(t *testing.T) {
 	}, 20*time.Second, 10*time.Millisecond, "%s", b.task(id))
 	require.Equal(t, 2, obs.count("observed/"+ControlTimeout), "both attempts timed out")
 	require.Equal(t, 1, obs.count("observed/"+ControlRetry), "one retry")
+	require.Eventually(t, func() bool { return obs.count("observed/finished retried=false") == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the task finished once")
+	require.Equal(t, 1, obs.count("observed/finished retried=true"), "its first attempt was retried, not finished")
 	// The two attempts are two task spans; their events say what happened.
 	events := map[string]int{}
 	require.Eventually(t, func() bool {

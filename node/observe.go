@@ -122,6 +122,7 @@ type taskMetrics struct {
 	queue   string
 	ctime   time.Time
 	startAt time.Time
+	retried bool // the attempt was sent back for a retry (ControlRetry)
 }
 
 func (m *taskMetrics) handedBack(string)       {}
@@ -130,7 +131,10 @@ func (m *taskMetrics) unstarted(string, error) {}
 func (m *taskMetrics) ran(plugin.Result)       {}
 func (m *taskMetrics) end(string)              {}
 
-func (m *taskMetrics) controlled(action, _ string) { m.obs.TaskControlled(m.queue, action, 1) }
+func (m *taskMetrics) controlled(action, _ string) {
+	m.retried = m.retried || action == ControlRetry
+	m.obs.TaskControlled(m.queue, action, 1)
+}
 
 func (m *taskMetrics) started() {
 	m.startAt = m.clock.Now()
@@ -141,7 +145,7 @@ func (m *taskMetrics) started() {
 
 func (m *taskMetrics) finished(res plugin.Result, err error) {
 	if err == nil {
-		m.obs.TaskFinished(m.queue, res.Status, m.clock.Since(m.startAt))
+		m.obs.TaskFinished(m.queue, res.Status, m.clock.Since(m.startAt), m.retried)
 	}
 }
 

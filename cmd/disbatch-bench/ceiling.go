@@ -142,7 +142,7 @@ func (e *env) perTaskLoop(ctx context.Context, tasks *mongo.Collection, queue bs
 				return fmt.Errorf("finish: %w", err)
 			}
 			if res.ModifiedCount == 1 {
-				obs.TaskFinished("", schema.StatusSucceeded, 0)
+				obs.TaskFinished("", schema.StatusSucceeded, 0, false)
 			}
 		}
 		return ctx.Err()
@@ -196,7 +196,7 @@ func (e *env) batchedLoop(ctx context.Context, tasks *mongo.Collection, queue bs
 				return fmt.Errorf("finish: %w", err)
 			}
 			for range br.ModifiedCount {
-				obs.TaskFinished("", schema.StatusSucceeded, 0)
+				obs.TaskFinished("", schema.StatusSucceeded, 0, false)
 			}
 		}
 		return ctx.Err()

@@ -197,7 +197,7 @@ func (o *drainObserver) TaskStarted(string, time.Duration) {}
 
 func (o *drainObserver) TaskControlled(string, string, int) {}
 
-func (o *drainObserver) TaskFinished(string, schema.Status, time.Duration) {
+func (o *drainObserver) TaskFinished(string, schema.Status, time.Duration, bool) {
 	now := int64(time.Since(o.base))
 	for {
 		last := o.lastFinish.Load()
