@@ -40,11 +40,14 @@ func (s *Store) ThenCreate(ctx context.Context, id bson.ObjectID) (ThenResult, e
 		return ThenResult{}, fmt.Errorf("then of task %s: %w", id.Hex(), err)
 	}
 	var r ThenResult
-	params, target, problem := s.thenOf(ctx, raw)
+	params, target, problem, err := s.thenOf(ctx, raw)
+	if err != nil {
+		return r, fmt.Errorf("then of task %s: %w", id.Hex(), err)
+	}
 	r.Problem = problem
+	attempt, hasAttempt := raw.Lookup(schema.TaskAttempt).AsInt64OK()
 	if problem == "" {
-		finished, _ := raw.Lookup(schema.TaskMTime).TimeOK()
-		attempt, _ := raw.Lookup(schema.TaskAttempt).AsInt64OK()
+		finished := thenStamp(raw)
 		for i, p := range params {
 			tid := chainedID(id, attempt, i, finished)
 			_, err := s.TaskInsertMany(ctx, TaskInsertManyParams{Queue: target, Parameters: []bson.Raw{p}, IDs: []bson.ObjectID{tid},
@@ -63,27 +66,57 @@ func (s *Store) ThenCreate(ctx context.Context, id bson.ObjectID) (ThenResult, e
 	if problem != "" {
 		update = append(update, bson.E{Key: "$set", Value: bson.D{{Key: "then_error", Value: problem}}})
 	}
-	if _, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, update); err != nil {
+	// The mark of the attempt read: a later attempt's (the task retried
+	// and succeeded again meanwhile) is its own to resolve.
+	sameAttempt := bson.E{Key: schema.TaskAttempt, Value: attempt}
+	if !hasAttempt {
+		sameAttempt.Value = bson.D{{Key: "$exists", Value: false}}
+	}
+	if _, err := s.tasks.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}, sameAttempt}, update); err != nil {
 		return r, fmt.Errorf("then of task %s: %w", id.Hex(), err)
 	}
 	return r, nil
 }
 
-// thenOf reads the output's parameters and the then queue's id.
-func (s *Store) thenOf(ctx context.Context, raw bson.Raw) ([]bson.Raw, bson.ObjectID, string) {
+// thenOf reads the output's parameters and the then queue's id, or the
+// problem that keeps the output from becoming tasks for good (no such
+// queue, an output that is not objects). A failed read is an error: the
+// mark stays, for the next try.
+func (s *Store) thenOf(ctx context.Context, raw bson.Raw) ([]bson.Raw, bson.ObjectID, string, error) {
 	name, _ := raw.Lookup(schema.TaskThenPending).StringValueOK()
 	var q struct {
 		ID bson.ObjectID `bson:"_id"`
 	}
 	err := s.queues.FindOne(ctx, bson.D{{Key: schema.QueueName, Value: name}}, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&q)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, bson.ObjectID{}, fmt.Sprintf("then queue %q: no such queue", name), nil
+	}
 	if err != nil {
-		return nil, bson.ObjectID{}, fmt.Sprintf("then queue %q: %v", name, err)
+		return nil, bson.ObjectID{}, "", fmt.Errorf("read then queue %q: %w", name, err)
 	}
 	ps, err := schema.OutputParams(raw.Lookup(schema.TaskOutput))
 	if err != nil {
-		return nil, q.ID, err.Error()
+		return nil, q.ID, err.Error(), nil
 	}
-	return ps, q.ID, ""
+	return ps, q.ID, "", nil
+}
+
+// thenStamp is the moment the chained tasks' _ids carry: the finish of
+// the attempt whose output they are (its record's, the last in attempts),
+// which a retry, a claim or a start does not move as they move mtime;
+// mtime for a task without the record.
+func thenStamp(raw bson.Raw) time.Time {
+	if arr, ok := raw.Lookup(schema.TaskAttempts).ArrayOK(); ok {
+		if vals, err := arr.Values(); err == nil && len(vals) > 0 {
+			if doc, ok := vals[len(vals)-1].DocumentOK(); ok {
+				if t, ok := doc.Lookup("finished").TimeOK(); ok {
+					return t
+				}
+			}
+		}
+	}
+	t, _ := raw.Lookup(schema.TaskMTime).TimeOK()
+	return t
 }
 
 // chainedID is the _id of the i-th task made from a task's output.

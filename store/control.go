@@ -561,9 +561,17 @@ func (s *Store) retryPage(ctx context.Context, ids []bson.ObjectID, rt *retrying
 	if len(ids) == 0 {
 		return nil
 	}
-	waits, err := s.parentWaits(ctx, ids, rt)
+	waits, pending, err := s.parentWaits(ctx, ids, rt)
 	if err != nil {
 		return err
+	}
+	// An output not yet made tasks of (then_pending: a crash between the
+	// finish and its ThenCreate, the leader's sweep still to come) is made
+	// so first: the next attempt's finish replaces or removes the output.
+	for _, id := range pending {
+		if _, err := s.ThenCreate(ctx, id); err != nil {
+			return err
+		}
 	}
 	var now, held []bson.ObjectID
 	for _, id := range ids {
@@ -594,23 +602,28 @@ func (s *Store) retryPage(ctx context.Context, ids []bson.ObjectID, rt *retrying
 
 // parentWaits reads the retryable tasks among ids, records those with
 // children as requeued parents, and says which had ended parent_failed
-// with a parent the retry requeues.
-func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retrying) (map[bson.ObjectID]bool, error) {
+// with a parent the retry requeues, and which have an output still to
+// become tasks (then_pending).
+func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retrying) (map[bson.ObjectID]bool, []bson.ObjectID, error) {
 	cur, err := s.tasks.Find(ctx, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}}, retryables}}},
-		options.Find().SetProjection(bson.D{{Key: schema.TaskReason, Value: 1}, {Key: schema.TaskParents, Value: 1}, {Key: schema.TaskHasChildren, Value: 1}}))
+		options.Find().SetProjection(bson.D{{Key: schema.TaskReason, Value: 1}, {Key: schema.TaskParents, Value: 1}, {Key: schema.TaskHasChildren, Value: 1},
+			{Key: schema.TaskThenPending, Value: 1}}))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var docs []bson.Raw
 	if err := readAllInto(ctx, cur, &docs); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	children := map[bson.ObjectID][]bson.ObjectID{}
-	var unknown []bson.ObjectID
+	var unknown, pending []bson.ObjectID
 	for _, d := range docs {
 		id, _ := d.Lookup("_id").ObjectIDOK()
 		if b, _ := d.Lookup(schema.TaskHasChildren).BooleanOK(); b {
 			rt.parents[id] = true
+		}
+		if d.Lookup(schema.TaskThenPending).Type != 0 {
+			pending = append(pending, id)
 		}
 		if r, _ := d.Lookup(schema.TaskReason).StringValueOK(); r == schema.ReasonParentFailed {
 			if ps := schema.DecodeParents(d.Lookup(schema.TaskParents)); len(ps) > 0 {
@@ -621,7 +634,7 @@ func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retryi
 	}
 	waits := map[bson.ObjectID]bool{}
 	if len(children) == 0 {
-		return waits, nil
+		return waits, pending, nil
 	}
 	later := map[bson.ObjectID]bool{}
 	if rt.filter != nil {
@@ -630,7 +643,7 @@ func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retryi
 		for chunk := range slices.Chunk(unknown, idChunk) {
 			found, err := s.findIDs(ctx, s.tasks, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, rt.filter}}})
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			for _, id := range found {
 				later[id] = true
@@ -640,7 +653,7 @@ func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retryi
 	for id, ps := range children {
 		waits[id] = slices.ContainsFunc(ps, func(p bson.ObjectID) bool { return rt.parents[p] || later[p] })
 	}
-	return waits, nil
+	return waits, pending, nil
 }
 
 // retryWaited settles the tasks a retry requeued held, once every page

@@ -177,6 +177,13 @@ func (s *Store) QueueSet(ctx context.Context, p QueueSetParams) (WriteCounts, er
 	if len(set) == 0 {
 		return WriteCounts{}, errors.New("nothing to update")
 	}
+	var old string
+	if p.Name != nil {
+		var err error
+		if old, err = s.queueName(ctx, refFilter(p.Ref, schema.QueueName)); err != nil {
+			return WriteCounts{}, err
+		}
+	}
 	update := bson.D{{Key: "$set", Value: set}}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
@@ -187,6 +194,11 @@ func (s *Store) QueueSet(ctx context.Context, p QueueSetParams) (WriteCounts, er
 	}
 	if err != nil {
 		return WriteCounts{}, fmt.Errorf("update queue %q: %w", p.Ref, err)
+	}
+	if p.Name != nil && res.MatchedCount > 0 {
+		if err := s.thenRenamed(ctx, old, *p.Name); err != nil {
+			return WriteCounts{}, err
+		}
 	}
 	return WriteCounts{Matched: res.MatchedCount, Modified: res.ModifiedCount}, nil
 }

@@ -209,6 +209,12 @@ func (s *Store) QueueUpdate(ctx context.Context, p QueueUpdateParams) error {
 	if err != nil {
 		return err
 	}
+	var old string
+	if p.Name != nil {
+		if old, err = s.queueName(ctx, bson.D{{Key: "_id", Value: p.ID}}); err != nil {
+			return err
+		}
+	}
 	res, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: p.ID}}, update)
 	if isDuplicateKey(err) {
 		return fmt.Errorf("rename queue %s: %w", p.ID.Hex(), ErrQueueExists)
@@ -218,6 +224,38 @@ func (s *Store) QueueUpdate(ctx context.Context, p QueueUpdateParams) error {
 	}
 	if res.MatchedCount == 0 {
 		return fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+	}
+	if p.Name != nil {
+		return s.thenRenamed(ctx, old, *p.Name)
+	}
+	return nil
+}
+
+// queueName is the name of the queue filter matches ("" for none).
+func (s *Store) queueName(ctx context.Context, filter bson.D) (string, error) {
+	var q struct {
+		Name string `bson:"name"`
+	}
+	err := s.queues.FindOne(ctx, filter, options.FindOne().SetProjection(bson.D{{Key: schema.QueueName, Value: 1}})).Decode(&q)
+	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+		return "", fmt.Errorf("read queue: %w", err)
+	}
+	return q.Name, nil
+}
+
+// thenRenamed follows a queue's rename in what names it: other queues'
+// then, and the then_pending marks of outputs still to become its tasks
+// (a then names its queue by name; a rename would otherwise leave every
+// later output, and the pending ones, with then_error and no task).
+func (s *Store) thenRenamed(ctx context.Context, old, name string) error {
+	if old == "" || old == name {
+		return nil
+	}
+	if _, err := s.queues.UpdateMany(ctx, bson.D{{Key: schema.QueueThen, Value: old}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueThen, Value: name}}}}); err != nil {
+		return fmt.Errorf("queue %q renamed %q: the queues whose then names it: %w", old, name, err)
+	}
+	if _, err := s.tasks.UpdateMany(ctx, bson.D{{Key: schema.TaskThenPending, Value: old}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskThenPending, Value: name}}}}); err != nil {
+		return fmt.Errorf("queue %q renamed %q: outputs still to become its tasks: %w", old, name, err)
 	}
 	return nil
 }
@@ -242,6 +280,19 @@ const queueDeletePage = 10000
 // output: tasks whose queue is gone can never run and would only confuse
 // listings and counters.
 func (s *Store) QueueDelete(ctx context.Context, p QueueDeleteParams) (QueueDeleteResult, error) {
+	name, err := s.queueName(ctx, bson.D{{Key: "_id", Value: p.ID}})
+	if err != nil {
+		return QueueDeleteResult{}, err
+	}
+	if name != "" {
+		other, err := s.queueName(ctx, bson.D{{Key: schema.QueueThen, Value: name}, {Key: "_id", Value: bson.D{{Key: "$ne", Value: p.ID}}}})
+		if err != nil {
+			return QueueDeleteResult{}, err
+		}
+		if other != "" {
+			return QueueDeleteResult{}, fmt.Errorf("queue %q %w %q (its succeeded tasks' outputs become tasks of it): change that queue's then first", name, ErrThenQueue, other)
+		}
+	}
 	if !p.Force {
 		n, err := s.tasks.CountDocuments(ctx, bson.D{{Key: schema.TaskQueue, Value: p.ID}, {Key: schema.TaskStatus, Value: bson.D{{Key: "$lte", Value: 0}}}})
 		if err != nil {

@@ -32,6 +32,9 @@ var (
 	// ErrLostTask means a guarded write found the task no longer in the
 	// state this node left it in: another node or an operator took it.
 	ErrLostTask = errors.New("task is no longer held by this node in the expected status")
+	// ErrThenQueue is returned by QueueDelete for a queue another
+	// queue's then names.
+	ErrThenQueue = errors.New("is the then queue of")
 	// ErrUnfinishedTasks is returned by QueueDelete without Force.
 	ErrUnfinishedTasks = errors.New("queue has unfinished tasks")
 )

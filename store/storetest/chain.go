@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -83,4 +84,74 @@ func testThenCreateExactlyOnce(t *testing.T, newStore Factory) {
 	require.Error(t, err)
 	_, err = doc.LookupErr(schema.TaskOutput)
 	require.Error(t, err)
+}
+
+// testThenFollowsItsQueue: a then queue renamed (either dialect) is
+// followed by the queues whose then names it and by the outputs still to
+// become its tasks; deleting it is refused while a then names it. A retry
+// of a task whose output is still pending makes it tasks first, and a
+// later resolve makes none twice (the chained ids do not move with the
+// task's mtime).
+func testThenFollowsItsQueue(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	src := newQueue(t, s, "src", schema.SortFIFO)
+	dst := newQueue(t, s, "dst", schema.SortFIFO)
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: src.ID, Then: ptr("dst")}))
+	finish := func(then string, n int) bson.ObjectID {
+		t.Helper()
+		id := insertTasks(t, s, src.ID, 1)[0]
+		task, err := s.TaskClaim(ctx, store.TaskClaimParams{Queue: src.ID, Node: "n1"})
+		require.NoError(t, err)
+		require.Equal(t, id, task.ID)
+		require.NoError(t, s.TaskStart(ctx, store.TaskTransitionParams{ID: id, Node: "n1"}))
+		require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusSucceeded,
+			Output: outputValue(t, bson.D{{Key: "n", Value: n}}), Then: then}))
+		return id
+	}
+	thenOf := func(q bson.ObjectID) string {
+		t.Helper()
+		got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: q.Hex()})
+		require.NoError(t, err)
+		return got.Sched.Then
+	}
+	inDst := func() int64 { t.Helper(); return countWith(t, db, bson.D{{Key: schema.TaskQueue, Value: dst.ID}}) }
+
+	pending := finish("dst", 1)
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: dst.ID, Name: ptr("dst2")}))
+	require.Equal(t, "dst2", thenOf(src.ID))
+	r, err := s.ThenCreate(ctx, pending)
+	require.NoError(t, err)
+	require.Equal(t, store.ThenResult{Created: 1}, r, "the pending output went to the renamed queue")
+	pending = finish("dst2", 2)
+	_, err = s.QueueSet(ctx, store.QueueSetParams{Ref: "dst2", Name: ptr("dst3")})
+	require.NoError(t, err)
+	require.Equal(t, "dst3", thenOf(src.ID), "4.103's rename too")
+	r, err = s.ThenCreate(ctx, pending)
+	require.NoError(t, err)
+	require.Equal(t, store.ThenResult{Created: 1}, r)
+	require.Equal(t, int64(2), inDst())
+
+	_, err = s.QueueDelete(ctx, store.QueueDeleteParams{ID: dst.ID, Force: true})
+	require.ErrorIs(t, err, store.ErrThenQueue)
+	require.ErrorContains(t, err, `queue "dst3" is the then queue of "src"`)
+
+	// A pending output, then its task retried: made tasks first.
+	pending = finish("dst3", 3)
+	res, err := s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{IDs: []bson.ObjectID{pending}}, By: "op"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Requeued)
+	require.Equal(t, int64(3), inDst())
+	_, err = db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: pending}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskThenPending, Value: "dst3"}, {Key: schema.TaskMTime, Value: time.Now().Add(time.Hour)}}}})
+	require.NoError(t, err)
+	r, err = s.ThenCreate(ctx, pending)
+	require.NoError(t, err)
+	require.Equal(t, store.ThenResult{Existed: 1}, r, "the mark back, its mtime moved (a claim): the same task, not a new one")
+	require.Equal(t, int64(3), inDst())
+
+	// Its queue's then cleared, the queue may go.
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: src.ID, Then: ptr("")}))
+	_, err = s.QueueDelete(ctx, store.QueueDeleteParams{ID: dst.ID, Force: true})
+	require.NoError(t, err)
 }

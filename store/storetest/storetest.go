@@ -75,6 +75,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ContinuousCreateOnePerInterval", testContinuousCreate},
 		{"ContinuousAtTheGivenMoment", testContinuousAtTheGivenMoment},
 		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
+		{"ThenFollowsItsQueue", testThenFollowsItsQueue},
 		{"TaskGuardedTransitions", testTaskGuarded},
 		{"TaskStartFinishManyGuardEach", testTaskStartFinishMany},
 		{"TaskFinishGuardedByAttempt", testTaskFinishGuardedByAttempt},

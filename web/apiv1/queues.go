@@ -421,6 +421,8 @@ func (h *handler) queueDelete(w http.ResponseWriter, r *http.Request) error {
 	}
 	res, err := h.st.QueueDelete(r.Context(), store.QueueDeleteParams{ID: q.ID, Force: force})
 	switch {
+	case errors.Is(err, store.ErrThenQueue):
+		return errorf(http.StatusConflict, CodeConflict, "queue", "%s", clip(err.Error()))
 	case errors.Is(err, store.ErrUnfinishedTasks):
 		return errorf(http.StatusConflict, CodeUnfinishedTasks, "force", "the queue %q has unfinished tasks (status <= 0); delete it with force=true to delete them too", clip(q.Name))
 	case errors.Is(err, store.ErrNotFound):

@@ -122,6 +122,18 @@ func TestQueueDeleteEmpty(t *testing.T) {
 	require.EqualValues(t, 0, del["tasks_deleted"])
 }
 
+// TestQueueDeleteOfAThenQueueIsRefused: a queue another queue's then
+// names is not deleted, forced or not (409, saying which queue).
+func TestQueueDeleteOfAThenQueueIsRefused(t *testing.T) {
+	e := setup(t)
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "dst", "plugin": "P"})
+	e.want(201, "POST", "/api/v1/queues", map[string]any{"name": "src", "plugin": "P", "then": "dst"})
+	d := e.wantErr(409, CodeConflict, "queue", "DELETE", "/api/v1/queues/dst?force=true", nil)
+	require.Contains(t, d.Message, `is the then queue of "src"`)
+	e.want(200, "PATCH", "/api/v1/queues/src", map[string]any{"then": ""})
+	e.want(200, "DELETE", "/api/v1/queues/dst", nil)
+}
+
 // TestAQueueDeleteCutShortIsFinishedByItsID: a forced delete cut short
 // after the queue document went (its tasks left) is run again by the
 // queue's id, and deletes them; then there is nothing left to delete.
