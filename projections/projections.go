@@ -563,7 +563,7 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 			walls = append(walls, ev.WallTime)
 		}
 		p.fold(ev, at, deltas)
-		countReason(ev, reasons)
+		countReason(ev, reasons, func(q bson.ObjectID) bool { return p.covers(q, at, ev) })
 	}
 	adv := make([]store.CounterAdvance, 0, len(deltas))
 	for q, d := range deltas {
@@ -768,7 +768,7 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 		if !ok {
 			return // a task with no (valid) queue counts nowhere
 		}
-		if pos := p.applied[id]; pos != nil && !at.After(pos.Time) && pos.Covers(at, ev.Place()) {
+		if p.covers(id, at, ev) {
 			return // already in its counters: an earlier term applied it
 		}
 		d := deltas[id]
@@ -819,7 +819,18 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 // countReason counts a reason the event wrote on a task: an update that
 // set it (a start removes it, so each attempt's is written afresh), or an
 // insert or replace whose document has one its pre-image did not.
-func countReason(ev store.ChangeEvent, reasons map[ReasonKey]int64) {
+// covers reports whether queue q's counters already hold ev (at its
+// cluster time at): an earlier term applied it.
+func (p *projector) covers(q bson.ObjectID, at bson.Timestamp, ev store.ChangeEvent) bool {
+	pos := p.applied[q]
+	return pos != nil && !at.After(pos.Time) && pos.Covers(at, ev.Place())
+}
+
+// countReason counts the reason ev writes on a task, unless its queue's
+// counters already hold ev (applied: an earlier term, this node's or
+// another's, counted it then; a term resumes from the last checkpoint and
+// reads again what came after it).
+func countReason(ev store.ChangeEvent, reasons map[ReasonKey]int64, applied func(bson.ObjectID) bool) {
 	if ev.Coll != schema.CollTasks {
 		return
 	}
@@ -841,7 +852,7 @@ func countReason(ev store.ChangeEvent, reasons map[ReasonKey]int64) {
 	}
 	r, ok := reason.StringValueOK()
 	q, qok := queue.ObjectIDOK()
-	if ok && r != "" && qok {
+	if ok && r != "" && qok && !applied(q) {
 		reasons[ReasonKey{Queue: q, Reason: r}]++
 	}
 }
