@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -360,4 +361,53 @@ func TestSubmitDrawsProgressOnlyOnATerminal(t *testing.T) {
 		}
 		require.Contains(t, out.String(), "submitted 50 tasks to queue q")
 	}
+}
+
+// TestAFailedSubmitSaysWhichLinesWereInserted: batches go in at once, so a
+// failure leaves tasks from before and after the bad line; the error says
+// how many and which lines exactly, as the database has them (it gave the
+// count of batches done before the failure: a resubmit "from the line
+// on" made duplicates). A collection validator refuses one line.
+func TestAFailedSubmitSaysWhichLinesWereInserted(t *testing.T) {
+	e := setup(t)
+	e.ok("", "queue", "create", "q", "--constructor", "C")
+	require.NoError(t, e.db.RunCommand(context.Background(), bson.D{{Key: "create", Value: "tasks"},
+		{Key: "validator", Value: bson.D{{Key: "parameters.bad", Value: bson.D{{Key: "$exists", Value: false}}}}}}).Err())
+	var b strings.Builder
+	for i := 1; i <= 400; i++ {
+		if i == 150 {
+			b.WriteString(`{"bad": 1}` + "\n")
+			continue
+		}
+		fmt.Fprintf(&b, `{"i": %d}`+"\n", i)
+	}
+	r := e.run(b.String(), "task", "submit", "q", "--batch-size", "10", "--parallel", "4")
+	require.Equal(t, 1, r.code, r.err)
+	in := e.count("tasks", bson.D{})
+	require.Contains(t, r.err, fmt.Sprintf("; %d of 400 tasks were inserted, input lines 1-149", in))
+	require.Regexp(t, `not inserted: lines 150(-\d+)?(, |$|\n)`, r.err)
+	// The lines it names as not inserted are exactly those missing.
+	cur, err := e.db.Collection("tasks").Find(context.Background(), bson.D{}, options.Find().SetProjection(bson.D{{Key: "parameters.i", Value: 1}}))
+	require.NoError(t, err)
+	var docs []bson.Raw
+	require.NoError(t, cur.All(context.Background(), &docs))
+	have := map[int64]bool{}
+	for _, d := range docs {
+		have[d.Lookup("parameters", "i").AsInt64()] = true
+	}
+	_, notIn, _ := strings.Cut(r.err, "not inserted: lines ")
+	for _, part := range strings.Split(strings.TrimSpace(notIn), ", ") {
+		lo, hi, ok := strings.Cut(part, "-")
+		if !ok {
+			hi = lo
+		}
+		from, err1 := strconv.Atoi(lo)
+		to, err2 := strconv.Atoi(hi)
+		require.NoError(t, err1, part)
+		require.NoError(t, err2, part)
+		for l := from; l <= to; l++ {
+			require.False(t, have[int64(l)], "line %d named not inserted, but it is", l)
+		}
+	}
+	require.Len(t, have, int(in))
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -427,7 +428,70 @@ send:
 		firstErr = ctx.Err()
 	}
 	if firstErr != nil {
-		return nil, fmt.Errorf("%w (%d of %d tasks were inserted before the failure)", firstErr, inserted.Load(), len(items))
+		return nil, fmt.Errorf("%w; %s", firstErr, insertedLines(ctx, s, ids, items))
 	}
 	return ids, nil
+}
+
+// insertedLines says which input lines became tasks after a failed
+// submit: batches go in at once, a failed one keeps the tasks before its
+// bad one, and others may have landed before or after it, so only the
+// tasks themselves tell (their ids were allocated here). An operator
+// resubmits the lines not inserted, and only those.
+func insertedLines(ctx context.Context, s *store.Store, ids []bson.ObjectID, items []item) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	in := make([]bool, len(ids))
+	n := 0
+	for start := 0; start < len(ids); start += statesChunk {
+		end := min(start+statesChunk, len(ids))
+		states, err := s.TaskStates(ctx, ids[start:end])
+		if err != nil {
+			return fmt.Sprintf("which of the %d tasks were inserted could not be read (%v): list them with disbatch task list", len(ids), err)
+		}
+		for i, st := range states {
+			in[start+i] = st.Found
+			if st.Found {
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		return fmt.Sprintf("none of the %d tasks was inserted", len(ids))
+	}
+	return fmt.Sprintf("%d of %d tasks were inserted, input lines %s; not inserted: lines %s", n, len(ids), lineRanges(items, in, true), lineRanges(items, in, false))
+}
+
+// statesChunk is how many ids insertedLines reads at a time.
+const statesChunk = 10000
+
+// lineRanges lists the input lines of the items whose in is want, as
+// ranges ("3-7, 9"), the first ten of them.
+func lineRanges(items []item, in []bool, want bool) string {
+	var out []string
+	more := 0
+	for i := 0; i < len(items); i++ {
+		if in[i] != want {
+			continue
+		}
+		j := i
+		for j+1 < len(items) && in[j+1] == want {
+			j++
+		}
+		if len(out) == 10 {
+			more++
+		} else if j == i {
+			out = append(out, strconv.Itoa(items[i].line))
+		} else {
+			out = append(out, fmt.Sprintf("%d-%d", items[i].line, items[j].line))
+		}
+		i = j
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	if more > 0 {
+		out = append(out, fmt.Sprintf("and %d more ranges", more))
+	}
+	return strings.Join(out, ", ")
 }
