@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -162,11 +163,34 @@ func unreachable(uri string, err error) error {
 	if errors.As(err, &se) && se.HasErrorCode(authenticationFailed) {
 		return &AuthError{URI: RedactURI(uri), Cause: cause}
 	}
-	// The driver's server-selection errors are long; keep the gist.
+	// The driver's server-selection errors are long; keep the gist: what
+	// went wrong with each server it tried, which tells a wrong host, a
+	// closed port, a wrong replica set name and a TLS mismatch apart.
 	if i := strings.Index(cause, ", current topology:"); i > 0 {
-		cause = cause[:i]
+		cause = cause[:i] + topologyGist(cause[i:])
 	}
 	return &UnreachableError{URI: RedactURI(uri), Cause: cause}
+}
+
+var lastError = regexp.MustCompile(`Addr: ([^,]+), Type: [^,]+(?:, [A-Za-z ]+: [^,]+)*?, Last error: (.*?) }`)
+
+// topologyGist is the servers' last errors from the driver's topology
+// description, or what an empty one means.
+func topologyGist(topology string) string {
+	var parts []string
+	for _, m := range lastError.FindAllStringSubmatch(topology, 8) {
+		part := m[1] + ": " + strings.TrimSpace(m[2])
+		if !slices.Contains(parts, part) {
+			parts = append(parts, part)
+		}
+	}
+	switch {
+	case len(parts) > 0:
+		return " (" + strings.Join(parts, "; ") + ")"
+	case strings.Contains(topology, "Servers: []"):
+		return " (no server answered as a member of the replica set: is replicaSet= its name?)"
+	}
+	return ""
 }
 
 // authenticationFailed is MongoDB's AuthenticationFailed error code.

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -111,5 +112,27 @@ func TestConnectRetriesWithBackoffUntilTheContextEnds(t *testing.T) {
 		require.True(t, errors.Is(err, context.Canceled), "%v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("Connect did not return when its context ended")
+	}
+}
+
+// TestConnectErrorsSayWhatWentWrong: a server that cannot be reached is
+// told apart by the driver's last error with each server (it cut them
+// all down to "server selection error: context deadline exceeded").
+func TestConnectErrorsSayWhatWentWrong(t *testing.T) {
+	t.Parallel()
+	uri := mongotest.URI(t)
+	u, err := url.Parse(uri)
+	require.NoError(t, err)
+	host := u.Host
+	for _, c := range []struct{ name, uri, want string }{
+		{"closed port", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=300", "(127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused)"},
+		{"wrong replica set name", "mongodb://" + host + "/?replicaSet=wrong&serverSelectionTimeoutMS=300", "replica set"},
+		{"TLS to a server without it", "mongodb://" + host + "/?tls=true&serverSelectionTimeoutMS=300", host + ": "},
+	} {
+		_, err := store.Connect(context.Background(), store.ConnectParams{URI: c.uri, Database: "d"})
+		var un *store.UnreachableError
+		require.ErrorAs(t, err, &un, c.name)
+		require.Contains(t, err.Error(), c.want, c.name)
+		t.Logf("%s: %v", c.name, err)
 	}
 }
