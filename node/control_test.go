@@ -372,3 +372,17 @@ func TestTimeoutsAndRetriesAreCountedAndTraced(t *testing.T) {
 	require.Equal(t, 2, events["disbatch."+ControlTimeout])
 	require.Equal(t, 1, events["disbatch."+ControlRetry])
 }
+
+// TestAFailedTaskIsLogged: a task that fails says so in the node's log,
+// with the end of its stderr (a plugin that cannot start failed every
+// task of its queue with nothing in the log).
+func TestAFailedTaskIsLogged(t *testing.T) {
+	b := setup(t)
+	q := b.shellQueue("failing", 1, nil)
+	b.start(b.config("n1"))
+	id := b.insert(q, nil, bson.D{{Key: "command", Value: "echo first >&2; echo 'the real cause' >&2; exit 3"}})[0]
+	require.Eventually(t, func() bool { return b.task(id).Lookup("status").AsInt64() == int64(schema.StatusFailed) }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return strings.Contains(b.logs.String(), `msg="task failed"`) && strings.Contains(b.logs.String(), `stderr="first | the real cause | exit status 3"`)
+	}, 5*time.Second, 10*time.Millisecond, "%s", b.logs.String())
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -673,7 +674,15 @@ func (r *runner) complete(log *slog.Logger, q claimer.Queue, t schema.Task, runC
 	if err != nil {
 		return "lost"
 	}
-	log.Debug("task finished", "status", int(res.Status), "written_by_supervisor", written)
+	if res.Status == schema.StatusSucceeded {
+		log.Debug("task finished", "status", int(res.Status), "written_by_supervisor", written)
+	} else {
+		// A failure says why in the log too: a plugin that cannot start or
+		// answers garbage fails every task of its queue, and the task's
+		// stderr is the only other place that says so.
+		log.Info("task failed", "status", int(res.Status), "reason", reason, "retrying", fp.Retry != nil,
+			"stderr", stderrTail(res.Stderr), "written_by_supervisor", written)
+	}
 	if fp.Retry != nil {
 		return "retrying"
 	}
@@ -969,4 +978,21 @@ func (r *runner) wait(d time.Duration) bool {
 	case <-time.After(d):
 		return false
 	}
+}
+
+// stderrTail is the end of a failure's stderr for the log: its last three
+// non-empty lines (a plugin's own cause, then what the runner appends,
+// such as "exit status 3"), joined by " | ", at most 300 bytes.
+func stderrTail(text string) string {
+	var lines []string
+	for _, l := range strings.Split(text, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	tail := strings.Join(lines[max(0, len(lines)-3):], " | ")
+	if len(tail) > 300 {
+		tail = "…" + strings.ToValidUTF8(tail[len(tail)-300:], "")
+	}
+	return tail
 }
