@@ -205,6 +205,9 @@ func parseExternalAnswer(out []byte) (externalAnswer, error) {
 			return a, fmt.Errorf("output is not JSON MongoDB can store: %v", err)
 		}
 		a.output = wrap.Lookup("output")
+		if len(a.output.Value) > schema.MaxOutputBytes {
+			return a, fmt.Errorf("output of %d bytes is over the %d MiB an output may be (it is kept in the task's document)", len(a.output.Value), schema.MaxOutputBytes>>20)
+		}
 		if _, err := schema.OutputParams(a.output); err != nil {
 			return a, err
 		}

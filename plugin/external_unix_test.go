@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,4 +219,17 @@ func TestExternalOutput(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, ps, 2)
 	require.Zero(t, run(`{"status": 1, "output": null}`).Output.Type, "null: no output")
+}
+
+// TestExternalOutputOverItsLimit: an output over schema.MaxOutputBytes is
+// garbage (it could never be kept in the task's document, and its finish
+// failed for good, leaving the task running).
+func TestExternalOutputOverItsLimit(t *testing.T) {
+	t.Parallel()
+	n := schema.MaxOutputBytes + 1024
+	path := script(t, fmt.Sprintf(`cat > /dev/null; printf '{"status": 1, "output": {"blob": "'; head -c %d /dev/zero | tr '\0' x; printf '"}}'`, n))
+	res := External(path).Run(t.Context(), Task{})
+	require.Equal(t, schema.StatusFailed, res.Status)
+	require.Contains(t, res.Stderr, "answered garbage: output of ")
+	require.Contains(t, res.Stderr, "is over the 8 MiB an output may be")
 }

@@ -67,6 +67,10 @@ const (
 	// TaskThenPending names the queue a succeeded task's output still has
 	// to become tasks of; it is removed once they exist.
 	TaskThenPending = "then_pending"
+	// MaxOutputBytes is the most a task's output may take (BSON): it is
+	// kept in the task's document, which MongoDB caps at 16 MiB with the
+	// parameters, stdout and stderr beside it.
+	MaxOutputBytes = 8 << 20
 	// TaskChainedFrom is the task whose output a task was made from.
 	TaskChainedFrom = "chained_from"
 	// TaskName names a continuous queue's task: the Unix time it was

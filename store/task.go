@@ -1414,6 +1414,15 @@ func (s *Store) TaskFinish(ctx context.Context, p TaskFinishParams) error {
 			err = s.finish(ctx, p, true, true, fewer)
 		}
 	}
+	if isTooLarge(err) && p.Output.Type != 0 {
+		// The output does not fit beside the parameters, and it has no
+		// other place: the task fails saying so (it stayed running, its
+		// finish retried for as long as its node ran).
+		f := p
+		f.Status, f.Output, f.Then = schema.StatusFailed, bson.RawValue{}, ""
+		f.Stderr += fmt.Sprintf("\nits output (%d bytes) does not fit in the task's document beside its parameters (MongoDB's 16 MiB): not kept\n", len(p.Output.Value))
+		err = s.finish(ctx, f, true, true, s.finishExtra(f, false))
+	}
 	return err
 }
 

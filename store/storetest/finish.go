@@ -394,3 +394,30 @@ func testTaskFinishNearlyFullDocument(t *testing.T, newStore Factory) {
 	}
 	_ = db
 }
+
+// testTaskFinishOutputThatDoesNotFit: a success whose output does not fit
+// beside its parameters in one document fails, saying so, without the
+// output (its finish failed for good, and the task stayed running).
+func testTaskFinishOutputThatDoesNotFit(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "q", schema.SortFIFO)
+	big, err := bson.Marshal(bson.D{{Key: "blob", Value: strings.Repeat("p", 12<<20)}})
+	require.NoError(t, err)
+	_, err = s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: q.ID, Parameters: []bson.Raw{big}})
+	require.NoError(t, err)
+	id := running(t, s, q.ID)
+	out, err := bson.Marshal(bson.D{{Key: "v", Value: bson.D{{Key: "blob", Value: strings.Repeat("o", 6<<20)}}}})
+	require.NoError(t, err)
+	require.NoError(t, s.TaskFinish(ctx, store.TaskFinishParams{ID: id, Node: "n1", Status: schema.StatusSucceeded, Stdout: "ok",
+		Output: bson.Raw(out).Lookup("v"), Then: "next"}))
+	d := rawDoc(t, db, schema.CollTasks, bson.D{{Key: "_id", Value: id}})
+	require.Equal(t, int32(schema.StatusFailed), d.Lookup(schema.TaskStatus).Int32())
+	require.Equal(t, bson.Type(0), d.Lookup(schema.TaskOutput).Type)
+	require.Equal(t, bson.Type(0), d.Lookup(schema.TaskThenPending).Type)
+	got, err := s.TaskGet(ctx, id)
+	require.NoError(t, err)
+	text, err := s.TaskOutputRead(ctx, got.Stderr)
+	require.NoError(t, err)
+	require.Contains(t, text, "does not fit in the task's document beside its parameters")
+}

@@ -88,6 +88,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TaskFinishExtraMixedoutNeverTooLarge", testTaskFinishExtraTooLarge},
 		{"TaskRetryDelayByServerClock", testTaskRetryDelayByServerClock},
 		{"TaskFinishNearlyFullDocument", testTaskFinishNearlyFullDocument},
+		{"TaskFinishOutputThatDoesNotFit", testTaskFinishOutputThatDoesNotFit},
 		{"TaskOutputReadBinaryChunks", testTaskOutputBinary},
 		{"TaskListFiltersAndMalformed", testTaskList},
 		{"NodeUpsertKeepsOperatorFields", testNodeUpsert},
