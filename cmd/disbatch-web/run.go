@@ -390,11 +390,15 @@ func readPassword(e env) (string, error) {
 func tokenCommand(e env) *cobra.Command {
 	return &cobra.Command{
 		Use:   "token NAME ROLE",
-		Short: "Make a bearer token for NAME with ROLE: prints the token (give it to the client) and its --users file line",
-		Long: `Makes a random bearer token and prints two lines: the token, which the client
-sends as 'Authorization: Bearer TOKEN' (or as the password of HTTP Basic with
-user NAME), and the line to add to the --users file, which holds only a salted
-hash of it.`,
+		Short: "Make a bearer token for NAME with ROLE: prints the token on stderr (give it to the client) and its --users file line on stdout",
+		Long: `Makes a random bearer token. It prints the token on stderr: the client sends it
+as 'Authorization: Bearer TOKEN' (or as the password of HTTP Basic with user
+NAME). It prints the line to add to the --users file on stdout: that line holds
+only a salted hash of the token, so
+
+  disbatch-web token ci-bot read >> web-users
+
+shows the token and appends its line (2>FILE keeps the token in FILE).`,
 		Args: twoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			role, err := nameAndRole(args)
@@ -405,7 +409,7 @@ hash of it.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(e.stdout, tok)
+			fmt.Fprintln(e.stderr, tok)
 			fmt.Fprintln(e.stdout, auth.Line(auth.KindToken, args[0], role, hash))
 			return nil
 		},
