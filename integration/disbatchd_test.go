@@ -283,7 +283,7 @@ func TestExecAndShellAreOffByDefault(t *testing.T) {
 
 	off := startNode(t, nodeArgs(uri, db.Name(), "off", "--tick", "100ms"))
 	off.waitLog("node started", startWait)
-	off.waitLog("no plugin for constructor shell", 5*time.Second)
+	off.waitLog("no plugin for constructor shell on this node (start it with --enable-plugin shell", 5*time.Second)
 	off.waitLog("no plugin for constructor exec", 5*time.Second)
 	time.Sleep(time.Second) // ten ticks
 	ts := tasks(t, db)

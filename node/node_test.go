@@ -446,6 +446,7 @@ func TestQueuesTheNodeDoesNotServe(t *testing.T) {
 	time.Sleep(600 * time.Millisecond) // several ticks
 	require.Equal(t, int64(6), b.count(bson.D{{Key: "status", Value: -2}}))
 	require.Equal(t, 1, b.logs.Count("no plugin for constructor No::Such::Plugin"), "logged once, not every tick:\n%s", b.logs)
+	require.Equal(t, 1, b.logs.Count("start it with --plugin No::Such::Plugin=PATH"), "saying how to give it one:\n%s", b.logs)
 	require.Equal(t, 1, b.logs.Count("maxthreads is 0 or null"))
 
 	// Re-checked each tick: once the queue names a plugin this node has, it runs.

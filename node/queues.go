@@ -285,7 +285,12 @@ func (qs *queueSet) notThisNode(q schema.Queue, cfg schema.Config) string {
 		return "in the config's ignorequeues" + qs.listSource()
 	}
 	if _, ok := qs.plugins.Lookup(q.Constructor); !ok {
-		return "no plugin for constructor " + q.Constructor + " on this node"
+		hint := " (start it with --plugin " + q.Constructor + "=PATH for an external program"
+		switch q.Constructor {
+		case plugin.ShellConstructor, plugin.ExecConstructor:
+			hint = " (start it with --enable-plugin " + q.Constructor
+		}
+		return "no plugin for constructor " + q.Constructor + " on this node" + hint + "; its tasks wait for a node that has it)"
 	}
 	return ""
 }
