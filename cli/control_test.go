@@ -320,10 +320,13 @@ func TestTaskShowControlFields(t *testing.T) {
 		}},
 		{Key: "kill", Value: bson.D{{Key: "node", Value: "n2"}, {Key: "by", Value: "alice"}, {Key: "at", Value: at}, {Key: "reason", Value: "stuck"}}},
 		{Key: "not_before", Value: at}, {Key: "timeout", Value: 30},
+		{Key: "result", Value: 3}, {Key: "mixedout", Value: "out\nerr\n"}, {Key: "then_error", Value: "then queue \"x\": no such queue"},
 	})
 	show := e.ok("", "task", "show", ids[0].Hex())
 	for _, want := range []string{
 		"reason:     rerun\n",
+		"result:     3 (the command's exit code)\n",
+		"then error: then queue \"x\": no such queue\n",
 		"timeout:    30s\n",
 		"not_before: 2030-05-06T07:08:09Z\n",
 		"kill:       requested by alice at 2030-05-06T07:08:09Z: \"stuck\"; node n2\n",
@@ -339,6 +342,9 @@ func TestTaskShowControlFields(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(e.ok("", "task", "show", ids[0].Hex(), "--json")), &shown))
 	require.Equal(t, "rerun", shown["reason"])
 	require.EqualValues(t, 2, shown["attempt"])
+	require.EqualValues(t, 3, shown["result"])
+	require.Equal(t, "out\nerr\n", shown["mixedout"])
+	require.Equal(t, `then queue "x": no such queue`, shown["then_error"])
 	require.Equal(t, map[string]any{"node": "n2", "by": "alice", "at": "2030-05-06T07:08:09Z", "reason": "stuck"}, shown["kill"])
 	require.Len(t, shown["attempts"], 2)
 

@@ -59,6 +59,15 @@ func taskJSON(t schema.Task, stdout, stderr *string) map[string]any {
 		"parameters":  extJSON(t.Parameters),
 	}
 	addControlJSON(m, t)
+	if r, ok := t.Raw.Lookup(schema.TaskResult).AsInt64OK(); ok {
+		m["result"] = r // exec's and shell's exit code
+	}
+	if s, ok := t.Raw.Lookup(schema.TaskMixedout).StringValueOK(); ok {
+		m["mixedout"] = s
+	}
+	if s, ok := t.Raw.Lookup(schema.TaskThenError).StringValueOK(); ok && s != "" {
+		m["then_error"] = s
+	}
 	if stdout != nil {
 		m["stdout"] = *stdout
 	}

@@ -158,6 +158,12 @@ reason).`,
 			fmt.Fprintf(w, "ctime:      %v\n", fmtTime(t.CTime))
 			fmt.Fprintf(w, "mtime:      %v\n", fmtTime(t.MTime))
 			writeControl(w, t)
+			if r, ok := t.Raw.Lookup(schema.TaskResult).AsInt64OK(); ok {
+				fmt.Fprintf(w, "result:     %d (the command's exit code)\n", r)
+			}
+			if e, ok := t.Raw.Lookup(schema.TaskThenError).StringValueOK(); ok && e != "" {
+				fmt.Fprintf(w, "then error: %s\n", e)
+			}
 			fmt.Fprintf(w, "parameters: %s\n", extJSON(t.Parameters))
 			for _, o := range []struct {
 				name string

@@ -71,6 +71,9 @@ const (
 	// kept in the task's document, which MongoDB caps at 16 MiB with the
 	// parameters, stdout and stderr beside it.
 	MaxOutputBytes = 8 << 20
+	// TaskThenError says why a task's output could not become tasks of
+	// its queue's then queue.
+	TaskThenError = "then_error"
 	// TaskChainedFrom is the task whose output a task was made from.
 	TaskChainedFrom = "chained_from"
 	// TaskName names a continuous queue's task: the Unix time it was

@@ -64,7 +64,7 @@ func (s *Store) ThenCreate(ctx context.Context, id bson.ObjectID) (ThenResult, e
 	}
 	update := bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskThenPending, Value: ""}}}}
 	if problem != "" {
-		update = append(update, bson.E{Key: "$set", Value: bson.D{{Key: "then_error", Value: problem}}})
+		update = append(update, bson.E{Key: "$set", Value: bson.D{{Key: schema.TaskThenError, Value: problem}}})
 	}
 	// The mark of the attempt read: a later attempt's (the task retried
 	// and succeeded again meanwhile) is its own to resolve.

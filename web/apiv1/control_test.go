@@ -662,3 +662,24 @@ func TestScheduler(t *testing.T) {
 	require.Equal(t, 405, r.status)
 	require.Equal(t, "GET, HEAD", r.header.Get("Allow"))
 }
+
+// TestTaskShowsItsResultAndThenError: an exec or shell task's exit code
+// (result) and why its output made no tasks (then_error) are part of the
+// task, in a page of tasks as alone.
+func TestTaskShowsItsResultAndThenError(t *testing.T) {
+	e, _ := controlSetup(t)
+	e.newQueue("q")
+	ids := e.submit("q", `{}`, `{}`)
+	e.finished(ids[0], schema.StatusFailed)
+	e.setTask(ids[0], bson.D{{Key: "result", Value: int32(3)}, {Key: "mixedout", Value: "o\ne\n"}, {Key: "then_error", Value: "then queue \"x\": no such queue"}})
+	task := e.task(ids[0])
+	require.Equal(t, int64(3), *task.Result)
+	require.Equal(t, `then queue "x": no such queue`, *task.ThenError)
+	require.Nil(t, e.task(ids[1]).Result)
+	var page struct {
+		Tasks []Task `json:"tasks"`
+	}
+	e.want(200, "GET", "/api/v1/tasks?queue=q", nil).decode(t, &page)
+	require.Len(t, page.Tasks, 2)
+	require.Equal(t, int64(3), *page.Tasks[0].Result)
+}

@@ -179,6 +179,10 @@ type Task struct {
 	Parents         []string `json:"parents,omitempty"`
 	OnParentFailure *string  `json:"on_parent_failure,omitempty"`
 	AwaitingParents *bool    `json:"awaiting_parents,omitempty"`
+	// Result is the exit code exec and shell tasks record; ThenError why
+	// its output did not become tasks of its queue's then queue.
+	Result    *int64  `json:"result,omitempty"`
+	ThenError *string `json:"then_error,omitempty"`
 }
 
 // AttemptView is one attempt of a task.
@@ -292,6 +296,12 @@ func controlView(v *Task, t schema.Task) {
 	}
 	if g.AwaitingParents {
 		v.AwaitingParents = ptrTo(true)
+	}
+	if r, ok := t.Raw.Lookup(schema.TaskResult).AsInt64OK(); ok {
+		v.Result = ptrTo(r)
+	}
+	if e, ok := t.Raw.Lookup(schema.TaskThenError).StringValueOK(); ok && e != "" {
+		v.ThenError = ptrTo(e)
 	}
 }
 
