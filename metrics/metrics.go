@@ -156,7 +156,7 @@ var (
 	descLeader = prometheus.NewDesc("disbatch_projector_leader",
 		"1 while this node holds the counter projector's lease, else 0.", nil, nil)
 	descLag = prometheus.NewDesc("disbatch_projection_lag_seconds",
-		"Projection lag (event to counters committed) over the latest 8,192 events this node applied.", []string{"quantile"}, nil)
+		"Projection lag (event to counters committed) over the latest 8,192 events this node applied in the last 5 minutes (0 when none); only while this node holds the projector's lease.", []string{"quantile"}, nil)
 	descProjEvents = prometheus.NewDesc("disbatch_projection_events_total",
 		"Task events this node applied to the counters as projector.", nil, nil)
 	descNodeState = prometheus.NewDesc("disbatch_node_state",
@@ -299,8 +299,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		leader = 1
 	}
 	gauge(descLeader, leader)
-	gauge(descLag, ps.LagP50.Seconds(), "0.5")
-	gauge(descLag, ps.LagP99.Seconds(), "0.99")
+	if ps.Leader { // another node's lags are the projector's now
+		gauge(descLag, ps.LagP50.Seconds(), "0.5")
+		gauge(descLag, ps.LagP99.Seconds(), "0.99")
+	}
 	counter(descProjEvents, ps.Events)
 	counter(descDrift, ps.DriftQueues)
 	counter(descRecounts, ps.Reconciles)

@@ -284,6 +284,7 @@ func TestCollector(t *testing.T) {
 	require.Equal(t, 7.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "running"))
 	require.Equal(t, 5.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "failed"))
 	require.Equal(t, 0.0, value(t, mfs, "disbatch_projector_leader"))
+	require.Nil(t, mfs["disbatch_projection_lag_seconds"], "no lag from a node that does not project (its last term's stayed, and max() over the nodes kept the lag alert firing)")
 	require.Equal(t, 10.0, value(t, mfs, "disbatch_queue_tasks", "queue", "alpha", "state", "done"))
 	require.Nil(t, find(mfs, "disbatch_node_tasks_running", "queue", "beta"))
 }

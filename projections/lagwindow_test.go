@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/projections"
 )
 
@@ -48,4 +49,27 @@ func TestLagFiguresSummariseTheLatestLagWindowEvents(t *testing.T) {
 	s.Record(repeat(time.Second, 60)...)
 	require.Equal(t, time.Second, s.Stats().LagP50, "60 of the latest 100 are slow (and what came since the last Stats counts)")
 	require.Equal(t, int64(210), s.Stats().Events)
+}
+
+// TestLagFiguresLetOldLagsGo: a lag counts for LagMaxAge; a slow spell
+// (a new term's catch-up) stops counting once it is that old, however few
+// events come after it (on a quiet cluster it counted for hours, and the
+// lag alert never resolved).
+func TestLagFiguresLetOldLagsGo(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	s := projections.New(projections.Config{Node: "n1", Clock: clk})
+	s.Record(repeat(10*time.Second, 100)...)
+	s.Record(repeat(time.Millisecond, 20)...)
+	require.Equal(t, 10*time.Second, s.Stats().LagP99)
+	clk.Advance(projections.LagMaxAge - time.Second)
+	require.Equal(t, 10*time.Second, s.Stats().LagP99, "not yet that old")
+	s.Record(repeat(2*time.Millisecond, 5)...)
+	clk.Advance(2 * time.Second)
+	st := s.Stats()
+	require.Equal(t, 2*time.Millisecond, st.LagP99, "only the recent lags")
+	clk.Advance(projections.LagMaxAge)
+	st = s.Stats()
+	require.Zero(t, st.LagP99, "none recent")
+	require.Zero(t, st.LagP50)
 }

@@ -100,6 +100,12 @@ const checkpointEvery = time.Second
 // DefaultLagWindow is Config.LagWindow's default.
 const DefaultLagWindow = 8192
 
+// LagMaxAge is how long a lag counts in Stats.LagP50 and LagP99: a lag
+// recorded longer ago is left out, so that a slow spell (a new term's
+// catch-up) stops counting once it is over, however few events come
+// after it (a quiet cluster kept a new term's catch-up lags for hours).
+const LagMaxAge = 5 * time.Minute
+
 // DefaultPreImagesIdle is Config.PreImagesIdle's default.
 const DefaultPreImagesIdle = 10 * time.Minute
 
@@ -128,8 +134,10 @@ type Stats struct {
 	// RecountFailures counts recounts, or their repairs, that failed (each
 	// retried after a backoff).
 	RecountFailures int64
-	LagP50          time.Duration
-	LagP99          time.Duration
+	// LagP50 and LagP99 summarise the lags of the latest LagWindow
+	// events recorded within LagMaxAge (0 when there are none).
+	LagP50 time.Duration
+	LagP99 time.Duration
 	// Reasons counts the reasons written on tasks (why a task ended or is
 	// held: cancelled, killed, timeout, retrying, orphaned, ...), by queue,
 	// whoever wrote them (a node, the CLI, the web API, another program),
@@ -155,9 +163,16 @@ type Service struct {
 
 	mu      sync.Mutex
 	stats   Stats
-	lags    []time.Duration // ring of the latest Config.LagWindow lags
+	lags    []lagAt // ring of the latest Config.LagWindow lags
 	lagI    int
-	lagsNew bool // lags came since Stats last summarised them
+	lagsNew bool      // lags came since Stats last summarised them
+	lagsAt  time.Time // when Stats last summarised them
+}
+
+// lagAt is one event's lag and when it was recorded.
+type lagAt struct {
+	lag time.Duration
+	at  time.Time
 }
 
 // New returns a service; nothing runs until Start.
@@ -183,7 +198,7 @@ func New(cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger.With("component", "projector"), clock: clock.Or(cfg.Clock), lags: make([]time.Duration, 0, min(cfg.LagWindow, DefaultLagWindow))}
+	s := &Service{cfg: cfg, log: cfg.Logger.With("component", "projector"), clock: clock.Or(cfg.Clock), lags: make([]lagAt, 0, min(cfg.LagWindow, DefaultLagWindow))}
 	s.elector = leadership.New(leadership.Config{
 		Lease: LeaseName, Owner: cfg.Node, Store: cfg.Store, TTL: cfg.LeaseTTL, Yield: cfg.Yield, First: cfg.First, Clock: cfg.Clock, Logger: cfg.Logger,
 	}, s.lead)
@@ -210,13 +225,22 @@ func (s *Service) Stats() Stats {
 	st.Reasons = maps.Clone(s.stats.Reasons)
 	status := s.elector.Status()
 	st.Leader, st.Epoch = status.Leader, status.Epoch
-	if n := len(s.lags); n > 0 && s.lagsNew {
-		// Sorted only when lags came since: a benchmark polls the stats
-		// every few milliseconds, with up to hundreds of thousands kept.
-		sorted := slices.Clone(s.lags)
+	if now := s.clock.Now(); s.lagsNew || now.Sub(s.lagsAt) >= time.Second {
+		// Sorted only when lags came since, or some may have aged out: a
+		// benchmark polls the stats every few milliseconds, with up to
+		// hundreds of thousands kept.
+		sorted := make([]time.Duration, 0, len(s.lags))
+		for _, l := range s.lags {
+			if now.Sub(l.at) <= LagMaxAge {
+				sorted = append(sorted, l.lag)
+			}
+		}
 		slices.Sort(sorted)
-		s.stats.LagP50, s.stats.LagP99 = sorted[n*50/100], sorted[min(n-1, n*99/100)]
-		s.lagsNew = false
+		s.stats.LagP50, s.stats.LagP99 = 0, 0
+		if n := len(sorted); n > 0 {
+			s.stats.LagP50, s.stats.LagP99 = sorted[n*50/100], sorted[min(n-1, n*99/100)]
+		}
+		s.lagsNew, s.lagsAt = false, now
 	}
 	st.LagP50, st.LagP99 = s.stats.LagP50, s.stats.LagP99
 	return st
@@ -279,11 +303,12 @@ func (s *Service) recorded(lags []time.Duration, events int, reasons map[ReasonK
 		s.stats.Reasons[k] += n
 	}
 	s.lagsNew = s.lagsNew || len(lags) > 0
+	now := s.clock.Now()
 	for _, l := range lags {
 		if len(s.lags) < s.cfg.LagWindow {
-			s.lags = append(s.lags, l) // grows to the window as lags come
+			s.lags = append(s.lags, lagAt{l, now}) // grows to the window as lags come
 		} else {
-			s.lags[s.lagI] = l
+			s.lags[s.lagI] = lagAt{l, now}
 			s.lagI = (s.lagI + 1) % len(s.lags)
 		}
 	}
