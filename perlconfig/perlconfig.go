@@ -120,10 +120,11 @@ func Parse(b []byte, p Program) (Config, error) {
 	if host == "" || c.Database == "" {
 		return c, errors.New("mongohost and database are required, as 4.103 requires them")
 	}
-	uri, err := mongoURI(host, c.Database, raw, p)
+	uri, notes, err := mongoURI(host, c.Database, raw, p)
 	if err != nil {
 		return c, err
 	}
+	c.Unused = append(c.Unused, notes...)
 	c.MongoURI = uri
 	if c.ActiveQueues, err = stringList(raw, "activequeues"); err != nil {
 		return c, err
@@ -152,7 +153,7 @@ func Parse(b []byte, p Program) (Config, error) {
 			c.GFS = GFSAlways
 		}
 	case json.Number:
-		if v.String() == "0" {
+		if !Truthy(v) {
 			c.GFS = GFSNever
 		} else {
 			c.GFS = GFSAlways
@@ -205,19 +206,48 @@ func Truthy(v any) bool {
 	case string:
 		return x != "" && x != "0"
 	case json.Number:
-		return x.String() != "0"
+		// A JSON number is a number to Perl: 0.0 and 0e0 are false too.
+		f, err := x.Float64()
+		return err != nil || f != 0
 	}
 	return true
 }
 
-// mongoURI builds the connection string 4.103 would connect with.
-func mongoURI(host, db string, raw map[string]any, p Program) (string, error) {
+// attrOptions are the attributes 4.103 hands MongoDB->connect that have
+// a connection string option of the same meaning.
+var attrOptions = map[string]string{
+	"replica_set_name":            "replicaSet",
+	"auth_mechanism":              "authMechanism",
+	"connect_timeout_ms":          "connectTimeoutMS",
+	"socket_timeout_ms":           "socketTimeoutMS",
+	"server_selection_timeout_ms": "serverSelectionTimeoutMS",
+	"heartbeat_frequency_ms":      "heartbeatFrequencyMS",
+	"local_threshold_ms":          "localThresholdMS",
+	"max_pool_size":               "maxPoolSize",
+	"app_name":                    "appName",
+	"compressors":                 "compressors",
+}
+
+// attrIgnored are attributes that would change what these programs rely
+// on, with why they are not followed.
+var attrIgnored = map[string]string{
+	"w":                  "attributes.w: these programs write with the write concern each write needs (majority where a failover must not lose it)",
+	"j":                  "attributes.j: these programs write with the write concern each write needs",
+	"wtimeout":           "attributes.wtimeout: these programs bound each write by its own deadline",
+	"read_preference":    "attributes.read_preference: these programs read from the primary",
+	"read_concern_level": "attributes.read_concern_level: these programs choose each read's concern",
+}
+
+// mongoURI builds the connection string 4.103 would connect with, from
+// mongohost, the program's auth user and the attributes 4.103 hands
+// MongoDB->connect; notes say which attributes are not followed, and why.
+func mongoURI(host, db string, raw map[string]any, p Program) (string, []string, error) {
 	if !strings.HasPrefix(host, "mongodb://") && !strings.HasPrefix(host, "mongodb+srv://") {
 		host = "mongodb://" + host
 	}
 	u, err := url.Parse(host)
 	if err != nil {
-		return "", fmt.Errorf("mongohost: %w", err)
+		return "", nil, fmt.Errorf("mongohost: %w", err)
 	}
 	if u.Path == "" {
 		u.Path = "/"
@@ -226,12 +256,45 @@ func mongoURI(host, db string, raw map[string]any, p Program) (string, error) {
 	if auth, ok := raw["auth"].(map[string]any); ok && len(auth) > 0 {
 		pw, ok := auth[string(p)].(string)
 		if !ok {
-			return "", fmt.Errorf("auth has no password for the user %s, which 4.103's %s connects as", p, p)
+			return "", nil, fmt.Errorf("auth has no password for the user %s, which 4.103's %s connects as", p, p)
 		}
 		u.User = url.UserPassword(string(p), pw)
 		q.Set("authSource", db)
 	}
+	var notes []string
 	if attrs, ok := raw["attributes"].(map[string]any); ok {
+		// Credentials in the attributes count only without an auth block:
+		// 4.103 replaces them with auth's (username, password, db_name).
+		if u.User == nil {
+			user, _ := attrs["username"].(string)
+			pw, hasPW := attrs["password"].(string)
+			switch {
+			case user != "" && hasPW:
+				u.User = url.UserPassword(user, pw)
+			case user != "":
+				u.User = url.User(user)
+			}
+			if name, _ := attrs["db_name"].(string); name != "" {
+				q.Set("authSource", name)
+			}
+		}
+		keys := make([]string, 0, len(attrs))
+		for k := range attrs {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			v := attrs[k]
+			switch {
+			case k == "ssl", k == "username", k == "password", k == "db_name":
+			case attrOptions[k] != "":
+				q.Set(attrOptions[k], fmt.Sprint(v))
+			case attrIgnored[k] != "":
+				notes = append(notes, attrIgnored[k])
+			default:
+				notes = append(notes, "attributes."+k+": no connection option here matches it (give it in a --mongo-uri instead)")
+			}
+		}
 		switch ssl := attrs["ssl"].(type) {
 		case nil:
 		case map[string]any:
@@ -248,7 +311,7 @@ func mongoURI(host, db string, raw map[string]any, p Program) (string, error) {
 			case cert != "" && (key == "" || key == cert):
 				q.Set("tlsCertificateKeyFile", cert)
 			case cert != "" || key != "":
-				return "", errors.New("attributes.ssl: SSL_cert_file and SSL_key_file must be one PEM file here (the Go driver reads both from tlsCertificateKeyFile)")
+				return "", nil, errors.New("attributes.ssl: SSL_cert_file and SSL_key_file must be one PEM file here (the Go driver reads both from tlsCertificateKeyFile)")
 			}
 		default:
 			if Truthy(ssl) {
@@ -257,7 +320,7 @@ func mongoURI(host, db string, raw map[string]any, p Program) (string, error) {
 		}
 	}
 	u.RawQuery = q.Encode()
-	return u.String(), nil
+	return u.String(), notes, nil
 }
 
 // Relax turns 4.103's relaxed JSON into JSON: # comments (outside strings)

@@ -72,7 +72,8 @@ func TestParseDefaultsAndModes(t *testing.T) {
 	require.Equal(t, "/usr/bin/task_runner", c.TaskRunner)
 	require.Equal(t, "/etc/disbatch/htdocs/", c.WebRoot)
 	require.False(t, c.Monitoring)
-	for gfs, want := range map[string]GFS{`"auto"`: GFSAuto, `true`: GFSAlways, `1`: GFSAlways, `"yes"`: GFSAlways, `false`: GFSNever, `0`: GFSNever, `"0"`: GFSNever, `null`: GFSAuto} {
+	for gfs, want := range map[string]GFS{`"auto"`: GFSAuto, `true`: GFSAlways, `1`: GFSAlways, `"yes"`: GFSAlways, `false`: GFSNever, `0`: GFSNever, `"0"`: GFSNever, `null`: GFSAuto,
+		`0.0`: GFSNever, `0e0`: GFSNever, `0.5`: GFSAlways} {
 		c, err := Parse([]byte(`{"mongohost": "mongodb://h/?replicaSet=r", "database": "d", "gfs": `+gfs+`}`), Node)
 		require.NoError(t, err, gfs)
 		require.Equal(t, want, c.GFS, gfs)
@@ -103,4 +104,27 @@ func TestRelax(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, `{"a": [1, 2], "b": "x # y, ]"}`, string(Relax([]byte(`{"a": [1, 2,], "b": "x # y, ]",}`))))
 	require.Equal(t, "{ \n\"a\": 1 \n}", string(Relax([]byte("{ # c\n\"a\": 1, # d\n}"))))
+}
+
+// TestAttributesAsMongoDBConnectTakesThem: the attributes 4.103 hands
+// MongoDB->connect become the connection's (credentials without an auth
+// block, which replaces them as in 4.103; the replica set, timeouts);
+// those these programs do not follow are reported with why, never
+// dropped in silence (they were: a config with credentials in its
+// attributes connected without them).
+func TestAttributesAsMongoDBConnectTakesThem(t *testing.T) {
+	t.Parallel()
+	c, err := Parse([]byte(`{"mongohost": "h1,h2", "database": "d", "attributes": {
+		"username": "u", "password": "p w", "db_name": "admin", "replica_set_name": "rs1",
+		"connect_timeout_ms": 5000, "w": 1, "read_preference": "secondary", "frobnicate": true}}`), Node)
+	require.NoError(t, err)
+	require.Equal(t, "mongodb://u:p%20w@h1,h2/?authSource=admin&connectTimeoutMS=5000&replicaSet=rs1", c.MongoURI)
+	require.Contains(t, c.Unused, "attributes.w: these programs write with the write concern each write needs (majority where a failover must not lose it)")
+	require.Contains(t, c.Unused, "attributes.read_preference: these programs read from the primary")
+	require.Contains(t, c.Unused, "attributes.frobnicate: no connection option here matches it (give it in a --mongo-uri instead)")
+
+	c, err = Parse([]byte(`{"mongohost": "h", "database": "d", "auth": {"disbatchd": "secret"},
+		"attributes": {"username": "u", "password": "p", "db_name": "admin"}}`), Node)
+	require.NoError(t, err)
+	require.Equal(t, "mongodb://disbatchd:secret@h/?authSource=d", c.MongoURI, "auth replaces the attributes' credentials")
 }
