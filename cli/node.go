@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -154,9 +155,15 @@ func nodeJSON(n schema.Node, now time.Time) map[string]any {
 	return m
 }
 
+// envNode is disbatchd's variable for its node's name, which drain takes
+// when given no NAME (a Kubernetes preStop hook runs in the node's
+// container).
+const envNode = "DISBATCH_NODE"
+
 func newNodeDrain(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "drain NAME",
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "drain [NAME]",
 		Short: "Ask a node to stop claiming and exit when its running tasks finish",
 		Long: `Ask the node NAME to drain: it stops claiming new tasks at its next
 heartbeat (within a second), lets the tasks it runs finish, then exits with
@@ -164,22 +171,42 @@ status 0. Its node document shows state "draining" meanwhile and "stopped"
 after. Nothing it runs is killed or handed back. A node started again later
 is not drained: the request is for the run that sees it.
 
+Without NAME, the node named by ` + envNode + ` (disbatchd's own variable): so a
+Kubernetes preStop hook in the node's container can run
+"disbatch node drain --wait 1h" (deployments/kubernetes/disbatchd.yaml).
+
+With --wait, it waits until the node says it has stopped (exit 0), or the
+wait is over (exit code 3), or the node is declared dead (exit 1).
+
 The request is drain: true on the node's document in the nodes collection.`,
 		Example: `  disbatch node drain worker-3
+  disbatch node drain worker-3 --wait 30m
   disbatch node list`,
-		Args: exactArgs("NAME"),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usagef("want at most 1 argument (NAME), got %d", len(args))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if args[0] == "" {
-				return usagef("node name is empty")
+			name := g.io.Getenv(envNode)
+			if len(args) == 1 {
+				name = args[0]
+			}
+			if name == "" {
+				return usagef("node name is empty (give NAME, or set %s)", envNode)
+			}
+			if wait < 0 {
+				return usagef("--wait %s: want 0 or more", wait)
 			}
 			s, done, err := g.open(cmd)
 			if err != nil {
 				return err
 			}
 			defer done()
-			n, err := s.NodeDrain(cmd.Context(), store.NodeDrainParams{Node: args[0]})
+			n, err := s.NodeDrain(cmd.Context(), store.NodeDrainParams{Node: name})
 			if errors.Is(err, store.ErrNotFound) {
-				return fmt.Errorf("no node named %q has ever written a heartbeat to this database (see disbatch node list)", args[0])
+				return fmt.Errorf("no node named %q has ever written a heartbeat to this database (see disbatch node list)", name)
 			}
 			if err != nil {
 				return err
@@ -187,12 +214,52 @@ The request is drain: true on the node's document in the nodes collection.`,
 			switch {
 			case n.State == schema.NodeStateStopped:
 				fmt.Fprintf(g.io.Out, "node %s says it has stopped; there is nothing to drain (a later start of it is not drained)\n", n.Node)
+				return nil
 			case n.Dead:
 				fmt.Fprintf(g.io.Out, "node %s was declared dead; the drain request applies if it comes back\n", n.Node)
+				return nil
 			default:
 				fmt.Fprintf(g.io.Out, "asked node %s to drain: it stops claiming within a heartbeat and exits when its %d running task(s) finish\n", n.Node, running(n))
 			}
-			return nil
+			if wait == 0 {
+				return nil
+			}
+			return waitDrained(cmd.Context(), g, s, name, wait)
 		},
+	}
+	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for the node to stop (exit code 3 if it has not), e.g. 30m; 0: do not wait")
+	return cmd
+}
+
+// drainPoll is how often waitDrained reads the node's document.
+var drainPoll = time.Second
+
+// waitDrained waits for the node to say it has stopped.
+func waitDrained(ctx context.Context, g *globals, s *store.Store, name string, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	t := time.NewTicker(drainPoll)
+	defer t.Stop()
+	last := int64(-1)
+	for {
+		n, err := s.NodeGet(ctx, name)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			return err
+		case err != nil:
+		case n.State == schema.NodeStateStopped:
+			fmt.Fprintf(g.io.Out, "node %s has stopped\n", name)
+			return nil
+		case n.Dead:
+			return fmt.Errorf("node %s was declared dead before it stopped", name)
+		case running(n) != last:
+			last = running(n)
+			fmt.Fprintf(g.io.Out, "node %s: %d running task(s) to finish\n", name, last)
+		}
+		select {
+		case <-ctx.Done():
+			return &exitError{code: ExitTimeout, err: fmt.Errorf("node %s has not stopped after %s", name, wait)}
+		case <-t.C:
+		}
 	}
 }

@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,7 +63,50 @@ func TestNodeListAndDrain(t *testing.T) {
 	require.Contains(t, r.err, `no node named "nobody"`)
 	r = e.run("", "node", "drain")
 	require.Equal(t, ExitUsage, r.code)
+	require.Contains(t, r.err, "give NAME, or set DISBATCH_NODE")
 	require.Equal(t, int64(0), e.count("nodes", bson.D{{Key: "node", Value: "nobody"}}), "nothing written")
+}
+
+// TestNodeDrainWaits: drain takes its node from DISBATCH_NODE when given
+// no NAME (a Kubernetes preStop hook in the node's container) and, with
+// --wait, returns once the node says it has stopped, or exits 3 when the
+// wait is over first.
+func TestNodeDrainWaits(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	s := store.New(e.db, store.Options{})
+	drainPoll = 20 * time.Millisecond
+	for _, name := range []string{"pod-1", "stuck"} {
+		_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: name, State: schema.NodeStateRunning})
+		require.NoError(t, err)
+	}
+	drain := func(env map[string]string, args ...string) result {
+		var out, errb bytes.Buffer
+		args = append(args, "--mongo-uri", e.uri, "--database", e.db.Name())
+		code := Run(ctx, args, IO{In: strings.NewReader(""), Out: &out, Err: &errb, Getenv: func(k string) string { return env[k] }})
+		return result{out.String(), errb.String(), code}
+	}
+	done := make(chan result, 1)
+	go func() { done <- drain(map[string]string{"DISBATCH_NODE": "pod-1"}, "node", "drain", "--wait", "30s") }()
+	require.Eventually(t, func() bool {
+		n, err := s.NodeGet(ctx, "pod-1")
+		return err == nil && n.Drain
+	}, 10*time.Second, 10*time.Millisecond)
+	select {
+	case r := <-done:
+		t.Fatalf("returned before the node stopped: %+v", r)
+	case <-time.After(200 * time.Millisecond):
+	}
+	_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "pod-1", State: schema.NodeStateStopped})
+	require.NoError(t, err)
+	r := <-done
+	require.Equal(t, ExitOK, r.code, r.err)
+	require.Contains(t, r.out, "asked node pod-1 to drain")
+	require.Contains(t, r.out, "node pod-1 has stopped")
+
+	r = drain(nil, "node", "drain", "stuck", "--wait", "300ms")
+	require.Equal(t, ExitTimeout, r.code, r.err)
+	require.Contains(t, r.err, "node stuck has not stopped after 300ms")
 }
 
 func TestQueueNamesFallBackToTheID(t *testing.T) {

@@ -286,7 +286,13 @@ func TestDeploymentsUseOnlyRealFlagsAndVariables(t *testing.T) {
 					if isCmd(tok, "disbatch-web") {
 						tree, bin = web, "disbatch-web"
 					}
-					path, c := tree.command(toks[j+1:])
+					// Subcommands as written in a YAML or JSON list too:
+					// "node", "drain",
+					words := make([]string, 0, len(toks)-j-1)
+					for _, w := range toks[j+1:] {
+						words = append(words, strings.Trim(w, "`'\",[]()"))
+					}
+					path, c := tree.command(words)
 					for _, arg := range toks[j+1:] {
 						if isSep(arg) {
 							break
