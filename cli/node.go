@@ -236,17 +236,17 @@ var drainPoll = time.Second
 
 // waitDrained waits for the node to say it has stopped.
 func waitDrained(ctx context.Context, g *globals, s *store.Store, name string, wait time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	t := time.NewTicker(drainPoll)
-	defer t.Stop()
+	deadline := time.Now().Add(wait)
 	last := int64(-1)
 	for {
-		n, err := s.NodeGet(ctx, name)
+		// Each read has its own deadline: one cut short by the wait's end
+		// would fail the command rather than say the wait is over.
+		rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		n, err := s.NodeGet(rctx, name)
+		cancel()
 		switch {
-		case err != nil && ctx.Err() == nil:
-			return err
 		case err != nil:
+			return err
 		case n.State == schema.NodeStateStopped:
 			fmt.Fprintf(g.io.Out, "node %s has stopped\n", name)
 			return nil
@@ -256,10 +256,14 @@ func waitDrained(ctx context.Context, g *globals, s *store.Store, name string, w
 			last = running(n)
 			fmt.Fprintf(g.io.Out, "node %s: %d running task(s) to finish\n", name, last)
 		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return &exitError{code: ExitTimeout, err: fmt.Errorf("node %s has not stopped after %s", name, wait)}
+		}
 		select {
 		case <-ctx.Done():
-			return &exitError{code: ExitTimeout, err: fmt.Errorf("node %s has not stopped after %s", name, wait)}
-		case <-t.C:
+			return ctx.Err()
+		case <-time.After(min(drainPoll, left)):
 		}
 	}
 }
