@@ -380,7 +380,7 @@ func (t *nodeTarget) heartbeatQueues() ([]schema.NodeQueue, []string, []string) 
 
 func (t *nodeTarget) fence(silence time.Duration) {
 	t.claimer.Pause(claimer.PauseFenced)
-	t.runner.killAll(fmt.Errorf("node fenced: no heartbeat acknowledged for %s", silence.Round(time.Millisecond)), true)
+	t.runner.killAll(&controlKill{reason: schema.ReasonFenced, text: fmt.Sprintf("node fenced: no heartbeat acknowledged for %s", silence.Round(time.Millisecond))}, true)
 }
 
 func (t *nodeTarget) rejoin() {

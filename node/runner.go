@@ -478,9 +478,9 @@ func (r *runner) kill(id bson.ObjectID, cause error) bool {
 }
 
 // controlKill is why task control killed a task's plugin: an operator's
-// kill request, or the task's deadline.
+// kill request, the task's deadline, or its node's fence.
 type controlKill struct {
-	reason string // schema.ReasonKilled or schema.ReasonTimeout
+	reason string // schema.ReasonKilled, ReasonTimeout or ReasonFenced
 	text   string
 }
 

@@ -56,11 +56,12 @@ const (
 	ReasonRetrying     = "retrying"      // held (StatusBlocked) until its retry
 	ReasonRequeued     = "requeued"      // an operator requeued it
 	ReasonRerun        = "rerun"         // requeued after its node died (rerun_orphans)
+	ReasonFenced       = "fenced"        // its node fenced itself (no heartbeat acknowledged) and killed it
 )
 
 // Reasons lists the reasons a task can carry, for validating filters.
 var Reasons = []string{ReasonKilled, ReasonCancelled, ReasonTimeout, ReasonExpired, ReasonParentFailed,
-	ReasonOrphaned, ReasonRetrying, ReasonRequeued, ReasonRerun}
+	ReasonOrphaned, ReasonRetrying, ReasonRequeued, ReasonRerun, ReasonFenced}
 
 // MaxAttemptsKept bounds a task's attempts history.
 const MaxAttemptsKept = 20

@@ -401,7 +401,7 @@ function overviewPage() {
 // -------------------------------------------------------------- queue page
 
 const STATUSES = ['queued', 'blocked', 'claimed', 'running', 'succeeded', 'failed', 'cancelled', 'orphaned', 'terminated'];
-const REASONS = ['killed', 'cancelled', 'timeout', 'expired', 'parent_failed', 'orphaned', 'retrying', 'requeued', 'rerun'];
+const REASONS = ['killed', 'cancelled', 'timeout', 'expired', 'parent_failed', 'orphaned', 'retrying', 'requeued', 'rerun', 'fenced'];
 
 function taskRow(t) {
   return h('tr', { 'data-task': t.id },
