@@ -73,7 +73,7 @@ func New() *Metrics {
 			Name: "disbatch_tasks_claimed_total", Help: "Tasks claimed by this node.",
 		}, []string{"queue"}),
 		pickup: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "disbatch_task_pickup_seconds", Help: "From a task's ctime to its running (status 0) on this node.",
+			Name: "disbatch_task_pickup_seconds", Help: "From when a task could run (its ctime, or later its not_before, the end of its last attempt or an operator's requeue) to its running (status 0) on this node.",
 			Buckets: PickupBuckets,
 		}, []string{"queue"}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{

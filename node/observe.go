@@ -61,7 +61,28 @@ const (
 // metrics.
 func observeTask(name string, obs Observer, c clock.Clock, q claimer.Queue, t schema.Task, claim claimer.Timing) taskSteps {
 	obs.TaskClaimed(q.Name)
-	return stepsList{newTaskTrace(name, q, t, claim), &taskMetrics{obs: obs, clock: c, queue: q.Name, ctime: t.CTime}}
+	return stepsList{newTaskTrace(name, q, t, claim), &taskMetrics{obs: obs, clock: c, queue: q.Name, ctime: queuedSince(t)}}
+}
+
+// queuedSince is when the task's wait for this attempt began: its ctime,
+// or later its not_before (a delay, a retry's backoff), the end of its
+// last attempt, or an operator's requeue. A retry's pickup and wait
+// counted from the ctime took in the earlier attempts and their backoffs.
+func queuedSince(t schema.Task) time.Time {
+	since := t.CTime
+	later := func(at time.Time) {
+		if at.After(since) {
+			since = at
+		}
+	}
+	later(t.Control.NotBefore)
+	if n := len(t.Control.Attempts); n > 0 {
+		later(t.Control.Attempts[n-1].Finished)
+		if at, ok := t.Raw.Lookup(schema.TaskRequeued, schema.KillAt).TimeOK(); ok {
+			later(at)
+		}
+	}
+	return since
 }
 
 // stepsList tells each of its steps in turn.
@@ -150,8 +171,8 @@ func (m *taskMetrics) finished(res plugin.Result, err error) {
 }
 
 // taskTrace is one trace per task, joined to the submitter's when the task
-// carries its trace context. The task span starts at the task's ctime, so
-// the time it waited in the queue is visible, with children queued, claim
+// carries its trace context. The task span starts when the task's wait
+// for this attempt began (queuedSince), so the time it waited is visible, with children queued, claim
 // (both writes: claimed and running), run (the plugin) and complete.
 type taskTrace struct {
 	ctx         context.Context
@@ -167,9 +188,9 @@ func (tt *taskTrace) quiet() bool { return !tt.task.IsRecording() }
 
 func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Timing) *taskTrace {
 	tracer := tracing.Tracer()
-	begin := claim.Start
-	if !t.CTime.IsZero() && t.CTime.Before(begin) {
-		begin = t.CTime
+	begin, since := claim.Start, queuedSince(t)
+	if !since.IsZero() && since.Before(begin) {
+		begin = since
 	}
 	ctx, task := tracer.Start(tracing.Extract(context.Background(), t.TraceParent, t.TraceState), "disbatch.task",
 		trace.WithTimestamp(begin), trace.WithSpanKind(trace.SpanKindConsumer))
@@ -191,10 +212,10 @@ func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Tim
 		attribute.String("disbatch.constructor", q.Constructor),
 		attribute.String("disbatch.node", node),
 	)
-	if !t.CTime.IsZero() {
-		wait := claim.Start.Sub(t.CTime)
+	if !since.IsZero() {
+		wait := claim.Start.Sub(since)
 		task.SetAttributes(attribute.Float64("disbatch.queue.wait_ms", float64(wait.Microseconds())/1000))
-		_, queued := tracer.Start(ctx, "disbatch.queued", trace.WithTimestamp(t.CTime))
+		_, queued := tracer.Start(ctx, "disbatch.queued", trace.WithTimestamp(since))
 		queued.End(trace.WithTimestamp(claim.Start))
 	}
 	_, claimSpan := tracer.Start(ctx, "disbatch.claim", trace.WithTimestamp(claim.Start))
