@@ -225,8 +225,31 @@ func (s *Store) QueueUpdate(ctx context.Context, p QueueUpdateParams) error {
 	if res.MatchedCount == 0 {
 		return fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
 	}
+	if p.Interval != nil {
+		if err := s.continuousSooner(ctx, p.ID, *p.Interval); err != nil {
+			return err
+		}
+	}
 	if p.Name != nil {
 		return s.thenRenamed(ctx, old, *p.Name)
+	}
+	return nil
+}
+
+// continuousSooner brings a continuous queue's next task forward to one
+// interval from now when its interval was shortened: next_continuous
+// still held the old interval's moment (a day, where the new interval is
+// a minute), as seed 001's reloaded work spec does not.
+func (s *Store) continuousSooner(ctx context.Context, queue bson.ObjectID, interval time.Duration) error {
+	now, err := s.dueClock(ctx, true)
+	if err != nil {
+		return fmt.Errorf("queue %s: interval: %w", queue.Hex(), err)
+	}
+	next := now.Add(interval)
+	_, err = s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: queue}, {Key: schema.QueueNextContinuous, Value: bson.D{{Key: "$gt", Value: next}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: schema.QueueNextContinuous, Value: next}}}})
+	if err != nil {
+		return fmt.Errorf("queue %s: bring its next continuous task forward: %w", queue.Hex(), err)
 	}
 	return nil
 }

@@ -94,3 +94,28 @@ func testContinuousAtTheGivenMoment(t *testing.T, newStore Factory) {
 	require.NoError(t, err)
 	require.Equal(t, at.Add(time.Minute), got.Sched.NextContinuous.UTC())
 }
+
+// testContinuousIntervalShortened: a shortened interval brings the next
+// task forward to one new interval from now; a longer one leaves it.
+func testContinuousIntervalShortened(t *testing.T, newStore Factory) {
+	s, _ := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "cont", schema.SortFIFO)
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Continuous: ptr(true), Interval: ptr(24 * time.Hour)}))
+	now, err := s.ServerNow(ctx)
+	require.NoError(t, err)
+	_, ok, err := s.ContinuousCreate(ctx, q.ID, 24*time.Hour, now)
+	require.NoError(t, err)
+	require.True(t, ok)
+	next := func() time.Time {
+		t.Helper()
+		got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: q.ID.Hex()})
+		require.NoError(t, err)
+		return got.Sched.NextContinuous
+	}
+	require.WithinDuration(t, now.Add(24*time.Hour), next(), time.Second)
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Interval: ptr(time.Minute)}))
+	require.WithinDuration(t, now.Add(time.Minute), next(), 30*time.Second, "a day away no more")
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Interval: ptr(time.Hour)}))
+	require.WithinDuration(t, now.Add(time.Minute), next(), 30*time.Second, "a longer interval counts from the next creation")
+}

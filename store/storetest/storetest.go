@@ -74,6 +74,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ThreadsMirrorsTheCap", testThreadsMirrorsTheCap},
 		{"ContinuousCreateOnePerInterval", testContinuousCreate},
 		{"ContinuousAtTheGivenMoment", testContinuousAtTheGivenMoment},
+		{"ContinuousIntervalShortened", testContinuousIntervalShortened},
 		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
 		{"ThenFollowsItsQueue", testThenFollowsItsQueue},
 		{"TaskGuardedTransitions", testTaskGuarded},
