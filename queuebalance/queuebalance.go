@@ -42,6 +42,8 @@ const DefaultPeriod = 30 * time.Second
 // Store is what the duty reads and writes.
 type Store interface {
 	BalanceGet(ctx context.Context) (bson.Raw, error)
+	// BalanceSet sets fields of the balance document, creating it.
+	BalanceSet(ctx context.Context, set bson.D) error
 	QueueList(ctx context.Context) (store.QueueListResult, error)
 	QueueBalanceSet(ctx context.Context, id bson.ObjectID, cap int) error
 	// TaskQueuedCount counts a queue's tasks that may run now (status
@@ -102,11 +104,19 @@ type queueState struct {
 func (b *Balancer) Pass(ctx context.Context) {
 	now := b.Clock.Now()
 	raw, err := b.cfg.Store.BalanceGet(ctx)
+	if err == nil && raw == nil {
+		// None yet: 4.103's queuebalanced makes an empty one, where its
+		// status goes (/monitoring reports it) and the web's editor finds it.
+		if err = b.cfg.Store.BalanceSet(ctx, bson.D{{Key: "max_tasks", Value: bson.D{}}, {Key: "queues", Value: bson.A{}}}); err == nil {
+			b.Log.Info("no balance document: made an empty one (max_tasks {}, queues [])")
+			raw, err = b.cfg.Store.BalanceGet(ctx)
+		}
+	}
 	if err != nil || raw == nil {
 		if err != nil && ctx.Err() == nil {
 			b.Log.Warn("read the balance document", "error", err)
 		}
-		return // no document: nothing to balance, nowhere to say so
+		return
 	}
 	var d doc
 	if err := bson.Unmarshal(raw, &d); err != nil {
@@ -129,6 +139,10 @@ func (b *Balancer) Pass(ctx context.Context) {
 			return
 		}
 		entries[k] = int(n)
+	}
+	if len(entries) == 0 {
+		b.status(ctx, now, "OK", "QueueBalance is running; max_tasks has no entries, so it caps no queue", clear)
+		return
 	}
 	max, err := MaxTasks(entries, now.Local())
 	if err != nil {

@@ -188,3 +188,21 @@ func TestPassPutsThreadsBack(t *testing.T) {
 	require.EqualValues(t, 0, threads("held"))
 	require.EqualValues(t, 3, threads("capped"))
 }
+
+// TestPassMakesAnEmptyBalanceDocument: with no balance document, a pass
+// makes an empty one, as 4.103's queuebalanced does, and says it runs and
+// caps nothing (it wrote no status: /monitoring said "unknown status").
+func TestPassMakesAnEmptyBalanceDocument(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	queuebalance.New(queuebalance.Config{Store: s}).Pass(ctx)
+	raw, err := s.BalanceGet(ctx)
+	require.NoError(t, err)
+	require.NotNil(t, raw)
+	require.Equal(t, "{}", raw.Lookup("max_tasks").String())
+	require.Equal(t, "[]", raw.Lookup("queues").String())
+	require.Equal(t, "OK", raw.Lookup("status").StringValue())
+	require.Equal(t, "QueueBalance is running; max_tasks has no entries, so it caps no queue", raw.Lookup("message").StringValue())
+}
