@@ -53,7 +53,11 @@ type Stream struct {
 	cfg Config
 	log *slog.Logger
 
-	reader      atomic.Pointer[store.StreamReader]
+	reader atomic.Pointer[store.StreamReader]
+	// resumesMu makes a retired reader's resumes move to pastResumes at
+	// once for Stats (a scrape between the two counted them twice, and
+	// the next one less: a counter going back).
+	resumesMu   sync.Mutex
 	pastResumes atomic.Int64 // of readers of earlier runs
 	events      atomic.Int64
 	rescans     atomic.Int64
@@ -101,10 +105,12 @@ func (s *Stream) Quiet(on bool) {
 
 // Stats returns the counters.
 func (s *Stream) Stats() Stats {
+	s.resumesMu.Lock()
 	resumes := s.pastResumes.Load()
 	if r := s.reader.Load(); r != nil {
 		resumes += r.Stats().Resumes
 	}
+	s.resumesMu.Unlock()
 	return Stats{Events: s.events.Load(), Resumes: resumes, Rescans: s.rescans.Load(), Quiets: s.quiets.Load()}
 }
 
@@ -139,8 +145,10 @@ func (s *Stream) open(ctx context.Context, present bool) (*store.StreamReader, e
 // retire closes r (saving its position and killing its server cursor).
 func (s *Stream) retire(r *store.StreamReader) {
 	r.Close()
+	s.resumesMu.Lock()
 	s.pastResumes.Add(r.Stats().Resumes)
 	s.reader.Store(nil)
+	s.resumesMu.Unlock()
 }
 
 func (s *Stream) follow(ctx context.Context, r *store.StreamReader) {
