@@ -280,6 +280,14 @@ func (tt *taskTrace) controlled(action, detail string) {
 
 func (tt *taskTrace) end(outcome string) {
 	tt.task.SetAttributes(attribute.String("disbatch.outcome", outcome))
+	// A child a path left open (a claim found lost, a run left to its
+	// supervisor) ends with the task, or it is never exported; ending
+	// one already ended does nothing.
+	for _, s := range []trace.Span{tt.claim, tt.run, tt.complete} {
+		if s != nil {
+			s.End()
+		}
+	}
 	tt.task.End()
 }
 

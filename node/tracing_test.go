@@ -146,3 +146,30 @@ func TestATaskSpanThatDoesNotRecordStartsNoChildren(t *testing.T) {
 	tt.finished(plugin.Result{Status: schema.StatusSucceeded}, nil)
 	tt.end("succeeded")
 }
+
+// TestEveryChildSpanEndsWithItsTask: a path that leaves a child span open
+// (a claim found lost; a run left to its supervisor when the node stops)
+// has it ended with the task, so that it is exported (they never were).
+func TestEveryChildSpanEndsWithItsTask(t *testing.T) {
+	rec, _ := recorded()
+	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: plugin.DemoConstructor}
+	ended := func(tt *taskTrace) map[string]bool {
+		names := map[string]bool{}
+		trace := tt.task.SpanContext().TraceID()
+		for _, s := range rec.Ended() {
+			if s.SpanContext().TraceID() == trace {
+				names[s.Name()] = true
+			}
+		}
+		return names
+	}
+	lost := newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()})
+	lost.end("lost")
+	require.Equal(t, map[string]bool{"disbatch.task": true, "disbatch.claim": true}, ended(lost))
+
+	detached := newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()})
+	detached.started()
+	detached.controlled(ControlDetached, "the node stopped")
+	detached.end("detached")
+	require.Equal(t, map[string]bool{"disbatch.task": true, "disbatch.claim": true, "disbatch.run": true}, ended(detached))
+}
