@@ -222,6 +222,14 @@ func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Tim
 	return &taskTrace{ctx: ctx, constructor: q.Constructor, task: task, claim: claimSpan}
 }
 
+// adoptedTrace is the trace of a task a start takes back from its
+// supervisor: it begins now, with no queued span (it has been running:
+// one from its ctime showed the run as a wait).
+func adoptedTrace(node string, q claimer.Queue, t schema.Task, now time.Time) *taskTrace {
+	t.CTime, t.Control.NotBefore, t.Control.Attempts = time.Time{}, time.Time{}, nil
+	return newTaskTrace(node, q, t, claimer.Timing{Start: now, End: now})
+}
+
 func (tt *taskTrace) handedBack(why string) {
 	tt.claim.AddEvent("handed back: " + why)
 	tt.claim.End()

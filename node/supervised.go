@@ -379,7 +379,7 @@ func (r *runner) adopt(ctx context.Context, st adoptStore, hs map[bson.ObjectID]
 		}
 		take(q.ID)
 		adopted++
-		tt := newTaskTrace(r.cfg.Name, q, t, claimer.Timing{Start: r.clock.Now(), End: r.clock.Now()})
+		tt := adoptedTrace(r.cfg.Name, q, t, r.clock.Now())
 		steps := stepsList{tt, &taskMetrics{obs: obs, clock: r.clock, queue: q.Name}}
 		steps.controlled(ControlAdopted, fmt.Sprintf("taken back from its supervisor (pid %d) by the node's new run", h.PID))
 		log.Info("adopted a running task from its supervisor", "queue", q.Name, "supervisor_pid", h.PID)

@@ -173,3 +173,27 @@ func TestEveryChildSpanEndsWithItsTask(t *testing.T) {
 	detached.end("detached")
 	require.Equal(t, map[string]bool{"disbatch.task": true, "disbatch.claim": true, "disbatch.run": true}, ended(detached))
 }
+
+// TestAnAdoptedTaskDidNotWait: the trace of a task taken back from its
+// supervisor begins when it is adopted, with no queued span (one from its
+// ctime showed an hour's run as an hour's wait).
+func TestAnAdoptedTaskDidNotWait(t *testing.T) {
+	rec, _ := recorded()
+	q := claimer.Queue{ID: bson.NewObjectID(), Name: "q", Constructor: plugin.ExecConstructor}
+	now := time.Now()
+	task := schema.Task{ID: bson.NewObjectID(), CTime: now.Add(-time.Hour)}
+	tt := adoptedTrace("n1", q, task, now)
+	tt.started()
+	tt.end("detached")
+	var names []string
+	for _, s := range rec.Ended() {
+		if s.SpanContext().TraceID() == tt.task.SpanContext().TraceID() {
+			names = append(names, s.Name())
+			if s.Name() == "disbatch.task" {
+				require.False(t, s.StartTime().Before(now), "begins at the adoption")
+				require.NotContains(t, attrs(s), attribute.Key("disbatch.queue.wait_ms"))
+			}
+		}
+	}
+	require.ElementsMatch(t, []string{"disbatch.task", "disbatch.claim", "disbatch.run"}, names)
+}
