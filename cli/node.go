@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,7 +72,7 @@ last heartbeat).`,
 				if state == "" {
 					state = "-"
 				}
-				tw.row(n.Node, state, heartbeatAge(n, res.Now), fmt.Sprint(running(n)), fmtMaxThreads(n.MaxThreads), nodeNotes(n))
+				tw.row(n.Node, state, heartbeatAge(n, res.Now), fmt.Sprint(running(n)), nodeMaxThreads(n), nodeNotes(n))
 			}
 			return tw.print(g.io.Out)
 		},
@@ -135,13 +136,14 @@ func queueNames(n schema.Node, ids []string) string {
 
 func nodeJSON(n schema.Node, now time.Time) map[string]any {
 	m := map[string]any{
-		"node":       n.Node,
-		"state":      n.State,
-		"timestamp":  n.Timestamp,
-		"running":    running(n),
-		"maxthreads": n.MaxThreads,
-		"dead":       n.Dead,
-		"drain":      n.Drain,
+		"node":           n.Node,
+		"state":          n.State,
+		"timestamp":      n.Timestamp,
+		"running":        running(n),
+		"maxthreads":     n.MaxThreads,
+		"own_maxthreads": n.OwnMaxThreads,
+		"dead":           n.Dead,
+		"drain":          n.Drain,
 	}
 	if !n.Timestamp.IsZero() && !now.IsZero() {
 		m["heartbeat_age_seconds"] = now.Sub(n.Timestamp).Seconds()
@@ -266,4 +268,20 @@ func waitDrained(ctx context.Context, g *globals, s *store.Store, name string, w
 		case <-time.After(min(drainPoll, left)):
 		}
 	}
+}
+
+// nodeMaxThreads is the cap a node runs under: the lower of its own (its
+// --maxthreads, from its heartbeat) and the operator's (maxthreads on its
+// document), saying which; "-" for none.
+func nodeMaxThreads(n schema.Node) string {
+	own, op := n.OwnMaxThreads, n.MaxThreads
+	switch {
+	case own == nil && op == nil:
+		return "-"
+	case op == nil:
+		return strconv.Itoa(*own)
+	case own == nil || *op < *own:
+		return strconv.Itoa(*op) + " (set)"
+	}
+	return strconv.Itoa(*own)
 }

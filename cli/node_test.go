@@ -29,16 +29,22 @@ func TestNodeListAndDrain(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "perl"}, {Key: "timestamp", Value: time.Now()}})
 	require.NoError(t, err)
-	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "poller", State: schema.NodeStateRunning, Serves: []string{}, WakeupStream: false})
+	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "poller", State: schema.NodeStateRunning, Serves: []string{}, WakeupStream: false,
+		OwnMaxThreads: ptr(8)})
+	require.NoError(t, err)
+	_, err = s.NodeUpsert(ctx, store.NodeUpsertParams{Node: "capped", State: schema.NodeStateRunning, OwnMaxThreads: ptr(8)})
+	require.NoError(t, err)
+	_, err = e.db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "capped"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 2}}}})
 	require.NoError(t, err)
 
 	out := e.ok("", "node", "list")
 	require.Regexp(t, `(?m)^NODE\s+STATE\s+HEARTBEAT\s+RUNNING\s+MAXTHREADS\s+NOTES$`, out)
-	require.Regexp(t, `(?m)^alive\s+running\s+[0-9.]+m?s ago\s+3\s+null\s+full: q$`, out)
-	require.Regexp(t, `(?m)^poller\s+running\s+[0-9.]+m?s ago\s+0\s+null\s+polling only$`, out)
-	require.Regexp(t, `(?m)^perl\s+-\s+[0-9.]+m?s ago\s+0\s+null\s*$`, out, "4.103's node says nothing of wake-ups")
+	require.Regexp(t, `(?m)^alive\s+running\s+[0-9.]+m?s ago\s+3\s+-\s+full: q$`, out)
+	require.Regexp(t, `(?m)^poller\s+running\s+[0-9.]+m?s ago\s+0\s+8\s+polling only$`, out, "its own cap, from its heartbeat")
+	require.Regexp(t, `(?m)^capped\s+running\s+[0-9.]+m?s ago\s+0\s+2 \(set\)\s*`, out, "an operator's lower cap")
+	require.Regexp(t, `(?m)^perl\s+-\s+[0-9.]+m?s ago\s+0\s+-\s*$`, out, "4.103's node says nothing of wake-ups")
 	// An hour ago, give or take the moments a loaded machine takes to list it.
-	require.Regexp(t, `(?m)^gone\s+-\s+1h0m[0-9.]+s ago\s+0\s+null\s+DEAD \(declared by alive at `, out)
+	require.Regexp(t, `(?m)^gone\s+-\s+1h0m[0-9.]+s ago\s+0\s+-\s+DEAD \(declared by alive at `, out)
 
 	out = e.ok("", "node", "drain", "alive")
 	require.Contains(t, out, "asked node alive to drain")
@@ -49,14 +55,17 @@ func TestNodeListAndDrain(t *testing.T) {
 
 	var nodes []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(e.ok("", "node", "list", "--json")), &nodes))
-	require.Len(t, nodes, 4)
+	require.Len(t, nodes, 5)
 	require.Equal(t, "alive", nodes[0]["node"])
 	require.Equal(t, true, nodes[0]["drain"])
-	require.Equal(t, true, nodes[1]["dead"])
+	require.Equal(t, "capped", nodes[1]["node"])
+	require.EqualValues(t, 2, nodes[1]["maxthreads"])
+	require.EqualValues(t, 8, nodes[1]["own_maxthreads"])
+	require.Equal(t, true, nodes[2]["dead"])
 	require.Equal(t, []any{"571f8951b75bf335634ec271"}, nodes[0]["serves"])
 	require.Equal(t, []any{"571f8951b75bf335634ec271"}, nodes[0]["full"])
 	require.Equal(t, true, nodes[0]["wakeup_stream"])
-	require.NotContains(t, nodes[2], "serves", "4.103's node does not say")
+	require.NotContains(t, nodes[3], "serves", "4.103's node does not say")
 
 	r := e.run("", "node", "drain", "nobody")
 	require.Equal(t, ExitRuntime, r.code)
@@ -115,3 +124,5 @@ func TestQueueNamesFallBackToTheID(t *testing.T) {
 	require.Equal(t, "q, 571f8951b75bf335634ec272, 571f8951b75bf335634ec273",
 		queueNames(n, []string{"571f8951b75bf335634ec271", "571f8951b75bf335634ec272", "571f8951b75bf335634ec273"}), "a queue without a name, or not listed, stays an id")
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -234,6 +234,9 @@ func TestNodesRunEveryTaskExactlyOnce(t *testing.T) {
 				require.Len(t, runs, 1, "task %s ran %d times", id.Hex(), len(runs))
 				perNode[runs[0].node]++
 			}
+			n0, err := b.store.NodeGet(context.Background(), "n0")
+			require.NoError(t, err)
+			require.Equal(t, ptr(2), n0.OwnMaxThreads, "its heartbeat says its own cap")
 			for i := range nodes {
 				node := fmt.Sprintf("n%d", i)
 				require.Positive(t, perNode[node], "node %s ran nothing", node)

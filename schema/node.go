@@ -33,6 +33,10 @@ const (
 	// such a stopped node as it does a silent one, so that its tasks are
 	// recovered should it never come back. Any other heartbeat removes it.
 	NodeLeftTasks = "left_tasks"
+	// NodeOwnMaxThreads is the node's own cap (its --maxthreads), which
+	// its heartbeat writes beside maxthreads, the operator's (4.103's
+	// field): the node runs at most the lower of the two. Absent: none.
+	NodeOwnMaxThreads = "own_maxthreads"
 	// NodeServes lists the ids (hex strings) of the queues the node
 	// serves as of its last read of them, or would but for what stops
 	// every node alike (a pause, maxthreads 0); queues lists every queue
@@ -66,8 +70,10 @@ type Node struct {
 	Timestamp time.Time
 	Queues    []NodeQueue
 	// MaxThreads caps the node's concurrent tasks across all queues; nil
-	// means no node-wide cap.
-	MaxThreads *int
+	// means no node-wide cap. It is the operator's (4.103's field);
+	// OwnMaxThreads is the node's own, as its heartbeat says.
+	MaxThreads    *int
+	OwnMaxThreads *int
 	// State, Drain, Dead, DeadAt and DeadBy: see NodeState, NodeDrain and
 	// NodeDead.
 	State  string
@@ -107,16 +113,17 @@ type NodeQueue struct {
 func DecodeNode(raw bson.Raw) (Node, error) {
 	r := newReader(CollNodes, raw)
 	n := Node{
-		ID:         r.objectID(false, "_id"),
-		Node:       r.str(true, NodeNode),
-		Timestamp:  r.timeOf(NodeTimestamp),
-		MaxThreads: r.maxThreads(NodeMaxThreads),
-		State:      r.str(false, NodeState),
-		Drain:      r.flag(NodeDrain),
-		Dead:       r.flag(NodeDead),
-		DeadAt:     r.timeOf(NodeDeadAt),
-		DeadBy:     r.str(false, NodeDeadBy),
-		Raw:        raw,
+		ID:            r.objectID(false, "_id"),
+		Node:          r.str(true, NodeNode),
+		Timestamp:     r.timeOf(NodeTimestamp),
+		MaxThreads:    r.maxThreads(NodeMaxThreads),
+		State:         r.str(false, NodeState),
+		OwnMaxThreads: r.maxThreads(NodeOwnMaxThreads),
+		Drain:         r.flag(NodeDrain),
+		Dead:          r.flag(NodeDead),
+		DeadAt:        r.timeOf(NodeDeadAt),
+		DeadBy:        r.str(false, NodeDeadBy),
+		Raw:           raw,
 	}
 	if at, ok := raw.Lookup(NodeServesAt).DateTimeOK(); ok && !n.Timestamp.IsZero() && at == n.Timestamp.UnixMilli() {
 		serves, full := hexList(raw, NodeServes), hexList(raw, NodeFull)

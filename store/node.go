@@ -30,6 +30,8 @@ type NodeUpsertParams struct {
 	// LeftTasks, with State stopped, is schema.NodeLeftTasks (0: none, and
 	// the field is removed).
 	LeftTasks int
+	// OwnMaxThreads is schema.NodeOwnMaxThreads (nil: removed).
+	OwnMaxThreads *int
 }
 
 // NodeUpsert writes node, timestamp, queues, serves, full, wakeup_stream,
@@ -79,6 +81,11 @@ func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) (schema.Node
 	}
 	if p.ClearDrain {
 		unset = append(unset, schema.NodeDrain)
+	}
+	if p.OwnMaxThreads != nil {
+		set = append(set, bson.E{Key: schema.NodeOwnMaxThreads, Value: *p.OwnMaxThreads})
+	} else {
+		unset = append(unset, schema.NodeOwnMaxThreads)
 	}
 	raw, err := s.nodes.FindOneAndUpdate(ctx,
 		bson.D{{Key: schema.NodeNode, Value: p.Node}},

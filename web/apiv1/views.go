@@ -348,15 +348,18 @@ type Node struct {
 	Node string  `json:"node"`
 	// Timestamp is its last heartbeat; HeartbeatAgeMS is its age by the
 	// database server's clock (never the client's or this server's).
-	Timestamp      *string     `json:"timestamp"`
-	HeartbeatAgeMS *int64      `json:"heartbeat_age_ms"`
-	State          *string     `json:"state"`
-	Drain          bool        `json:"drain"`
-	MaxThreads     *int        `json:"maxthreads"`
-	Dead           bool        `json:"dead"`
-	DeadAt         *string     `json:"dead_at"`
-	DeadBy         *string     `json:"dead_by"`
-	Queues         []NodeQueue `json:"queues"`
+	Timestamp      *string `json:"timestamp"`
+	HeartbeatAgeMS *int64  `json:"heartbeat_age_ms"`
+	State          *string `json:"state"`
+	Drain          bool    `json:"drain"`
+	MaxThreads     *int    `json:"maxthreads"`
+	// OwnMaxThreads is the node's own cap (its --maxthreads), as its
+	// heartbeat says; MaxThreads the operator's. It runs the lower.
+	OwnMaxThreads *int        `json:"own_maxthreads"`
+	Dead          bool        `json:"dead"`
+	DeadAt        *string     `json:"dead_at"`
+	DeadBy        *string     `json:"dead_by"`
+	Queues        []NodeQueue `json:"queues"`
 	// Serves, Full and WakeupStream are null for a node that does not
 	// say (schema.NodeServes).
 	Serves       []string `json:"serves"`
@@ -377,13 +380,14 @@ type NodeQueue struct {
 
 func nodeView(n schema.Node, now time.Time) Node {
 	v := Node{
-		Node:       n.Node,
-		Timestamp:  timeView(n.Timestamp),
-		Drain:      n.Drain,
-		MaxThreads: n.MaxThreads,
-		Dead:       n.Dead,
-		DeadAt:     timeView(n.DeadAt),
-		Queues:     make([]NodeQueue, 0, len(n.Queues)),
+		Node:          n.Node,
+		Timestamp:     timeView(n.Timestamp),
+		Drain:         n.Drain,
+		MaxThreads:    n.MaxThreads,
+		OwnMaxThreads: n.OwnMaxThreads,
+		Dead:          n.Dead,
+		DeadAt:        timeView(n.DeadAt),
+		Queues:        make([]NodeQueue, 0, len(n.Queues)),
 	}
 	if !n.ID.IsZero() {
 		id := n.ID.Hex()
