@@ -17,6 +17,7 @@ package tracing
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 
 	"go.opentelemetry.io/contrib/exporters/autoexport"
@@ -80,6 +81,18 @@ func Inject(ctx context.Context) (traceparent, tracestate string) {
 	c := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, c)
 	return c["traceparent"], c["tracestate"]
+}
+
+// FromHeader returns the W3C trace context an HTTP request carries (its
+// traceparent and tracestate headers), checked and as written again by the
+// propagator; "" when there is none, or none valid. A web server stores it
+// on the tasks a request submits, so that their traces join the caller's
+// as the CLI's do.
+func FromHeader(h http.Header) (traceparent, tracestate string) {
+	if h.Get("traceparent") == "" {
+		return "", ""
+	}
+	return Inject(propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(h)))
 }
 
 // Extract returns ctx with the remote span context of a task's trace

@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -52,4 +53,22 @@ func TestInjectExtractRoundTrip(t *testing.T) {
 	empty, _ := Inject(context.Background())
 	require.Empty(t, empty, "no span, no context")
 	require.False(t, trace.SpanContextFromContext(Extract(context.Background(), "garbage", "")).IsValid())
+}
+
+// TestFromHeaderTakesAValidTraceContextOnly: a request's traceparent is
+// taken as the propagator reads it; a malformed one, or none, is "".
+func TestFromHeaderTakesAValidTraceContextOnly(t *testing.T) {
+	t.Parallel()
+	h := http.Header{}
+	h.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	h.Set("tracestate", "vendor=x")
+	tp, ts := FromHeader(h)
+	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", tp)
+	require.Equal(t, "vendor=x", ts)
+	h.Set("traceparent", "00-not-a-trace-context")
+	tp, ts = FromHeader(h)
+	require.Empty(t, tp)
+	require.Empty(t, ts)
+	tp, _ = FromHeader(http.Header{})
+	require.Empty(t, tp)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/tracing"
 )
 
 // Task graphs (seed 002) in POST /api/v1/tasks: a task may carry ref (its
@@ -131,7 +132,9 @@ func (h *handler) submitGraph(w http.ResponseWriter, r *http.Request, queue sche
 		tasks[i] = t
 	}
 	var err error
-	ids, err = h.st.TaskInsertGraph(r.Context(), store.TaskInsertGraphParams{Tasks: tasks})
+	gp := store.TaskInsertGraphParams{Tasks: tasks}
+	gp.TraceParent, gp.TraceState = tracing.FromHeader(r.Header)
+	ids, err = h.st.TaskInsertGraph(r.Context(), gp)
 	var ge *store.GraphInputError
 	if errors.As(err, &ge) {
 		field := tasksAt.index(ge.Task).String()

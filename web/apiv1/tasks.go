@@ -15,6 +15,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/tracing"
 )
 
 // MaxSubmit bounds the tasks of one POST /api/v1/tasks.
@@ -154,6 +155,7 @@ func (h *handler) insertTasks(r *http.Request, queue bson.ObjectID, params []bso
 		ids[i] = bson.NewObjectID()
 	}
 	p := store.TaskInsertManyParams{Queue: queue, IDs: ids, Parameters: params, Dialect4103: h.dialect, Atomic: true}
+	p.TraceParent, p.TraceState = tracing.FromHeader(r.Header)
 	for _, c := range controls {
 		if c != (store.TaskInsertControl{}) {
 			p.Controls = controls

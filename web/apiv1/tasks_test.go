@@ -529,3 +529,27 @@ func TestALargeOutputOutlastsTheWriteTimeout(t *testing.T) {
 	require.Equal(t, len(big), got.Len())
 	require.Equal(t, big, got.String())
 }
+
+// TestASubmitJoinsTheCallersTrace: a submit's W3C traceparent (a task or a
+// graph) is stored on its tasks, so that their traces on the node join
+// the caller's, as the CLI's do (a web or dashboard submit started a
+// trace of its own on the node).
+func TestASubmitJoinsTheCallersTrace(t *testing.T) {
+	e := setup(t)
+	e.newQueue("q")
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	var s submitted
+	e.want(201, "POST", "/api/v1/tasks", `{"queue":"q","tasks":[{"params":{}}]}`, "traceparent", tp).decode(t, &s)
+	var g graphSubmitted
+	e.want(201, "POST", "/api/v1/tasks", `{"queue":"q","tasks":[{"ref":"a","params":{}},{"params":{},"parents":["a"]}]}`, "traceparent", tp).decode(t, &g)
+	require.Len(t, g.IDs, 2)
+	for _, id := range []string{s.IDs[0], g.IDs[0]} {
+		raw, err := e.db.Collection(schema.CollTasks).FindOne(ctxT(t), bson.D{{Key: "_id", Value: oid(t, id)}}).Raw()
+		require.NoError(t, err)
+		require.Equal(t, tp, raw.Lookup(schema.TaskTraceParent).StringValue(), id)
+	}
+	e.want(201, "POST", "/api/v1/tasks", `{"queue":"q","tasks":[{"params":{}}]}`, "traceparent", "garbage").decode(t, &s)
+	raw, err := e.db.Collection(schema.CollTasks).FindOne(ctxT(t), bson.D{{Key: "_id", Value: oid(t, s.IDs[0])}}).Raw()
+	require.NoError(t, err)
+	require.Equal(t, bson.Type(0), raw.Lookup(schema.TaskTraceParent).Type, "a malformed one is not kept")
+}

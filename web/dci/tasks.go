@@ -18,6 +18,7 @@ import (
 
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
+	"github.com/disbatch-go/disbatch/tracing"
 )
 
 // maxParamsDepth bounds the nesting of a task's params.
@@ -190,7 +191,9 @@ func (h *Handler) insertTasks(w http.ResponseWriter, r *http.Request, queue bson
 		send(w, http.StatusBadRequest, obj{insertManyResultKey: result, "error": "Unknown error"}, false)
 		return
 	}
-	ids, err := h.o.Store.TaskInsertMany(r.Context(), store.TaskInsertManyParams{Queue: queue, Parameters: docs, Dialect4103: true})
+	p := store.TaskInsertManyParams{Queue: queue, Parameters: docs, Dialect4103: true}
+	p.TraceParent, p.TraceState = tracing.FromHeader(r.Header)
+	ids, err := h.o.Store.TaskInsertMany(r.Context(), p)
 	if err != nil {
 		h.dbError(r, "insert tasks", err)
 		send(w, http.StatusBadRequest, obj{driverError: obj{"message": errText(err)}, "error": errText(err)}, false)
