@@ -269,6 +269,7 @@ type count struct {
 func newTaskKill(g *globals) *cobra.Command {
 	c := &controlCmd{g: g}
 	var reason string
+	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "kill [ID...] [--queue Q] [--status S] [--node N] [--reason TEXT]",
 		Short: "Kill tasks: running ones by their node, queued ones cancelled",
@@ -288,11 +289,11 @@ It prints how many kills were requested from nodes, cancelled and settled,
 then one line per id left alone and why. It exits 1 when an id was left
 alone for any reason but a kill already under way (no such task, already
 finished, ...), so that scripts notice; a filter matching nothing is not an
-error.`,
+error. --dry-run prints what it would do, and changes nothing.`,
 		Example: `  disbatch task kill 6572c0ffee0123456789abcd --reason "stuck on a lock"
-  disbatch task kill --queue demo --status running --node worker-3`,
+  disbatch task kill --queue demo --status running --node worker-3 --dry-run`,
 		RunE: c.runE(func(ctx context.Context, s *store.Store, t store.TaskTarget) (outcome, error) {
-			res, err := s.TaskKill(ctx, store.TaskKillParams{Target: t, By: g.who(), Reason: reason})
+			res, err := s.TaskKill(ctx, store.TaskKillParams{Target: t, By: g.who(), Reason: reason, DryRun: dryRun})
 			if err != nil {
 				return outcome{}, err
 			}
@@ -304,21 +305,36 @@ error.`,
 					failed++
 				}
 			}
-			return outcome{[]count{
+			counts := []count{
 				{"requested", res.Requested, "running or claimed: their nodes kill them"},
 				{"cancelled", res.Cancelled, "had not started"},
 				{"settled", res.Settled, "orphaned: finished as killed"},
-			}, res.Skipped, failed, "could not be killed"}, nil
+			}
+			if dryRun {
+				counts = dryCounts(counts)
+			}
+			return outcome{counts, res.Skipped, failed, "could not be killed"}, nil
 		}),
 	}
 	c.add(cmd, false)
 	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded with the kill")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be killed; change nothing")
 	return cmd
+}
+
+// dryCounts are counts as a dry run says them: what would be done.
+func dryCounts(counts []count) []count {
+	out := make([]count, len(counts))
+	for i, c := range counts {
+		out[i] = count{"would be " + c.key, c.n, strings.TrimSpace(c.note + " (dry run: nothing was changed)")}
+	}
+	return out
 }
 
 func newTaskCancel(g *globals) *cobra.Command {
 	c := &controlCmd{g: g}
 	var reason string
+	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "cancel [ID...] [--queue Q] [--status S] [--reason TEXT]",
 		Short: "Cancel tasks that have not started",
@@ -333,19 +349,24 @@ are left alone (kill them instead), and so are finished and orphaned ones.
 It prints how many were cancelled, then one line per id left alone and why.
 It exits 1 when any id was left alone (no such task, already finished,
 running, ...), so that scripts notice; a filter matching nothing is not an
-error.`,
+error. --dry-run prints what it would do, and changes nothing.`,
 		Example: `  disbatch task cancel 6572c0ffee0123456789abcd
-  disbatch task cancel --queue demo --status queued --reason "wrong input file"`,
+  disbatch task cancel --queue demo --status queued --reason "wrong input file" --dry-run`,
 		RunE: c.runE(func(ctx context.Context, s *store.Store, t store.TaskTarget) (outcome, error) {
-			res, err := s.TaskCancel(ctx, store.TaskCancelParams{Target: t, By: g.who(), Reason: reason})
+			res, err := s.TaskCancel(ctx, store.TaskCancelParams{Target: t, By: g.who(), Reason: reason, DryRun: dryRun})
 			if err != nil {
 				return outcome{}, err
 			}
-			return outcome{[]count{{"cancelled", res.Cancelled, "had not started"}}, res.Skipped, len(res.Skipped), "could not be cancelled"}, nil
+			counts := []count{{"cancelled", res.Cancelled, "had not started"}}
+			if dryRun {
+				counts = dryCounts(counts)
+			}
+			return outcome{counts, res.Skipped, len(res.Skipped), "could not be cancelled"}, nil
 		}),
 	}
 	c.add(cmd, false)
 	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded with the cancel")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be cancelled; change nothing")
 	return cmd
 }
 

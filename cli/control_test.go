@@ -546,3 +546,31 @@ func TestByDefaultsToUserAtHost(t *testing.T) {
 	g.by = "ops-bot"
 	require.Equal(t, "ops-bot", g.who())
 }
+
+// TestKillAndCancelDryRunChangeNothing: --dry-run says what a kill or a
+// cancel would do, by filter and by ids (with why each other id would be
+// left alone), and changes no task.
+func TestKillAndCancelDryRunChangeNothing(t *testing.T) {
+	e := setup(t)
+	ids := e.tasks(4)
+	e.set(ids[1], bson.D{{Key: "status", Value: 0}, {Key: "node", Value: "n1"}})
+	e.set(ids[2], bson.D{{Key: "status", Value: 1}, {Key: "node", Value: "n1"}})
+	e.set(ids[3], bson.D{{Key: "status", Value: -6}, {Key: "node", Value: "gone"}})
+	before := map[bson.ObjectID]string{}
+	for _, id := range ids {
+		before[id] = e.task(id).String()
+	}
+	out := e.ok("", "task", "kill", "--queue", "q", "--dry-run")
+	require.Regexp(t, `(?m)^would be requested\s+1 `, out)
+	require.Regexp(t, `(?m)^would be cancelled\s+1 `, out)
+	require.Regexp(t, `(?m)^would be settled\s+1 `, out)
+	require.Contains(t, out, "(dry run: nothing was changed)")
+	r := e.run("", "task", "cancel", ids[0].Hex(), ids[1].Hex(), ids[2].Hex(), "--dry-run")
+	require.Equal(t, ExitRuntime, r.code, "ids left alone: %s", r.out)
+	require.Regexp(t, `(?m)^would be cancelled\s+1 `, r.out)
+	require.Contains(t, r.out, ids[1].Hex()+": running on node n1: kill it instead")
+	require.Contains(t, r.out, ids[2].Hex()+": already finished")
+	for _, id := range ids {
+		require.Equal(t, before[id], e.task(id).String(), "task %s changed", id.Hex())
+	}
+}

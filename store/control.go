@@ -229,6 +229,7 @@ type TaskKillParams struct {
 	Target TaskTarget
 	By     string // who asks (an operator, a user of the API)
 	Reason string // why, in their words
+	DryRun bool   // count what would be done, change nothing
 }
 
 // TaskKillResult says what a kill did.
@@ -262,6 +263,14 @@ func (s *Store) TaskKill(ctx context.Context, p TaskKillParams) (TaskKillResult,
 			return res, err
 		}
 	}
+	if p.DryRun {
+		n, skipped, err := s.dryRun(ctx, p.Target, before, killSkip, holding, heldStatuses, orphaned)
+		if err != nil {
+			return res, fmt.Errorf("count tasks to kill: %w", err)
+		}
+		res.Requested, res.Cancelled, res.Settled, res.Skipped = n[0], n[1], n[2], skipped
+		return res, nil
+	}
 	kill := bson.D{
 		{Key: schema.KillNode, Value: "$" + schema.TaskNode},
 		{Key: schema.KillBy, Value: literal(p.By)},
@@ -284,17 +293,58 @@ func (s *Store) TaskKill(ctx context.Context, p TaskKillParams) (TaskKillResult,
 	}
 	res.Settled = r.ModifiedCount
 	if before != nil {
-		res.Skipped, err = s.skipped(ctx, before, func(b TaskState) TaskSkip {
-			switch {
-			case b.Status.Finished():
-				return TaskSkip{Why: fmt.Sprintf("already finished (status %s): nothing to kill", b.Status)}
-			case b.Kill && (b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning):
-				return TaskSkip{Why: "a kill was already requested; its node is carrying it out", Code: SkipUnderway}
-			}
-			return TaskSkip{}
-		})
+		res.Skipped, err = s.skipped(ctx, before, killSkip)
 	}
 	return res, err
+}
+
+// killSkip says why a kill leaves a task alone.
+func killSkip(b TaskState) TaskSkip {
+	switch {
+	case b.Status.Finished():
+		return TaskSkip{Why: fmt.Sprintf("already finished (status %s): nothing to kill", b.Status)}
+	case b.Kill && (b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning):
+		return TaskSkip{Why: "a kill was already requested; its node is carrying it out", Code: SkipUnderway}
+	}
+	return TaskSkip{}
+}
+
+// dryRun counts the tasks of t each of filters would change, and, for a
+// target by ids (before: their states), says why each of the others would
+// be left alone (why, as the request itself would).
+func (s *Store) dryRun(ctx context.Context, t TaskTarget, before []TaskState, why func(TaskState) TaskSkip, filters ...bson.D) ([]int64, []TaskSkip, error) {
+	n := make([]int64, len(filters))
+	either := make(bson.A, len(filters))
+	for i, f := range filters {
+		c, err := s.tasks.CountDocuments(ctx, t.match(f))
+		if err != nil {
+			return nil, nil, err
+		}
+		n[i], either[i] = c, f
+	}
+	if before == nil {
+		return n, nil, nil
+	}
+	would, err := s.findIDs(ctx, s.tasks, t.match(bson.D{{Key: "$or", Value: either}}))
+	if err != nil {
+		return nil, nil, err
+	}
+	var skipped []TaskSkip
+	for _, b := range before {
+		switch {
+		case !b.Found:
+			skipped = append(skipped, missing(b.ID))
+		case slices.Contains(would, b.ID):
+		default:
+			sk := why(b)
+			if sk.Why == "" {
+				sk = TaskSkip{Why: fmt.Sprintf("not changed: its status is %s", b.Status)}
+			}
+			sk.ID = b.ID
+			skipped = append(skipped, sk)
+		}
+	}
+	return n, skipped, nil
 }
 
 // endUnrun finishes a task that will not run (again): status 2, the
@@ -381,6 +431,7 @@ type TaskCancelParams struct {
 	Target TaskTarget
 	By     string
 	Reason string
+	DryRun bool // count what would be cancelled, change nothing
 }
 
 // TaskCancelResult says what a cancel did.
@@ -403,6 +454,13 @@ func (s *Store) TaskCancel(ctx context.Context, p TaskCancelParams) (TaskCancelR
 			return TaskCancelResult{}, err
 		}
 	}
+	if p.DryRun {
+		n, skipped, err := s.dryRun(ctx, p.Target, before, cancelSkip, heldStatuses)
+		if err != nil {
+			return TaskCancelResult{}, fmt.Errorf("count tasks to cancel: %w", err)
+		}
+		return TaskCancelResult{Cancelled: n[0], Skipped: skipped}, nil
+	}
 	r, err := s.tasks.UpdateMany(ctx, p.Target.match(heldStatuses), endUnrun(schema.ReasonCancelled, requestLine("cancelled", p.By, p.Reason),
 		bson.E{Key: schema.TaskCancel, Value: bson.D{
 			{Key: schema.KillBy, Value: literal(p.By)}, {Key: schema.KillAt, Value: "$$NOW"}, {Key: schema.KillReason, Value: literal(p.Reason)},
@@ -412,19 +470,22 @@ func (s *Store) TaskCancel(ctx context.Context, p TaskCancelParams) (TaskCancelR
 	}
 	res := TaskCancelResult{Cancelled: r.ModifiedCount}
 	if before != nil {
-		res.Skipped, err = s.skipped(ctx, before, func(b TaskState) TaskSkip {
-			switch {
-			case b.Status.Finished():
-				return TaskSkip{Why: fmt.Sprintf("already finished (status %s)", b.Status)}
-			case b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning:
-				return TaskSkip{Why: fmt.Sprintf("%s on node %s: kill it instead", b.Status, b.Node)}
-			case b.Status == schema.StatusOrphaned:
-				return TaskSkip{Why: "orphaned: retry it, or kill it to finish it"}
-			}
-			return TaskSkip{}
-		})
+		res.Skipped, err = s.skipped(ctx, before, cancelSkip)
 	}
 	return res, err
+}
+
+// cancelSkip says why a cancel leaves a task alone.
+func cancelSkip(b TaskState) TaskSkip {
+	switch {
+	case b.Status.Finished():
+		return TaskSkip{Why: fmt.Sprintf("already finished (status %s)", b.Status)}
+	case b.Status == schema.StatusClaimed || b.Status == schema.StatusRunning:
+		return TaskSkip{Why: fmt.Sprintf("%s on node %s: kill it instead", b.Status, b.Node)}
+	case b.Status == schema.StatusOrphaned:
+		return TaskSkip{Why: "orphaned: retry it, or kill it to finish it"}
+	}
+	return TaskSkip{}
 }
 
 // TaskRetryParams ask to requeue finished or orphaned tasks.
