@@ -547,7 +547,11 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 				ids = append(ids, b.ID)
 			}
 		}
-		rt := &retrying{by: p.By, parents: map[bson.ObjectID]bool{}, res: &res}
+		since, err := s.dueClock(ctx, true)
+		if err != nil {
+			return res, fmt.Errorf("requeue tasks: %w", err)
+		}
+		rt := &retrying{by: p.By, since: since, res: &res}
 		if err := s.retryPage(ctx, ids, rt); err != nil {
 			return res, fmt.Errorf("requeue tasks: %w", err)
 		}
@@ -569,7 +573,11 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 		res.Requeued = total
 		return res, nil
 	}
-	rt := &retrying{by: p.By, filter: match, parents: map[bson.ObjectID]bool{}, res: &res}
+	since, err := s.dueClock(ctx, true)
+	if err != nil {
+		return res, fmt.Errorf("requeue tasks: %w", err)
+	}
+	rt := &retrying{by: p.By, filter: match, since: since, res: &res}
 	var last bson.ObjectID
 	for res.Requeued < total {
 		page := match
@@ -601,8 +609,10 @@ func (s *Store) TaskRetry(ctx context.Context, p TaskRetryParams) (TaskRetryResu
 type retrying struct {
 	by     string
 	filter bson.D // the retry's filter; nil for a retry by ids (one page)
-	// parents are the tasks with children this retry requeued so far.
-	parents map[bson.ObjectID]bool
+	// since is the server's clock when the retry began: a task requeued
+	// since (requeued.at, $$NOW) was requeued by it, in an earlier page
+	// (or by another retry meanwhile: as good a reason to wait for it).
+	since time.Time
 	// waiting are the tasks it requeued held (parentWaits), to settle once
 	// every page is done.
 	waiting []bson.ObjectID
@@ -661,14 +671,14 @@ func (s *Store) retryPage(ctx context.Context, ids []bson.ObjectID, rt *retrying
 	return err
 }
 
-// parentWaits reads the retryable tasks among ids, records those with
-// children as requeued parents, and says which had ended parent_failed
-// with a parent the retry requeues, and which have an output still to
-// become tasks (then_pending).
+// parentWaits reads the retryable tasks among ids and says which had
+// ended parent_failed with a parent the retry requeues (one of ids, one
+// its filter matches, still to come, or one requeued since it began,
+// already done), and which have an output still to become tasks
+// (then_pending).
 func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retrying) (map[bson.ObjectID]bool, []bson.ObjectID, error) {
 	cur, err := s.tasks.Find(ctx, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(ids)}}}}, retryables}}},
-		options.Find().SetProjection(bson.D{{Key: schema.TaskReason, Value: 1}, {Key: schema.TaskParents, Value: 1}, {Key: schema.TaskHasChildren, Value: 1},
-			{Key: schema.TaskThenPending, Value: 1}}))
+		options.Find().SetProjection(bson.D{{Key: schema.TaskReason, Value: 1}, {Key: schema.TaskParents, Value: 1}, {Key: schema.TaskThenPending, Value: 1}}))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -677,12 +687,11 @@ func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retryi
 		return nil, nil, err
 	}
 	children := map[bson.ObjectID][]bson.ObjectID{}
+	page := map[bson.ObjectID]bool{}
 	var unknown, pending []bson.ObjectID
 	for _, d := range docs {
 		id, _ := d.Lookup("_id").ObjectIDOK()
-		if b, _ := d.Lookup(schema.TaskHasChildren).BooleanOK(); b {
-			rt.parents[id] = true
-		}
+		page[id] = true
 		if d.Lookup(schema.TaskThenPending).Type != 0 {
 			pending = append(pending, id)
 		}
@@ -697,22 +706,24 @@ func (s *Store) parentWaits(ctx context.Context, ids []bson.ObjectID, rt *retryi
 	if len(children) == 0 {
 		return waits, pending, nil
 	}
-	later := map[bson.ObjectID]bool{}
+	requeued := bson.A{bson.D{{Key: schema.TaskRequeued + "." + schema.KillAt, Value: bson.D{{Key: "$gte", Value: rt.since}}}}}
 	if rt.filter != nil {
-		slices.SortFunc(unknown, func(a, b bson.ObjectID) int { return bytes.Compare(a[:], b[:]) })
-		unknown = slices.Compact(unknown)
-		for chunk := range slices.Chunk(unknown, idChunk) {
-			found, err := s.findIDs(ctx, s.tasks, bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}}, rt.filter}}})
-			if err != nil {
-				return nil, nil, err
-			}
-			for _, id := range found {
-				later[id] = true
-			}
+		requeued = append(requeued, rt.filter)
+	}
+	slices.SortFunc(unknown, func(a, b bson.ObjectID) int { return bytes.Compare(a[:], b[:]) })
+	unknown = slices.Compact(unknown)
+	byRetry := map[bson.ObjectID]bool{}
+	for chunk := range slices.Chunk(unknown, idChunk) {
+		found, err := s.findIDs(ctx, s.tasks, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: anyIDs(chunk)}}}, {Key: "$or", Value: requeued}})
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, id := range found {
+			byRetry[id] = true
 		}
 	}
 	for id, ps := range children {
-		waits[id] = slices.ContainsFunc(ps, func(p bson.ObjectID) bool { return rt.parents[p] || later[p] })
+		waits[id] = slices.ContainsFunc(ps, func(p bson.ObjectID) bool { return page[p] || byRetry[p] })
 	}
 	return waits, pending, nil
 }

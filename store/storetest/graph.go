@@ -861,6 +861,37 @@ func testTaskGraphRetryWaitsWhateverThePaging(t *testing.T, newStore Factory) {
 		requireGraph(t, db, map[bson.ObjectID]schema.Status{parent: -2, child: -4}, names)
 	}
 
+	// A parent not marked has_children (its child was submitted after it
+	// had failed): the same, by ids and by filter, the parent's page
+	// first (its id below 1,000 failed others', the child's above them).
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: parent}}, bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskHasChildren, Value: ""}}}})
+	require.NoError(t, err)
+	failed(parent, child)
+	res = retry(store.TaskTarget{IDs: []bson.ObjectID{child, parent}})
+	require.Equal(t, int64(2), res.Requeued)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{parent: -2, child: -4}, names)
+	early := bson.NewObjectID()
+	others = insertTasks(t, s, q.ID, 1000)
+	_, err = db.Collection("tasks").UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: others}}}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: 2}, {Key: "node", Value: "n1"}}}})
+	require.NoError(t, err)
+	late := bson.NewObjectID()
+	graphInsert(t, s, store.GraphTask{ID: early, Queue: q.ID})
+	setStatus(t, db, early, schema.StatusFailed, "n1")
+	graphInsert(t, s, store.GraphTask{ID: late, Queue: q.ID, Parents: []bson.ObjectID{early}})
+	require.Equal(t, schema.ReasonParentFailed, graphStateOf(t, db, late).reason, "failed at its insert: its parent had")
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: early}}, bson.D{{Key: "$unset", Value: bson.D{{Key: schema.TaskHasChildren, Value: ""}}}})
+	require.NoError(t, err)
+	retry(store.TaskTarget{Filter: &store.TaskFilter{Queue: q.ID, Statuses: []schema.Status{schema.StatusFailed}, Reason: schema.ReasonParentFailed}})
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{late: -2}, map[bson.ObjectID]string{late: "late"})
+	setStatus(t, db, late, schema.StatusFailed, "n1")
+	_, err = db.Collection("tasks").UpdateOne(ctx, bson.D{{Key: "_id", Value: late}}, bson.D{{Key: "$set", Value: bson.D{{Key: "reason", Value: schema.ReasonParentFailed}}}})
+	require.NoError(t, err)
+	res = retry(byFilter)
+	requireGraph(t, db, map[bson.ObjectID]schema.Status{early: -2, late: -4}, map[bson.ObjectID]string{early: "early", late: "late"})
+	_, err = db.Collection("tasks").DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: append(others, early, late)}}}})
+	require.NoError(t, err)
+
 	// The child alone: the operator asked for it, whatever its parent.
 	failed(parent, child)
 	retry(store.TaskTarget{IDs: []bson.ObjectID{child}})
