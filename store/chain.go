@@ -87,7 +87,24 @@ func (s *Store) thenOf(ctx context.Context, raw bson.Raw) ([]bson.Raw, bson.Obje
 	var q struct {
 		ID bson.ObjectID `bson:"_id"`
 	}
-	err := s.queues.FindOne(ctx, bson.D{{Key: schema.QueueName, Value: name}}, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&q)
+	byName := func(name string) error {
+		return s.queues.FindOne(ctx, bson.D{{Key: schema.QueueName, Value: name}}, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&q)
+	}
+	err := byName(name)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		// Renamed since the task's node read its queue's then (the task
+		// ran meanwhile): the then its queue names now, if that exists.
+		var own struct {
+			Then string `bson:"then"`
+		}
+		if oerr := s.queues.FindOne(ctx, bson.D{{Key: "_id", Value: raw.Lookup(schema.TaskQueue)}},
+			options.FindOne().SetProjection(bson.D{{Key: schema.QueueThen, Value: 1}})).Decode(&own); oerr != nil && !errors.Is(oerr, mongo.ErrNoDocuments) {
+			return nil, bson.ObjectID{}, "", fmt.Errorf("read the queue of the task: %w", oerr)
+		}
+		if own.Then != "" && own.Then != name {
+			err = byName(own.Then)
+		}
+	}
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, bson.ObjectID{}, fmt.Sprintf("then queue %q: no such queue", name), nil
 	}

@@ -209,29 +209,42 @@ func (s *Store) QueueUpdate(ctx context.Context, p QueueUpdateParams) error {
 	if err != nil {
 		return err
 	}
-	var old string
-	if p.Name != nil {
-		if old, err = s.queueName(ctx, bson.D{{Key: "_id", Value: p.ID}}); err != nil {
-			return err
+	write := func(ctx context.Context) error {
+		var old string
+		if p.Name != nil {
+			var err error
+			if old, err = s.queueName(ctx, bson.D{{Key: "_id", Value: p.ID}}); err != nil {
+				return err
+			}
 		}
+		res, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: p.ID}}, update)
+		if isDuplicateKey(err) {
+			return fmt.Errorf("rename queue %s: %w", p.ID.Hex(), ErrQueueExists)
+		}
+		if err != nil {
+			return fmt.Errorf("update queue %s: %w", p.ID.Hex(), err)
+		}
+		if res.MatchedCount == 0 {
+			return fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+		}
+		if p.Name != nil {
+			return s.thenRenamed(ctx, old, *p.Name)
+		}
+		return nil
 	}
-	res, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: p.ID}}, update)
-	if isDuplicateKey(err) {
-		return fmt.Errorf("rename queue %s: %w", p.ID.Hex(), ErrQueueExists)
+	if p.Name != nil {
+		// A rename and what follows it (thenRenamed) in one transaction: a
+		// rename whose follow failed could not be made again (it would read
+		// the new name as the old).
+		err = s.inTxn(ctx, write)
+	} else {
+		err = write(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("update queue %s: %w", p.ID.Hex(), err)
-	}
-	if res.MatchedCount == 0 {
-		return fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
+		return err
 	}
 	if p.Interval != nil {
-		if err := s.continuousSooner(ctx, p.ID, *p.Interval); err != nil {
-			return err
-		}
-	}
-	if p.Name != nil {
-		return s.thenRenamed(ctx, old, *p.Name)
+		return s.continuousSooner(ctx, p.ID, *p.Interval)
 	}
 	return nil
 }

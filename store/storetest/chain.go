@@ -132,6 +132,17 @@ func testThenFollowsItsQueue(t *testing.T, newStore Factory) {
 	require.Equal(t, store.ThenResult{Created: 1}, r)
 	require.Equal(t, int64(2), inDst())
 
+	// A task that ran across the rename: its node read the old then.
+	pending = finish("dst3", 21)
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: dst.ID, Name: ptr("dst4")}))
+	_, err = db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: pending}}, bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskThenPending, Value: "dst3"}}}})
+	require.NoError(t, err)
+	r, err = s.ThenCreate(ctx, pending)
+	require.NoError(t, err)
+	require.Equal(t, store.ThenResult{Created: 1}, r, "to the queue its queue's then names now")
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: dst.ID, Name: ptr("dst3")}))
+	require.Equal(t, int64(3), inDst())
+
 	_, err = s.QueueDelete(ctx, store.QueueDeleteParams{ID: dst.ID, Force: true})
 	require.ErrorIs(t, err, store.ErrThenQueue)
 	require.ErrorContains(t, err, `queue "dst3" is the then queue of "src"`)
@@ -141,14 +152,14 @@ func testThenFollowsItsQueue(t *testing.T, newStore Factory) {
 	res, err := s.TaskRetry(ctx, store.TaskRetryParams{Target: store.TaskTarget{IDs: []bson.ObjectID{pending}}, By: "op"})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), res.Requeued)
-	require.Equal(t, int64(3), inDst())
+	require.Equal(t, int64(4), inDst())
 	_, err = db.Collection(schema.CollTasks).UpdateOne(ctx, bson.D{{Key: "_id", Value: pending}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: schema.TaskThenPending, Value: "dst3"}, {Key: schema.TaskMTime, Value: time.Now().Add(time.Hour)}}}})
 	require.NoError(t, err)
 	r, err = s.ThenCreate(ctx, pending)
 	require.NoError(t, err)
 	require.Equal(t, store.ThenResult{Existed: 1}, r, "the mark back, its mtime moved (a claim): the same task, not a new one")
-	require.Equal(t, int64(3), inDst())
+	require.Equal(t, int64(4), inDst())
 
 	// Its queue's then cleared, the queue may go.
 	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: src.ID, Then: ptr("")}))
