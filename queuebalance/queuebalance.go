@@ -42,8 +42,9 @@ const DefaultPeriod = 30 * time.Second
 // Store is what the duty reads and writes.
 type Store interface {
 	BalanceGet(ctx context.Context) (bson.Raw, error)
-	// BalanceSet sets fields of the balance document, creating it.
-	BalanceSet(ctx context.Context, set bson.D) error
+	// BalanceCreate makes the balance document with fields unless there
+	// is one.
+	BalanceCreate(ctx context.Context, fields bson.D) error
 	QueueList(ctx context.Context) (store.QueueListResult, error)
 	QueueBalanceSet(ctx context.Context, id bson.ObjectID, cap int) error
 	// TaskQueuedCount counts a queue's tasks that may run now (status
@@ -104,10 +105,11 @@ type queueState struct {
 func (b *Balancer) Pass(ctx context.Context) {
 	now := b.Clock.Now()
 	raw, err := b.cfg.Store.BalanceGet(ctx)
-	if err == nil && raw == nil {
+	if err == nil && raw == nil && !b.cfg.Pretend {
 		// None yet: 4.103's queuebalanced makes an empty one, where its
-		// status goes (/monitoring reports it) and the web's editor finds it.
-		if err = b.cfg.Store.BalanceSet(ctx, bson.D{{Key: "max_tasks", Value: bson.D{}}, {Key: "queues", Value: bson.A{}}}); err == nil {
+		// status goes (/monitoring reports it) and the web's editor finds
+		// it; never over one an operator posts meanwhile.
+		if err = b.cfg.Store.BalanceCreate(ctx, bson.D{{Key: "max_tasks", Value: bson.D{}}, {Key: "queues", Value: bson.A{}}}); err == nil {
 			b.Log.Info("no balance document: made an empty one (max_tasks {}, queues [])")
 			raw, err = b.cfg.Store.BalanceGet(ctx)
 		}
@@ -140,16 +142,17 @@ func (b *Balancer) Pass(ctx context.Context) {
 		}
 		entries[k] = int(n)
 	}
-	if len(entries) == 0 {
-		b.status(ctx, now, "OK", "QueueBalance is running; max_tasks has no entries, so it caps no queue", clear)
-		return
-	}
-	max, err := MaxTasks(entries, now.Local())
+	names, err := groups(d.Queues)
 	if err != nil {
 		b.critical(ctx, now, err)
 		return
 	}
-	names, err := groups(d.Queues)
+	if len(entries) == 0 && len(names) == 0 {
+		// As 4.103's queuebalanced makes it: nothing to balance yet.
+		b.status(ctx, now, "OK", "QueueBalance is running; the balance document lists no queues and no max_tasks", clear)
+		return
+	}
+	max, err := MaxTasks(entries, now.Local())
 	if err != nil {
 		b.critical(ctx, now, err)
 		return

@@ -204,5 +204,48 @@ func TestPassMakesAnEmptyBalanceDocument(t *testing.T) {
 	require.Equal(t, "{}", raw.Lookup("max_tasks").String())
 	require.Equal(t, "[]", raw.Lookup("queues").String())
 	require.Equal(t, "OK", raw.Lookup("status").StringValue())
-	require.Equal(t, "QueueBalance is running; max_tasks has no entries, so it caps no queue", raw.Lookup("message").StringValue())
+	require.Equal(t, "QueueBalance is running; the balance document lists no queues and no max_tasks", raw.Lookup("message").StringValue())
+
+	// Queues but no max_tasks: CRITICAL, as before (it would leave the
+	// caps of earlier passes in place while saying it caps nothing).
+	require.NoError(t, s.BalanceSet(ctx, bson.D{{Key: "queues", Value: bson.A{bson.A{"a"}}}}))
+	queuebalance.New(queuebalance.Config{Store: s}).Pass(ctx)
+	raw, err = s.BalanceGet(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "CRITICAL", raw.Lookup("status").StringValue())
+	require.Contains(t, raw.Lookup("message").StringValue(), "max_tasks has no entries")
+}
+
+// TestPassNeverMakesTheBalanceDocumentOverAnOperators: the empty document
+// is made only where there is none, even when an operator's lands between
+// the pass's read and its write (it was a $set: it wiped max_tasks and
+// queues); and not at all while pretending.
+func TestPassNeverMakesTheBalanceDocumentOverAnOperators(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	queuebalance.New(queuebalance.Config{Store: s, Pretend: true}).Pass(ctx)
+	raw, err := s.BalanceGet(ctx)
+	require.NoError(t, err)
+	require.Nil(t, raw, "pretend writes nothing")
+	racing := &operatorFirst{Store: s}
+	queuebalance.New(queuebalance.Config{Store: racing}).Pass(ctx)
+	raw, err = s.BalanceGet(ctx)
+	require.NoError(t, err)
+	require.Equal(t, `{"* 00:00": {"$numberInt":"5"}}`, raw.Lookup("max_tasks").String(), "the operator's")
+	n, err := db.Collection(store.CollBalance).CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+}
+
+// operatorFirst is the store, but an operator's balance document lands
+// just before the pass makes the empty one.
+type operatorFirst struct{ *store.Store }
+
+func (o *operatorFirst) BalanceCreate(ctx context.Context, fields bson.D) error {
+	if err := o.Store.BalanceSet(ctx, bson.D{{Key: "max_tasks", Value: bson.D{{Key: "* 00:00", Value: 5}}}, {Key: "queues", Value: bson.A{}}}); err != nil {
+		return err
+	}
+	return o.Store.BalanceCreate(ctx, fields)
 }

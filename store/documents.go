@@ -460,6 +460,17 @@ func (s *Store) BalanceGet(ctx context.Context) (bson.Raw, error) {
 	return raw, nil
 }
 
+// BalanceCreate makes the QueueBalance document with fields unless there
+// is one ($setOnInsert: never over one written meanwhile).
+func (s *Store) BalanceCreate(ctx context.Context, fields bson.D) error {
+	_, err := s.db.Collection(CollBalance, options.Collection().SetWriteConcern(writeconcern.Majority())).
+		UpdateOne(ctx, bson.D{}, bson.D{{Key: "$setOnInsert", Value: fields}}, options.UpdateOne().SetUpsert(true))
+	if err != nil {
+		return fmt.Errorf("create the balance document: %w", err)
+	}
+	return nil
+}
+
 // BalanceSet sets fields of the QueueBalance document, creating it.
 func (s *Store) BalanceSet(ctx context.Context, set bson.D) error {
 	_, err := s.db.Collection(CollBalance, options.Collection().SetWriteConcern(writeconcern.Majority())).
