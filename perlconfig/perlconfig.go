@@ -34,6 +34,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -228,6 +229,46 @@ var attrOptions = map[string]string{
 	"compressors":                 "compressors",
 }
 
+// attrValue is an attribute's value as its connection string option
+// takes it, or why it is not followed: timeouts and sizes are whole
+// numbers of 0 or more (Perl's driver reads a negative timeout as none;
+// the option has no such value), names are strings; compressors a list.
+func attrValue(k string, v any) (string, string) {
+	switch k {
+	case "replica_set_name", "auth_mechanism", "app_name":
+		if s, ok := v.(string); ok && s != "" {
+			return s, ""
+		}
+		return "", fmt.Sprintf("%v is not a name: not followed", v)
+	case "compressors":
+		var names []string
+		switch x := v.(type) {
+		case string:
+			names = []string{x}
+		case []any:
+			for _, e := range x {
+				s, ok := e.(string)
+				if !ok {
+					return "", fmt.Sprintf("%v is not a list of names: not followed", v)
+				}
+				names = append(names, s)
+			}
+		default:
+			return "", fmt.Sprintf("%v is not a list of names: not followed", v)
+		}
+		return strings.Join(names, ","), ""
+	}
+	n, ok := v.(json.Number)
+	if !ok {
+		return "", fmt.Sprintf("%v is not a number: not followed", v)
+	}
+	i, err := n.Int64()
+	if err != nil || i < 0 {
+		return "", fmt.Sprintf("%v: not followed (a whole number of 0 or more here; a negative timeout, none in Perl's driver, is the default here)", n)
+	}
+	return strconv.FormatInt(i, 10), ""
+}
+
 // attrIgnored are attributes that would change what these programs rely
 // on, with why they are not followed.
 var attrIgnored = map[string]string{
@@ -288,7 +329,15 @@ func mongoURI(host, db string, raw map[string]any, p Program) (string, []string,
 			switch {
 			case k == "ssl", k == "username", k == "password", k == "db_name":
 			case attrOptions[k] != "":
-				q.Set(attrOptions[k], fmt.Sprint(v))
+				val, why := attrValue(k, v)
+				switch {
+				case why != "":
+					notes = append(notes, "attributes."+k+": "+why)
+				case q.Get(attrOptions[k]) != "":
+					notes = append(notes, "attributes."+k+": mongohost's "+attrOptions[k]+" is kept")
+				default:
+					q.Set(attrOptions[k], val)
+				}
 			case attrIgnored[k] != "":
 				notes = append(notes, attrIgnored[k])
 			default:

@@ -123,6 +123,18 @@ func TestAttributesAsMongoDBConnectTakesThem(t *testing.T) {
 	require.Contains(t, c.Unused, "attributes.read_preference: these programs read from the primary")
 	require.Contains(t, c.Unused, "attributes.frobnicate: no connection option here matches it (give it in a --mongo-uri instead)")
 
+	// Values the connection string cannot take are reported, never a
+	// start refused for them (a 4.103 site's socket_timeout_ms -1, Perl's
+	// "no timeout"); mongohost's own options win.
+	c, err = Parse([]byte(`{"mongohost": "mongodb://h/?replicaSet=rs0", "database": "d", "attributes": {
+		"socket_timeout_ms": -1, "connect_timeout_ms": 10000.5, "server_selection_timeout_ms": null,
+		"compressors": ["zlib", "zstd"], "replica_set_name": "other"}}`), Node)
+	require.NoError(t, err)
+	require.Equal(t, "mongodb://h/?compressors=zlib%2Czstd&replicaSet=rs0", c.MongoURI)
+	require.Contains(t, c.Unused, "attributes.socket_timeout_ms: -1: not followed (a whole number of 0 or more here; a negative timeout, none in Perl's driver, is the default here)")
+	require.Contains(t, c.Unused, "attributes.replica_set_name: mongohost's replicaSet is kept")
+	require.Len(t, c.Unused, 4)
+
 	c, err = Parse([]byte(`{"mongohost": "h", "database": "d", "auth": {"disbatchd": "secret"},
 		"attributes": {"username": "u", "password": "p", "db_name": "admin"}}`), Node)
 	require.NoError(t, err)
