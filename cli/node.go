@@ -233,11 +233,19 @@ The request is drain: true on the node's document in the nodes collection.`,
 	return cmd
 }
 
-// drainPoll is how often waitDrained reads the node's document.
-var drainPoll = time.Second
 
-// waitDrained waits for the node to say it has stopped.
-func waitDrained(ctx context.Context, g *globals, s *store.Store, name string, wait time.Duration) error {
+// nodeReader reads a node's document (waitDrained's store).
+type nodeReader interface {
+	NodeGet(ctx context.Context, name string) (schema.Node, error)
+}
+
+// waitDrained waits for the node to say it has stopped, reading its
+// document every second.
+func waitDrained(ctx context.Context, g *globals, s nodeReader, name string, wait time.Duration) error {
+	return waitDrainedEvery(ctx, g, s, name, wait, time.Second)
+}
+
+func waitDrainedEvery(ctx context.Context, g *globals, s nodeReader, name string, wait, poll time.Duration) error {
 	deadline := time.Now().Add(wait)
 	last := int64(-1)
 	for {
@@ -247,8 +255,13 @@ func waitDrained(ctx context.Context, g *globals, s *store.Store, name string, w
 		n, err := s.NodeGet(rctx, name)
 		cancel()
 		switch {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
 		case err != nil:
-			return err
+			// A failover or a network blip: read again until the wait is
+			// over (a preStop hook that gave up would let SIGTERM cut the
+			// node's tasks short).
+			fmt.Fprintf(g.io.Err, "disbatch: read node %s (reading again): %v\n", name, err)
 		case n.State == schema.NodeStateStopped:
 			fmt.Fprintf(g.io.Out, "node %s has stopped\n", name)
 			return nil
@@ -265,7 +278,7 @@ func waitDrained(ctx context.Context, g *globals, s *store.Store, name string, w
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(min(drainPoll, left)):
+		case <-time.After(min(poll, left)):
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -84,7 +85,6 @@ func TestNodeDrainWaits(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	s := store.New(e.db, store.Options{})
-	drainPoll = 20 * time.Millisecond
 	for _, name := range []string{"pod-1", "stuck"} {
 		_, err := s.NodeUpsert(ctx, store.NodeUpsertParams{Node: name, State: schema.NodeStateRunning})
 		require.NoError(t, err)
@@ -126,3 +126,26 @@ func TestQueueNamesFallBackToTheID(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// flakyNodes fails its first reads, then says the node has stopped.
+type flakyNodes struct{ fails int }
+
+func (f *flakyNodes) NodeGet(context.Context, string) (schema.Node, error) {
+	if f.fails > 0 {
+		f.fails--
+		return schema.Node{}, errors.New("server selection error: no primary")
+	}
+	return schema.Node{Node: "pod-1", State: schema.NodeStateStopped}, nil
+}
+
+// TestNodeDrainWaitsThroughFailedReads: a read that fails (a failover)
+// is read again until the wait is over; the wait ended at the first (a
+// preStop hook that gives up lets SIGTERM cut the node's tasks short).
+func TestNodeDrainWaitsThroughFailedReads(t *testing.T) {
+	t.Parallel()
+	var out, errb bytes.Buffer
+	g := &globals{io: IO{Out: &out, Err: &errb}}
+	require.NoError(t, waitDrainedEvery(context.Background(), g, &flakyNodes{fails: 3}, "pod-1", 10*time.Second, 5*time.Millisecond))
+	require.Contains(t, out.String(), "node pod-1 has stopped")
+	require.Equal(t, 3, strings.Count(errb.String(), "reading again"))
+}
