@@ -383,8 +383,10 @@ func insertBatches(ctx context.Context, s *store.Store, queue bson.ObjectID, ctl
 	for i := range ids {
 		ids[i] = bson.NewObjectID()
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// A failure stops the batches not yet sent; those in flight end as
+	// the server ends them (a cancelled one may still be written after
+	// the driver stopped waiting, and insertedLines would miss it).
+	stop := make(chan struct{})
 	batches := make(chan int)
 	var inserted atomic.Int64
 	var firstErr error
@@ -403,7 +405,7 @@ func insertBatches(ctx context.Context, s *store.Store, queue bson.ObjectID, ctl
 				if _, err := s.TaskInsertMany(ctx, store.TaskInsertManyParams{Queue: queue, Parameters: params, IDs: ids[start:end], TraceParent: traceparent, TraceState: tracestate, Control: ctl}); err != nil {
 					errOnce.Do(func() {
 						firstErr = fmt.Errorf("insert tasks from input line %d on: %w", items[start].line, err)
-						cancel()
+						close(stop)
 					})
 					continue
 				}
@@ -418,6 +420,8 @@ send:
 	for start := 0; start < len(items); start += batchSize {
 		select {
 		case batches <- start:
+		case <-stop:
+			break send
 		case <-ctx.Done():
 			break send
 		}
