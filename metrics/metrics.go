@@ -81,7 +81,7 @@ func New() *Metrics {
 		}, []string{"queue", "status"}),
 		control: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "disbatch_task_control_total",
-			Help: "Task control this node carried out, by queue and action: killed (an operator's kill), timeout, expired (claimed after " +
+			Help: "Task control this node carried out, by queue and action: killed (an operator's kill), timeout, fenced (killed by its node's fence), expired (claimed after " +
 				"its expires_at), retry (a failed attempt sent back), detached (the node stopped and left the task running under its supervisor), " +
 				"adopted (a start took a running task back from its supervisor); as the leader: released (delayed tasks queued at their not_before), " +
 				"expired_waiting (waiting tasks finished unrun at their expires_at). Sum over the nodes for the cluster.",

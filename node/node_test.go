@@ -946,6 +946,8 @@ func TestFencedNodeKillsItsTasksStopsClaimingAndRejoins(t *testing.T) {
 	require.True(t, n.Fenced())
 	require.Contains(t, b.task(first).Lookup("stderr").StringValue(), "node fenced")
 	require.Equal(t, schema.ReasonFenced, b.task(first).Lookup("reason").StringValue(), "found by task list --reason fenced")
+	require.Contains(t, b.logs.String(), `msg="task killed" node=n1`, "not as an operator's kill")
+	require.Contains(t, b.logs.String(), "reason=fenced")
 	require.Contains(t, b.logs.String(), "fenced: no heartbeat acknowledged")
 
 	// While fenced, nothing is claimed: the task's wake-up makes a pass

@@ -49,6 +49,7 @@ const (
 	ControlTimeout = "timeout" // killed at its deadline
 	ControlExpired = "expired" // claimed after its expires_at: not started
 	ControlRetry   = "retry"   // a failed attempt sent back for another
+	ControlFenced  = "fenced"  // its node fenced itself (no heartbeat acknowledged) and killed it
 	// Supervised tasks across a node's restart:
 	ControlDetached = "detached" // the node stopped and left the task running under its supervisor
 	ControlAdopted  = "adopted"  // the node's next start took the running task back from its supervisor
@@ -78,9 +79,11 @@ func queuedSince(t schema.Task) time.Time {
 	later(t.Control.NotBefore)
 	if n := len(t.Control.Attempts); n > 0 {
 		later(t.Control.Attempts[n-1].Finished)
-		if at, ok := t.Raw.Lookup(schema.TaskRequeued, schema.KillAt).TimeOK(); ok {
-			later(at)
-		}
+	}
+	// A task ended unrun (cancelled, parent_failed) has no attempt, but an
+	// operator may have requeued it.
+	if at, ok := t.Raw.Lookup(schema.TaskRequeued, schema.KillAt).TimeOK(); ok {
+		later(at)
 	}
 	return since
 }
@@ -226,7 +229,7 @@ func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Tim
 // supervisor: it begins now, with no queued span (it has been running:
 // one from its ctime showed the run as a wait).
 func adoptedTrace(node string, q claimer.Queue, t schema.Task, now time.Time) *taskTrace {
-	t.CTime, t.Control.NotBefore, t.Control.Attempts = time.Time{}, time.Time{}, nil
+	t.CTime, t.Control.NotBefore, t.Control.Attempts, t.Raw = time.Time{}, time.Time{}, nil, nil
 	return newTaskTrace(node, q, t, claimer.Timing{Start: now, End: now})
 }
 

@@ -30,4 +30,5 @@ func TestAnAttemptWaitsFromWhenItCouldRun(t *testing.T) {
 	require.NoError(t, err)
 	task.Raw = raw
 	require.True(t, c.Add(24*time.Hour).Equal(queuedSince(task)), "requeued by an operator a day later")
+	require.True(t, c.Add(24*time.Hour).Equal(queuedSince(schema.Task{CTime: c, Raw: raw})), "requeued, never run (it was cancelled)")
 }

@@ -637,10 +637,13 @@ func (r *runner) complete(log *slog.Logger, q claimer.Queue, t schema.Task, runC
 	if errors.As(context.Cause(runCtx), &ck) && res.Status != schema.StatusSucceeded {
 		reason = ck.reason
 		action := ControlKilled
-		if reason == schema.ReasonTimeout {
+		switch reason {
+		case schema.ReasonTimeout:
 			action = ControlTimeout
+		case schema.ReasonFenced:
+			action = ControlFenced
 		}
-		log.Info("task killed by task control", "reason", reason, "why", ck.text)
+		log.Info("task killed", "reason", reason, "why", ck.text)
 		steps.controlled(action, ck.text)
 	}
 	r.ran(t.ID)
