@@ -233,7 +233,6 @@ The request is drain: true on the node's document in the nodes collection.`,
 	return cmd
 }
 
-
 // nodeReader reads a node's document (waitDrained's store).
 type nodeReader interface {
 	NodeGet(ctx context.Context, name string) (schema.Node, error)

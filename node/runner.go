@@ -988,12 +988,18 @@ func (r *runner) wait(d time.Duration) bool {
 // such as "exit status 3"), joined by " | ", at most 300 bytes.
 func stderrTail(text string) string {
 	var lines []string
-	for _, l := range strings.Split(text, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			lines = append(lines, l)
+	// From the end: a stderr may be megabytes.
+	for rest := text; rest != "" && len(lines) < 3; {
+		i := strings.LastIndexByte(rest, '\n')
+		if l := strings.TrimSpace(rest[i+1:]); l != "" {
+			lines = append([]string{l}, lines...)
 		}
+		if i < 0 {
+			break
+		}
+		rest = rest[:i]
 	}
-	tail := strings.Join(lines[max(0, len(lines)-3):], " | ")
+	tail := strings.Join(lines, " | ")
 	if len(tail) > 300 {
 		tail = "…" + strings.ToValidUTF8(tail[len(tail)-300:], "")
 	}

@@ -841,9 +841,6 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 	}
 }
 
-// countReason counts a reason the event wrote on a task: an update that
-// set it (a start removes it, so each attempt's is written afresh), or an
-// insert or replace whose document has one its pre-image did not.
 // covers reports whether queue q's counters already hold ev (at its
 // cluster time at): an earlier term applied it.
 func (p *projector) covers(q bson.ObjectID, at bson.Timestamp, ev store.ChangeEvent) bool {
@@ -851,10 +848,12 @@ func (p *projector) covers(q bson.ObjectID, at bson.Timestamp, ev store.ChangeEv
 	return pos != nil && !at.After(pos.Time) && pos.Covers(at, ev.Place())
 }
 
-// countReason counts the reason ev writes on a task, unless its queue's
-// counters already hold ev (applied: an earlier term, this node's or
-// another's, counted it then; a term resumes from the last checkpoint and
-// reads again what came after it).
+// countReason counts a reason the event wrote on a task: an update that
+// set it (a start removes it, so each attempt's is written afresh), or an
+// insert or replace whose document has one its pre-image did not; unless
+// its queue's counters already hold ev (applied: an earlier term, this
+// node's or another's, counted it then; a term resumes from the last
+// checkpoint and reads again what came after it).
 func countReason(ev store.ChangeEvent, reasons map[ReasonKey]int64, applied func(bson.ObjectID) bool) {
 	if ev.Coll != schema.CollTasks {
 		return

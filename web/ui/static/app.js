@@ -670,15 +670,21 @@ function taskPage(id) {
   let t = null, lastStatus = null;
   // The queue's name as this page read it (a queue may be renamed: read
   // once a page, again on the queue's events; a failed read is not kept).
-  let named = null;
+  // gen counts the queue's events: a read that began before one does not
+  // count as read after it.
+  let named = null, gen = 0, namedGen = -1;
   const load = throttle(async () => {
     let nt;
     try { nt = await api('GET', '/api/v1/tasks/' + id); } catch (e) {
       fill(main, h('h1', {}, 'Task ' + id), h('p', { class: 'errors' }, e.message)); return;
     }
     const outputsChanged = !t || nt.status !== lastStatus || JSON.stringify(nt.stdout) !== JSON.stringify(t.stdout);
-    if (named !== nt.queue) {
-      try { queueNames.set(nt.queue, (await api('GET', '/api/v1/queues/' + nt.queue)).name); named = nt.queue; } catch { /* shown by id, read again next time */ }
+    if (named !== nt.queue || namedGen !== gen) {
+      const g = gen;
+      try {
+        const name = (await api('GET', '/api/v1/queues/' + nt.queue)).name;
+        if (g === gen) { queueNames.set(nt.queue, name); named = nt.queue; namedGen = g; }
+      } catch { /* shown by id, read again next time */ }
     }
     t = nt; lastStatus = t.status;
     draw(outputsChanged);
@@ -739,9 +745,9 @@ function taskPage(id) {
   return page({
     onEvent(type, d) {
       if (type === 'task' && d.id === id) load();
-      if (type === 'queue' && t && d.id === t.queue) { named = null; load(); }
+      if (type === 'queue' && t && d.id === t.queue) { gen++; load(); }
       if (type === 'task' && graph.querySelector(`[data-graph-task="${d.id}"]`)) loadGraph();
-      if (type === 'reset') { named = null; load(); loadGraph(); }
+      if (type === 'reset') { gen++; load(); loadGraph(); }
     },
   });
 }
