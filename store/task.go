@@ -927,7 +927,7 @@ var startClears = bson.E{Key: "$unset", Value: bson.D{{Key: schema.TaskReason, V
 func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []error {
 	errs := make([]error, len(ps))
 	var ws []guardedWrite
-	var at, piped []int
+	var at, piped, alone []int
 	now := s.nowMS()
 	due, dueErr := s.retryClock(ctx, ps...)
 	for i, p := range ps {
@@ -938,6 +938,7 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 			errs[i] = fmt.Errorf("finish task %s: %w", p.ID.Hex(), dueErr)
 		case len(p.Stdout)+len(p.Stderr)+len(mixedout(p.Extra)) > s.threshold/16:
 			errs[i] = s.TaskFinish(ctx, p)
+			alone = append(alone, i)
 		case p.Node == ps[0].Node:
 			piped = append(piped, i)
 		default:
@@ -962,7 +963,7 @@ func (s *Store) TaskFinishMany(ctx context.Context, ps []TaskFinishParams) []err
 		piped = piped[n:]
 	}
 	for i, err := range errs {
-		if isTooLarge(err) {
+		if isTooLarge(err) && !slices.Contains(alone, i) {
 			// Its document would outgrow 16 MiB with its output (large
 			// parameters): alone, whose output goes to GridFS when so.
 			errs[i] = s.TaskFinish(ctx, ps[i])
