@@ -7,10 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/disbatch-go/disbatch/internal/mongod"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
@@ -24,14 +21,10 @@ func TestThenCreateKeepsItsMarkOnAFailedRead(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rs, err := mongod.StartReplicaSet(ctx, mongod.Options{ReplSet: "thenfp", ExtraArgs: []string{"--setParameter", "enableTestCommands=1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, rs.Stop()) })
-	client, err := mongo.Connect(options.Client().ApplyURI(rs.URI()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	client := failpoints(t, ctx, "thenfp")
 	admin, db := client.Database("admin"), client.Database("thenfp")
 	s := store.New(db, store.Options{})
+	var err error
 	var src, dst schema.Queue
 	for _, q := range []*schema.Queue{&src, &dst} {
 		name := map[*schema.Queue]string{&src: "src", &dst: "dst"}[q]

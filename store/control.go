@@ -329,22 +329,7 @@ func (s *Store) dryRun(ctx context.Context, t TaskTarget, before []TaskState, wh
 	if err != nil {
 		return nil, nil, err
 	}
-	var skipped []TaskSkip
-	for _, b := range before {
-		switch {
-		case !b.Found:
-			skipped = append(skipped, missing(b.ID))
-		case slices.Contains(would, b.ID):
-		default:
-			sk := why(b)
-			if sk.Why == "" {
-				sk = TaskSkip{Why: fmt.Sprintf("not changed: its status is %s", b.Status)}
-			}
-			sk.ID = b.ID
-			skipped = append(skipped, sk)
-		}
-	}
-	return n, skipped, nil
+	return n, skips(before, func(_ int, b TaskState) bool { return slices.Contains(would, b.ID) }, why), nil
 }
 
 // endUnrun finishes a task that will not run (again): status 2, the
@@ -402,14 +387,20 @@ func (s *Store) skipped(ctx context.Context, before []TaskState, why func(b Task
 	if err != nil {
 		return nil, err
 	}
+	// Changed by this request (or by someone at the same moment): not
+	// left alone.
+	return skips(before, func(i int, b TaskState) bool { return changed(b, after[i]) }, why), nil
+}
+
+// skips are the tasks of before a request left alone (not done), each
+// with why (missing, or not changed: its status, when why says nothing).
+func skips(before []TaskState, done func(i int, b TaskState) bool, why func(TaskState) TaskSkip) []TaskSkip {
 	var out []TaskSkip
 	for i, b := range before {
-		a := after[i]
 		switch {
 		case !b.Found:
 			out = append(out, missing(b.ID))
-		case changed(b, a):
-			// changed by this request (or by someone at the same moment)
+		case done(i, b):
 		default:
 			sk := why(b)
 			if sk.Why == "" {
@@ -419,7 +410,7 @@ func (s *Store) skipped(ctx context.Context, before []TaskState, why func(b Task
 			out = append(out, sk)
 		}
 	}
-	return out, nil
+	return out
 }
 
 func changed(b, a TaskState) bool {

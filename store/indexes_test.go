@@ -23,12 +23,7 @@ func TestIndexesEnsureRetriesInterruptedBuilds(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rs, err := mongod.StartReplicaSet(ctx, mongod.Options{ReplSet: "failpoints", ExtraArgs: []string{"--setParameter", "enableTestCommands=1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, rs.Stop()) })
-	client, err := mongo.Connect(options.Client().ApplyURI(rs.URI()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	client := failpoints(t, ctx, "failpoints")
 	admin := client.Database("admin")
 	failCreateIndexes := func(code int32, times any) {
 		t.Helper()
@@ -66,4 +61,18 @@ func TestIndexesEnsureRetriesInterruptedBuilds(t *testing.T) {
 		err := store.New(client.Database("other"), store.Options{}).IndexesEnsure(ctx, schema.CollQueues)
 		require.ErrorContains(t, err, "Unauthorized")
 	})
+}
+
+// failpoints starts a private replica set with test commands (so that
+// MongoDB's failCommand fail point fails commands on cue) and connects to
+// it; both end with the test.
+func failpoints(t *testing.T, ctx context.Context, replSet string) *mongo.Client {
+	t.Helper()
+	rs, err := mongod.StartReplicaSet(ctx, mongod.Options{ReplSet: replSet, ExtraArgs: []string{"--setParameter", "enableTestCommands=1"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, rs.Stop()) })
+	client, err := mongo.Connect(options.Client().ApplyURI(rs.URI()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	return client
 }
