@@ -303,6 +303,15 @@ func runBin(t *testing.T, bin, stdin string, env []string, args ...string) resul
 // cli runs the disbatch CLI against uri and database db and requires success.
 func cli(t *testing.T, uri, db, stdin string, args ...string) string {
 	t.Helper()
+	// A loaded CI machine (the suite runs in parallel, under -race) once
+	// kept the CLI's first round trip past its 5 s: it may wait longer.
+	sep := "?"
+	if strings.Contains(uri, "?") {
+		sep = "&"
+	}
+	if !strings.Contains(uri, "serverSelectionTimeoutMS") {
+		uri += sep + "serverSelectionTimeoutMS=30000"
+	}
 	args = append([]string{"--mongo-uri", uri, "--database", db}, args...)
 	r := runBin(t, disbatchBin, stdin, nil, args...)
 	require.Zero(t, r.code, "disbatch %s: stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.stdout, r.stderr)

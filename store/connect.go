@@ -139,7 +139,13 @@ func connectOnce(ctx context.Context, p ConnectParams) (*Conn, error) {
 		return nil, &URIError{URI: RedactURI(p.URI), Err: errors.New(scrub(err, p.URI))}
 	}
 	conn := &Conn{client: client}
-	pctx, cancel := context.WithTimeout(ctx, ConnectTimeout+time.Second)
+	// The URI's own selection timeout, when longer, bounds the first
+	// round trip too (it was cut at ConnectTimeout whatever the URI said).
+	wait := ConnectTimeout
+	if cs.ServerSelectionTimeoutSet {
+		wait = max(wait, cs.ServerSelectionTimeout)
+	}
+	pctx, cancel := context.WithTimeout(ctx, wait+time.Second)
 	defer cancel()
 	if err := client.Ping(pctx, readpref.Primary()); err != nil {
 		conn.Close()

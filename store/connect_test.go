@@ -136,3 +136,14 @@ func TestConnectErrorsSayWhatWentWrong(t *testing.T) {
 		t.Logf("%s: %v", c.name, err)
 	}
 }
+
+// TestConnectWaitsAsLongAsTheURISays: a URI's serverSelectionTimeoutMS
+// longer than ConnectTimeout bounds the first round trip (it was cut at
+// ConnectTimeout plus a second: the driver's own timeout never came).
+func TestConnectWaitsAsLongAsTheURISays(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	_, err := store.Connect(context.Background(), store.ConnectParams{URI: "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=7000", Database: "d"})
+	require.Error(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 6500*time.Millisecond, "cut at ConnectTimeout plus a second: %v", err)
+}
