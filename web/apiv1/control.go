@@ -57,14 +57,17 @@ type KillResult struct {
 	// Cancelled: queued or held, finished unrun at once.
 	Cancelled int64 `json:"cancelled"`
 	// Settled: orphaned, finished as killed.
-	Settled int64     `json:"settled"`
+	Settled int64 `json:"settled"`
+	// DryRun: the counts are what would be done; nothing was changed.
+	DryRun  bool      `json:"dry_run"`
 	Skipped []Skipped `json:"skipped"`
 	skips   []store.TaskSkip
 }
 
-// CancelResult is what a cancel did.
+// CancelResult is what a cancel did, or with dry_run would do.
 type CancelResult struct {
 	Cancelled int64     `json:"cancelled"`
+	DryRun    bool      `json:"dry_run"`
 	Skipped   []Skipped `json:"skipped"`
 	skips     []store.TaskSkip
 }
@@ -362,19 +365,21 @@ func oneSkipped(id bson.ObjectID, skipped []store.TaskSkip, what string) error {
 }
 
 func (h *handler) kill(r *http.Request, c controlBody) (KillResult, error) {
-	res, err := h.st.TaskKill(r.Context(), store.TaskKillParams{Target: c.target, By: by(r), Reason: c.reason})
-	// Count what was written even when a later step failed.
-	h.controlled(ActionKillRequested, res.Requested)
-	h.controlled(ActionCancelled, res.Cancelled)
-	h.controlled(ActionSettled, res.Settled)
+	res, err := h.st.TaskKill(r.Context(), store.TaskKillParams{Target: c.target, By: by(r), Reason: c.reason, DryRun: c.dryRun})
+	if !c.dryRun {
+		// Count what was written even when a later step failed.
+		h.controlled(ActionKillRequested, res.Requested)
+		h.controlled(ActionCancelled, res.Cancelled)
+		h.controlled(ActionSettled, res.Settled)
+	}
 	if err != nil {
 		return KillResult{}, err
 	}
-	return KillResult{Requested: res.Requested, Cancelled: res.Cancelled, Settled: res.Settled, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
+	return KillResult{Requested: res.Requested, Cancelled: res.Cancelled, Settled: res.Settled, DryRun: c.dryRun, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
 }
 
 func (h *handler) taskKillMany(w http.ResponseWriter, r *http.Request) error {
-	c, err := h.readControl(w, r, "reason")
+	c, err := h.readControl(w, r, "reason", "dry_run")
 	if err != nil {
 		return err
 	}
@@ -386,7 +391,7 @@ func (h *handler) taskKillMany(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *handler) taskKill(w http.ResponseWriter, r *http.Request) error {
-	id, c, err := h.readOne(w, r, "reason")
+	id, c, err := h.readOne(w, r, "reason", "dry_run")
 	if err != nil {
 		return err
 	}
@@ -401,16 +406,18 @@ func (h *handler) taskKill(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *handler) cancel(r *http.Request, c controlBody) (CancelResult, error) {
-	res, err := h.st.TaskCancel(r.Context(), store.TaskCancelParams{Target: c.target, By: by(r), Reason: c.reason})
-	h.controlled(ActionCancelled, res.Cancelled)
+	res, err := h.st.TaskCancel(r.Context(), store.TaskCancelParams{Target: c.target, By: by(r), Reason: c.reason, DryRun: c.dryRun})
+	if !c.dryRun {
+		h.controlled(ActionCancelled, res.Cancelled)
+	}
 	if err != nil {
 		return CancelResult{}, err
 	}
-	return CancelResult{Cancelled: res.Cancelled, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
+	return CancelResult{Cancelled: res.Cancelled, DryRun: c.dryRun, Skipped: skippedView(res.Skipped), skips: res.Skipped}, nil
 }
 
 func (h *handler) taskCancelMany(w http.ResponseWriter, r *http.Request) error {
-	c, err := h.readControl(w, r, "reason")
+	c, err := h.readControl(w, r, "reason", "dry_run")
 	if err != nil {
 		return err
 	}
@@ -422,7 +429,7 @@ func (h *handler) taskCancelMany(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *handler) taskCancel(w http.ResponseWriter, r *http.Request) error {
-	id, c, err := h.readOne(w, r, "reason")
+	id, c, err := h.readOne(w, r, "reason", "dry_run")
 	if err != nil {
 		return err
 	}

@@ -317,10 +317,10 @@ func TestTaskControlBadInput(t *testing.T) {
 		{"empty queue", "/api/v1/tasks/kill", map[string]any{"filter": map[string]any{"queue": ""}}, CodeInvalidField, "filter.queue"},
 		{"reason too long", "/api/v1/tasks/kill", map[string]any{"ids": ids, "reason": strings.Repeat("é", 1025)}, CodeInvalidField, "reason"},
 		{"reason with a newline", "/api/v1/tasks/cancel", map[string]any{"ids": ids, "reason": "a\nb"}, CodeInvalidField, "reason"},
-		{"dry_run on kill", "/api/v1/tasks/kill", map[string]any{"ids": ids, "dry_run": true}, CodeUnknownField, "dry_run"},
+		{"dry_run on kill a string", "/api/v1/tasks/kill", map[string]any{"ids": ids, "dry_run": "yes"}, CodeInvalidField, "dry_run"},
 		{"reason on retry", "/api/v1/tasks/retry", map[string]any{"ids": ids, "reason": "x"}, CodeUnknownField, "reason"},
 		{"dry_run a string", "/api/v1/tasks/retry", map[string]any{"ids": ids, "dry_run": "yes"}, CodeInvalidField, "dry_run"},
-		{"one: dry_run on kill", "/api/v1/tasks/" + ids[0] + "/kill", map[string]any{"dry_run": true}, CodeUnknownField, "dry_run"},
+		{"one: dry_run on cancel a number", "/api/v1/tasks/" + ids[0] + "/cancel", map[string]any{"dry_run": 1}, CodeInvalidField, "dry_run"},
 		{"one: ids", "/api/v1/tasks/" + ids[0] + "/cancel", map[string]any{"ids": ids}, CodeUnknownField, "ids"},
 		{"one: reason a number", "/api/v1/tasks/" + ids[0] + "/kill", map[string]any{"reason": 5}, CodeInvalidField, "reason"},
 		{"one: body an array", "/api/v1/tasks/" + ids[0] + "/retry", `[]`, CodeInvalidField, ""},
@@ -682,4 +682,31 @@ func TestTaskShowsItsResultAndThenError(t *testing.T) {
 	e.want(200, "GET", "/api/v1/tasks?queue=q", nil).decode(t, &page)
 	require.Len(t, page.Tasks, 2)
 	require.Equal(t, int64(3), *page.Tasks[0].Result)
+}
+
+// TestKillAndCancelDryRun: with dry_run a kill or a cancel says what it
+// would do, by filter and by id, and changes nothing (nor counts).
+func TestKillAndCancelDryRun(t *testing.T) {
+	e, c := controlSetup(t)
+	e.newQueue("q")
+	ids := e.submit("q", `{}`, `{}`, `{}`)
+	e.running(ids[1], "n1")
+	e.finished(ids[2], schema.StatusFailed)
+	before := e.tasksAsStored()
+
+	var kill KillResult
+	e.want(200, "POST", "/api/v1/tasks/kill", map[string]any{"filter": map[string]any{"queue": "q"}, "dry_run": true}).decode(t, &kill)
+	require.Equal(t, KillResult{Requested: 1, Cancelled: 1, DryRun: true, Skipped: []Skipped{}}, kill)
+	var cancel CancelResult
+	e.want(200, "POST", "/api/v1/tasks/cancel", map[string]any{"ids": []string{ids[0], ids[1]}, "dry_run": true}).decode(t, &cancel)
+	require.Equal(t, int64(1), cancel.Cancelled)
+	require.True(t, cancel.DryRun)
+	require.Len(t, cancel.Skipped, 1)
+	require.Equal(t, ids[1], cancel.Skipped[0].ID)
+	e.want(200, "POST", "/api/v1/tasks/"+ids[0]+"/cancel", map[string]any{"dry_run": true}).decode(t, &cancel)
+	require.Equal(t, CancelResult{Cancelled: 1, DryRun: true, Skipped: []Skipped{}}, cancel)
+	e.wantErr(409, CodeTaskState, "id", "POST", "/api/v1/tasks/"+ids[2]+"/kill", map[string]any{"dry_run": true})
+
+	requireSameTasks(t, before, e.tasksAsStored())
+	require.Empty(t, c.get(), "a dry run counts nothing")
 }
