@@ -58,8 +58,9 @@ type KillResult struct {
 	Cancelled int64 `json:"cancelled"`
 	// Settled: orphaned, finished as killed.
 	Settled int64 `json:"settled"`
-	// DryRun: the counts are what would be done; nothing was changed.
-	DryRun  bool      `json:"dry_run"`
+	// DryRun: the counts are what would be done; nothing was changed
+	// (absent otherwise: the answer as it was before dry_run).
+	DryRun  bool      `json:"dry_run,omitempty"`
 	Skipped []Skipped `json:"skipped"`
 	skips   []store.TaskSkip
 }
@@ -67,7 +68,7 @@ type KillResult struct {
 // CancelResult is what a cancel did, or with dry_run would do.
 type CancelResult struct {
 	Cancelled int64     `json:"cancelled"`
-	DryRun    bool      `json:"dry_run"`
+	DryRun    bool      `json:"dry_run,omitempty"`
 	Skipped   []Skipped `json:"skipped"`
 	skips     []store.TaskSkip
 }
