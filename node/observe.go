@@ -62,7 +62,8 @@ const (
 // metrics.
 func observeTask(name string, obs Observer, c clock.Clock, q claimer.Queue, t schema.Task, claim claimer.Timing) taskSteps {
 	obs.TaskClaimed(q.Name)
-	return stepsList{newTaskTrace(name, q, t, claim), &taskMetrics{obs: obs, clock: c, queue: q.Name, ctime: queuedSince(t)}}
+	since := queuedSince(t)
+	return stepsList{newTaskTrace(name, q, t, claim, since), &taskMetrics{obs: obs, clock: c, queue: q.Name, ctime: since}}
 }
 
 // queuedSince is when the task's wait for this attempt began: its ctime,
@@ -189,9 +190,11 @@ type taskTrace struct {
 // quiet: the task span does not record, and stands in for every child.
 func (tt *taskTrace) quiet() bool { return !tt.task.IsRecording() }
 
-func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Timing) *taskTrace {
+// newTaskTrace starts a task's trace; since is when its wait began
+// (queuedSince; zero: it did not wait, and has no queued span).
+func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Timing, since time.Time) *taskTrace {
 	tracer := tracing.Tracer()
-	begin, since := claim.Start, queuedSince(t)
+	begin := claim.Start
 	if !since.IsZero() && since.Before(begin) {
 		begin = since
 	}
@@ -229,8 +232,7 @@ func newTaskTrace(node string, q claimer.Queue, t schema.Task, claim claimer.Tim
 // supervisor: it begins now, with no queued span (it has been running:
 // one from its ctime showed the run as a wait).
 func adoptedTrace(node string, q claimer.Queue, t schema.Task, now time.Time) *taskTrace {
-	t.CTime, t.Control.NotBefore, t.Control.Attempts, t.Raw = time.Time{}, time.Time{}, nil, nil
-	return newTaskTrace(node, q, t, claimer.Timing{Start: now, End: now})
+	return newTaskTrace(node, q, t, claimer.Timing{Start: now, End: now}, time.Time{})
 }
 
 func (tt *taskTrace) handedBack(why string) {
@@ -304,12 +306,26 @@ func (tt *taskTrace) end(outcome string) {
 
 // lastLine is the last non-empty line of s, at most 200 bytes.
 func lastLine(s string) string {
-	s = strings.TrimRight(s, "\n")
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
+	l := strings.Join(lastLines(s, 1), "")
+	if len(l) > 200 {
+		l = l[:200]
 	}
-	if len(s) > 200 {
-		s = s[:200]
+	return l
+}
+
+// lastLines are the last n non-empty lines of s, trimmed, in order: read
+// from the end, as s may be megabytes of stderr.
+func lastLines(s string, n int) []string {
+	var lines []string
+	for rest := s; rest != "" && len(lines) < n; {
+		i := strings.LastIndexByte(rest, '\n')
+		if l := strings.TrimSpace(rest[i+1:]); l != "" {
+			lines = append([]string{l}, lines...)
+		}
+		if i < 0 {
+			break
+		}
+		rest = rest[:i]
 	}
-	return s
+	return lines
 }

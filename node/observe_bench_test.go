@@ -22,7 +22,7 @@ func BenchmarkNewTaskTrace(b *testing.B) {
 	claim := claimer.Timing{Start: time.Now()}
 	b.ReportAllocs()
 	for b.Loop() {
-		tt := newTaskTrace("n1", q, t, claim)
+		tt := newTaskTrace("n1", q, t, claim, queuedSince(t))
 		tt.started()
 		tt.ran(plugin.Result{Status: schema.StatusSucceeded})
 		tt.finished(plugin.Result{Status: schema.StatusSucceeded}, nil)

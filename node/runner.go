@@ -987,19 +987,7 @@ func (r *runner) wait(d time.Duration) bool {
 // non-empty lines (a plugin's own cause, then what the runner appends,
 // such as "exit status 3"), joined by " | ", at most 300 bytes.
 func stderrTail(text string) string {
-	var lines []string
-	// From the end: a stderr may be megabytes.
-	for rest := text; rest != "" && len(lines) < 3; {
-		i := strings.LastIndexByte(rest, '\n')
-		if l := strings.TrimSpace(rest[i+1:]); l != "" {
-			lines = append([]string{l}, lines...)
-		}
-		if i < 0 {
-			break
-		}
-		rest = rest[:i]
-	}
-	tail := strings.Join(lines, " | ")
+	tail := strings.Join(lastLines(text, 3), " | ")
 	if len(tail) > 300 {
 		tail = "…" + strings.ToValidUTF8(tail[len(tail)-300:], "")
 	}

@@ -121,7 +121,7 @@ func TestATaskSpanThatDoesNotRecordStartsNoChildren(t *testing.T) {
 	task := schema.Task{ID: bson.NewObjectID(), CTime: time.Now().Add(-time.Second),
 		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"} // not sampled
 
-	tt := newTaskTrace("n1", q, task, claimer.Timing{Start: time.Now()})
+	tt := newTaskTrace("n1", q, task, claimer.Timing{Start: time.Now()}, queuedSince(task))
 	require.False(t, tt.task.IsRecording())
 	tt.started()
 	tt.ran(plugin.Result{Status: schema.StatusFailed, Stderr: "cry"})
@@ -137,7 +137,7 @@ func TestATaskSpanThatDoesNotRecordStartsNoChildren(t *testing.T) {
 	}
 
 	// A task span that records has children of its own.
-	tt = newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()})
+	tt = newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()}, time.Time{})
 	require.True(t, tt.task.IsRecording())
 	tt.started()
 	require.NotEqual(t, tt.task.SpanContext().SpanID(), tt.claim.SpanContext().SpanID())
@@ -163,11 +163,11 @@ func TestEveryChildSpanEndsWithItsTask(t *testing.T) {
 		}
 		return names
 	}
-	lost := newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()})
+	lost := newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()}, time.Time{})
 	lost.end("lost")
 	require.Equal(t, map[string]bool{"disbatch.task": true, "disbatch.claim": true}, ended(lost))
 
-	detached := newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()})
+	detached := newTaskTrace("n1", q, schema.Task{ID: bson.NewObjectID()}, claimer.Timing{Start: time.Now()}, time.Time{})
 	detached.started()
 	detached.controlled(ControlDetached, "the node stopped")
 	detached.end("detached")
