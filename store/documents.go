@@ -181,34 +181,7 @@ func (s *Store) QueueSet(ctx context.Context, p QueueSetParams) (WriteCounts, er
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
-	var counts WriteCounts
-	write := func(ctx context.Context) error {
-		var old string
-		if p.Name != nil {
-			var err error
-			if old, err = s.queueName(ctx, refFilter(p.Ref, schema.QueueName)); err != nil {
-				return err
-			}
-		}
-		res, err := s.queues.UpdateOne(ctx, refFilter(p.Ref, schema.QueueName), update)
-		if isDuplicateKey(err) {
-			return fmt.Errorf("rename queue %q: %w", p.Ref, ErrQueueExists)
-		}
-		if err != nil {
-			return fmt.Errorf("update queue %q: %w", p.Ref, err)
-		}
-		counts = WriteCounts{Matched: res.MatchedCount, Modified: res.ModifiedCount}
-		if p.Name != nil && res.MatchedCount > 0 {
-			return s.thenRenamed(ctx, old, *p.Name)
-		}
-		return nil
-	}
-	var err error
-	if p.Name != nil {
-		err = s.inTxn(ctx, write) // the rename and what follows it: see QueueUpdate
-	} else {
-		err = write(ctx)
-	}
+	counts, err := s.queueWrite(ctx, refFilter(p.Ref, schema.QueueName), update, p.Name, fmt.Sprintf("%q", p.Ref))
 	if err != nil {
 		return WriteCounts{}, err
 	}

@@ -209,39 +209,12 @@ func (s *Store) QueueUpdate(ctx context.Context, p QueueUpdateParams) error {
 	if err != nil {
 		return err
 	}
-	write := func(ctx context.Context) error {
-		var old string
-		if p.Name != nil {
-			var err error
-			if old, err = s.queueName(ctx, bson.D{{Key: "_id", Value: p.ID}}); err != nil {
-				return err
-			}
-		}
-		res, err := s.queues.UpdateOne(ctx, bson.D{{Key: "_id", Value: p.ID}}, update)
-		if isDuplicateKey(err) {
-			return fmt.Errorf("rename queue %s: %w", p.ID.Hex(), ErrQueueExists)
-		}
-		if err != nil {
-			return fmt.Errorf("update queue %s: %w", p.ID.Hex(), err)
-		}
-		if res.MatchedCount == 0 {
-			return fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
-		}
-		if p.Name != nil {
-			return s.thenRenamed(ctx, old, *p.Name)
-		}
-		return nil
-	}
-	if p.Name != nil {
-		// A rename and what follows it (thenRenamed) in one transaction: a
-		// rename whose follow failed could not be made again (it would read
-		// the new name as the old).
-		err = s.inTxn(ctx, write)
-	} else {
-		err = write(ctx)
-	}
+	counts, err := s.queueWrite(ctx, bson.D{{Key: "_id", Value: p.ID}}, update, p.Name, p.ID.Hex())
 	if err != nil {
 		return err
+	}
+	if counts.Matched == 0 {
+		return fmt.Errorf("queue %s: %w", p.ID.Hex(), ErrNotFound)
 	}
 	if p.Interval != nil {
 		return s.continuousSooner(ctx, p.ID, *p.Interval)
@@ -265,6 +238,40 @@ func (s *Store) continuousSooner(ctx context.Context, queue bson.ObjectID, inter
 		return fmt.Errorf("queue %s: bring its next continuous task forward: %w", queue.Hex(), err)
 	}
 	return nil
+}
+
+// queueWrite applies update to the queue filter matches (ref names it in
+// errors; a new name another queue has is ErrQueueExists). A rename (name
+// set) is one transaction with what follows it (thenRenamed): a rename
+// whose follow failed could not be made again (it would read the new name
+// as the old).
+func (s *Store) queueWrite(ctx context.Context, filter, update bson.D, name *string, ref string) (WriteCounts, error) {
+	var counts WriteCounts
+	write := func(ctx context.Context) error {
+		var old string
+		if name != nil {
+			var err error
+			if old, err = s.queueName(ctx, filter); err != nil {
+				return err
+			}
+		}
+		res, err := s.queues.UpdateOne(ctx, filter, update)
+		if isDuplicateKey(err) {
+			return fmt.Errorf("rename queue %s: %w", ref, ErrQueueExists)
+		}
+		if err != nil {
+			return fmt.Errorf("update queue %s: %w", ref, err)
+		}
+		counts = WriteCounts{Matched: res.MatchedCount, Modified: res.ModifiedCount}
+		if name != nil && res.MatchedCount > 0 {
+			return s.thenRenamed(ctx, old, *name)
+		}
+		return nil
+	}
+	if name == nil {
+		return counts, write(ctx)
+	}
+	return counts, s.inTxn(ctx, write)
 }
 
 // queueName is the name of the queue filter matches ("" for none).
