@@ -226,7 +226,7 @@ The request is drain: true on the node's document in the nodes collection.`,
 			if wait == 0 {
 				return nil
 			}
-			return waitDrained(cmd.Context(), g, s, name, wait)
+			return waitDrained(cmd.Context(), g, s, name, wait, time.Second)
 		},
 	}
 	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for the node to stop (exit code 3 if it has not), e.g. 30m; 0: do not wait")
@@ -239,12 +239,8 @@ type nodeReader interface {
 }
 
 // waitDrained waits for the node to say it has stopped, reading its
-// document every second.
-func waitDrained(ctx context.Context, g *globals, s nodeReader, name string, wait time.Duration) error {
-	return waitDrainedEvery(ctx, g, s, name, wait, time.Second)
-}
-
-func waitDrainedEvery(ctx context.Context, g *globals, s nodeReader, name string, wait, poll time.Duration) error {
+// document every poll.
+func waitDrained(ctx context.Context, g *globals, s nodeReader, name string, wait, poll time.Duration) error {
 	deadline := time.Now().Add(wait)
 	last := int64(-1)
 	for {

@@ -145,7 +145,7 @@ func TestNodeDrainWaitsThroughFailedReads(t *testing.T) {
 	t.Parallel()
 	var out, errb bytes.Buffer
 	g := &globals{io: IO{Out: &out, Err: &errb}}
-	require.NoError(t, waitDrainedEvery(context.Background(), g, &flakyNodes{fails: 3}, "pod-1", 10*time.Second, 5*time.Millisecond))
+	require.NoError(t, waitDrained(context.Background(), g, &flakyNodes{fails: 3}, "pod-1", 10*time.Second, 5*time.Millisecond))
 	require.Contains(t, out.String(), "node pod-1 has stopped")
 	require.Equal(t, 3, strings.Count(errb.String(), "reading again"))
 }

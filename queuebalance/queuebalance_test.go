@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/disbatch-go/disbatch/internal/clock"
 	"github.com/disbatch-go/disbatch/internal/mongotest"
@@ -25,13 +26,7 @@ func TestMain(m *testing.M) { os.Exit(mongotest.Main(m)) }
 func TestPassAppliesTheBalanceDocument(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := mongotest.Database(t)
-	s := store.New(db, store.Options{})
-	one := 1
-	for _, name := range []string{"a", "b", "other"} {
-		_, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: name, Constructor: "Disbatch::Plugin::Demo", MaxThreads: &one})
-		require.NoError(t, err)
-	}
+	db, s := withQueues(t, "a", "b", "other")
 	// 10 queued each, and the counters as the projector keeps them.
 	queued(t, s, "a", 10)
 	queued(t, s, "b", 10)
@@ -125,13 +120,7 @@ func queued(t *testing.T, s *store.Store, name string, n int) []bson.ObjectID {
 func TestPassGivesCapsToTasksThatMayRun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := mongotest.Database(t)
-	s := store.New(db, store.Options{})
-	one := 1
-	for _, name := range []string{"default", "oneoff"} {
-		_, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: name, Constructor: "Disbatch::Plugin::Demo", MaxThreads: &one})
-		require.NoError(t, err)
-	}
+	db, s := withQueues(t, "default", "oneoff")
 	queued(t, s, "default", 20)
 	later := queued(t, s, "oneoff", 50)
 	_, err := db.Collection(schema.CollTasks).UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: later[:40]}}}},
@@ -160,13 +149,7 @@ func TestPassGivesCapsToTasksThatMayRun(t *testing.T) {
 func TestPassPutsThreadsBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := mongotest.Database(t)
-	s := store.New(db, store.Options{})
-	one := 1
-	for _, name := range []string{"held", "capped"} {
-		_, err := s.QueueCreate(ctx, store.QueueCreateParams{Name: name, Constructor: "Disbatch::Plugin::Demo", MaxThreads: &one})
-		require.NoError(t, err)
-	}
+	db, s := withQueues(t, "held", "capped")
 	queued(t, s, "capped", 10)
 	require.NoError(t, s.BalanceSet(ctx, bson.D{{Key: "max_tasks", Value: bson.D{{Key: "* 00:00", Value: 3}}}, {Key: "queues", Value: bson.A{bson.A{"capped", "held"}}}}))
 	b := queuebalance.New(queuebalance.Config{Store: s})
@@ -248,4 +231,18 @@ func (o *operatorFirst) BalanceCreate(ctx context.Context, fields bson.D) error 
 		return err
 	}
 	return o.Store.BalanceCreate(ctx, fields)
+}
+
+// withQueues is a database with these queues (Demo, maxthreads 1), and a
+// store on it.
+func withQueues(t *testing.T, names ...string) (*mongo.Database, *store.Store) {
+	t.Helper()
+	db := mongotest.Database(t)
+	s := store.New(db, store.Options{})
+	one := 1
+	for _, name := range names {
+		_, err := s.QueueCreate(context.Background(), store.QueueCreateParams{Name: name, Constructor: "Disbatch::Plugin::Demo", MaxThreads: &one})
+		require.NoError(t, err)
+	}
+	return db, s
 }

@@ -1,7 +1,6 @@
 package mongod
 
 import (
-	"context"
 	"syscall"
 	"testing"
 	"time"
@@ -15,9 +14,7 @@ import (
 // its database while stopping, fenced itself and took 26 s).
 func TestMongodHasAProcessGroupOfItsOwn(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	rs, err := StartReplicaSet(ctx, Options{ReplSet: "pgroup"})
+	rs, err := StartReplicaSet(testContext(t, 2*time.Minute), Options{ReplSet: "pgroup", Logger: testLogger(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, rs.Stop()) })
 	pid := rs.Members()[0].PID()
