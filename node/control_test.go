@@ -383,6 +383,6 @@ func TestAFailedTaskIsLogged(t *testing.T) {
 	id := b.insert(q, nil, bson.D{{Key: "command", Value: "echo first >&2; echo 'the real cause' >&2; exit 3"}})[0]
 	require.Eventually(t, func() bool { return b.task(id).Lookup("status").AsInt64() == int64(schema.StatusFailed) }, 20*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		return strings.Contains(b.logs.String(), `msg="task failed"`) && strings.Contains(b.logs.String(), `stderr="first | the real cause | exit status 3"`)
+		return strings.Contains(b.logs.String(), `level=INFO msg="task failed"`) && strings.Contains(b.logs.String(), `stderr="first | the real cause | exit status 3"`)
 	}, 5*time.Second, 10*time.Millisecond, "%s", b.logs.String())
 }
