@@ -159,7 +159,7 @@ var (
 	descLag = prometheus.NewDesc("disbatch_projection_lag_seconds",
 		"Projection lag (event to counters committed) over the latest 8,192 events this node applied in the last 5 minutes (0 when none); only while this node holds the projector's lease.", []string{"quantile"}, nil)
 	descProjEvents = prometheus.NewDesc("disbatch_projection_events_total",
-		"Task events this node applied to the counters as projector.", nil, nil)
+		"Task events this node applied to the counters as projector (events a new term reads again, which the counters already hold, are not counted).", nil, nil)
 	descNodeState = prometheus.NewDesc("disbatch_node_state",
 		"1 for the state the node is in: serving, fenced (no heartbeat acknowledged for --fence-after: not claiming, tasks killed) or draining (asked to exit when idle).", []string{"state"}, nil)
 	descConflicts = prometheus.NewDesc("disbatch_claim_conflicts_total",

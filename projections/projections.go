@@ -113,7 +113,7 @@ const DefaultPreImagesIdle = 10 * time.Minute
 type Stats struct {
 	Leader     bool
 	Epoch      int64
-	Events     int64 // events applied (while leader)
+	Events     int64 // events applied (while leader), each once: not those a new term reads again
 	Batches    int64
 	Reconciles int64
 	// PreImages: this node's projector keeps pre-images on (it leads, and
@@ -580,12 +580,16 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	reasons := map[ReasonKey]int64{}
 	at := p.at
 	var walls []time.Time
+	fresh := 0 // the events an earlier term did not apply
 	for _, ev := range batch {
 		if !ev.ClusterTime.IsZero() {
 			at = ev.ClusterTime
 		}
 		if !ev.WallTime.IsZero() {
 			walls = append(walls, ev.WallTime)
+		}
+		if !p.readAgain(ev, at) {
+			fresh++
 		}
 		p.fold(ev, at, deltas)
 		countReason(ev, reasons, func(q bson.ObjectID) bool { return p.covers(q, at, ev) })
@@ -640,7 +644,7 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 	for i, w := range walls {
 		lags[i] = now.Sub(w)
 	}
-	p.s.recorded(lags, len(batch), reasons)
+	p.s.recorded(lags, fresh, reasons)
 	p.token, p.at, p.lastCommit = token, at, now
 	return nil
 }
@@ -846,6 +850,25 @@ func (p *projector) fold(ev store.ChangeEvent, at bson.Timestamp, deltas map[bso
 func (p *projector) covers(q bson.ObjectID, at bson.Timestamp, ev store.ChangeEvent) bool {
 	pos := p.applied[q]
 	return pos != nil && !at.After(pos.Time) && pos.Covers(at, ev.Place())
+}
+
+// readAgain reports whether ev is a task event that the counters of the
+// queue it leaves its task in already hold: a term resuming from an older
+// checkpoint reads it again, and the stats do not count it as applied a
+// second time.
+func (p *projector) readAgain(ev store.ChangeEvent, at bson.Timestamp) bool {
+	if ev.Coll != schema.CollTasks {
+		return false
+	}
+	var queue bson.RawValue
+	for _, d := range []bson.Raw{ev.Updated, ev.Doc, ev.Before} {
+		if v, err := d.LookupErr(schema.TaskQueue); err == nil {
+			queue = v
+			break
+		}
+	}
+	q, ok := queue.ObjectIDOK()
+	return ok && p.covers(q, at, ev)
 }
 
 // countReason counts a reason the event wrote on a task: an update that

@@ -28,12 +28,13 @@ func (f *advanceOnceFailing) CountersAdvance(ctx context.Context, to store.Count
 	return f.Store.CountersAdvance(ctx, to, adv)
 }
 
-// TestReasonsAreCountedOnceAcrossTerms: a term ends (here a counters
+// TestReasonsAndEventsAreCountedOnceAcrossTerms: a term ends (here a counters
 // write fails, which ends it) and the next one, on the same node, reads
 // again what came after the last checkpoint. The counters skip what they
-// hold; so do the reasons (disbatch_task_reasons_total counted them
-// again, and a lease handover did the same across two nodes).
-func TestReasonsAreCountedOnceAcrossTerms(t *testing.T) {
+// hold; so do the reasons and the events (disbatch_task_reasons_total and
+// disbatch_projection_events_total counted them again, and a lease
+// handover did the same across two nodes).
+func TestReasonsAndEventsAreCountedOnceAcrossTerms(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := mongotest.Database(t)
@@ -62,6 +63,7 @@ func TestReasonsAreCountedOnceAcrossTerms(t *testing.T) {
 	require.NoError(t, err)
 	key := projections.ReasonKey{Queue: q, Reason: "cancelled"}
 	require.Eventually(t, func() bool { return svc.Stats().Reasons[key] == 5 }, 10*time.Second, 2*time.Millisecond)
+	events := svc.Stats().Events
 
 	s.fail.Store(true)
 	insertBurst(t, db, q, 2000, 1, func(int) any { return -2 })
@@ -72,4 +74,7 @@ func TestReasonsAreCountedOnceAcrossTerms(t *testing.T) {
 	insertBurst(t, db, q, 3000, 1, func(int) any { return -2 })
 	requireExact(t, s.Store, 10*time.Second)
 	require.EqualValues(t, 5, svc.Stats().Reasons[key], "5 cancels written; logs:\n%s", logs)
+	// Nor are the events: two tasks were inserted since (the first
+	// batch's, which failed, and the last), whatever the new term read.
+	require.EqualValues(t, 2, svc.Stats().Events-events, "events applied since the cancels; logs:\n%s", logs)
 }
