@@ -194,12 +194,5 @@ func (g *globals) openQueue(cmd *cobra.Command, ref string) (*store.Store, schem
 	return s, q, done, nil
 }
 
-// exactArgs is cobra.ExactArgs with a usage error and names for the args.
-func exactArgs(names ...string) cobra.PositionalArgs {
-	return func(_ *cobra.Command, args []string) error {
-		if len(args) != len(names) {
-			return usagef("want %d argument(s) (%s), got %d", len(names), strings.Join(names, " "), len(args))
-		}
-		return nil
-	}
-}
+// exactArgs: cmdline.ExactArgs.
+var exactArgs = cmdline.ExactArgs

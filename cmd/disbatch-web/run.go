@@ -218,14 +218,6 @@ func check(s settings) (checked, error) {
 	return c, nil
 }
 
-// twoArgs is cobra.ExactArgs(2) as a usage error (exit 2): NAME and ROLE.
-func twoArgs(_ *cobra.Command, args []string) error {
-	if len(args) != 2 {
-		return &cmdline.UsageError{Err: fmt.Errorf("want 2 arguments (NAME ROLE), got %d", len(args))}
-	}
-	return nil
-}
-
 // loopback reports whether addr listens on this machine only.
 func loopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
@@ -333,7 +325,7 @@ and prints a line for the --users file:
 
 Roles: read (GET routes), write (queues and tasks), admin (nodes, balance).
 4.103's CLI sends these as --username NAME --password PASSWORD.`,
-		Args: twoArgs,
+		Args: cmdline.ExactArgs("NAME", "ROLE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			role, err := nameAndRole(args)
 			if err != nil {
@@ -399,7 +391,7 @@ only a salted hash of the token, so
   disbatch-web token ci-bot read >> web-users
 
 shows the token and appends its line (2>FILE keeps the token in FILE).`,
-		Args: twoArgs,
+		Args: cmdline.ExactArgs("NAME", "ROLE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			role, err := nameAndRole(args)
 			if err != nil {

@@ -48,8 +48,8 @@ func TestUsageErrorsBeforeConnecting(t *testing.T) {
 		{[]string{"--log-format", "xml"}, "--log-format"},
 		{[]string{"--mongo-uri", "http://x"}, "--mongo-uri"},
 		{[]string{"--web-root", filepath.Join(t.TempDir(), "missing")}, "--web-root"},
-		{[]string{"passwd", "alice"}, "want 2 arguments (NAME ROLE), got 1"},
-		{[]string{"token", "a", "b", "c"}, "want 2 arguments (NAME ROLE), got 3"},
+		{[]string{"passwd", "alice"}, "want 2 argument(s) (NAME ROLE), got 1"},
+		{[]string{"token", "a", "b", "c"}, "want 2 argument(s) (NAME ROLE), got 3"},
 	} {
 		code, _, stderr := runCmd(t, "", tc.args...)
 		require.Equal(t, cmdline.ExitUsage, code, "%v: %s", tc.args, stderr)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -40,6 +41,17 @@ func (e *UsageError) Unwrap() error { return e.Err }
 // Usagef returns a UsageError with a formatted message.
 func Usagef(format string, args ...any) error {
 	return &UsageError{Err: fmt.Errorf(format, args...)}
+}
+
+// ExactArgs is cobra.ExactArgs as a usage error (exit 2) that names the
+// arguments it wants.
+func ExactArgs(names ...string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != len(names) {
+			return Usagef("want %d argument(s) (%s), got %d", len(names), strings.Join(names, " "), len(args))
+		}
+		return nil
+	}
 }
 
 // ExitCode is the exit code for an error returned by a command: 0 for
