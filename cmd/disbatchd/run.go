@@ -272,7 +272,7 @@ func run(ctx context.Context, args []string, e env) int {
 	f.StringSliceVar(&s.PerlPlugins, "perl-plugin", nil, "run the tasks of this constructor (a Disbatch::Plugin::* Perl plugin) through Disbatch 4.103's task_runner, which marks them running and writes their result as 4.103 does (repeatable or comma-separated; needs --perl-config, whose file task_runner reads, and --node equal to this host's name, which task_runner claims by)")
 	f.StringVar(&s.TaskRunner, "task-runner", "", "4.103's task_runner for --perl-plugin (default: the --perl-config file's task_runner, else /usr/bin/task_runner)")
 	f.BoolVar(&s.QueueBalance, "queue-balance", false, "when this node leads, apply Disbatch 4.103's QueueBalance document (collection balance: caps on groups of queues by day and time) through max_running, every 30 s (4.103's balance.enabled with --perl-config)")
-	f.BoolVar(&s.NoProjector, "no-projector", false, "do not stand for election as the counter projector (count_todo/count_total/count_running/count_failed); another node must")
+	f.BoolVar(&s.NoProjector, "no-projector", false, "do not stand for election as the counter projector (count_todo/count_total/count_running/count_failed); another node must stand, or the counters stop")
 	f.IntVar(&s.OutputThreshold, "output-threshold", store.DefaultOutputThreshold, "stdout+stderr bytes above which output goes to GridFS")
 	f.StringVar(&s.LogFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
