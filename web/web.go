@@ -63,6 +63,12 @@ type Options struct {
 	JaegerURL string
 	// Users turns authentication on; nil: every request is allowed.
 	Users *auth.Users
+	// LocalOnly answers only requests whose Host names the loopback
+	// (localhost, 127.0.0.0/8, [::1]): for a server without Users that
+	// listens on the loopback, which a web page could otherwise reach by
+	// DNS rebinding. Its callers set it with Users nil and a Loopback
+	// address.
+	LocalOnly bool
 	// Events serves GET /api/v1/events (web/live); nil: not mounted.
 	Events       http.Handler
 	MaxBodyBytes int64
@@ -119,7 +125,7 @@ func NewHandler(o Options) http.Handler {
 		legacyAuth.ServeHTTP(w, r)
 	}))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
-	return m.instrument(mux, legacy, v1.(router), scheduler.(router), log)
+	return m.instrument(guard(o.LocalOnly, mux), legacy, v1.(router), scheduler.(router), log)
 }
 
 // limitBody refuses bodies over n bytes: the handlers read at most n+1 and

@@ -37,7 +37,7 @@ func startWeb(ctx context.Context, st *store.Store, addr string, log *slog.Logge
 	reg.MustRegister(live.NewCollector(hub))
 	h := web.NewHandler(web.Options{
 		Store: st, Database: cmdline.DefaultDatabase, Plugins: []string{plugin.DemoConstructor, plugin.ExecConstructor, plugin.ShellConstructor},
-		Monitoring: true, Events: hub, Registry: reg, Logger: log.With("component", "web"),
+		Monitoring: true, Events: hub, Registry: reg, Logger: log.With("component", "web"), LocalOnly: web.Loopback(addr),
 	})
 	srv := httpserver.New(httpserver.Config{Name: "web", Addr: addr, Handler: h, Logger: log})
 	if err := srv.Start(ctx); err != nil {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -202,7 +201,7 @@ func check(s settings) (checked, error) {
 			return checked{}, fmt.Errorf("--users: %w", err)
 		}
 	}
-	if c.users == nil && !s.insecure && !loopback(addr) {
+	if c.users == nil && !s.insecure && !web.Loopback(addr) {
 		return checked{}, fmt.Errorf("--listen %s is reachable from other machines: give --users FILE (authentication) or --insecure (a trusted network)", addr)
 	}
 	for _, p := range s.plugins {
@@ -216,19 +215,6 @@ func check(s settings) (checked, error) {
 		}
 	}
 	return c, nil
-}
-
-// loopback reports whether addr listens on this machine only.
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals <-chan os.Signal) error {
@@ -301,7 +287,7 @@ func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals
 	h := web.NewHandler(web.Options{
 		Store: st, Database: s.database, Plugins: s.plugins, LegacyTasks: s.legacyTasks,
 		Monitoring: !s.noMonitoring, Balance: balanceSettings(s),
-		WebRoot: s.webRoot, JaegerURL: s.jaegerURL, Users: c.users, Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
+		WebRoot: s.webRoot, JaegerURL: s.jaegerURL, Users: c.users, LocalOnly: c.users == nil && web.Loopback(c.addr), Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
 	})
 	api.Store(&h)
 	log.Info("serving the Disbatch HTTP API", "url", scheme+"://"+srv.Addr()+"/", "v1", "/api/v1/openapi.json",

@@ -58,13 +58,6 @@ func TestUsageErrorsBeforeConnecting(t *testing.T) {
 	}
 }
 
-func TestLoopback(t *testing.T) {
-	t.Parallel()
-	for addr, want := range map[string]bool{"127.0.0.1:8080": true, "[::1]:80": true, "localhost:1": true, "0.0.0.0:8080": false, "[::]:80": false, "192.168.1.2:80": false} {
-		require.Equal(t, want, loopback(addr), addr)
-	}
-}
-
 func TestPasswdAndTokenMakeLinesTheServerAccepts(t *testing.T) {
 	t.Parallel()
 	code, out, stderr := runCmd(t, "s3cret\n", "passwd", "alice", "write")
