@@ -134,7 +134,12 @@ func (s *Server) Start(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("%s: load the TLS certificate and key: %w", s.cfg.Name, err)
 			}
-			tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+			// h2 first: over HTTP/1.1 a browser keeps at most six
+			// connections to a server, and each dashboard tab's event
+			// stream holds one for good, so a seventh tab (and every
+			// request of the six) would hang. srv.Serve answers h2 once
+			// the listener offers it.
+			tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
 		}
 		ln, err := net.Listen("tcp", s.cfg.Addr)
 		if err != nil {
