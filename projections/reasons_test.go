@@ -76,5 +76,7 @@ func TestReasonsAndEventsAreCountedOnceAcrossTerms(t *testing.T) {
 	require.EqualValues(t, 5, svc.Stats().Reasons[key], "5 cancels written; logs:\n%s", logs)
 	// Nor are the events: two tasks were inserted since (the first
 	// batch's, which failed, and the last), whatever the new term read.
+	// (A batch's stats are recorded just after its counters commit.)
+	require.Eventually(t, func() bool { return svc.Stats().Events-events >= 2 }, 10*time.Second, 2*time.Millisecond)
 	require.EqualValues(t, 2, svc.Stats().Events-events, "events applied since the cancels; logs:\n%s", logs)
 }
