@@ -59,7 +59,7 @@ func guard(localOnly bool, next http.Handler) http.Handler {
 	}
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		deny(w, r, http.StatusForbidden, "cross_origin", "a cross-origin "+r.Method+" is refused (a web page of another site asked this browser to send it)")
+		deny(w, r, http.StatusForbidden, apiv1.CodeForbidden, "a cross-origin "+r.Method+" is refused (a web page of another site asked this browser to send it)")
 	}))
 	protected := cop.Handler(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -68,11 +68,11 @@ func guard(localOnly bool, next http.Handler) http.Handler {
 		h.Set("Content-Security-Policy", "frame-ancestors 'none'")
 		h.Set("X-Content-Type-Options", "nosniff")
 		if localOnly && r.Host != "" && !loopbackHost(hostOnly(r.Host)) {
-			deny(w, r, http.StatusMisdirectedRequest, "not_local", "this server has no authentication and answers only requests to localhost, 127.0.0.1 or [::1], not to "+r.Host)
+			deny(w, r, http.StatusForbidden, apiv1.CodeForbidden, "this server has no authentication and answers only requests to localhost, 127.0.0.1 or [::1], not to "+r.Host)
 			return
 		}
 		if dotSegment(r.URL.Path) {
-			deny(w, r, http.StatusBadRequest, "bad_path", "a path with . or .. segments is refused")
+			deny(w, r, http.StatusNotFound, apiv1.CodeNotFound, "no route has a path with . or .. segments")
 			return
 		}
 		protected.ServeHTTP(w, r)

@@ -45,10 +45,10 @@ func TestALocalServerAnswersOnlyLocalHosts(t *testing.T) {
 	}
 	for _, host := range []string{"attacker.example:8080", "attacker.example", "10.0.0.1:8080", "localhost.attacker.example"} {
 		resp, body := c.withHost("GET", "/api/v1/queues", host)
-		require.Equal(t, http.StatusMisdirectedRequest, resp.StatusCode, "%s: %s", host, body)
-		require.Contains(t, body, `"code":"not_local"`, "the v1 error shape")
+		require.Equal(t, http.StatusForbidden, resp.StatusCode, "%s: %s", host, body)
+		require.Contains(t, body, `"code":"forbidden","message":"this server has no authentication`, "the v1 error shape")
 		resp, body = c.withHost("GET", "/queues", host)
-		require.Equal(t, http.StatusMisdirectedRequest, resp.StatusCode, "%s: %s", host, body)
+		require.Equal(t, http.StatusForbidden, resp.StatusCode, "%s: %s", host, body)
 		require.Contains(t, body, `"error":"this server has no authentication`)
 	}
 	open := setup(t, web.Options{})
@@ -76,7 +76,7 @@ func TestCrossSiteWritesAreRefused(t *testing.T) {
 		require.Contains(t, body, `"error":"a cross-origin POST is refused`)
 		resp, body = c.do("POST", "/api/v1/nodes/n1/drain", "boss", "", append([]string{"Content-Type", form}, hdr...)...)
 		require.Equal(t, 403, resp.StatusCode, "%v: %s", hdr, body)
-		require.Contains(t, body, `"code":"cross_origin"`, "the v1 error shape")
+		require.Contains(t, body, `"code":"forbidden","message":"a cross-origin POST`, "the v1 error shape")
 		resp, body = c.do("GET", "/queues", "reader", "", hdr...)
 		require.Equal(t, 200, resp.StatusCode, "a read: %v: %s", hdr, body)
 		require.NotContains(t, body, `"name":"x"`, "%v: the queue was made", hdr)
@@ -97,8 +97,8 @@ func TestDotSegmentsAreRefused(t *testing.T) {
 	c := setup(t, web.Options{Users: users(t)})
 	for _, p := range []string{"/nodes/..%2Fsearch-tasks-json", "/queues/a%2F..%2F..%2Fsearch-tasks-json?threads=0", "/api/v1/queues/.%2Fx"} {
 		resp, body := c.do("POST", p, "reader", `{"maxthreads":1}`, "Content-Type", "application/json")
-		require.Equal(t, 400, resp.StatusCode, "%s: %s", p, body)
-		require.Contains(t, body, "a path with . or .. segments is refused", p)
+		require.Equal(t, 404, resp.StatusCode, "%s: %s", p, body)
+		require.Contains(t, body, "no route has a path with . or .. segments", p)
 	}
 	resp, body := c.do("POST", "/nodes/n1", "reader", `{"maxthreads":1}`, "Content-Type", "application/json")
 	require.Equal(t, 403, resp.StatusCode, "the plain path needs admin: %s", body)

@@ -62,7 +62,8 @@ const (
 	CodeMalformedDocument = "malformed_document"
 	// CodeUnavailable (503): GET /api/v1/events while its hub is not
 	// running (web/live); any route while the server has not reached
-	// MongoDB yet (it listens at once).
+	// MongoDB yet (it listens at once), or while too many password checks
+	// run at once (web/auth.ErrBusy; Retry-After says when to try again).
 	CodeUnavailable = "unavailable"
 )
 
@@ -122,6 +123,8 @@ func Deny(w http.ResponseWriter, _ *http.Request, status int, msg string) {
 		code = CodeUnauthorized
 	case http.StatusForbidden:
 		code = CodeForbidden
+	case http.StatusServiceUnavailable:
+		code = CodeUnavailable
 	}
 	WriteError(w, status, code, msg, "")
 }

@@ -65,6 +65,10 @@ func MiddlewareOnDeny(users *Users, need func(*http.Request) Role, onDeny OnDeny
 			challenge(w, triedBearer(r), true)
 			onDeny(w, r, http.StatusUnauthorized, "invalid credentials")
 			return
+		case errors.Is(err, ErrBusy):
+			w.Header().Set("Retry-After", "1")
+			onDeny(w, r, http.StatusServiceUnavailable, "too many password checks at once; try again shortly")
+			return
 		case err != nil:
 			onDeny(w, r, http.StatusInternalServerError, "could not check the credentials")
 			return

@@ -1,12 +1,14 @@
 package auth
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -36,6 +38,10 @@ var (
 	// ErrBadCredentials: an unknown name, a wrong password or token, or an
 	// Authorization header that is malformed or of another scheme.
 	ErrBadCredentials = errors.New("bad credentials")
+	// ErrBusy: every slot for a password check was taken for
+	// Options.DerivationWait (many logins at once, or someone trying
+	// passwords); the client should try again shortly.
+	ErrBusy = errors.New("too many password checks at once")
 )
 
 // The cache of successful verifications, by default.
@@ -57,7 +63,18 @@ type Options struct {
 	CacheTTL time.Duration
 	// Now is the time source of the cache; nil means time.Now.
 	Now func() time.Time
+	// MaxDerivations bounds the password checks (PBKDF2: hundreds of
+	// milliseconds of a core each) run at once: 0 means GOMAXPROCS. A
+	// stream of bad passwords, which are never cached, would otherwise
+	// take every core.
+	MaxDerivations int
+	// DerivationWait is how long a check waits for a free slot before
+	// the request is answered ErrBusy: 0 means DefaultDerivationWait.
+	DerivationWait time.Duration
 }
+
+// DefaultDerivationWait is Options.DerivationWait's default.
+const DefaultDerivationWait = 2 * time.Second
 
 // Users are the credentials of one file, ready to authenticate requests.
 // A Users never changes after Parse; to reload the file, parse it again
@@ -74,6 +91,9 @@ type Users struct {
 	cacheKey []byte
 	// derivations counts the expensive checks (PBKDF2), for tests.
 	derivations atomic.Int64
+	// slots holds a token per expensive check running (MaxDerivations).
+	slots         chan struct{}
+	derivationFor time.Duration
 }
 
 func newUsers(entries []entry) *Users {
@@ -110,6 +130,12 @@ func (u *Users) withOptions(o Options) *Users {
 		u.cache = newCache(size, ttl, o.Now)
 	}
 	u.cacheKey = randomBytes(32)
+	n := o.MaxDerivations
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	u.slots = make(chan struct{}, n)
+	u.derivationFor = cmp.Or(o.DerivationWait, DefaultDerivationWait)
 	return u
 }
 
@@ -162,7 +188,11 @@ func (u *Users) basic(name, password string) (Principal, error) {
 	e := u.byName[name]
 	if e == nil {
 		if u.dummy.scheme != "" {
-			_, _ = u.check(u.dummy, password)
+			// Busy like a known name's check would be: the answer must
+			// not tell the names apart.
+			if _, err := u.check(u.dummy, password); errors.Is(err, ErrBusy) {
+				return Principal{}, ErrBusy
+			}
 		}
 		return Principal{}, ErrBadCredentials
 	}
@@ -208,6 +238,14 @@ func (u *Users) bearer(token string) (Principal, error) {
 
 func (u *Users) check(h hash, secret string) (bool, error) {
 	if h.expensive() {
+		t := time.NewTimer(u.derivationFor)
+		select {
+		case u.slots <- struct{}{}:
+			t.Stop()
+			defer func() { <-u.slots }()
+		case <-t.C:
+			return false, ErrBusy
+		}
 		u.derivations.Add(1)
 	}
 	return h.verify(secret)
