@@ -35,7 +35,11 @@
 //
 // Passwords are chosen by people and guessable, so they are stretched
 // with PBKDF2, which makes each check cost a fraction of a second;
-// Authenticate therefore remembers successful checks for a minute. Tokens
+// Authenticate therefore remembers successful checks for a minute, and
+// runs at most Options.MaxDerivations checks at once (one per core): a
+// check that waits Options.DerivationWait for its turn fails with ErrBusy
+// (503), so that a flood of bad passwords, never remembered, cannot take
+// every core. Tokens
 // are 256 random bits that no amount of guessing finds, so one salted
 // SHA-256 is enough and a bearer check is cheap; a token line may also
 // carry a PBKDF2 hash, at the price of a derivation per token line on
