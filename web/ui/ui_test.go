@@ -94,6 +94,14 @@ func TestAssets(t *testing.T) {
 		require.Equal(t, 200, resp.StatusCode, path)
 		require.Equal(t, ct, resp.Header.Get("Content-Type"), path)
 		require.NotEmpty(t, body, path)
+		require.Equal(t, "no-cache", resp.Header.Get("Cache-Control"), "%s: asked again each time, so that an upgrade's takes over", path)
+		etag := resp.Header.Get("ETag")
+		require.NotEmpty(t, etag, path)
+		req := httptest.NewRequest("GET", path, nil)
+		req.Header.Set("If-None-Match", etag)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusNotModified, rec.Code, "%s: unchanged, not sent again", path)
 	}
 	for _, path := range []string{"/ui/assets/nothing.js", "/ui/assets/index.html"} {
 		resp, _ := get(t, h, path, context.Background())
