@@ -868,3 +868,75 @@ func TestTheTaskPageNamesItsQueueAsItIsNow(t *testing.T) {
 	frames <- "event: queue\ndata: {\"type\":\"queue\",\"op\":\"update\",\"id\":\"" + queueID + "\"}\n\n"
 	shown("new", "the queue renamed")
 }
+
+// TestADrainedNodeThatStoppedSaysStopped: a drained node exits with its
+// drain still set (its next start clears it); the nodes page said
+// "draining" for it for good, and the overview counted stopped nodes as
+// live.
+func TestADrainedNodeThatStoppedSaysStopped(t *testing.T) {
+	t.Parallel()
+	nodes := `{"nodes":[` +
+		`{"node":"gone","state":"stopped","drain":true,"heartbeat_age_ms":60000,"queues":[]},` +
+		`{"node":"going","state":"draining","drain":true,"heartbeat_age_ms":100,"queues":[]},` +
+		`{"node":"up","state":"running","heartbeat_age_ms":100,"queues":[]}]}`
+	mux := fakeDashboard(map[string]string{
+		"GET /api/v1/nodes":   nodes,
+		"GET /api/v1/tasks":   `{"tasks":[],"next":null,"skipped":0}`,
+		"GET /api/v1/cluster": `{}`,
+		"GET /api/v1/queues":  `{"queues":[]}`,
+	})
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, nil) })
+	b := fakeBrowser(t, mux)
+	b.open("/ui/nodes", `section[data-node="gone"]`)
+	var badges []string
+	b.eval(`["gone", "going", "up"].map((n) => document.querySelector('section[data-node="' + n + '"] h2 .badge').textContent)`, &badges)
+	require.Equal(t, []string{"stopped", "draining", "serving"}, badges)
+	b.open("/", "#queues")
+	var summary string
+	require.Eventually(t, func() bool {
+		b.eval(`document.querySelector('main p.muted').textContent`, &summary)
+		return strings.Contains(summary, "live nodes")
+	}, 10*time.Second, 50*time.Millisecond, "the overview's summary: %q", summary)
+	require.Contains(t, summary, "2 live nodes", "the stopped node is not live")
+}
+
+// TestATaskPageLeftBeforeItLoadedDrawsNothing: a task page whose reads
+// were still out when the operator went to another page drew itself over
+// that page once they came back (the address said /, the page was the
+// task's).
+func TestATaskPageLeftBeforeItLoadedDrawsNothing(t *testing.T) {
+	t.Parallel()
+	const taskID = "6b0d00000000000000000009"
+	mux := fakeDashboard(map[string]string{
+		"GET /api/v1/tasks/" + taskID + "/graph": `{"tasks":[],"truncated":false}`,
+		"GET /api/v1/nodes":                      `{"nodes":[]}`,
+		"GET /api/v1/cluster":                    `{}`,
+		"GET /api/v1/queues":                     `{"queues":[]}`,
+	})
+	answered := make(chan struct{})
+	mux.HandleFunc("GET /api/v1/tasks/"+taskID, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(time.Second):
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"`+taskID+`","queue":"6b0d00000000000000000001","status":-2,"params":{},"stdout":null,"stderr":null,`+
+			`"ctime":"2026-11-30T10:00:00Z","mtime":"2026-11-30T10:00:00Z","node":null}`)
+		close(answered)
+	})
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, nil) })
+	b := fakeBrowser(t, mux)
+	b.open("/ui/tasks/"+taskID, "main")
+	b.click(`nav a[data-page="overview"]`)
+	b.run(chromedp.WaitVisible("#queues", chromedp.ByQuery))
+	select {
+	case <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the task's read never came back: the test proves nothing")
+	}
+	time.Sleep(300 * time.Millisecond) // the late answer reaches the page
+	var got string
+	b.eval(`document.querySelector('main h1').textContent + ' ' + location.pathname + ' ' + !!document.querySelector('#queues')`, &got)
+	require.Equal(t, "Overview / true", got)
+}

@@ -321,8 +321,10 @@ function keyedRows(body, rows, items, key, sig, build) {
 
 function nodeState(n) {
   if (n.dead) return 'dead';
-  if (n.drain || n.state === 'draining') return 'draining';
+  // Stopped first: a drained node exits with drain still set (its next
+  // start clears it), and draining it is no more.
   if (n.state === 'stopped') return 'stopped';
+  if (n.drain || n.state === 'draining') return 'draining';
   // No heartbeat for the default --fence-after (10 s): a node that is
   // alive but cut off has fenced itself (stopped its tasks) by now.
   if (n.heartbeat_age_ms > 10000) return 'fenced';
@@ -369,7 +371,7 @@ function overviewPage() {
     }
     let queued = 0, running = 0;
     for (const q of queues) { queued += (q.counts && q.counts.queued) || 0; running += (q.counts && q.counts.running) || 0; }
-    summary.textContent = `${fmtN(queues.length)} queues · ${fmtN(queued)} queued · ${fmtN(running)} running` + (nodes ? ` · ${nodes.filter((n) => !n.dead).length} live nodes` : '');
+    summary.textContent = `${fmtN(queues.length)} queues · ${fmtN(queued)} queued · ${fmtN(running)} running` + (nodes ? ` · ${nodes.filter((n) => ['serving', 'draining'].includes(nodeState(n))).length} live nodes` : '');
   };
   const drawNodes = () => {
     if (!nodes) return;
@@ -673,11 +675,14 @@ function taskPage(id) {
   // gen counts the queue's events: a read that began before one does not
   // count as read after it.
   let named = null, gen = 0, namedGen = -1;
+  const page = pageGen; // what this page draws after another replaced it is dropped
   const load = throttle(async () => {
     let nt;
     try { nt = await api('GET', '/api/v1/tasks/' + id); } catch (e) {
-      fill(main, h('h1', {}, 'Task ' + id), h('p', { class: 'errors' }, e.message)); return;
+      if (page === pageGen) fill(main, h('h1', {}, 'Task ' + id), h('p', { class: 'errors' }, e.message));
+      return;
     }
+    if (page !== pageGen) return;
     const outputsChanged = !t || nt.status !== lastStatus || JSON.stringify(nt.stdout) !== JSON.stringify(t.stdout);
     if (named !== nt.queue || namedGen !== gen) {
       const g = gen;
@@ -685,6 +690,7 @@ function taskPage(id) {
         const name = (await api('GET', '/api/v1/queues/' + nt.queue)).name;
         if (g === gen) { queueNames.set(nt.queue, name); named = nt.queue; namedGen = g; }
       } catch { /* shown by id, read again next time */ }
+      if (page !== pageGen) return;
     }
     t = nt; lastStatus = t.status;
     draw(outputsChanged);
