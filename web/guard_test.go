@@ -1,7 +1,6 @@
 package web_test
 
 import (
-	"io"
 	"net/http"
 	"testing"
 
@@ -24,12 +23,7 @@ func (c client) withHost(method, path, host string) (*http.Response, string) {
 	req, err := http.NewRequest(method, c.url+path, nil)
 	require.NoError(c.t, err)
 	req.Host = host
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(c.t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(c.t, err)
-	return resp, string(b)
+	return c.send(req)
 }
 
 // TestALocalServerAnswersOnlyLocalHosts: without authentication on the

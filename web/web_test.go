@@ -49,6 +49,12 @@ func (c client) do(method, path, user, body string, hdr ...string) (*http.Respon
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
+	return c.send(req)
+}
+
+// send sends req and reads its answer.
+func (c client) send(req *http.Request) (*http.Response, string) {
+	c.t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(c.t, err)
 	defer resp.Body.Close()
