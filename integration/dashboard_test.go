@@ -898,6 +898,7 @@ func TestADrainedNodeThatStoppedSaysStopped(t *testing.T) {
 		return strings.Contains(summary, "live nodes")
 	}, 10*time.Second, 50*time.Millisecond, "the overview's summary: %q", summary)
 	require.Contains(t, summary, "2 live nodes", "the stopped node is not live")
+	b.noErrors("the nodes and the overview")
 }
 
 // TestATaskPageLeftBeforeItLoadedDrawsNothing: a task page whose reads
@@ -939,4 +940,5 @@ func TestATaskPageLeftBeforeItLoadedDrawsNothing(t *testing.T) {
 	var got string
 	b.eval(`document.querySelector('main h1').textContent + ' ' + location.pathname + ' ' + !!document.querySelector('#queues')`, &got)
 	require.Equal(t, "Overview / true", got)
+	b.noErrors("a task page, then the overview")
 }

@@ -675,14 +675,14 @@ function taskPage(id) {
   // gen counts the queue's events: a read that began before one does not
   // count as read after it.
   let named = null, gen = 0, namedGen = -1;
-  const page = pageGen; // what this page draws after another replaced it is dropped
+  const mine = pageGen; // what this page draws after another replaced it is dropped
   const load = throttle(async () => {
     let nt;
     try { nt = await api('GET', '/api/v1/tasks/' + id); } catch (e) {
-      if (page === pageGen) fill(main, h('h1', {}, 'Task ' + id), h('p', { class: 'errors' }, e.message));
+      if (mine === pageGen) fill(main, h('h1', {}, 'Task ' + id), h('p', { class: 'errors' }, e.message));
       return;
     }
-    if (page !== pageGen) return;
+    if (mine !== pageGen) return;
     const outputsChanged = !t || nt.status !== lastStatus || JSON.stringify(nt.stdout) !== JSON.stringify(t.stdout);
     if (named !== nt.queue || namedGen !== gen) {
       const g = gen;
@@ -690,7 +690,7 @@ function taskPage(id) {
         const name = (await api('GET', '/api/v1/queues/' + nt.queue)).name;
         if (g === gen) { queueNames.set(nt.queue, name); named = nt.queue; namedGen = g; }
       } catch { /* shown by id, read again next time */ }
-      if (page !== pageGen) return;
+      if (mine !== pageGen) return;
     }
     t = nt; lastStatus = t.status;
     draw(outputsChanged);
