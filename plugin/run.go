@@ -20,8 +20,11 @@ var ErrTimeout = proc.ErrTimeout
 
 // abandonGrace is how long Run waits, once the plugin's context is done, for
 // the plugin to return before abandoning it. It lets a process plugin, whose
-// process group has just been killed, hand back its partial output.
-const abandonGrace = 100 * time.Millisecond
+// process group has just been killed, hand back its partial output: 100 ms
+// was too short on a loaded machine (a killed plugin's stderr lost its own
+// lines for "abandoned"); only a plugin that ignores its context waits it
+// out in full.
+const abandonGrace = time.Second
 
 // Run runs p for t under a timeout (0: none) and never lets a plugin take the
 // node down: a panic, a status that is not > 0, or the timeout expiring give
