@@ -68,7 +68,8 @@ func guard(localOnly bool, next http.Handler) http.Handler {
 		h.Set("Content-Security-Policy", "frame-ancestors 'none'")
 		h.Set("X-Content-Type-Options", "nosniff")
 		if localOnly && r.Host != "" && !loopbackHost(hostOnly(r.Host)) {
-			deny(w, r, http.StatusForbidden, apiv1.CodeForbidden, "this server has no authentication and answers only requests to localhost, 127.0.0.1 or [::1], not to "+r.Host)
+			deny(w, r, http.StatusForbidden, apiv1.CodeForbidden, "this server has no authentication and answers only requests to localhost, 127.0.0.1 or [::1], not to "+r.Host+
+				" (behind a proxy that passes its own Host, give disbatch-web --users, or --insecure)")
 			return
 		}
 		if dotSegment(r.URL.Path) {

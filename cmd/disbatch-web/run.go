@@ -124,7 +124,7 @@ func run(ctx context.Context, args []string, e env) int {
 		"plugin names GET /plugins answers and queue creation accepts (comma-separated; default: the node's built-in plugins)")
 	f.StringVar(&s.jaegerURL, "jaeger-url", e.getenv(EnvJaeger), "Jaeger UI address (http://HOST:16686): the dashboard links each task to its trace there (env "+EnvJaeger+")")
 	f.StringVar(&s.usersFile, "users", e.getenv(EnvUsers), "credentials file: turns authentication on (env "+EnvUsers+"; see 'disbatch-web passwd --help')")
-	f.BoolVar(&s.insecure, "insecure", false, "serve a non-loopback address without authentication")
+	f.BoolVar(&s.insecure, "insecure", false, "serve without authentication on a non-loopback address, or on the loopback for any Host (behind a proxy that passes its own; without it a loopback server answers only Hosts that name the loopback, against DNS rebinding)")
 	f.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate file: serve HTTPS (with --tls-key)")
 	f.StringVar(&s.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
 	f.BoolVar(&s.legacyTasks, "legacy-tasks-routes", false, "also serve 4.103's deprecated Disbatch::Web::Tasks routes (POST /tasks/search, /tasks/:queue, /tasks/:queue/:collection)")
@@ -287,7 +287,7 @@ func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals
 	h := web.NewHandler(web.Options{
 		Store: st, Database: s.database, Plugins: s.plugins, LegacyTasks: s.legacyTasks,
 		Monitoring: !s.noMonitoring, Balance: balanceSettings(s),
-		WebRoot: s.webRoot, JaegerURL: s.jaegerURL, Users: c.users, LocalOnly: c.users == nil && web.Loopback(c.addr), Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
+		WebRoot: s.webRoot, JaegerURL: s.jaegerURL, Users: c.users, LocalOnly: c.users == nil && !s.insecure && web.Loopback(c.addr), Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
 	})
 	api.Store(&h)
 	log.Info("serving the Disbatch HTTP API", "url", scheme+"://"+srv.Addr()+"/", "v1", "/api/v1/openapi.json",

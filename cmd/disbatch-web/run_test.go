@@ -261,3 +261,49 @@ func TestServesFromThe4103ConfigFile(t *testing.T) {
 	sigs <- syscall.SIGTERM
 	require.Zero(t, <-done)
 }
+
+// TestALoopbackServerAnswersOtherHostsOnlyWhenInsecure: without --users a
+// loopback server answers only Hosts that name the loopback (a rebound
+// name is refused), unless --insecure says a proxy in front passes its
+// own Host.
+func TestALoopbackServerAnswersOtherHostsOnlyWhenInsecure(t *testing.T) {
+	t.Parallel()
+	db := mongotest.Database(t)
+	for _, insecure := range []bool{false, true} {
+		args := []string{"--mongo-uri", mongotest.URI(t), "--database", db.Name(), "--listen", "127.0.0.1:0"}
+		if insecure {
+			args = append(args, "--insecure")
+		}
+		sigs := make(chan os.Signal, 1)
+		var errOut syncBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- run(context.Background(), args, env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &errOut, signals: sigs})
+		}()
+		var base string
+		require.Eventually(t, func() bool {
+			_, after, ok := strings.Cut(errOut.String(), "msg=\"serving the Disbatch HTTP API\" url=")
+			if ok {
+				base = strings.Fields(after)[0]
+			}
+			return ok
+		}, 30*time.Second, 20*time.Millisecond, "the server did not say where it serves: %s", errOut.String())
+		code := func(host string) int {
+			req, err := http.NewRequest("GET", base+"api/v1/queues", nil)
+			require.NoError(t, err)
+			req.Host = host
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		require.Equal(t, 200, code("localhost"), "insecure %v", insecure)
+		if insecure {
+			require.Equal(t, 200, code("disbatch.example.com"), "--insecure: a proxy's Host")
+		} else {
+			require.Equal(t, 403, code("disbatch.example.com"), "a rebound name")
+		}
+		sigs <- syscall.SIGTERM
+		require.Zero(t, <-done, errOut.String())
+	}
+}
