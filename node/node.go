@@ -282,7 +282,9 @@ func (n *Node) Start(ctx context.Context) error {
 // without waiting for the grace period, and stops the projector, whose
 // cancelled transaction is then aborted instead of holding its locks on the
 // server until the transaction lifetime limit. It waits at most half a
-// second. It is for a second signal: the caller exits next.
+// second longer than plugin.AbandonGrace, so that a plugin that ignores
+// its context is still written failed (abandoned). It is for a second
+// signal: the caller exits next.
 func (n *Node) Kill() {
 	n.runner.killAll(errors.New("node killed by a second signal"), false)
 	done := make(chan struct{})
@@ -295,7 +297,7 @@ func (n *Node) Kill() {
 	}()
 	select {
 	case <-done:
-	case <-time.After(500 * time.Millisecond):
+	case <-time.After(plugin.AbandonGrace + 500*time.Millisecond):
 	}
 }
 

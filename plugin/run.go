@@ -18,13 +18,13 @@ import (
 // "timeout of 1m30s".
 var ErrTimeout = proc.ErrTimeout
 
-// abandonGrace is how long Run waits, once the plugin's context is done, for
+// AbandonGrace is how long Run waits, once the plugin's context is done, for
 // the plugin to return before abandoning it. It lets a process plugin, whose
 // process group has just been killed, hand back its partial output: 100 ms
 // was too short on a loaded machine (a killed plugin's stderr lost its own
 // lines for "abandoned"); only a plugin that ignores its context waits it
 // out in full.
-const abandonGrace = time.Second
+const AbandonGrace = time.Second
 
 // Run runs p for t under a timeout (0: none) and never lets a plugin take the
 // node down: a panic, a status that is not > 0, or the timeout expiring give
@@ -37,7 +37,7 @@ const abandonGrace = time.Second
 // cases Run fails the task with a reason naming the cause: "task killed
 // after timeout of 5s", or "task killed: " followed by context.Cause(ctx)
 // (context.Canceled when the canceller gave no cause). Run waits at most
-// about 100ms for the plugin to return after that, so that a process
+// AbandonGrace (a second) for the plugin to return after that, so that a process
 // plugin's partial output is kept; a plugin that still has not returned (a Go
 // plugin that ignores ctx) is abandoned: Run returns the failure and leaves
 // the plugin's goroutine running until the plugin returns on its own, which
@@ -70,7 +70,7 @@ func Run(ctx context.Context, p Plugin, t Task, timeout time.Duration) Result {
 		return o.result(runCtx)
 	case <-runCtx.Done():
 	}
-	grace := time.NewTimer(abandonGrace)
+	grace := time.NewTimer(AbandonGrace)
 	defer grace.Stop()
 	select {
 	case o := <-done:

@@ -16,7 +16,7 @@ import (
 )
 
 // slack is how late, past its deadline, Run may return in these tests: the
-// 100ms grace plus scheduling noise under -race on a loaded machine (a CI
+// AbandonGrace (a second) plus scheduling noise under -race on a loaded machine (a CI
 // dry run on a slow 2-core machine, every package's tests at once, took
 // 1.94 s for a 150 ms timeout). A Run that waited for a plugin ignoring
 // its context would not return at all.

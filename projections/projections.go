@@ -585,11 +585,13 @@ func (p *projector) apply(ctx context.Context, batch []store.ChangeEvent, token 
 		if !ev.ClusterTime.IsZero() {
 			at = ev.ClusterTime
 		}
-		if !ev.WallTime.IsZero() {
-			walls = append(walls, ev.WallTime)
-		}
 		if !p.readAgain(ev, at) {
 			fresh++
+			if !ev.WallTime.IsZero() {
+				// A re-read event's age is the handover's, not a lag
+				// of the counters: an earlier term applied it.
+				walls = append(walls, ev.WallTime)
+			}
 		}
 		p.fold(ev, at, deltas)
 		countReason(ev, reasons, func(q bson.ObjectID) bool { return p.covers(q, at, ev) })

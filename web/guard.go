@@ -2,8 +2,10 @@ package web
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/disbatch-go/disbatch/web/apiv1"
@@ -46,9 +48,10 @@ func loopbackHost(host string) bool {
 //
 // It also forbids framing every answer (the dashboard sets a stricter
 // policy of its own) and content sniffing.
-func guard(localOnly bool, next http.Handler) http.Handler {
+func guard(localOnly bool, trusted []string, log *slog.Logger, next http.Handler) http.Handler {
 	deny := func(w http.ResponseWriter, r *http.Request, code int, kind, msg string) {
-		if strings.HasPrefix(r.URL.Path, "/api/v1/") {
+		r.Pattern = refused // for the request metrics
+		if strings.HasPrefix(r.URL.Path, "/api/v1/") || slices.Contains(apiv1.SchedulerPaths, r.URL.Path) {
 			apiv1.WriteError(w, code, kind, msg, "")
 			return
 		}
@@ -58,8 +61,14 @@ func guard(localOnly bool, next http.Handler) http.Handler {
 		_, _ = w.Write(body)
 	}
 	cop := http.NewCrossOriginProtection()
+	for _, o := range trusted {
+		if err := cop.AddTrustedOrigin(o); err != nil {
+			log.Error("a trusted origin is not an origin; ignored", "origin", o, "error", err)
+		}
+	}
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		deny(w, r, http.StatusForbidden, apiv1.CodeForbidden, "a cross-origin "+r.Method+" is refused (a web page of another site asked this browser to send it)")
+		deny(w, r, http.StatusForbidden, apiv1.CodeForbidden, "a cross-origin "+r.Method+" is refused (a web page of another site asked this browser to send it;"+
+			" behind a proxy that passes another Host, give disbatch-web --trusted-origin with the address browsers use)")
 	}))
 	protected := cop.Handler(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -79,6 +88,15 @@ func guard(localOnly bool, next http.Handler) http.Handler {
 		protected.ServeHTTP(w, r)
 	})
 }
+
+// CheckOrigin reports whether o is an origin TrustedOrigins accepts:
+// scheme://host[:port], nothing more.
+func CheckOrigin(o string) error {
+	return http.NewCrossOriginProtection().AddTrustedOrigin(o)
+}
+
+// refused is the route the request metrics give what the guard refused.
+const refused = "refused"
 
 // hostOnly is a Host header without its port.
 func hostOnly(hostport string) string {

@@ -75,12 +75,35 @@ func TestCrossSiteWritesAreRefused(t *testing.T) {
 		require.Equal(t, 200, resp.StatusCode, "a read: %v: %s", hdr, body)
 		require.NotContains(t, body, `"name":"x"`, "%v: the queue was made", hdr)
 	}
-	resp, body := c.do("POST", "/queues", "writer", "name=cli&plugin=Disbatch::Plugin::Demo", "Content-Type", form)
+	resp, body := c.do("PUT", "/v1/scheduler/kill?id=6b0d00000000000000000001", "writer", "", "Sec-Fetch-Site", "cross-site")
+	require.Equal(t, 403, resp.StatusCode, body)
+	require.Contains(t, body, `"code":"forbidden"`, "the scheduler's routes answer in the v1 shape")
+	_, body = c.do("GET", "/metrics", "", "")
+	require.Contains(t, body, `disbatch_web_requests_total{code="403",method="POST",route="refused"} 6`, "refusals are counted as such, not as the routes they asked for")
+	resp, body = c.do("POST", "/queues", "writer", "name=cli&plugin=Disbatch::Plugin::Demo", "Content-Type", form)
 	require.Equal(t, 200, resp.StatusCode, "no browser headers (a CLI): %s", body)
 	resp, body = c.do("POST", "/queues", "writer", "name=dash&plugin=Disbatch::Plugin::Demo", "Content-Type", form, "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, 200, resp.StatusCode, "the dashboard's own: %s", body)
 	resp, body = c.do("POST", "/queues", "writer", "name=origin&plugin=Disbatch::Plugin::Demo", "Content-Type", form, "Origin", c.url)
 	require.Equal(t, 200, resp.StatusCode, "an Origin that is this server: %s", body)
+}
+
+// TestATrustedOriginMayWrite: behind a plain-HTTP proxy that passes its
+// own Host, a browser sends no Sec-Fetch-Site and an Origin that is not
+// the Host this server sees; the origin named trusted may write, others
+// may not.
+func TestATrustedOriginMayWrite(t *testing.T) {
+	t.Parallel()
+	c := setup(t, web.Options{Users: users(t), TrustedOrigins: []string{"http://disbatch.example.com"}})
+	ct := []string{"Content-Type", "application/json"}
+	resp, body := c.do("POST", "/api/v1/queues", "writer", `{"name":"a","plugin":"Disbatch::Plugin::Demo"}`, append(ct, "Origin", "http://disbatch.example.com")...)
+	require.Equal(t, 201, resp.StatusCode, body)
+	resp, body = c.do("POST", "/api/v1/queues", "writer", `{"name":"b","plugin":"Disbatch::Plugin::Demo"}`, append(ct, "Origin", "http://other.example.com")...)
+	require.Equal(t, 403, resp.StatusCode, body)
+	require.Contains(t, body, "--trusted-origin")
+	require.NoError(t, web.CheckOrigin("https://disbatch.example.com:8443"))
+	require.Error(t, web.CheckOrigin("disbatch.example.com"))
+	require.Error(t, web.CheckOrigin("http://disbatch.example.com/path"))
 }
 
 // TestDotSegmentsAreRefused: the roles judge a cleaned path and 4.103's

@@ -69,6 +69,10 @@ type Options struct {
 	// DNS rebinding. Its callers set it with Users nil and a Loopback
 	// address.
 	LocalOnly bool
+	// TrustedOrigins may write through a browser though they are not the
+	// Host the server sees (a plain-HTTP proxy in front that passes its
+	// own): scheme://host[:port] each (CheckOrigin).
+	TrustedOrigins []string
 	// Events serves GET /api/v1/events (web/live); nil: not mounted.
 	Events       http.Handler
 	MaxBodyBytes int64
@@ -125,7 +129,7 @@ func NewHandler(o Options) http.Handler {
 		legacyAuth.ServeHTTP(w, r)
 	}))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
-	return m.instrument(guard(o.LocalOnly, mux), legacy, v1.(router), scheduler.(router), log)
+	return m.instrument(guard(o.LocalOnly, o.TrustedOrigins, log, mux), legacy, v1.(router), scheduler.(router), log)
 }
 
 // limitBody refuses bodies over n bytes: the handlers read at most n+1 and
@@ -234,6 +238,8 @@ func (m *metrics) instrument(next http.Handler, legacy legacyRouter, v1, schedul
 		next.ServeHTTP(rec, r)
 		var route string
 		switch {
+		case r.Pattern == refused:
+			route = refused
 		case strings.HasPrefix(r.URL.Path, "/api/v1/"):
 			route = v1.Route(r)
 		case r.Pattern == "GET /metrics":

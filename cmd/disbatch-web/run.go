@@ -51,6 +51,7 @@ type settings struct {
 	plugins            []string
 	usersFile          string
 	insecure           bool
+	trustedOrigins     []string
 	tlsCert, tlsKey    string
 	legacyTasks        bool
 	noMonitoring       bool
@@ -124,6 +125,7 @@ func run(ctx context.Context, args []string, e env) int {
 		"plugin names GET /plugins answers and queue creation accepts (comma-separated; default: the node's built-in plugins)")
 	f.StringVar(&s.jaegerURL, "jaeger-url", e.getenv(EnvJaeger), "Jaeger UI address (http://HOST:16686): the dashboard links each task to its trace there (env "+EnvJaeger+")")
 	f.StringVar(&s.usersFile, "users", e.getenv(EnvUsers), "credentials file: turns authentication on (env "+EnvUsers+"; see 'disbatch-web passwd --help')")
+	f.StringSliceVar(&s.trustedOrigins, "trusted-origin", nil, "an origin (scheme://host[:port]) whose pages may write through a browser although it is not the Host this server sees: the address browsers use when a plain-HTTP proxy in front passes another Host (repeatable or comma-separated; without it such writes are refused as cross-site)")
 	f.BoolVar(&s.insecure, "insecure", false, "serve without authentication on a non-loopback address, or on the loopback for any Host (behind a proxy that passes its own; without it a loopback server answers only Hosts that name the loopback, against DNS rebinding)")
 	f.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate file: serve HTTPS (with --tls-key)")
 	f.StringVar(&s.tlsKey, "tls-key", "", "PEM private key file of --tls-cert")
@@ -203,6 +205,11 @@ func check(s settings) (checked, error) {
 	}
 	if c.users == nil && !s.insecure && !web.Loopback(addr) {
 		return checked{}, fmt.Errorf("--listen %s is reachable from other machines: give --users FILE (authentication) or --insecure (a trusted network)", addr)
+	}
+	for _, o := range s.trustedOrigins {
+		if err := web.CheckOrigin(o); err != nil {
+			return checked{}, fmt.Errorf("--trusted-origin: %w", err)
+		}
 	}
 	for _, p := range s.plugins {
 		if strings.TrimSpace(p) == "" {
@@ -287,7 +294,7 @@ func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals
 	h := web.NewHandler(web.Options{
 		Store: st, Database: s.database, Plugins: s.plugins, LegacyTasks: s.legacyTasks,
 		Monitoring: !s.noMonitoring, Balance: balanceSettings(s),
-		WebRoot: s.webRoot, JaegerURL: s.jaegerURL, Users: c.users, LocalOnly: c.users == nil && !s.insecure && web.Loopback(c.addr), Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
+		WebRoot: s.webRoot, JaegerURL: s.jaegerURL, Users: c.users, LocalOnly: c.users == nil && !s.insecure && web.Loopback(c.addr), TrustedOrigins: s.trustedOrigins, Events: events, MaxBodyBytes: s.maxBody, Registry: reg, Logger: log,
 	})
 	api.Store(&h)
 	log.Info("serving the Disbatch HTTP API", "url", scheme+"://"+srv.Addr()+"/", "v1", "/api/v1/openapi.json",

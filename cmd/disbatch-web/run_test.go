@@ -48,6 +48,7 @@ func TestUsageErrorsBeforeConnecting(t *testing.T) {
 		{[]string{"--log-format", "xml"}, "--log-format"},
 		{[]string{"--mongo-uri", "http://x"}, "--mongo-uri"},
 		{[]string{"--web-root", filepath.Join(t.TempDir(), "missing")}, "--web-root"},
+		{[]string{"--trusted-origin", "disbatch.example.com"}, "--trusted-origin"},
 		{[]string{"passwd", "alice"}, "want 2 argument(s) (NAME ROLE), got 1"},
 		{[]string{"token", "a", "b", "c"}, "want 2 argument(s) (NAME ROLE), got 3"},
 	} {

@@ -17,17 +17,25 @@ import (
 //     needs admin;
 //   - any other method anywhere else needs write.
 //
-// The path is cleaned first, so /queues/../nodes/x is a node.
+// The path is judged both as it is and cleaned, and the higher role
+// wins: /queues/../nodes/x is a node, and /tasks/search// (which 4.103's
+// routes match as a queue "search" and a collection "/") is not the
+// read-only search.
 func RequiredRole(r *http.Request) Role {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return RoleRead
 	}
-	p := path.Clean("/" + r.URL.Path)
+	p := "/" + strings.TrimPrefix(r.URL.Path, "/")
+	return max(roleFor(r.Method, p), roleFor(r.Method, path.Clean(p)))
+}
+
+// roleFor is what a write with method to path p needs.
+func roleFor(method, p string) Role {
 	switch {
 	case under(p, "/nodes"), under(p, "/api/v1/nodes"), under(p, "/balance"), under(p, "/api/v1/balance"):
 		return RoleAdmin
-	case r.Method == http.MethodPost && (p == "/tasks/search" || p == "/search-tasks-json"):
+	case method == http.MethodPost && (p == "/tasks/search" || p == "/search-tasks-json"):
 		return RoleRead
 	}
 	return RoleWrite

@@ -45,6 +45,11 @@ func TestRequiredRole(t *testing.T) {
 		{http.MethodPost, "//nodes//node-1", RoleAdmin},
 		{http.MethodPost, "/queues/nodes", RoleWrite},
 		{http.MethodPost, "/nodesx", RoleWrite},
+		// Cleaned, these would be the read-only searches; 4.103's routes
+		// match them as they are (a queue "search", a collection "/").
+		{http.MethodPost, "/tasks/search//", RoleWrite},
+		{http.MethodPost, "/tasks/search/", RoleWrite},
+		{http.MethodPost, "/search-tasks-json//", RoleWrite},
 	} {
 		r := httptest.NewRequest(tc.method, "/", nil)
 		r.URL.Path = tc.path
