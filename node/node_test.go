@@ -1442,3 +1442,36 @@ func TestOnlyAQueuesListenersKeepTheirStreams(t *testing.T) {
 		require.Len(t, b.rec.runs[id], 1, "task %s", id.Hex())
 	}
 }
+
+// deaf is a plugin that ignores its context: it returns only when
+// released.
+type deaf struct {
+	started chan bson.ObjectID
+	release chan struct{}
+}
+
+func (p *deaf) Run(_ context.Context, t plugin.Task) plugin.Result {
+	p.started <- t.ID
+	<-p.release
+	return plugin.Result{Status: schema.StatusSucceeded}
+}
+
+// TestKillWritesAPluginThatIgnoresItsContextAsAbandoned: a second signal's
+// Kill waits long enough for a plugin that ignores its context to be
+// abandoned (plugin.AbandonGrace) and its task written failed, before the
+// process exits; it waited less than the grace, and the task stayed
+// running under a node that was gone.
+func TestKillWritesAPluginThatIgnoresItsContextAsAbandoned(t *testing.T) {
+	b := setup(t)
+	p := &deaf{started: make(chan bson.ObjectID, 1), release: make(chan struct{})}
+	t.Cleanup(func() { close(p.release) })
+	b.reg.Register("deaf", p)
+	q := b.queue("q", "deaf", 1, schema.SortFIFO)
+	id := b.tasks(q, 1, nil)[0]
+	n := b.start(b.config("n1"))
+	require.Equal(t, id, recv(t, p.started))
+	n.Kill()
+	task := b.task(id)
+	require.Equal(t, int64(schema.StatusFailed), task.Lookup("status").AsInt64(), "written before Kill returned")
+	require.Contains(t, task.Lookup("stderr").StringValue(), "abandoned")
+}
