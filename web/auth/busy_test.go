@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,4 +50,32 @@ func TestPasswordChecksAreBoundedAtOnce(t *testing.T) {
 	<-u.slots // that check ended
 	_, err = u.Authenticate(basicRequest("alice", alicePassword))
 	require.NoError(t, err)
+}
+
+// TestConcurrentLoginsShareOneCheck: requests with the same credentials
+// at once (a restart's reconnecting tabs, parallel CLI runs) share one
+// password check: each took a derivation and a slot of its own, and with
+// few slots the later ones got 503.
+func TestConcurrentLoginsShareOneCheck(t *testing.T) {
+	t.Parallel()
+	h, err := HashPasswordWithIterations("pw", 200_000) // long enough for the requests to meet
+	require.NoError(t, err)
+	users, err := Parse(strings.NewReader(Line(KindUser, "dave", RoleRead, h) + "\n"))
+	require.NoError(t, err)
+	u := users.WithOptions(Options{MaxDerivations: 1, DerivationWait: 10 * time.Millisecond})
+	const n = 8
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			<-start
+			_, err := u.Authenticate(basicRequest("dave", "pw"))
+			errs <- err
+		}()
+	}
+	close(start)
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	require.EqualValues(t, 1, u.derivations.Load(), "one derivation for all of them")
 }

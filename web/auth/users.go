@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 )
 
 // Method is how a principal authenticated.
@@ -94,6 +96,10 @@ type Users struct {
 	// slots holds a token per expensive check running (MaxDerivations).
 	slots         chan struct{}
 	derivationFor time.Duration
+	// flight shares one check among requests with the same credentials
+	// at once (tabs reconnecting, parallel CLI runs after a restart):
+	// each would take a slot and a derivation of its own.
+	flight singleflight.Group
 }
 
 func newUsers(entries []entry) *Users {
@@ -185,6 +191,12 @@ func (u *Users) basic(name, password string) (Principal, error) {
 	if p, ok := u.cache.get(key); ok {
 		return p, nil
 	}
+	p, err, _ := u.flight.Do(string(key[:]), func() (any, error) { return u.basicCheck(key, name, password) })
+	return p.(Principal), err
+}
+
+// basicCheck is basic's check of credentials the cache did not have.
+func (u *Users) basicCheck(key [sha256.Size]byte, name, password string) (Principal, error) {
 	e := u.byName[name]
 	if e == nil {
 		if u.dummy.scheme != "" {
