@@ -9,7 +9,9 @@
 // (every write of ours that moves a task) or the pre-image. The counter
 // projector keeps pre-images on only while other programs write tasks
 // (it turns them on at their first change, which is the one without
-// either): such an update then says "from": null and "queue": null. The
+// either): such an update then says "from": null and "queue": null, and
+// goes to the subscribers of every queue (which it concerns cannot be
+// told). The
 // hub reads whether the tasks collection keeps them every
 // Options.PreImagesCheck (10 s) and asks its streams for them only while
 // it does, reopening its stream where it was when that changes: asked

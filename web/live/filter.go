@@ -33,7 +33,12 @@ func (f *filter) match(it *item) bool {
 		if f.tasks != nil && !(it.hasTask && f.tasks[it.task]) {
 			return false
 		}
-		if f.queues != nil && !(it.hasQueue && f.queues[it.queue]) && !(it.hasFrom && f.queues[it.from]) {
+		// A task event whose queue is unknown (another program's update
+		// before the hub asks for pre-images) goes to every queue's
+		// subscribers: which one it concerns cannot be told, and dropped,
+		// a queue's page never heard of its task's change.
+		known := it.hasQueue || it.hasFrom
+		if f.queues != nil && known && !(it.hasQueue && f.queues[it.queue]) && !(it.hasFrom && f.queues[it.from]) {
 			return false
 		}
 	case kindQueue:
