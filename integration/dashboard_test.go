@@ -16,6 +16,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -941,4 +942,65 @@ func TestATaskPageLeftBeforeItLoadedDrawsNothing(t *testing.T) {
 	b.eval(`document.querySelector('main h1').textContent + ' ' + location.pathname + ' ' + !!document.querySelector('#queues')`, &got)
 	require.Equal(t, "Overview / true", got)
 	b.noErrors("a task page, then the overview")
+}
+
+// TestTheQueuePageRefreshesWithTheFilterItShows: a live refresh of the
+// queue page asks for the filter the table shows, not for edits in the
+// form not yet applied with Filter (a half-typed "key" without "=" showed
+// an error at every event, and a changed Status switched the table under
+// the operator); and a task event of an unknown queue refreshes it too.
+func TestTheQueuePageRefreshesWithTheFilterItShows(t *testing.T) {
+	t.Parallel()
+	const id = "6b0d00000000000000000001"
+	mux := fakeDashboard(map[string]string{
+		"GET /api/v1/queues/q":     `{"id":"` + id + `","name":"q","plugin":"P","counts":{"queued":1,"running":0,"finished":0,"failed":0,"total":1}}`,
+		"GET /api/v1/queues/" + id: `{"id":"` + id + `","name":"q","plugin":"P","counts":{"queued":1,"running":0,"finished":0,"failed":0,"total":1}}`,
+	})
+	asks := make(chan url.Values, 100)
+	mux.HandleFunc("GET /api/v1/tasks", func(w http.ResponseWriter, r *http.Request) {
+		asks <- r.URL.Query()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"tasks":[],"next":null,"skipped":0}`)
+	})
+	frames := make(chan string, 4)
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, frames) })
+	b := fakeBrowser(t, mux)
+	b.open("/ui/queues/q", "#queue-counts")
+	latest := func(what string) url.Values {
+		t.Helper()
+		var v url.Values
+		select {
+		case v = <-asks:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the page never asked for its tasks", what)
+		}
+		for { // the last of a burst
+			select {
+			case v = <-asks:
+			case <-time.After(600 * time.Millisecond):
+				return v
+			}
+		}
+	}
+	latest("the first load")
+	// Edits, not applied.
+	b.eval(`(() => { const s = document.querySelector('select[name=status]'); s.value = 'failed'; s.dispatchEvent(new Event('change'));
+		const p = document.querySelector('input[name=param]'); p.value = 'key'; p.dispatchEvent(new Event('input')); return true })()`, new(bool))
+	frames <- "event: task\ndata: {\"type\":\"task\",\"op\":\"update\",\"id\":\"6b0d00000000000000000009\",\"queue\":\"" + id + "\"}\n\n"
+	got := latest("a task event")
+	require.Empty(t, got.Get("status"), "a Status not applied: %v", got)
+	require.Equal(t, id, got.Get("queue"))
+	var toast string
+	b.eval(`(() => { const t = document.getElementById('toast'); return t.hidden ? '' : t.textContent })()`, &toast)
+	require.Empty(t, toast, "no error for a filter being typed")
+	// Another program's update: its queue is unknown.
+	frames <- "event: task\ndata: {\"type\":\"task\",\"op\":\"update\",\"id\":\"6b0d00000000000000000008\",\"queue\":null}\n\n"
+	latest("an event of an unknown queue")
+	// Applied.
+	b.eval(`(() => { document.querySelector('input[name=param]').value = 'key=v'; return true })()`, new(bool))
+	b.click(`form button[type=submit]`)
+	got = latest("the Filter button")
+	require.Equal(t, "failed", got.Get("status"), "%v", got)
+	require.Equal(t, "v", got.Get("param[key]"), "%v", got)
+	b.noErrors("the queue page")
 }

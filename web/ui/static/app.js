@@ -436,7 +436,11 @@ function queuePage(name) {
   fill(main, head,
     h('section', { class: 'panel', 'aria-labelledby': 'h-tasks' },
       h('h2', { id: 'h-tasks' }, 'Tasks'),
-      h('form', { class: 'row', onsubmit: (e) => { e.preventDefault(); cursors = ['']; pageNo = 0; loadTasks.now(); } },
+      h('form', { class: 'row', onsubmit: (e) => {
+        e.preventDefault();
+        try { applied = filterParams(); } catch (err) { toast(err.message, true); return; }
+        cursors = ['']; pageNo = 0; loadTasks.now();
+      } },
         h('label', {}, 'Status', f.status), h('label', {}, 'Reason', f.reason), h('label', {}, 'Node', f.node),
         h('label', {}, 'Created after', f.after), h('label', {}, 'Created before', f.before),
         h('label', {}, 'Parameter', f.param), h('label', {}, 'Order', f.order),
@@ -449,8 +453,12 @@ function queuePage(name) {
       pager),
     settings);
 
-  const query = () => {
-    const p = new URLSearchParams({ queue: q ? q.id : name, limit: '50', order: f.order.value });
+  // filterParams is the form's filter as a Filter press applies it;
+  // applied, the one the table shows: live refreshes keep to it while the
+  // operator edits the form (they took half-typed edits, and a "key"
+  // without "=" showed an error at every event).
+  const filterParams = () => {
+    const p = new URLSearchParams({ order: f.order.value });
     if (f.status.value) p.append('status', f.status.value);
     if (f.reason.value) p.append('reason', f.reason.value);
     if (f.node.value.trim()) p.append('node', f.node.value.trim());
@@ -462,12 +470,21 @@ function queuePage(name) {
       if (i < 1) throw new Error('parameter filter: write key=value');
       p.append(`param[${kv.slice(0, i).trim()}]`, kv.slice(i + 1));
     }
+    return p;
+  };
+  let applied = filterParams();
+  let asked = 0; // an answer to an older ask than the latest is dropped
+  const query = () => {
+    const p = new URLSearchParams(applied);
+    p.set('queue', q ? q.id : name); p.set('limit', '50');
     if (cursors[pageNo]) p.append('cursor', cursors[pageNo]);
     return '/api/v1/tasks?' + p;
   };
   const loadTasks = throttle(async () => {
     let res;
-    try { res = await api('GET', query()); } catch (e) { toast(e.message, true); return; }
+    const mine = ++asked;
+    try { res = await api('GET', query()); } catch (e) { if (mine === asked) toast(e.message, true); return; }
+    if (mine !== asked) return;
     next = res.next;
     const before = shown;
     shown = new Set(res.tasks.map((t) => t.id));
@@ -590,7 +607,10 @@ function queuePage(name) {
   return page({
     onEvent(type, d) {
       if (!q) return;
-      if (type === 'task' && (d.queue === q.id || d.from_queue === q.id)) { loadTasks(); loadQueue(); }
+      // A task event of an unknown queue (another program's write, before
+      // pre-images are asked for) may be this queue's.
+      const unknown = d.queue == null && d.from_queue == null;
+      if (type === 'task' && (d.queue === q.id || d.from_queue === q.id || unknown)) { loadTasks(); loadQueue(); }
       if (type === 'queue' && d.id === q.id) loadQueue();
       if (type === 'reset') { loadTasks(); loadQueue(); }
     },
