@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1003,4 +1004,44 @@ func TestTheQueuePageRefreshesWithTheFilterItShows(t *testing.T) {
 	require.Equal(t, "failed", got.Get("status"), "%v", got)
 	require.Equal(t, "v", got.Get("param[key]"), "%v", got)
 	b.noErrors("the queue page")
+}
+
+// TestAHiddenTabLetsItsStreamGo: a tab hidden for a while closes its event
+// stream and stops polling, and shown again it reopens the stream and
+// reads everything anew. Every tab's stream held one of a browser's six
+// HTTP/1.1 connections to the server for good (a seventh tab hung), and
+// the server sent hidden tabs every event.
+func TestAHiddenTabLetsItsStreamGo(t *testing.T) {
+	t.Parallel()
+	var open, queueReads atomic.Int64
+	mux := fakeDashboard(map[string]string{"GET /api/v1/nodes": `{"nodes":[]}`, "GET /api/v1/cluster": `{}`})
+	mux.HandleFunc("GET /api/v1/queues", func(w http.ResponseWriter, _ *http.Request) {
+		queueReads.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"queues":[]}`)
+	})
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) {
+		open.Add(1)
+		defer open.Add(-1)
+		serveEvents(w, r, nil)
+	})
+	b := fakeBrowser(t, mux)
+	b.open("/", "#queues")
+	require.Eventually(t, func() bool { return open.Load() == 1 }, 10*time.Second, 20*time.Millisecond, "the stream opened")
+	visibility := func(state string) {
+		b.eval(`(() => { Object.defineProperty(document, 'visibilityState', { value: '`+state+`', configurable: true });
+			document.dispatchEvent(new Event('visibilitychange')); return true })()`, new(bool))
+	}
+	visibility("hidden")
+	require.Eventually(t, func() bool { return open.Load() == 0 }, 15*time.Second, 50*time.Millisecond, "a hidden tab let its stream go")
+	var badge string
+	b.eval(`document.getElementById('live').textContent`, &badge)
+	require.Equal(t, "paused while hidden", badge)
+	reads := queueReads.Load()
+	time.Sleep(6 * time.Second) // past the overview's 5 s poll
+	require.Equal(t, reads, queueReads.Load(), "a hidden tab does not poll")
+	visibility("visible")
+	require.Eventually(t, func() bool { return open.Load() == 1 }, 10*time.Second, 20*time.Millisecond, "shown, it follows the events again")
+	require.Eventually(t, func() bool { return queueReads.Load() > reads }, 10*time.Second, 20*time.Millisecond, "and reads the queues anew")
+	b.noErrors("hidden, then shown")
 }

@@ -164,11 +164,36 @@ function rateSeries(queue) {
   return out;
 }
 
+// HIDDEN_PAUSE_MS is how long a hidden tab keeps its event stream.
+const HIDDEN_PAUSE_MS = 5000;
+
 const live = {
-  es: null, listeners: new Set(), state: 'connecting', tries: 0, reopened: false,
+  es: null, listeners: new Set(), state: 'connecting', tries: 0, reopened: false, hideTimer: null, retryTimer: null,
   start() {
     if (!window.EventSource) { this.set('off', 'no live events in this browser'); return; }
+    // A tab hidden for HIDDEN_PAUSE_MS lets its stream go, and takes it up
+    // again when shown, the page reading everything anew: over HTTP/1.1 a
+    // browser keeps six connections to a server and each tab's stream
+    // held one for good (a seventh tab hung), and the server sent every
+    // hidden tab every event.
+    document.addEventListener('visibilitychange', () => this.visibility());
     this.open();
+  },
+  visibility() {
+    clearTimeout(this.hideTimer);
+    if (document.visibilityState === 'hidden') {
+      this.hideTimer = setTimeout(() => this.pause(), HIDDEN_PAUSE_MS);
+    } else if (this.state === 'paused') {
+      this.set('off', 'reconnecting…');
+      this.open();
+    }
+  },
+  pause() {
+    clearTimeout(this.retryTimer);
+    if (this.es) this.es.close();
+    this.es = null;
+    this.reopened = true; // shown again, the page reads everything anew
+    this.set('paused', 'paused while hidden');
   },
   // open follows the events. The browser reconnects by itself after a
   // dropped stream, resuming from the last id; an answer other than 200 (a
@@ -191,7 +216,7 @@ const live = {
       if (es.readyState !== EventSource.CLOSED) return; // the browser retries
       es.close();
       this.reopened = true;
-      setTimeout(() => this.open(), Math.min(30000, 1000 * 2 ** this.tries++));
+      this.retryTimer = setTimeout(() => { if (this.state !== 'paused') this.open(); }, Math.min(30000, 1000 * 2 ** this.tries++));
     };
     for (const type of ['task', 'queue', 'node', 'reset']) {
       es.addEventListener(type, (e) => {
@@ -263,7 +288,8 @@ window.addEventListener('popstate', render);
 function page({ onEvent, every }) {
   const offs = [];
   if (onEvent) offs.push(live.on(onEvent));
-  for (const [ms, fn] of every || []) { const t = setInterval(fn, ms); offs.push(() => clearInterval(t)); }
+  // Polls skip a hidden tab: shown again, its stream's reset reads anew.
+  for (const [ms, fn] of every || []) { const t = setInterval(() => { if (document.visibilityState !== 'hidden') fn(); }, ms); offs.push(() => clearInterval(t)); }
   return { dispose() { offs.forEach((f) => f()); } };
 }
 
