@@ -102,21 +102,8 @@ func TestPasswdAndTokenMakeLinesTheServerAccepts(t *testing.T) {
 func TestServesAndStopsOnSignal(t *testing.T) {
 	t.Parallel()
 	db := mongotest.Database(t)
-	sigs := make(chan os.Signal, 1)
-	var out, errOut syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(context.Background(), []string{"--mongo-uri", mongotest.URI(t), "--database", db.Name(), "--listen", "127.0.0.1:0"},
-			env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, signals: sigs})
-	}()
-	var base string
-	require.Eventually(t, func() bool {
-		_, after, ok := strings.Cut(errOut.String(), "msg=\"serving the Disbatch HTTP API\" url=")
-		if ok {
-			base = strings.Fields(after)[0]
-		}
-		return ok
-	}, 30*time.Second, 20*time.Millisecond, "the server did not say where it serves: %s", errOut.String())
+	srv := startServer(t, servingMsg, "--mongo-uri", mongotest.URI(t), "--database", db.Name(), "--listen", "127.0.0.1:0")
+	base, errOut, sigs, done := srv.base, srv.errOut, srv.sigs, srv.done
 
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + strings.TrimPrefix(path, "/"))
@@ -160,21 +147,8 @@ type syncBuffer = syncbuf.Buffer
 // API and /readyz answer 503 until MongoDB answers, and a signal stops it.
 func TestHealthzWhileMongoDBIsUnreachable(t *testing.T) {
 	t.Parallel()
-	sigs := make(chan os.Signal, 1)
-	var out, errOut syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(context.Background(), []string{"--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200", "--listen", "127.0.0.1:0"},
-			env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, signals: sigs})
-	}()
-	var base string
-	require.Eventually(t, func() bool {
-		_, after, ok := strings.Cut(errOut.String(), "msg=listening url=")
-		if ok {
-			base = strings.Fields(after)[0]
-		}
-		return ok
-	}, 30*time.Second, 20*time.Millisecond, "%s", errOut.String())
+	srv := startServer(t, "listening", "--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200", "--listen", "127.0.0.1:0")
+	base, errOut, sigs, done := srv.base, srv.errOut, srv.sigs, srv.done
 	status := func(path string) int {
 		resp, err := http.Get(base + path)
 		require.NoError(t, err)
@@ -219,21 +193,8 @@ func TestServesFromThe4103ConfigFile(t *testing.T) {
 		"web_extensions": {"Disbatch::Web::Tasks": null, "Site::Web::Extra": {}},
 		"views_dir": "/etc/disbatch/views/",
 	}`), 0o600))
-	sigs := make(chan os.Signal, 1)
-	var out, errOut syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(context.Background(), []string{"--perl-config", file, "--listen", "127.0.0.1:0"},
-			env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, signals: sigs})
-	}()
-	var base string
-	require.Eventually(t, func() bool {
-		_, after, ok := strings.Cut(errOut.String(), "msg=\"serving the Disbatch HTTP API\" url=")
-		if ok {
-			base = strings.Fields(after)[0]
-		}
-		return ok
-	}, 30*time.Second, 20*time.Millisecond, "the server did not say where it serves: %s", errOut.String())
+	srv := startServer(t, servingMsg, "--perl-config", file, "--listen", "127.0.0.1:0")
+	base, errOut, sigs, done := srv.base, srv.errOut, srv.sigs, srv.done
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + strings.TrimPrefix(path, "/"))
 		require.NoError(t, err)
@@ -275,20 +236,8 @@ func TestALoopbackServerAnswersOtherHostsOnlyWhenInsecure(t *testing.T) {
 		if insecure {
 			args = append(args, "--insecure")
 		}
-		sigs := make(chan os.Signal, 1)
-		var errOut syncBuffer
-		done := make(chan int, 1)
-		go func() {
-			done <- run(context.Background(), args, env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: &errOut, signals: sigs})
-		}()
-		var base string
-		require.Eventually(t, func() bool {
-			_, after, ok := strings.Cut(errOut.String(), "msg=\"serving the Disbatch HTTP API\" url=")
-			if ok {
-				base = strings.Fields(after)[0]
-			}
-			return ok
-		}, 30*time.Second, 20*time.Millisecond, "the server did not say where it serves: %s", errOut.String())
+		srv := startServer(t, servingMsg, args...)
+		base, errOut, sigs, done := srv.base, srv.errOut, srv.sigs, srv.done
 		code := func(host string) int {
 			req, err := http.NewRequest("GET", base+"api/v1/queues", nil)
 			require.NoError(t, err)
@@ -308,3 +257,32 @@ func TestALoopbackServerAnswersOtherHostsOnlyWhenInsecure(t *testing.T) {
 		require.Zero(t, <-done, errOut.String())
 	}
 }
+
+// served is a disbatch-web run started by startServer.
+type served struct {
+	base   string // its URL, ending in /
+	errOut *syncBuffer
+	sigs   chan os.Signal
+	done   chan int
+}
+
+// startServer runs disbatch-web with args until the test sends a signal, and
+// waits for it to log msg (with its URL) first.
+func startServer(t *testing.T, msg string, args ...string) *served {
+	t.Helper()
+	s := &served{errOut: &syncBuffer{}, sigs: make(chan os.Signal, 1), done: make(chan int, 1)}
+	go func() {
+		s.done <- run(context.Background(), args,
+			env{getenv: func(string) string { return "" }, stdin: strings.NewReader(""), stdout: io.Discard, stderr: s.errOut, signals: s.sigs})
+	}()
+	require.Eventually(t, func() bool {
+		_, after, ok := strings.Cut(s.errOut.String(), "msg="+msg+" url=")
+		if ok {
+			s.base = strings.Fields(after)[0]
+		}
+		return ok
+	}, 30*time.Second, 20*time.Millisecond, "the server did not say where it serves: %s", s.errOut.String())
+	return s
+}
+
+const servingMsg = `"serving the Disbatch HTTP API"`
