@@ -77,10 +77,13 @@ func (b *bench) sub(s string) string {
 	return s
 }
 
-func (b *bench) do(method, path, ctype, body string) (int, http.Header, string) {
+func (b *bench) do(method, path, ctype, body string, hdr ...string) (int, http.Header, string) {
 	b.t.Helper()
 	req, err := http.NewRequest(method, b.srv.URL+b.sub(path), strings.NewReader(b.sub(body)))
 	require.NoError(b.t, err)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
 	switch ctype {
 	case "json":
 		req.Header.Set("Content-Type", "application/json")
