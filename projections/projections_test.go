@@ -1214,8 +1214,12 @@ func TestABackgroundRecountRecountsAQueueAnotherTermMoved(t *testing.T) {
 	reconciles := svc.Stats().Reconciles
 
 	// Another term's batch for b, as far as b's counters show (b has no
-	// task: its true counts are zero).
-	moved := bson.Timestamp{T: uint32(time.Now().Add(-time.Second).Unix()), I: 1}
+	// task: its true counts are zero). Its increment is one no write of
+	// this term's reaches: at I: 1 it could be the very moment this
+	// term's first recount set b at (the first write of that second), and
+	// the counters would then look this term's own, and the difference
+	// drift.
+	moved := bson.Timestamp{T: uint32(time.Now().Add(-time.Second).Unix()), I: 1 << 31}
 	_, err := db.Collection(schema.CollQueues).UpdateOne(ctx, bson.D{{Key: "_id", Value: b}}, bson.D{{Key: "$set", Value: bson.D{
 		{Key: schema.QueueCountTodo, Value: int64(5)}, {Key: schema.QueueCountTotal, Value: int64(5)},
 		{Key: schema.QueueCountsApplied, Value: bson.D{{Key: "t", Value: moved}, {Key: "token", Value: ""}}}}}})
