@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -281,7 +282,9 @@ func (n *Node) Start(ctx context.Context) error {
 // Kill kills the running tasks' plugins (whole process groups) at once,
 // without waiting for the grace period, and stops the projector, whose
 // cancelled transaction is then aborted instead of holding its locks on the
-// server until the transaction lifetime limit. It waits at most half a
+// server until the transaction lifetime limit, and the leader's duties:
+// both release their leases, so that other nodes take them over at once
+// rather than a lease's time to live later. It waits at most half a
 // second longer than plugin.AbandonGrace, so that a plugin that ignores
 // its context is still written failed (abandoned). It is for a second
 // signal: the caller exits next.
@@ -289,10 +292,13 @@ func (n *Node) Kill() {
 	n.runner.killAll(errors.New("node killed by a second signal"), false)
 	done := make(chan struct{})
 	go func() {
+		var wg sync.WaitGroup
 		if n.proj != nil {
-			n.proj.Stop()
+			wg.Go(n.proj.Stop)
 		}
+		wg.Go(n.leader.Stop)
 		n.runner.wait(time.Hour)
+		wg.Wait()
 		close(done)
 	}()
 	select {

@@ -26,6 +26,7 @@ import (
 	"github.com/disbatch-go/disbatch/internal/mongotest"
 	"github.com/disbatch-go/disbatch/internal/syncbuf"
 	"github.com/disbatch-go/disbatch/plugin"
+	"github.com/disbatch-go/disbatch/projections"
 	"github.com/disbatch-go/disbatch/schema"
 	"github.com/disbatch-go/disbatch/store"
 )
@@ -1474,4 +1475,28 @@ func TestKillWritesAPluginThatIgnoresItsContextAsAbandoned(t *testing.T) {
 	task := b.task(id)
 	require.Equal(t, int64(schema.StatusFailed), task.Lookup("status").AsInt64(), "written before Kill returned")
 	require.Contains(t, task.Lookup("stderr").StringValue(), "abandoned")
+}
+
+// TestKillReleasesTheLeases: a second signal's Kill releases the leader's
+// and the projector's leases, so that another node takes them over at
+// once; the process exited holding them, and the cluster's duties and
+// counters waited a lease's time to live (10 s by default).
+func TestKillReleasesTheLeases(t *testing.T) {
+	b := setup(t)
+	n := b.start(b.config("n1"))
+	require.Eventually(t, func() bool { return n.LeaderStatus().Leader && n.ProjectorStats().Leader }, 10*time.Second, 10*time.Millisecond,
+		"never led")
+	ctx := context.Background()
+	for _, name := range []string{LeaderLease, projections.LeaseName} {
+		l, err := b.store.LeaseGet(ctx, name)
+		require.NoError(t, err)
+		require.Equal(t, "n1", l.Owner)
+		require.True(t, l.Expires.After(time.Now().Add(time.Second)), "lease %s held: expires %v", name, l.Expires)
+	}
+	n.Kill()
+	for _, name := range []string{LeaderLease, projections.LeaseName} {
+		l, err := b.store.LeaseGet(ctx, name)
+		require.NoError(t, err)
+		require.False(t, l.Expires.After(time.Now()), "lease %s still held after Kill: expires %v", name, l.Expires)
+	}
 }

@@ -181,7 +181,8 @@ SIGTERM or SIGINT stops claiming at once, hands back claimed tasks, lets
 running tasks finish within --grace, then leaves supervised tasks (exec,
 shell, --plugin; see --supervise) running for the next start and kills the
 others (Demo, Perl plugins), marking them failed. A second signal kills
-every task and exits at once. Supervised tasks survive the node: their
+every task, releases the leader's and projector's leases and exits at once
+(within about 1.5 s). Supervised tasks survive the node: their
 supervisors finish them if it stays away, and kill them (fence) when no
 heartbeat of the node was acknowledged for --fence-after, before other nodes
 may recover them (docs/restarts.md).`
