@@ -903,6 +903,40 @@ func TestADrainedNodeThatStoppedSaysStopped(t *testing.T) {
 	b.noErrors("the nodes and the overview")
 }
 
+// TestANodeIsFencedByItsOwnFenceAfter: the dashboard called every node
+// whose heartbeat was older than 10 s (the default --fence-after) fenced.
+// A node with a longer one is still serving then, one with a shorter one
+// fenced sooner, and a node that does not say (4.103's, which never
+// fences) is only silent; neither fenced nor silent counts as live.
+func TestANodeIsFencedByItsOwnFenceAfter(t *testing.T) {
+	t.Parallel()
+	nodes := `{"nodes":[` +
+		`{"node":"patient","state":"running","heartbeat_age_ms":20000,"fence_after_ms":60000,"queues":[]},` +
+		`{"node":"quick","state":"running","heartbeat_age_ms":7000,"fence_after_ms":5000,"queues":[]},` +
+		`{"node":"perl","heartbeat_age_ms":20000,"fence_after_ms":null,"queues":[]},` +
+		`{"node":"perl-up","heartbeat_age_ms":500,"fence_after_ms":null,"queues":[]}]}`
+	mux := fakeDashboard(map[string]string{
+		"GET /api/v1/nodes":   nodes,
+		"GET /api/v1/tasks":   `{"tasks":[],"next":null,"skipped":0}`,
+		"GET /api/v1/cluster": `{}`,
+		"GET /api/v1/queues":  `{"queues":[]}`,
+	})
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, nil) })
+	b := fakeBrowser(t, mux)
+	b.open("/ui/nodes", `section[data-node="perl-up"]`)
+	var badges []string
+	b.eval(`["patient", "quick", "perl", "perl-up"].map((n) => document.querySelector('section[data-node="' + n + '"] h2 .badge').textContent)`, &badges)
+	require.Equal(t, []string{"serving", "fenced", "silent", "serving"}, badges)
+	b.open("/", "#queues")
+	var summary string
+	require.Eventually(t, func() bool {
+		b.eval(`document.querySelector('main p.muted').textContent`, &summary)
+		return strings.Contains(summary, "live nodes")
+	}, 10*time.Second, 50*time.Millisecond, "the overview's summary: %q", summary)
+	require.Contains(t, summary, "2 live nodes", "neither the fenced nor the silent node is live")
+	b.noErrors("the nodes and the overview")
+}
+
 // TestATaskPageLeftBeforeItLoadedDrawsNothing: a task page whose reads
 // were still out when the operator went to another page drew itself over
 // that page once they came back (the address said /, the page was the

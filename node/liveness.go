@@ -178,7 +178,7 @@ func (l *liveness) write(ctx context.Context, run *lifecycle.Run, state string, 
 	}
 	before, err := l.cfg.Store.NodeUpsert(ctx, store.NodeUpsertParams{
 		Node: l.cfg.Name, Queues: queues, Serves: serves, Full: full, WakeupStream: l.cfg.WakeupStream, State: state, ClearDrain: first,
-		LeftTasks: left, OwnMaxThreads: l.cfg.MaxThreads,
+		LeftTasks: left, OwnMaxThreads: l.cfg.MaxThreads, FenceAfter: l.cfg.FenceAfter,
 	})
 	var de *schema.DecodeError
 	if errors.As(err, &de) {

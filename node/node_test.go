@@ -218,6 +218,7 @@ func TestNodesRunEveryTaskExactlyOnce(t *testing.T) {
 				cfg := b.config(fmt.Sprintf("n%d", i))
 				if i == 0 {
 					cfg.MaxThreads = ptr(2) // a node-wide cap below the queue's
+					cfg.FenceAfter = 12345 * time.Millisecond
 				}
 				b.start(cfg)
 			}
@@ -238,6 +239,7 @@ func TestNodesRunEveryTaskExactlyOnce(t *testing.T) {
 			n0, err := b.store.NodeGet(context.Background(), "n0")
 			require.NoError(t, err)
 			require.Equal(t, ptr(2), n0.OwnMaxThreads, "its heartbeat says its own cap")
+			require.Equal(t, 12345*time.Millisecond, n0.FenceAfter, "its heartbeat says its --fence-after")
 			for i := range nodes {
 				node := fmt.Sprintf("n%d", i)
 				require.Positive(t, perNode[node], "node %s ran nothing", node)

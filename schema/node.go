@@ -37,6 +37,11 @@ const (
 	// its heartbeat writes beside maxthreads, the operator's (4.103's
 	// field): the node runs at most the lower of the two. Absent: none.
 	NodeOwnMaxThreads = "own_maxthreads"
+	// NodeFenceAfter is the node's --fence-after in milliseconds, which
+	// its heartbeat writes: with no heartbeat acknowledged for this long,
+	// the node has stopped its tasks (fenced itself). Absent: the node
+	// does not say (4.103's nodes never fence).
+	NodeFenceAfter = "fence_after_ms"
 	// NodeServes lists the ids (hex strings) of the queues the node
 	// serves as of its last read of them, or would but for what stops
 	// every node alike (a pause, maxthreads 0); queues lists every queue
@@ -74,6 +79,9 @@ type Node struct {
 	// OwnMaxThreads is the node's own, as its heartbeat says.
 	MaxThreads    *int
 	OwnMaxThreads *int
+	// FenceAfter is schema.NodeFenceAfter (0: not said, or not a positive
+	// integer).
+	FenceAfter time.Duration
 	// State, Drain, Dead, DeadAt and DeadBy: see NodeState, NodeDrain and
 	// NodeDead.
 	State  string
@@ -123,6 +131,7 @@ func DecodeNode(raw bson.Raw) (Node, error) {
 		Dead:          r.flag(NodeDead),
 		DeadAt:        r.timeOf(NodeDeadAt),
 		DeadBy:        r.str(false, NodeDeadBy),
+		FenceAfter:    millis(raw, NodeFenceAfter),
 		Raw:           raw,
 	}
 	if at, ok := raw.Lookup(NodeServesAt).DateTimeOK(); ok && !n.Timestamp.IsZero() && at == n.Timestamp.UnixMilli() {
@@ -169,6 +178,22 @@ func DecodeNode(raw bson.Raw) (Node, error) {
 		return Node{}, r.err
 	}
 	return n, nil
+}
+
+// millis reads a positive whole number of milliseconds as a duration,
+// leniently: 0 when it is missing or anything else (a node's own field,
+// which nobody but its node writes).
+func millis(raw bson.Raw, name string) time.Duration {
+	v := raw.Lookup(name)
+	ms, ok := v.Int64OK()
+	if !ok {
+		i, ok32 := v.Int32OK()
+		ms, ok = int64(i), ok32
+	}
+	if !ok || ms <= 0 || ms > int64(365*24*time.Hour/time.Millisecond) {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // hexList reads an array of ids as hex strings, leniently: nil when it is

@@ -321,6 +321,32 @@ func TestDecodeNodeServes(t *testing.T) {
 	}
 }
 
+// TestDecodeNodeFenceAfter: a node's --fence-after, in milliseconds as its
+// heartbeat writes it (int64, or int32 from another writer), is read; one
+// that is missing, not a positive whole number or past a year is not said,
+// and the node still decodes.
+func TestDecodeNodeFenceAfter(t *testing.T) {
+	t.Parallel()
+	for fields, want := range map[string]time.Duration{
+		`"fence_after_ms":{"$numberLong":"10000"}`:       10 * time.Second,
+		`"fence_after_ms":{"$numberInt":"2500"}`:         2500 * time.Millisecond,
+		``:                                               0,
+		`"fence_after_ms":{"$numberLong":"0"}`:           0,
+		`"fence_after_ms":{"$numberLong":"-5"}`:          0,
+		`"fence_after_ms":"10000"`:                       0,
+		`"fence_after_ms":{"$numberDouble":"10000.0"}`:   0,
+		`"fence_after_ms":{"$numberLong":"40000000000"}`: 0,
+	} {
+		sep := ""
+		if fields != "" {
+			sep = ","
+		}
+		n, err := DecodeNode(doc(t, `{"node":"a"`+sep+fields+`}`))
+		require.NoError(t, err, fields)
+		require.Equal(t, want, n.FenceAfter, fields)
+	}
+}
+
 func TestDecodeConfig(t *testing.T) {
 	t.Parallel()
 	c, err := DecodeConfig(doc(t, `{"_id":{"$oid":"56fc05087aa3a33942e42a6a"},"label":"prod","active":true,

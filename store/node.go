@@ -32,10 +32,14 @@ type NodeUpsertParams struct {
 	LeftTasks int
 	// OwnMaxThreads is schema.NodeOwnMaxThreads (nil: removed).
 	OwnMaxThreads *int
+	// FenceAfter is schema.NodeFenceAfter, written in whole milliseconds
+	// (0: removed).
+	FenceAfter time.Duration
 }
 
 // NodeUpsert writes node, timestamp, queues, serves, full, wakeup_stream,
-// serves_at and state of this node's document, creating it if needed,
+// serves_at, state, own_maxthreads and fence_after_ms of this node's
+// document, creating it if needed,
 // and returns the document as it was before (zero for a new node), so one
 // round trip also reads the operator's maxthreads and drain request and
 // tells the node whether another node declared it dead. The timestamp is
@@ -86,6 +90,11 @@ func (s *Store) NodeUpsert(ctx context.Context, p NodeUpsertParams) (schema.Node
 		set = append(set, bson.E{Key: schema.NodeOwnMaxThreads, Value: *p.OwnMaxThreads})
 	} else {
 		unset = append(unset, schema.NodeOwnMaxThreads)
+	}
+	if ms := p.FenceAfter.Milliseconds(); ms > 0 {
+		set = append(set, bson.E{Key: schema.NodeFenceAfter, Value: ms})
+	} else {
+		unset = append(unset, schema.NodeFenceAfter)
 	}
 	raw, err := s.nodes.FindOneAndUpdate(ctx,
 		bson.D{{Key: schema.NodeNode, Value: p.Node}},

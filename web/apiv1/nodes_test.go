@@ -24,7 +24,7 @@ func TestNodes(t *testing.T) {
 	qid := bson.NewObjectID().Hex()
 	_, err := e.st.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n2.example.com", State: schema.NodeStateRunning, Queues: []schema.NodeQueue{
 		{Name: "q", ID: qid, Constructor: "P", MaxThreads: ptr(2), TasksTodo: 4, TasksDoing: 1, TasksDone: 9},
-	}, Serves: []string{qid}, Full: []string{qid}, WakeupStream: true})
+	}, Serves: []string{qid}, Full: []string{qid}, WakeupStream: true, FenceAfter: 7500 * time.Millisecond})
 	require.NoError(t, err)
 	_, err = e.st.NodeUpsert(ctx, store.NodeUpsertParams{Node: "n1 ünï"})
 	require.NoError(t, err)
@@ -47,6 +47,8 @@ func TestNodes(t *testing.T) {
 	require.Equal(t, []string{}, n1.Serves, "serves nothing")
 	require.Equal(t, []string{}, n1.Full)
 	require.False(t, *n1.WakeupStream)
+	require.Equal(t, int64(7500), *n2.FenceAfterMS, "its --fence-after, as its heartbeat says")
+	require.Nil(t, n1.FenceAfterMS, "a node that does not say")
 
 	var n Node
 	e.want(200, "GET", "/api/v1/nodes/n2.example.com", nil).decode(t, &n)

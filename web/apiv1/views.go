@@ -355,11 +355,15 @@ type Node struct {
 	MaxThreads     *int    `json:"maxthreads"`
 	// OwnMaxThreads is the node's own cap (its --maxthreads), as its
 	// heartbeat says; MaxThreads the operator's. It runs the lower.
-	OwnMaxThreads *int        `json:"own_maxthreads"`
-	Dead          bool        `json:"dead"`
-	DeadAt        *string     `json:"dead_at"`
-	DeadBy        *string     `json:"dead_by"`
-	Queues        []NodeQueue `json:"queues"`
+	OwnMaxThreads *int `json:"own_maxthreads"`
+	// FenceAfterMS is the node's --fence-after as its heartbeat says
+	// (null: it does not say; 4.103's nodes never fence): with a
+	// heartbeat older than this, it has stopped its tasks.
+	FenceAfterMS *int64      `json:"fence_after_ms"`
+	Dead         bool        `json:"dead"`
+	DeadAt       *string     `json:"dead_at"`
+	DeadBy       *string     `json:"dead_by"`
+	Queues       []NodeQueue `json:"queues"`
 	// Serves, Full and WakeupStream are null for a node that does not
 	// say (schema.NodeServes).
 	Serves       []string `json:"serves"`
@@ -399,6 +403,10 @@ func nodeView(n schema.Node, now time.Time) Node {
 	}
 	if n.State != "" {
 		v.State = &n.State
+	}
+	if n.FenceAfter > 0 {
+		ms := n.FenceAfter.Milliseconds()
+		v.FenceAfterMS = &ms
 	}
 	if n.DeadBy != "" {
 		v.DeadBy = &n.DeadBy

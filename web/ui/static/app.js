@@ -345,15 +345,20 @@ function keyedRows(body, rows, items, key, sig, build) {
   if (!prev) body.replaceChildren();
 }
 
+// SILENT_MS: a node that does not say its --fence-after is called silent
+// past the default one (10 s).
+const SILENT_MS = 10000;
 function nodeState(n) {
   if (n.dead) return 'dead';
   // Stopped first: a drained node exits with drain still set (its next
   // start clears it), and draining it is no more.
   if (n.state === 'stopped') return 'stopped';
   if (n.drain || n.state === 'draining') return 'draining';
-  // No heartbeat for the default --fence-after (10 s): a node that is
-  // alive but cut off has fenced itself (stopped its tasks) by now.
-  if (n.heartbeat_age_ms > 10000) return 'fenced';
+  // No heartbeat for its --fence-after, as it says: a node that is alive
+  // but cut off has fenced itself (stopped its tasks) by now. A node that
+  // does not say (4.103's never fences) is only silent.
+  if (n.fence_after_ms > 0) return n.heartbeat_age_ms > n.fence_after_ms ? 'fenced' : 'serving';
+  if (n.heartbeat_age_ms > SILENT_MS) return 'silent';
   return 'serving';
 }
 const nodeRunning = (n) => (n.queues || []).reduce((a, q) => a + (q.tasks_doing || 0), 0);
