@@ -252,8 +252,11 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	took := time.Since(begin)
 	t.Logf("exited %d, %v after the second signal", code, took)
 	require.NotZero(t, code)
-	// Not even a graceful disconnect, which waits for operations in flight.
-	require.Less(t, took, time.Second, "a second signal must exit at once")
+	// Not even a graceful disconnect, which waits for operations in
+	// flight: at once is well within the grace (60 s) and the 5 s a
+	// disconnect may take; Kill itself waits at most 1.5 s, and a loaded
+	// machine adds its scheduling.
+	require.Less(t, took, 4*time.Second, "a second signal must exit at once")
 	require.Contains(t, n.log.String(), "second signal: killing running tasks and exiting at once")
 	// The commands die with the node: nothing it ran outlives it.
 	requireDead(t, running)
@@ -427,7 +430,7 @@ func TestConnectionRetriesHidePassword(t *testing.T) {
 	code := n.wait(10 * time.Second)
 	took := time.Since(begin)
 	t.Logf("exited %d, %v after SIGTERM", code, took)
-	require.Less(t, took, time.Second)
+	require.Less(t, took, 2*time.Second, "not after the retries' next wait")
 	require.Zero(t, code, "stopped by SIGTERM while connecting")
 	require.Contains(t, n.log.String(), "signal received before MongoDB answered")
 	require.NotContains(t, n.log.String(), "secret")

@@ -35,12 +35,14 @@ func TestDrainLetsRunningTasksFinishThenExits(t *testing.T) {
 	out := cli(t, uri, db.Name(), "", "node", "drain", "drainee")
 	require.Contains(t, out, "asked node drainee to drain")
 	n.waitLog("drain requested", 5*time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	// Each read has its own deadline: one for them all ran out on a
+	// loaded machine before the last, after the waits between them.
 	state := func() string {
 		var doc struct {
 			State string `bson:"state"`
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		require.NoError(t, db.Collection("nodes").FindOne(ctx, bson.D{{Key: "node", Value: "drainee"}}).Decode(&doc))
 		return doc.State
 	}
