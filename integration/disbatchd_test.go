@@ -111,7 +111,7 @@ func TestNodeRunsTasksSubmittedWithTheCLI(t *testing.T) {
 
 	// A clean stop leaves none of the node's change streams open on the
 	// server (they would stay there for ten minutes).
-	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 0 }, 3*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return len(mongotest.ChangeStreamCursors(t, db)) == 0 }, 30*time.Second, 20*time.Millisecond,
 		"change stream cursors left open: %v", mongotest.ChangeStreamCursors(t, db))
 	// Every line names the node once.
 	for _, line := range strings.Split(strings.TrimSpace(n.log.String()), "\n") {

@@ -97,7 +97,9 @@ func TestWithoutHeartbeatsTheSupervisorFencesAndWritesNothing(t *testing.T) {
 	dir := t.TempDir()
 	begin := time.Now()
 	// A node that keeps saying alive keeps the task running...
-	id, h, done := runInProcess(t, dir, shellSpec("sleep 60", 300*time.Millisecond))
+	// Fence-after 1 s: the supervisor's start and attach fit in it on a
+	// loaded machine (300 ms once raced them).
+	id, h, done := runInProcess(t, dir, shellSpec("sleep 60", time.Second))
 	for range 8 {
 		require.NoError(t, h.Alive(time.Now()))
 		time.Sleep(100 * time.Millisecond)
