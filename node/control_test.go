@@ -197,8 +197,8 @@ func TestDelayedTaskStartsAtNotBefore(t *testing.T) {
 	cfg := b.config("n1")
 	cfg.Tick = time.Minute // the leader's timer, not the tick, must queue it
 	b.start(cfg)
-	time.Sleep(200 * time.Millisecond) // let the node become leader
-	at := time.Now().Add(700 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond)    // let the node become leader
+	at := time.Now().Add(2 * time.Second) // still ahead once the insert is read back on a loaded machine
 	id := b.insert(q, &store.TaskInsertControl{NotBefore: at}, bson.D{{Key: "i", Value: 1}})[0]
 	require.Equal(t, int64(schema.StatusBlocked), b.task(id).Lookup("status").AsInt64())
 	b.waitStatus(id, schema.StatusSucceeded, 10*time.Second)
@@ -230,10 +230,14 @@ func TestExpiryAndDelayHoldAcrossANodeRestart(t *testing.T) {
 	n, err := New(b.config("n1"))
 	require.NoError(t, err)
 	require.NoError(t, n.Start(context.Background()))
-	expiring := b.insert(paused, &store.TaskInsertControl{ExpiresAt: time.Now().Add(800 * time.Millisecond)}, bson.D{{Key: "i", Value: 1}})[0]
-	delayed := b.insert(q, &store.TaskInsertControl{NotBefore: time.Now().Add(800 * time.Millisecond)}, bson.D{{Key: "i", Value: 2}})[0]
+	// Due 3 s from now: the inserts and the node's stop take less on a
+	// loaded machine (800 ms once raced them), then the wait passes it.
+	due := time.Now().Add(3 * time.Second)
+	expiring := b.insert(paused, &store.TaskInsertControl{ExpiresAt: due}, bson.D{{Key: "i", Value: 1}})[0]
+	delayed := b.insert(q, &store.TaskInsertControl{NotBefore: due}, bson.D{{Key: "i", Value: 2}})[0]
 	n.Stop()
-	time.Sleep(time.Second)
+	require.True(t, time.Now().Before(due), "the inserts and the stop took past the moment they were due")
+	time.Sleep(time.Until(due) + 200*time.Millisecond)
 	// Nobody ran while the node was down.
 	require.Equal(t, int64(schema.StatusQueued), b.task(expiring).Lookup("status").AsInt64())
 	require.Equal(t, int64(schema.StatusBlocked), b.task(delayed).Lookup("status").AsInt64())

@@ -40,6 +40,7 @@ func (s *passStore) ServerNow(context.Context) (time.Time, error) { return time.
 // the moments the passes judged by.
 type skewedStore struct {
 	first  atomic.Pointer[time.Time]
+	passes atomic.Int32
 	judged chan time.Time
 }
 
@@ -48,10 +49,11 @@ func (s *skewedStore) ServerNow(context.Context) (time.Time, error) {
 }
 
 func (s *skewedStore) TaskTimerNext(context.Context) (time.Time, bool, error) {
-	if f := s.first.Load(); f != nil {
-		if next := f.Add(200 * time.Millisecond); time.Now().Add(time.Hour).Before(next) {
-			return next, true, nil
-		}
+	// One timer, 200 ms after the first pass by the server's clock, until
+	// a second pass has judged it (not by when this is asked: a loaded
+	// machine may ask late).
+	if f := s.first.Load(); f != nil && s.passes.Load() < 2 {
+		return f.Add(200 * time.Millisecond), true, nil
 	}
 	return time.Time{}, false, nil
 }
@@ -62,6 +64,7 @@ func (s *skewedStore) TaskExpireDue(context.Context, store.TaskTimersParams) (ma
 
 func (s *skewedStore) TaskReleaseDue(_ context.Context, p store.TaskTimersParams) (int64, error) {
 	s.first.CompareAndSwap(nil, &p.Now)
+	s.passes.Add(1)
 	select {
 	case s.judged <- p.Now:
 	default:
@@ -96,7 +99,11 @@ func TestTimersJudgeByTheServersClock(t *testing.T) {
 	}
 	require.Len(t, judged, 2, "the first pass and the one at the next timer, no more: %v", judged)
 	require.WithinDuration(t, start.Add(time.Hour), judged[0], time.Second, "judged by the server's clock")
-	require.WithinDuration(t, judged[0].Add(200*time.Millisecond), judged[1], 150*time.Millisecond, "the next timer's pass, on time")
+	// Not before the timer, and not an hour late; a loaded machine may
+	// wake the pass late, but not by a second.
+	took := judged[1].Sub(judged[0])
+	require.GreaterOrEqual(t, took, 199*time.Millisecond, "the next timer's pass came before it")
+	require.Less(t, took, 1200*time.Millisecond, "the next timer's pass, on time")
 }
 
 // hinting is a stream whose every batch, every 10 ms, names a time an
