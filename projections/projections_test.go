@@ -236,7 +236,10 @@ func TestCrashedProjectorIsReplacedWithoutDoubleApply(t *testing.T) {
 	logs := &logBuf{}
 	queues := []bson.ObjectID{newQueue(t, db, "a", 0, true), newQueue(t, db, "b", 0, true)}
 	cfg := func(name string) projections.Config {
-		return projections.Config{Node: name, Store: s, LeaseTTL: 2 * time.Second, Logger: logger(logs)}
+		// 4 s: the leader steps back 3 s after its last landed renewal,
+		// which the writer's load must not bring about before the crash
+		// (at 2 s, a loaded machine's renewals could).
+		return projections.Config{Node: name, Store: s, LeaseTTL: 4 * time.Second, Logger: logger(logs)}
 	}
 	first := projections.New(cfg("first"))
 	require.NoError(t, first.Start(ctx))
@@ -248,9 +251,10 @@ func TestCrashedProjectorIsReplacedWithoutDoubleApply(t *testing.T) {
 	stop := writer(t, db, queues)
 	require.Eventually(t, func() bool { return first.Stats().Events > 200 }, 20*time.Second, 10*time.Millisecond)
 	firstEpoch := first.Stats().Epoch
+	require.True(t, first.Stats().Leader, "the first stepped back before its crash: the test proves nothing:\n%s", logs)
 	first.Crash() // mid-stream, lease not released
 	require.False(t, second.Stats().Leader, "the lease is not free until it expires")
-	require.Eventually(t, func() bool { return second.Stats().Leader }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return second.Stats().Leader }, 15*time.Second, 20*time.Millisecond)
 	require.Greater(t, second.Stats().Epoch, firstEpoch)
 	time.Sleep(time.Second) // the successor applies under load
 	stop()
