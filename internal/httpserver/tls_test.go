@@ -95,7 +95,10 @@ func TestTLSBadKeyFailsAtStart(t *testing.T) {
 func TestAStreamOverHTTP2OutlivesTheWriteTimeout(t *testing.T) {
 	t.Parallel()
 	certFile, keyFile, pool := selfSigned(t, t.TempDir())
-	s := httpserver.New(httpserver.Config{Name: "test", Addr: "127.0.0.1:0", TLSCertFile: certFile, TLSKeyFile: keyFile, WriteTimeout: 200 * time.Millisecond,
+	// A write timeout of a second, which the handler outlives by a second:
+	// at 200 ms a handler scheduled late on a loaded machine found its
+	// stream already reset.
+	s := httpserver.New(httpserver.Config{Name: "test", Addr: "127.0.0.1:0", TLSCertFile: certFile, TLSKeyFile: keyFile, WriteTimeout: time.Second,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			rc := http.NewResponseController(w)
 			if r.URL.Path == "/stream" {
@@ -103,7 +106,7 @@ func TestAStreamOverHTTP2OutlivesTheWriteTimeout(t *testing.T) {
 			}
 			_, _ = io.WriteString(w, "a")
 			_ = rc.Flush()
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(2 * time.Second)
 			_, _ = io.WriteString(w, "b")
 		})})
 	require.NoError(t, s.Start(context.Background()))

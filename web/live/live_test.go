@@ -594,13 +594,15 @@ func TestTheServersTimeoutsDoNotCutTheStream(t *testing.T) {
 	hub := live.New(live.Options{Store: f.st, MaxAwait: 100 * time.Millisecond})
 	require.NoError(t, hub.Start(ctxT(t)))
 	srv := httptest.NewUnstartedServer(hub)
-	srv.Config.ReadTimeout, srv.Config.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond
+	// A second each (at 200 ms, a stream's start delayed on a loaded
+	// machine could lose to them before lifting them), outlived below.
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout = time.Second, time.Second
 	srv.Start()
 	t.Cleanup(srv.Close)
 	t.Cleanup(hub.Stop)
 	s := &server{hub: hub, srv: srv}
 	c := s.connect(t, "", "")
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond)
 	ids := f.insert(q.ID, 1)
 	c.requireTask(inserted(ids[0], q.ID))
 }
