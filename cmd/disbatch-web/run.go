@@ -265,6 +265,11 @@ func serve(ctx context.Context, s settings, c checked, log *slog.Logger, signals
 	scheme := "http"
 	if s.tlsCert != "" {
 		scheme = "https"
+	} else if c.users != nil && !web.Loopback(c.addr) {
+		// A TLS proxy on this host would use the loopback; one elsewhere
+		// still sends the credentials here in clear.
+		log.Warn("--users without TLS on an address other machines reach: passwords and tokens cross the network in clear; give --tls-cert and --tls-key, or listen on the loopback behind a TLS proxy on this host",
+			"listen", c.addr)
 	}
 	log.Info("listening", "url", scheme+"://"+srv.Addr()+"/", "healthz", "/healthz", "readyz", "/readyz")
 

@@ -140,6 +140,35 @@ func TestServesAndStopsOnSignal(t *testing.T) {
 	require.Contains(t, errOut.String(), "stopped")
 }
 
+// TestUsersOverPlainHTTPElsewhereAreWarnedOf: --users on an address other
+// machines reach, without TLS, sends passwords and tokens in clear; the
+// server says so at start. On the loopback (a TLS proxy on this host) it
+// does not.
+func TestUsersOverPlainHTTPElsewhereAreWarnedOf(t *testing.T) {
+	t.Parallel()
+	code, line, stderr := runCmd(t, "", "token", "ci", "read")
+	require.Zero(t, code, stderr)
+	users := filepath.Join(t.TempDir(), "users")
+	require.NoError(t, os.WriteFile(users, []byte(line), 0o600))
+	const warning = "--users without TLS on an address other machines reach"
+	for listen, warned := range map[string]bool{"0.0.0.0:0": true, "127.0.0.1:0": false} {
+		srv := startServer(t, "listening", "--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200",
+			"--listen", listen, "--users", users)
+		if warned {
+			require.Contains(t, srv.errOut.String(), warning, listen)
+		} else {
+			require.NotContains(t, srv.errOut.String(), warning, listen)
+		}
+		srv.sigs <- syscall.SIGTERM
+		select {
+		case c := <-srv.done:
+			require.Zero(t, c, srv.errOut.String())
+		case <-time.After(15 * time.Second):
+			t.Fatalf("still running after SIGTERM: %s", srv.errOut.String())
+		}
+	}
+}
+
 // syncBuffer is safe for a process and a test at once.
 type syncBuffer = syncbuf.Buffer
 
