@@ -17,9 +17,11 @@ import (
 // testContinuousCreate: many concurrent tries create one task per
 // interval; none while the queue has a task to do, none before the
 // interval has passed, none when the queue is paused or not continuous.
+// The moments given are years ahead of the server's clock, so that they
+// are the creations' (ContinuousCreate takes the later of the two).
 func testContinuousCreate(t *testing.T, newStore Factory) {
 	var now atomic.Int64
-	now.Store(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC).UnixMilli())
+	now.Store(time.Date(2036, 11, 23, 12, 0, 0, 0, time.UTC).UnixMilli())
 	s, db := newStore(t, store.Options{})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "cont", schema.SortFIFO)
@@ -44,7 +46,7 @@ func testContinuousCreate(t *testing.T, newStore Factory) {
 	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Continuous: ptr(true), Interval: ptr(time.Minute)}))
 	require.Equal(t, 1, tryAll(), "one of eight concurrent tries")
 	task := rawDoc(t, db, schema.CollTasks, bson.D{{Key: schema.TaskQueue, Value: q.ID}})
-	require.Equal(t, "1795435200", task.Lookup("name").StringValue(), "named by the Unix time")
+	require.Equal(t, "2111054400", task.Lookup("name").StringValue(), "named by the Unix time")
 	require.Equal(t, int32(-2), task.Lookup("status").Int32())
 	require.Equal(t, bson.Raw{5, 0, 0, 0, 0}, task.Lookup("parameters").Document())
 
@@ -74,11 +76,12 @@ func testContinuousCreate(t *testing.T, newStore Factory) {
 
 // testContinuousAtTheGivenMoment: a continuous queue's task is created at
 // the moment the caller gives (the server's clock, which the leader
-// reads), not at the store's own clock (here a day off): its name is that
-// second, its ctime and mtime that moment, and the queue's next_continuous
-// that moment plus the interval.
+// reads) when the server's clock has not passed it since (here it is
+// years ahead), not at the store's own clock (here a day off): its name
+// is that second, its ctime and mtime that moment, and the queue's
+// next_continuous that moment plus the interval.
 func testContinuousAtTheGivenMoment(t *testing.T, newStore Factory) {
-	at := time.Date(2026, 11, 23, 12, 0, 0, 999_000_000, time.UTC)
+	at := time.Date(2036, 11, 23, 12, 0, 0, 999_000_000, time.UTC)
 	s, db := newStore(t, store.Options{Now: func() time.Time { return time.Now().Add(24 * time.Hour) }})
 	ctx := ctxT(t)
 	q := newQueue(t, s, "cont", schema.SortFIFO)
@@ -93,6 +96,38 @@ func testContinuousAtTheGivenMoment(t *testing.T, newStore Factory) {
 	got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: q.ID.Hex()})
 	require.NoError(t, err)
 	require.Equal(t, at.Add(time.Minute), got.Sched.NextContinuous.UTC())
+}
+
+// testContinuousCreatedAfterTheCount: a moment given that the server's
+// clock has passed since (the leader read it before a task's finish landed
+// and the transaction found none unfinished) is not the creation's: the
+// task is created at the server's clock, read after the transaction's
+// count, so it is not before a finish the count saw, and the queue's
+// next_continuous is that moment plus the interval.
+func testContinuousCreatedAfterTheCount(t *testing.T, newStore Factory) {
+	s, db := newStore(t, store.Options{})
+	ctx := ctxT(t)
+	q := newQueue(t, s, "cont", schema.SortFIFO)
+	require.NoError(t, s.QueueUpdate(ctx, store.QueueUpdateParams{ID: q.ID, Continuous: ptr(true), Interval: ptr(time.Minute)}))
+	judged, err := s.ServerNow(ctx)
+	require.NoError(t, err)
+	// A finish lands between the leader's read and its transaction.
+	time.Sleep(50 * time.Millisecond)
+	finished, err := s.ServerNow(ctx)
+	require.NoError(t, err)
+	_, ok, err := s.ContinuousCreate(ctx, q.ID, time.Minute, judged)
+	require.NoError(t, err)
+	require.True(t, ok)
+	after, err := s.ServerNow(ctx)
+	require.NoError(t, err)
+	task := rawDoc(t, db, schema.CollTasks, bson.D{{Key: schema.TaskQueue, Value: q.ID}})
+	ctime := task.Lookup(schema.TaskCTime).Time().UTC()
+	require.False(t, ctime.Before(finished.Truncate(time.Millisecond)), "created at %v, before a finish at %v that its count saw", ctime, finished)
+	require.False(t, ctime.After(after), "created at %v, after the call returned at %v", ctime, after)
+	require.Equal(t, strconv.FormatInt(ctime.Unix(), 10), task.Lookup("name").StringValue())
+	got, err := s.QueueGet(ctx, store.QueueGetParams{Ref: q.ID.Hex()})
+	require.NoError(t, err)
+	require.Equal(t, ctime.Add(time.Minute), got.Sched.NextContinuous.UTC())
 }
 
 // testContinuousIntervalShortened: a shortened interval brings the next

@@ -74,6 +74,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ThreadsMirrorsTheCap", testThreadsMirrorsTheCap},
 		{"ContinuousCreateOnePerInterval", testContinuousCreate},
 		{"ContinuousAtTheGivenMoment", testContinuousAtTheGivenMoment},
+		{"ContinuousCreatedAfterTheCount", testContinuousCreatedAfterTheCount},
 		{"ContinuousIntervalShortened", testContinuousIntervalShortened},
 		{"ThenCreateExactlyOnce", testThenCreateExactlyOnce},
 		{"ThenFollowsItsQueue", testThenFollowsItsQueue},
