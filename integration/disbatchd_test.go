@@ -401,7 +401,7 @@ func TestStandaloneMongodPolls(t *testing.T) {
 	ts := waitTasks(t, db, 10*time.Second, "the task finished", func(ts []task) bool { return len(ts) == 1 && allFinished(ts) })
 	took := time.Since(begin)
 	t.Logf("task finished %v after it was submitted", took)
-	require.Less(t, took, 3*time.Second, "the tick is 1s")
+	require.Less(t, took, 6*time.Second, "the tick is 1 s: within a few ticks, on a loaded machine too")
 	require.Equal(t, 1, ts[0].Status)
 	require.Equal(t, apple, ts[0].stdout())
 	require.Equal(t, "solo", ts[0].node())
