@@ -39,10 +39,10 @@ type NodeUpsertParams struct {
 
 // NodeUpsert writes node, timestamp, queues, serves, full, wakeup_stream,
 // serves_at, state, own_maxthreads and fence_after_ms of this node's
-// document, creating it if needed,
-// and returns the document as it was before (zero for a new node), so one
-// round trip also reads the operator's maxthreads and drain request and
-// tells the node whether another node declared it dead. The timestamp is
+// document, creating it if needed, and returns the document as it was
+// before (zero for a new node), so one round trip also reads the
+// operator's maxthreads and drain request and tells the node whether
+// another node declared it dead. The timestamp is
 // the server's clock ($$NOW), the only clock dead-node detection compares
 // it with. The write clears dead, dead_at and dead_by: the node is alive
 // again. Only those fields are set: maxthreads and anything else an
