@@ -881,6 +881,17 @@ func TestADrainedNodeThatStoppedSaysStopped(t *testing.T) {
 		`{"node":"gone","state":"stopped","drain":true,"heartbeat_age_ms":60000,"queues":[]},` +
 		`{"node":"going","state":"draining","drain":true,"heartbeat_age_ms":100,"queues":[]},` +
 		`{"node":"up","state":"running","heartbeat_age_ms":100,"queues":[]}]}`
+	badges, summary := nodeStates(t, nodes, "gone", "going", "up")
+	require.Equal(t, []string{"stopped", "draining", "serving"}, badges)
+	require.Contains(t, summary, "2 live nodes", "the stopped node is not live")
+}
+
+// nodeStates shows the dashboard's nodes page and overview over a fake API
+// whose GET /api/v1/nodes answers nodes, and returns the state badges of
+// the nodes named, in order, and the overview's summary line once it
+// counts live nodes.
+func nodeStates(t *testing.T, nodes string, names ...string) ([]string, string) {
+	t.Helper()
 	mux := fakeDashboard(map[string]string{
 		"GET /api/v1/nodes":   nodes,
 		"GET /api/v1/tasks":   `{"tasks":[],"next":null,"skipped":0}`,
@@ -889,18 +900,19 @@ func TestADrainedNodeThatStoppedSaysStopped(t *testing.T) {
 	})
 	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, nil) })
 	b := fakeBrowser(t, mux)
-	b.open("/ui/nodes", `section[data-node="gone"]`)
+	b.open("/ui/nodes", `section[data-node="`+names[len(names)-1]+`"]`)
+	list, err := json.Marshal(names)
+	require.NoError(t, err)
 	var badges []string
-	b.eval(`["gone", "going", "up"].map((n) => document.querySelector('section[data-node="' + n + '"] h2 .badge').textContent)`, &badges)
-	require.Equal(t, []string{"stopped", "draining", "serving"}, badges)
+	b.eval(string(list)+`.map((n) => document.querySelector('section[data-node="' + n + '"] h2 .badge').textContent)`, &badges)
 	b.open("/", "#queues")
 	var summary string
 	require.Eventually(t, func() bool {
 		b.eval(`document.querySelector('main p.muted').textContent`, &summary)
 		return strings.Contains(summary, "live nodes")
 	}, 10*time.Second, 50*time.Millisecond, "the overview's summary: %q", summary)
-	require.Contains(t, summary, "2 live nodes", "the stopped node is not live")
 	b.noErrors("the nodes and the overview")
+	return badges, summary
 }
 
 // TestANodeIsFencedByItsOwnFenceAfter: the dashboard called every node
@@ -915,26 +927,9 @@ func TestANodeIsFencedByItsOwnFenceAfter(t *testing.T) {
 		`{"node":"quick","state":"running","heartbeat_age_ms":7000,"fence_after_ms":5000,"queues":[]},` +
 		`{"node":"perl","heartbeat_age_ms":20000,"fence_after_ms":null,"queues":[]},` +
 		`{"node":"perl-up","heartbeat_age_ms":500,"fence_after_ms":null,"queues":[]}]}`
-	mux := fakeDashboard(map[string]string{
-		"GET /api/v1/nodes":   nodes,
-		"GET /api/v1/tasks":   `{"tasks":[],"next":null,"skipped":0}`,
-		"GET /api/v1/cluster": `{}`,
-		"GET /api/v1/queues":  `{"queues":[]}`,
-	})
-	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, nil) })
-	b := fakeBrowser(t, mux)
-	b.open("/ui/nodes", `section[data-node="perl-up"]`)
-	var badges []string
-	b.eval(`["patient", "quick", "perl", "perl-up"].map((n) => document.querySelector('section[data-node="' + n + '"] h2 .badge').textContent)`, &badges)
+	badges, summary := nodeStates(t, nodes, "patient", "quick", "perl", "perl-up")
 	require.Equal(t, []string{"serving", "fenced", "silent", "serving"}, badges)
-	b.open("/", "#queues")
-	var summary string
-	require.Eventually(t, func() bool {
-		b.eval(`document.querySelector('main p.muted').textContent`, &summary)
-		return strings.Contains(summary, "live nodes")
-	}, 10*time.Second, 50*time.Millisecond, "the overview's summary: %q", summary)
 	require.Contains(t, summary, "2 live nodes", "neither the fenced nor the silent node is live")
-	b.noErrors("the nodes and the overview")
 }
 
 // TestATaskPageLeftBeforeItLoadedDrawsNothing: a task page whose reads
