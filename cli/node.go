@@ -42,8 +42,10 @@ pause, maxthreads 0), full (those whose slots they had all taken) and
 wakeup_stream (false: --poll-only), which other nodes read to pick each
 queue's wake-up listeners: nodes with a stream, the full ones last. The
 table's notes say "polling only" for a node whose heartbeat reports no
-stream, and name the queues a node is full on (a dead node's, as of its
-last heartbeat).`,
+stream, name the queues a node is full on (a dead node's, as of its last
+heartbeat), and say "fenced" for a node that has not stopped but whose
+heartbeat is older than its own --fence-after (which it writes, as
+fence_after_ms): cut off from MongoDB, it has stopped its tasks.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, done, err := g.open(cmd)
@@ -72,7 +74,7 @@ last heartbeat).`,
 				if state == "" {
 					state = "-"
 				}
-				tw.row(n.Node, state, heartbeatAge(n, res.Now), fmt.Sprint(running(n)), nodeMaxThreads(n), nodeNotes(n))
+				tw.row(n.Node, state, heartbeatAge(n, res.Now), fmt.Sprint(running(n)), nodeMaxThreads(n), nodeNotes(n, res.Now))
 			}
 			return tw.print(g.io.Out)
 		},
@@ -100,10 +102,12 @@ func running(n schema.Node) int64 {
 	return sum
 }
 
-func nodeNotes(n schema.Node) string {
+func nodeNotes(n schema.Node, now time.Time) string {
 	var notes []string
 	if n.Dead {
 		notes = append(notes, "DEAD (declared by "+n.DeadBy+" at "+n.DeadAt.Format(time.RFC3339)+")")
+	} else if fenced(n, now) {
+		notes = append(notes, "fenced: no heartbeat for its --fence-after ("+n.FenceAfter.String()+")")
 	}
 	if n.Drain {
 		notes = append(notes, "drain requested")
@@ -115,6 +119,12 @@ func nodeNotes(n schema.Node) string {
 		notes = append(notes, "full: "+queueNames(n, n.Full))
 	}
 	return strings.Join(notes, "; ")
+}
+
+// fenced reports whether a node that says its --fence-after, and has not
+// stopped, has had no heartbeat for longer: it has fenced itself.
+func fenced(n schema.Node, now time.Time) bool {
+	return n.FenceAfter > 0 && n.State != schema.NodeStateStopped && !n.Timestamp.IsZero() && !now.IsZero() && now.Sub(n.Timestamp) > n.FenceAfter
 }
 
 // queueNames names the queues ids among n's heartbeat queues (an id it does
@@ -142,11 +152,15 @@ func nodeJSON(n schema.Node, now time.Time) map[string]any {
 		"running":        running(n),
 		"maxthreads":     n.MaxThreads,
 		"own_maxthreads": n.OwnMaxThreads,
+		"fence_after_ms": nil,
 		"dead":           n.Dead,
 		"drain":          n.Drain,
 	}
 	if !n.Timestamp.IsZero() && !now.IsZero() {
 		m["heartbeat_age_seconds"] = now.Sub(n.Timestamp).Seconds()
+	}
+	if n.FenceAfter > 0 {
+		m["fence_after_ms"] = n.FenceAfter.Milliseconds()
 	}
 	if n.Dead {
 		m["dead_at"], m["dead_by"] = n.DeadAt, n.DeadBy

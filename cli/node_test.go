@@ -37,6 +37,10 @@ func TestNodeListAndDrain(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "capped"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 2}}}})
 	require.NoError(t, err)
+	// Silent for 30 s, past its own --fence-after of 10 s.
+	_, err = e.db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "cutoff"}, {Key: "state", Value: "running"},
+		{Key: "timestamp", Value: time.Now().Add(-30 * time.Second)}, {Key: "fence_after_ms", Value: int64(10000)}})
+	require.NoError(t, err)
 
 	out := e.ok("", "node", "list")
 	require.Regexp(t, `(?m)^NODE\s+STATE\s+HEARTBEAT\s+RUNNING\s+MAXTHREADS\s+NOTES$`, out)
@@ -44,6 +48,7 @@ func TestNodeListAndDrain(t *testing.T) {
 	require.Regexp(t, `(?m)^poller\s+running\s+[0-9.]+m?s ago\s+0\s+8\s+polling only$`, out, "its own cap, from its heartbeat")
 	require.Regexp(t, `(?m)^capped\s+running\s+[0-9.]+m?s ago\s+0\s+2 \(set\)\s*`, out, "an operator's lower cap")
 	require.Regexp(t, `(?m)^perl\s+-\s+[0-9.]+m?s ago\s+0\s+-\s*$`, out, "4.103's node says nothing of wake-ups")
+	require.Regexp(t, `(?m)^cutoff\s+running\s+[0-9.]+s ago\s+0\s+-\s+fenced: no heartbeat for its --fence-after \(10s\)$`, out)
 	// An hour ago, give or take the moments a loaded machine takes to list it.
 	require.Regexp(t, `(?m)^gone\s+-\s+1h0m[0-9.]+s ago\s+0\s+-\s+DEAD \(declared by alive at `, out)
 
@@ -56,17 +61,20 @@ func TestNodeListAndDrain(t *testing.T) {
 
 	var nodes []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(e.ok("", "node", "list", "--json")), &nodes))
-	require.Len(t, nodes, 5)
+	require.Len(t, nodes, 6)
 	require.Equal(t, "alive", nodes[0]["node"])
 	require.Equal(t, true, nodes[0]["drain"])
 	require.Equal(t, "capped", nodes[1]["node"])
 	require.EqualValues(t, 2, nodes[1]["maxthreads"])
 	require.EqualValues(t, 8, nodes[1]["own_maxthreads"])
-	require.Equal(t, true, nodes[2]["dead"])
+	require.Nil(t, nodes[1]["fence_after_ms"], "not said")
+	require.Equal(t, "cutoff", nodes[2]["node"])
+	require.EqualValues(t, 10000, nodes[2]["fence_after_ms"])
+	require.Equal(t, true, nodes[3]["dead"])
 	require.Equal(t, []any{"571f8951b75bf335634ec271"}, nodes[0]["serves"])
 	require.Equal(t, []any{"571f8951b75bf335634ec271"}, nodes[0]["full"])
 	require.Equal(t, true, nodes[0]["wakeup_stream"])
-	require.NotContains(t, nodes[3], "serves", "4.103's node does not say")
+	require.NotContains(t, nodes[4], "serves", "4.103's node does not say")
 
 	r := e.run("", "node", "drain", "nobody")
 	require.Equal(t, ExitRuntime, r.code)
