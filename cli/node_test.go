@@ -37,9 +37,11 @@ func TestNodeListAndDrain(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.db.Collection("nodes").UpdateOne(ctx, bson.D{{Key: "node", Value: "capped"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "maxthreads", Value: 2}}}})
 	require.NoError(t, err)
-	// Silent for 30 s, past its own --fence-after of 10 s.
+	// Silent for 30 s, past its own --fence-after of 10 s (said with that
+	// heartbeat: serves_at is its timestamp).
+	beat := time.Now().Add(-30 * time.Second).Truncate(time.Millisecond)
 	_, err = e.db.Collection("nodes").InsertOne(ctx, bson.D{{Key: "node", Value: "cutoff"}, {Key: "state", Value: "running"},
-		{Key: "timestamp", Value: time.Now().Add(-30 * time.Second)}, {Key: "fence_after_ms", Value: int64(10000)}})
+		{Key: "timestamp", Value: beat}, {Key: "serves_at", Value: beat}, {Key: "fence_after_ms", Value: int64(10000)}})
 	require.NoError(t, err)
 
 	out := e.ok("", "node", "list")

@@ -918,17 +918,19 @@ func nodeStates(t *testing.T, nodes string, names ...string) ([]string, string) 
 // TestANodeIsFencedByItsOwnFenceAfter: the dashboard called every node
 // whose heartbeat was older than 10 s (the default --fence-after) fenced.
 // A node with a longer one is still serving then, one with a shorter one
-// fenced sooner, and a node that does not say (4.103's, which never
-// fences) is only silent; neither fenced nor silent counts as live.
+// fenced sooner (draining or not), and a node that does not say (4.103's,
+// which never fences) is only silent; neither fenced nor silent counts as
+// live.
 func TestANodeIsFencedByItsOwnFenceAfter(t *testing.T) {
 	t.Parallel()
 	nodes := `{"nodes":[` +
 		`{"node":"patient","state":"running","heartbeat_age_ms":20000,"fence_after_ms":60000,"queues":[]},` +
 		`{"node":"quick","state":"running","heartbeat_age_ms":7000,"fence_after_ms":5000,"queues":[]},` +
 		`{"node":"perl","heartbeat_age_ms":20000,"fence_after_ms":null,"queues":[]},` +
-		`{"node":"perl-up","heartbeat_age_ms":500,"fence_after_ms":null,"queues":[]}]}`
-	badges, summary := nodeStates(t, nodes, "patient", "quick", "perl", "perl-up")
-	require.Equal(t, []string{"serving", "fenced", "silent", "serving"}, badges)
+		`{"node":"perl-up","heartbeat_age_ms":500,"fence_after_ms":null,"queues":[]},` +
+		`{"node":"cut-draining","state":"draining","drain":true,"heartbeat_age_ms":7000,"fence_after_ms":5000,"queues":[]}]}`
+	badges, summary := nodeStates(t, nodes, "patient", "quick", "perl", "perl-up", "cut-draining")
+	require.Equal(t, []string{"serving", "fenced", "silent", "serving", "fenced"}, badges)
 	require.Contains(t, summary, "2 live nodes", "neither the fenced nor the silent node is live")
 }
 

@@ -39,8 +39,9 @@ const (
 	NodeOwnMaxThreads = "own_maxthreads"
 	// NodeFenceAfter is the node's --fence-after in milliseconds, which
 	// its heartbeat writes: with no heartbeat acknowledged for this long,
-	// the node has stopped its tasks (fenced itself). Absent: the node
-	// does not say (4.103's nodes never fence).
+	// the node has stopped its tasks (fenced itself). Read only when
+	// serves_at is the timestamp, as NodeServes is. Absent: the node does
+	// not say (4.103's nodes never fence).
 	NodeFenceAfter = "fence_after_ms"
 	// NodeServes lists the ids (hex strings) of the queues the node
 	// serves as of its last read of them, or would but for what stops
@@ -79,8 +80,8 @@ type Node struct {
 	// OwnMaxThreads is the node's own, as its heartbeat says.
 	MaxThreads    *int
 	OwnMaxThreads *int
-	// FenceAfter is schema.NodeFenceAfter (0: not said, or not a positive
-	// integer).
+	// FenceAfter is schema.NodeFenceAfter (0: not said with the last
+	// heartbeat, as NodeServes is judged, or not a positive integer).
 	FenceAfter time.Duration
 	// State, Drain, Dead, DeadAt and DeadBy: see NodeState, NodeDrain and
 	// NodeDead.
@@ -131,10 +132,12 @@ func DecodeNode(raw bson.Raw) (Node, error) {
 		Dead:          r.flag(NodeDead),
 		DeadAt:        r.timeOf(NodeDeadAt),
 		DeadBy:        r.str(false, NodeDeadBy),
-		FenceAfter:    millis(raw, NodeFenceAfter),
 		Raw:           raw,
 	}
 	if at, ok := raw.Lookup(NodeServesAt).DateTimeOK(); ok && !n.Timestamp.IsZero() && at == n.Timestamp.UnixMilli() {
+		// Written with this timestamp, as serves is: not inherited by a
+		// 4.103 node started under the same name, which never fences.
+		n.FenceAfter = millis(raw, NodeFenceAfter)
 		serves, full := hexList(raw, NodeServes), hexList(raw, NodeFull)
 		stream, isBool := raw.Lookup(NodeWakeupStream).BooleanOK()
 		if serves != nil && full != nil && isBool {

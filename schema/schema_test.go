@@ -324,9 +324,14 @@ func TestDecodeNodeServes(t *testing.T) {
 // TestDecodeNodeFenceAfter: a node's --fence-after, in milliseconds as its
 // heartbeat writes it (int64, or int32 from another writer), is read; one
 // that is missing, not a positive whole number or past a year is not said,
-// and the node still decodes.
+// and the node still decodes. One written by an earlier heartbeat than the
+// timestamp (a 4.103 node now heartbeats under the name) is not said.
 func TestDecodeNodeFenceAfter(t *testing.T) {
 	t.Parallel()
+	const at = `{"$date":"2026-11-29T12:00:00.123Z"}`
+	stale, err := DecodeNode(doc(t, `{"node":"a","timestamp":{"$date":"2026-11-29T12:00:09.000Z"},"serves_at":`+at+`,"fence_after_ms":{"$numberLong":"10000"}}`))
+	require.NoError(t, err)
+	require.Zero(t, stale.FenceAfter, "written by an earlier heartbeat")
 	for fields, want := range map[string]time.Duration{
 		`"fence_after_ms":{"$numberLong":"10000"}`:       10 * time.Second,
 		`"fence_after_ms":{"$numberInt":"2500"}`:         2500 * time.Millisecond,
@@ -341,7 +346,7 @@ func TestDecodeNodeFenceAfter(t *testing.T) {
 		if fields != "" {
 			sep = ","
 		}
-		n, err := DecodeNode(doc(t, `{"node":"a"`+sep+fields+`}`))
+		n, err := DecodeNode(doc(t, `{"node":"a","timestamp":`+at+`,"serves_at":`+at+sep+fields+`}`))
 		require.NoError(t, err, fields)
 		require.Equal(t, want, n.FenceAfter, fields)
 	}

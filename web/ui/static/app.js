@@ -353,12 +353,12 @@ function nodeState(n) {
   // Stopped first: a drained node exits with drain still set (its next
   // start clears it), and draining it is no more.
   if (n.state === 'stopped') return 'stopped';
-  if (n.drain || n.state === 'draining') return 'draining';
   // No heartbeat for its --fence-after, as it says: a node that is alive
-  // but cut off has fenced itself (stopped its tasks) by now. A node that
-  // does not say (4.103's never fences) is only silent.
-  if (n.fence_after_ms > 0) return n.heartbeat_age_ms > n.fence_after_ms ? 'fenced' : 'serving';
-  if (n.heartbeat_age_ms > SILENT_MS) return 'silent';
+  // but cut off has fenced itself (stopped its tasks) by now, draining or
+  // not. A node that does not say (4.103's never fences) is only silent.
+  if (n.fence_after_ms > 0 && n.heartbeat_age_ms > n.fence_after_ms) return 'fenced';
+  if (n.drain || n.state === 'draining') return 'draining';
+  if (!(n.fence_after_ms > 0) && n.heartbeat_age_ms > SILENT_MS) return 'silent';
   return 'serving';
 }
 const nodeRunning = (n) => (n.queues || []).reduce((a, q) => a + (q.tasks_doing || 0), 0);
