@@ -231,7 +231,8 @@ func TestExpiryAndDelayHoldAcrossANodeRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, n.Start(context.Background()))
 	// Due 3 s from now: the inserts and the node's stop take less on a
-	// loaded machine (800 ms once raced them), then the wait passes it.
+	// loaded machine (800 ms could be too short for them), then the wait
+	// passes it.
 	due := time.Now().Add(3 * time.Second)
 	expiring := b.insert(paused, &store.TaskInsertControl{ExpiresAt: due}, bson.D{{Key: "i", Value: 1}})[0]
 	delayed := b.insert(q, &store.TaskInsertControl{NotBefore: due}, bson.D{{Key: "i", Value: 2}})[0]

@@ -227,7 +227,7 @@ func TestShellTimeoutKillsTheGroup(t *testing.T) {
 	// pipes are closed. If the background sleep survived it would hold
 	// stdout open until WaitDelay (2s).
 	// A second: the shell has forked the sleep and said "started" by
-	// then, even on a loaded machine (300 ms was once a race).
+	// then, even on a loaded machine (300 ms raced it).
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
 	start := time.Now()

@@ -98,7 +98,7 @@ func TestWithoutHeartbeatsTheSupervisorFencesAndWritesNothing(t *testing.T) {
 	begin := time.Now()
 	// A node that keeps saying alive keeps the task running...
 	// Fence-after 1 s: the supervisor's start and attach fit in it on a
-	// loaded machine (300 ms once raced them). The node says alive for
+	// loaded machine (300 ms could be too short). The node says alive for
 	// 2.5 s, well past it, so a supervisor that ignored it would fence.
 	id, h, done := runInProcess(t, dir, shellSpec("sleep 60", time.Second))
 	for range 25 {
