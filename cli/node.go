@@ -106,7 +106,7 @@ func nodeNotes(n schema.Node, now time.Time) string {
 	var notes []string
 	if n.Dead {
 		notes = append(notes, "DEAD (declared by "+n.DeadBy+" at "+n.DeadAt.Format(time.RFC3339)+")")
-	} else if fenced(n, now) {
+	} else if n.Fenced(now) {
 		notes = append(notes, "fenced: no heartbeat for its --fence-after ("+n.FenceAfter.String()+")")
 	}
 	if n.Drain {
@@ -119,12 +119,6 @@ func nodeNotes(n schema.Node, now time.Time) string {
 		notes = append(notes, "full: "+queueNames(n, n.Full))
 	}
 	return strings.Join(notes, "; ")
-}
-
-// fenced reports whether a node that says its --fence-after, and has not
-// stopped, has had no heartbeat for longer: it has fenced itself.
-func fenced(n schema.Node, now time.Time) bool {
-	return n.FenceAfter > 0 && n.State != schema.NodeStateStopped && !n.Timestamp.IsZero() && !now.IsZero() && now.Sub(n.Timestamp) > n.FenceAfter
 }
 
 // queueNames names the queues ids among n's heartbeat queues (an id it does

@@ -183,6 +183,13 @@ func DecodeNode(raw bson.Raw) (Node, error) {
 	return n, nil
 }
 
+// Fenced reports whether the node, which says its --fence-after and has
+// not stopped, has had no heartbeat for longer than it by now (the
+// server's clock): cut off from MongoDB, it has stopped its tasks.
+func (n Node) Fenced(now time.Time) bool {
+	return n.FenceAfter > 0 && n.State != NodeStateStopped && !n.Timestamp.IsZero() && !now.IsZero() && now.Sub(n.Timestamp) > n.FenceAfter
+}
+
 // millis reads a positive whole number of milliseconds as a duration,
 // leniently: 0 when it is missing or anything else (a node's own field,
 // which nobody but its node writes).
@@ -193,7 +200,7 @@ func millis(raw bson.Raw, name string) time.Duration {
 		i, ok32 := v.Int32OK()
 		ms, ok = int64(i), ok32
 	}
-	if !ok || ms <= 0 || ms > int64(365*24*time.Hour/time.Millisecond) {
+	if !ok || ms <= 0 || ms > MaxSeconds*1000 {
 		return 0
 	}
 	return time.Duration(ms) * time.Millisecond

@@ -355,7 +355,8 @@ function nodeState(n) {
   if (n.state === 'stopped') return 'stopped';
   // No heartbeat for its --fence-after, as it says: a node that is alive
   // but cut off has fenced itself (stopped its tasks) by now, draining or
-  // not. A node that does not say (4.103's never fences) is only silent.
+  // not (schema.Node.Fenced, which `node list` uses). A node that does not
+  // say (4.103's never fences) is only silent.
   if (n.fence_after_ms > 0 && n.heartbeat_age_ms > n.fence_after_ms) return 'fenced';
   if (n.drain || n.state === 'draining') return 'draining';
   if (!(n.fence_after_ms > 0) && n.heartbeat_age_ms > SILENT_MS) return 'silent';
