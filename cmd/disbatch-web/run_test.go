@@ -103,7 +103,7 @@ func TestServesAndStopsOnSignal(t *testing.T) {
 	t.Parallel()
 	db := mongotest.Database(t)
 	srv := startServer(t, servingMsg, "--mongo-uri", mongotest.URI(t), "--database", db.Name(), "--listen", "127.0.0.1:0")
-	base, errOut, sigs, done := srv.base, srv.errOut, srv.sigs, srv.done
+	base, errOut := srv.base, srv.errOut
 
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + strings.TrimPrefix(path, "/"))
@@ -129,13 +129,7 @@ func TestServesAndStopsOnSignal(t *testing.T) {
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
 
 	start := time.Now()
-	sigs <- syscall.SIGTERM
-	select {
-	case c := <-done:
-		require.Zero(t, c, errOut.String())
-	case <-time.After(15 * time.Second):
-		t.Fatalf("still running 15 s after SIGTERM: %s", errOut.String())
-	}
+	srv.stop(t)
 	require.Less(t, time.Since(start), 10*time.Second, "an open event stream held the shutdown")
 	require.Contains(t, errOut.String(), "stopped")
 }
@@ -159,13 +153,7 @@ func TestUsersOverPlainHTTPElsewhereAreWarnedOf(t *testing.T) {
 		} else {
 			require.NotContains(t, srv.errOut.String(), warning, listen)
 		}
-		srv.sigs <- syscall.SIGTERM
-		select {
-		case c := <-srv.done:
-			require.Zero(t, c, srv.errOut.String())
-		case <-time.After(15 * time.Second):
-			t.Fatalf("still running after SIGTERM: %s", srv.errOut.String())
-		}
+		srv.stop(t)
 	}
 }
 
@@ -177,7 +165,7 @@ type syncBuffer = syncbuf.Buffer
 func TestHealthzWhileMongoDBIsUnreachable(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t, "listening", "--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200", "--listen", "127.0.0.1:0")
-	base, errOut, sigs, done := srv.base, srv.errOut, srv.sigs, srv.done
+	base := srv.base
 	status := func(path string) int {
 		resp, err := http.Get(base + path)
 		require.NoError(t, err)
@@ -195,13 +183,7 @@ func TestHealthzWhileMongoDBIsUnreachable(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, 503, resp.StatusCode)
 	require.JSONEq(t, `{"error":{"code":"unavailable","message":"not ready: connecting to MongoDB; try again","field":null}}`, string(body))
-	sigs <- syscall.SIGTERM
-	select {
-	case c := <-done:
-		require.Zero(t, c, errOut.String())
-	case <-time.After(15 * time.Second):
-		t.Fatalf("still running after SIGTERM: %s", errOut.String())
-	}
+	srv.stop(t)
 }
 
 // TestServesFromThe4103ConfigFile: --perl-config alone connects to the
@@ -223,7 +205,7 @@ func TestServesFromThe4103ConfigFile(t *testing.T) {
 		"views_dir": "/etc/disbatch/views/",
 	}`), 0o600))
 	srv := startServer(t, servingMsg, "--perl-config", file, "--listen", "127.0.0.1:0")
-	base, errOut, sigs, done := srv.base, srv.errOut, srv.sigs, srv.done
+	base, errOut := srv.base, srv.errOut
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + strings.TrimPrefix(path, "/"))
 		require.NoError(t, err)
@@ -249,8 +231,7 @@ func TestServesFromThe4103ConfigFile(t *testing.T) {
 	logs := errOut.String()
 	require.Contains(t, logs, "web_extensions not served (Perl modules; only Disbatch::Web::Tasks has Go routes): Site::Web::Extra")
 	require.Contains(t, logs, "not used: views_dir")
-	sigs <- syscall.SIGTERM
-	require.Zero(t, <-done)
+	srv.stop(t)
 }
 
 // TestALoopbackServerAnswersOtherHostsOnlyWhenInsecure: without --users a
@@ -266,7 +247,7 @@ func TestALoopbackServerAnswersOtherHostsOnlyWhenInsecure(t *testing.T) {
 			args = append(args, "--insecure")
 		}
 		srv := startServer(t, servingMsg, args...)
-		base, errOut, sigs, done := srv.base, srv.errOut, srv.sigs, srv.done
+		base := srv.base
 		code := func(host string) int {
 			req, err := http.NewRequest("GET", base+"api/v1/queues", nil)
 			require.NoError(t, err)
@@ -282,8 +263,7 @@ func TestALoopbackServerAnswersOtherHostsOnlyWhenInsecure(t *testing.T) {
 		} else {
 			require.Equal(t, 403, code("disbatch.example.com"), "a rebound name")
 		}
-		sigs <- syscall.SIGTERM
-		require.Zero(t, <-done, errOut.String())
+		srv.stop(t)
 	}
 }
 
@@ -293,6 +273,18 @@ type served struct {
 	errOut *syncBuffer
 	sigs   chan os.Signal
 	done   chan int
+}
+
+// stop sends SIGTERM and requires that the server exits 0 within 15 s.
+func (s *served) stop(t *testing.T) {
+	t.Helper()
+	s.sigs <- syscall.SIGTERM
+	select {
+	case c := <-s.done:
+		require.Zero(t, c, s.errOut.String())
+	case <-time.After(15 * time.Second):
+		t.Fatalf("still running 15 s after SIGTERM: %s", s.errOut.String())
+	}
 }
 
 // startServer runs disbatch-web with args until the test sends a signal, and
